@@ -1,0 +1,1 @@
+//! kvroute-crds (work in progress).

@@ -1,0 +1,10 @@
+//! kvroute-mock-vllm (work in progress).
+
+/// Command-line arguments (stub: replaced by the component's real flags).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {}
+
+/// Runs the command (stub).
+pub async fn run(_args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("not implemented yet")
+}

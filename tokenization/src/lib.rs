@@ -1,0 +1,1 @@
+//! kvroute-tokenization (work in progress).
