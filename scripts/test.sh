@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The one set-up-and-test command (README): installs what the tests need on a fresh Debian
+# machine, then runs every test tier CI can run: formatting, lints, unit, component (real
+# sockets), e2e against a real kube-apiserver, and the benchmark smoke test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+JOBS=${JOBS:-2}
+t0=$(date +%s)
+step() { echo; echo "=== $* ($(( $(date +%s) - t0 )) s)"; }
+
+step "set-up: Kubernetes API server binaries and etcd (cached in /opt/k8s-e2e/bin)"
+bash e2e/k8s/setup.sh
+
+step "format"
+cargo fmt --all -- --check
+
+step "lints"
+cargo clippy --workspace --all-targets -j"$JOBS" -- -D warnings
+
+step "build"
+cargo build --workspace --all-targets -j"$JOBS"
+
+step "tests: unit, component, e2e"
+cargo test --workspace -j"$JOBS" -- --test-threads="${TEST_THREADS:-2}"
+
+step "done"
