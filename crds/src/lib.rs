@@ -1,1 +1,145 @@
-//! kvroute-crds (work in progress).
+//! kvroute's custom resources, defined once in Rust (group `kvroute.dev`, version
+//! `v1alpha1`). The operator reconciles them, the router reads them (from the API server or
+//! from a YAML file via [`parse_documents`]), and `kvroute crdgen` writes their
+//! CustomResourceDefinitions from these types.
+//!
+//! ```text
+//! InferencePool --targets--> InferenceWorkerSet (local vLLM pods + sidecars)
+//!      |                \--> InferenceProvider --gatewayBackendRef--> GatewayBackend --> Secret
+//!      '-- InferencePolicy (ordered rules: route / reject / overflow / limits)
+//! ```
+//!
+//! Everything here is pure data plus validation: no client, no I/O.
+
+// clippy reads the repeated `printcolumn(name = .., type_ = ..)` arguments inside one
+// `#[kube(..)]` attribute as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+pub mod backend;
+pub mod condition;
+pub mod documents;
+pub mod gpu;
+pub mod policy;
+pub mod pool;
+pub mod provider;
+pub mod validation;
+pub mod workerset;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+pub use backend::{GatewayBackend, GatewayBackendSpec, GatewayBackendStatus};
+pub use documents::{AnyResource, DocumentError, parse_documents};
+pub use policy::{InferencePolicy, InferencePolicySpec, InferencePolicyStatus};
+pub use pool::{InferencePool, InferencePoolSpec, InferencePoolStatus};
+pub use provider::{InferenceProvider, InferenceProviderSpec, InferenceProviderStatus};
+pub use validation::SpecIssue;
+pub use workerset::{InferenceWorkerSet, InferenceWorkerSetSpec, InferenceWorkerSetStatus};
+
+/// API group of every kvroute resource.
+pub const GROUP: &str = "kvroute.dev";
+/// API version of every kvroute resource.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` field value.
+pub const API_VERSION: &str = "kvroute.dev/v1alpha1";
+/// Category that `kubectl get kvroute` lists.
+pub const CATEGORY: &str = "kvroute";
+
+/// The CustomResourceDefinitions of all five kinds, in a stable order.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![
+        InferenceWorkerSet::crd(),
+        InferencePool::crd(),
+        InferencePolicy::crd(),
+        InferenceProvider::crd(),
+        GatewayBackend::crd(),
+    ]
+}
+
+/// File name under `crds/` for a CRD (`<plural>.<group>.yaml`).
+pub fn crd_file_name(crd: &CustomResourceDefinition) -> String {
+    format!("{}.yaml", crd.metadata.name.as_deref().unwrap_or("unnamed"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn schema_of(crd: &CustomResourceDefinition) -> Value {
+        serde_json::to_value(&crd.spec.versions[0].schema).expect("schema serializes")
+    }
+
+    #[test]
+    fn every_crd_is_namespaced_with_status_category_and_short_name() {
+        let crds = crds();
+        assert_eq!(crds.len(), 5);
+        for crd in &crds {
+            assert_eq!(crd.spec.group, GROUP);
+            assert_eq!(crd.spec.scope, "Namespaced");
+            assert_eq!(
+                crd.spec.names.categories.as_deref(),
+                Some(&[CATEGORY.to_string()][..])
+            );
+            assert_eq!(crd.spec.names.short_names.as_ref().map(Vec::len), Some(1));
+            let v = &crd.spec.versions[0];
+            assert_eq!(v.name, VERSION);
+            assert!(
+                v.subresources
+                    .as_ref()
+                    .and_then(|s| s.status.as_ref())
+                    .is_some()
+            );
+            assert!(
+                v.additional_printer_columns
+                    .as_ref()
+                    .is_some_and(|c| c.len() >= 3)
+            );
+            let schema = schema_of(crd).to_string();
+            assert!(schema.contains("\"conditions\""), "{}", crd.spec.names.kind);
+        }
+    }
+
+    #[test]
+    fn worker_set_has_scale_subresource_and_defaults() {
+        let crd = InferenceWorkerSet::crd();
+        let scale = crd.spec.versions[0]
+            .subresources
+            .as_ref()
+            .and_then(|s| s.scale.as_ref())
+            .expect("scale");
+        assert_eq!(scale.spec_replicas_path, ".spec.replicas");
+        assert_eq!(scale.status_replicas_path, ".status.replicas");
+        assert_eq!(
+            scale.label_selector_path.as_deref(),
+            Some(".status.selector")
+        );
+        let schema = schema_of(&crd);
+        let spec = &schema["openAPIV3Schema"]["properties"]["spec"];
+        assert_eq!(spec["properties"]["blockSize"]["default"], 16);
+        assert_eq!(
+            spec["properties"]["gpu"]["properties"]["product"]["default"],
+            "NVIDIA-L40S"
+        );
+        assert_eq!(
+            spec["properties"]["engine"]["properties"]["mode"]["enum"],
+            serde_json::json!(["vllm", "mock"])
+        );
+        assert_eq!(spec["required"], serde_json::json!(["model"]));
+        assert!(spec["x-kubernetes-validations"].is_array());
+    }
+
+    #[test]
+    fn cross_field_rules_are_in_the_schemas() {
+        let all: String = crds().iter().map(|c| schema_of(c).to_string()).collect();
+        for rule in [
+            "self.port != self.replayPort",
+            "has(self.workerSet) ? 1 : 0",
+            "reject cannot be combined",
+            "headerName is required when type is header",
+            "preferredTargets must be a subset",
+        ] {
+            assert!(all.contains(rule), "missing CEL rule {rule}");
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! `InferencePool`: what a model name resolves to. Local WorkerSets and remote providers are
+//! targets with a role; aliases map stable client-facing names to backend models.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::condition::Condition;
+use crate::validation::SpecIssue;
+
+/// Desired state of an InferencePool.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "kvroute.dev",
+    version = "v1alpha1",
+    kind = "InferencePool",
+    plural = "inferencepools",
+    namespaced,
+    status = "InferencePoolStatus",
+    shortname = "ipool",
+    category = "kvroute",
+    derive = "PartialEq",
+    doc = "The targets (local InferenceWorkerSets and remote InferenceProviders) that requests for a model are routed to.",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.targets.exists(t, !has(t.role) || t.role == 'primary')", "message": "a pool needs at least one primary target"}
+]))]
+pub struct InferencePoolSpec {
+    /// Targets, each a WorkerSet (by name or label selector) or an InferenceProvider.
+    #[schemars(length(min = 1, max = 64))]
+    pub targets: Vec<PoolTarget>,
+    /// Client-facing model names mapped to a model the targets serve.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model_aliases: Vec<ModelAlias>,
+}
+
+/// Role of a target in its pool.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetRole {
+    /// Serves traffic normally.
+    #[default]
+    Primary,
+    /// Receives traffic only when a policy overflows (queue or predicted TTFT too high).
+    Overflow,
+}
+
+/// One target: exactly one of `workerSet`, `workerSetSelector` or `provider`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "(has(self.workerSet) ? 1 : 0) + (has(self.workerSetSelector) ? 1 : 0) + (has(self.provider) ? 1 : 0) == 1", "message": "set exactly one of workerSet, workerSetSelector, provider"}
+]))]
+pub struct PoolTarget {
+    /// Name of an InferenceWorkerSet in the pool's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub worker_set: Option<String>,
+    /// Label selector over InferenceWorkerSets in the pool's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_set_selector: Option<LabelSelector>,
+    /// Name of an InferenceProvider in the pool's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub provider: Option<String>,
+    /// `primary` (default) or `overflow`.
+    #[serde(default)]
+    pub role: TargetRole,
+}
+
+/// A stable client-facing name for a backend model.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelAlias {
+    /// The name clients send in `model`.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The model a target serves (a WorkerSet's served name or a provider model).
+    #[schemars(length(min = 1, max = 253))]
+    pub model: String,
+}
+
+/// Observed state of an InferencePool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InferencePoolStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Ready targets grouped by the model they serve.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<ModelTargets>,
+    /// `Ready` and `ResolvedRefs`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// The ready targets of one model.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelTargets {
+    /// Model name as clients send it (served name or provider model).
+    pub model: String,
+    /// Aliases that resolve to this model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+    /// Targets currently able to serve it.
+    #[serde(default)]
+    pub ready_targets: Vec<ReadyTarget>,
+}
+
+/// Kind of a resolved target.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub enum TargetKind {
+    /// A local InferenceWorkerSet.
+    InferenceWorkerSet,
+    /// A remote InferenceProvider.
+    InferenceProvider,
+}
+
+/// A target that can serve traffic now.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadyTarget {
+    /// `InferenceWorkerSet` or `InferenceProvider`.
+    pub kind: TargetKind,
+    /// Object name.
+    pub name: String,
+    /// Role in the pool.
+    pub role: TargetRole,
+    /// Ready workers (WorkerSets only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+}
+
+impl PoolTarget {
+    /// How many of the three reference fields are set (the CEL rule wants exactly one).
+    fn refs_set(&self) -> usize {
+        usize::from(self.worker_set.is_some())
+            + usize::from(self.worker_set_selector.is_some())
+            + usize::from(self.provider.is_some())
+    }
+}
+
+impl InferencePoolSpec {
+    /// The CEL rules of this type, evaluated locally (see [`crate::validation`]).
+    pub fn validate(&self) -> Vec<SpecIssue> {
+        let mut issues = Vec::new();
+        if self.targets.is_empty() {
+            issues.push(SpecIssue::new(
+                "spec.targets",
+                "a pool needs at least one target",
+            ));
+        } else if !self.targets.iter().any(|t| t.role == TargetRole::Primary) {
+            issues.push(SpecIssue::new(
+                "spec.targets",
+                "a pool needs at least one primary target",
+            ));
+        }
+        for (i, t) in self.targets.iter().enumerate() {
+            if t.refs_set() != 1 {
+                issues.push(SpecIssue::new(
+                    format!("spec.targets[{i}]"),
+                    "set exactly one of workerSet, workerSetSelector, provider",
+                ));
+            }
+        }
+        for (i, a) in self.model_aliases.iter().enumerate() {
+            if a.name.trim().is_empty() || a.model.trim().is_empty() {
+                issues.push(SpecIssue::new(
+                    format!("spec.modelAliases[{i}]"),
+                    "alias name and model must not be empty",
+                ));
+            }
+            if self.model_aliases[..i].iter().any(|b| b.name == a.name) {
+                issues.push(SpecIssue::new(
+                    format!("spec.modelAliases[{i}]"),
+                    format!("duplicate alias {:?}", a.name),
+                ));
+            }
+        }
+        issues
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> InferencePoolSpec {
+        serde_saphyr::from_str(yaml).expect("spec parses")
+    }
+
+    #[test]
+    fn valid_pool() {
+        let s = spec(
+            "targets:\n- workerSet: qwen\n- provider: openai\n  role: overflow\nmodelAliases:\n- {name: chat, model: qwen}\n",
+        );
+        assert!(s.validate().is_empty(), "{:?}", s.validate());
+        assert_eq!(s.targets[0].role, TargetRole::Primary);
+    }
+
+    #[test]
+    fn target_with_two_refs_or_none_is_rejected() {
+        let s = spec("targets:\n- workerSet: a\n  provider: b\n- role: primary\n");
+        let issues = s.validate();
+        assert_eq!(issues.len(), 2, "{issues:?}");
+        assert_eq!(issues[1].field, "spec.targets[1]");
+    }
+
+    #[test]
+    fn overflow_only_and_empty_pools_are_rejected() {
+        assert_eq!(
+            spec("targets:\n- {provider: p, role: overflow}\n")
+                .validate()
+                .len(),
+            1
+        );
+        assert_eq!(spec("targets: []\n").validate().len(), 1);
+    }
+
+    #[test]
+    fn duplicate_alias_is_rejected() {
+        let s = spec(
+            "targets: [{workerSet: a}]\nmodelAliases: [{name: x, model: a}, {name: x, model: b}]\n",
+        );
+        assert_eq!(s.validate()[0].field, "spec.modelAliases[1]");
+    }
+}

@@ -1,0 +1,479 @@
+//! `InferenceWorkerSet`: a group of identical vLLM workers serving one model, each pod a vLLM
+//! engine plus the kvroute sidecar that streams its KV-cache events to the router.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::condition::Condition;
+use crate::gpu::{DEFAULT_GPU_PRODUCT, KNOWN_GPU_PRODUCTS, is_known_product};
+use crate::validation::SpecIssue;
+
+/// vLLM image used when `spec.engine.image` is empty and the engine mode is `vllm`.
+pub const DEFAULT_VLLM_IMAGE: &str = "vllm/vllm-openai:v0.33.0";
+/// Default HTTP port of the engine (vLLM's own default).
+pub const DEFAULT_ENGINE_PORT: i32 = 8000;
+/// Default KV-event PUB port (vLLM's default `tcp://*:5557`).
+pub const DEFAULT_KV_EVENTS_PORT: i32 = 5557;
+/// Default KV-event replay (ROUTER) port; far from the PUB port because data-parallel ranks add
+/// their rank to both.
+pub const DEFAULT_KV_REPLAY_PORT: i32 = 5657;
+/// Default sidecar admin port (`/metrics`, `/healthz`, `/readyz`).
+pub const DEFAULT_SIDECAR_ADMIN_PORT: i32 = 9090;
+/// Default KV block size in tokens (vLLM's CUDA default).
+pub const DEFAULT_BLOCK_SIZE: i32 = 16;
+
+/// Desired state of an InferenceWorkerSet: which model to serve, on how many workers, on which
+/// GPUs, and how the kvroute sidecar next to each engine is configured.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "kvroute.dev",
+    version = "v1alpha1",
+    kind = "InferenceWorkerSet",
+    plural = "inferenceworkersets",
+    namespaced,
+    status = "InferenceWorkerSetStatus",
+    shortname = "iws",
+    category = "kvroute",
+    derive = "PartialEq",
+    doc = "A set of identical vLLM workers (one GPU pod each) serving one model, each with a kvroute sidecar reporting its KV cache to the router.",
+    printcolumn(name = "Model", type_ = "string", json_path = ".spec.model.name"),
+    printcolumn(name = "Engine", type_ = "string", json_path = ".spec.engine.mode"),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.engine.port != self.kvEvents.port && self.engine.port != self.kvEvents.replayPort && self.engine.port != self.sidecar.adminPort", "message": "engine.port must differ from kvEvents.port, kvEvents.replayPort and sidecar.adminPort"},
+    {"rule": "self.sidecar.adminPort != self.kvEvents.port && self.sidecar.adminPort != self.kvEvents.replayPort", "message": "sidecar.adminPort must differ from the KV event ports"}
+]))]
+pub struct InferenceWorkerSetSpec {
+    /// The model every worker serves.
+    pub model: ModelSpec,
+    /// Number of workers (pods). Changed by `kubectl scale` through the scale subresource.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0, max = 1024))]
+    pub replicas: i32,
+    /// The inference engine: real vLLM or the kvroute mock worker.
+    #[serde(default)]
+    pub engine: EngineSpec,
+    /// KV-cache block size in tokens, passed to vLLM as `--block-size`; the router hashes
+    /// prompts in blocks of this size.
+    #[serde(default = "default_block_size")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub block_size: i32,
+    /// GPUs per worker and their product. Ignored for `engine.mode: mock`.
+    #[serde(default)]
+    pub gpu: GpuSpec,
+    /// Extra CPU/memory requests and limits for the engine container. GPU limits come from
+    /// `gpu.count`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Tolerations added to the pods. The `nvidia.com/gpu` NoSchedule taint is tolerated
+    /// automatically for GPU engines.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Extra node selector labels, merged with the GPU product selector.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// The kvroute sidecar next to each engine.
+    #[serde(default)]
+    pub sidecar: SidecarSpec,
+    /// Ports of vLLM's ZMQ KV-event publisher (bound on the pod, read by the sidecar over
+    /// localhost).
+    #[serde(default)]
+    pub kv_events: KvEventsSpec,
+}
+
+/// The model served by the workers.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// Model identifier, e.g. the Hugging Face repository `Qwen/Qwen3-0.6B`. It selects the
+    /// tokenizer and is the name clients ask for unless `servedName` is set.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Name exposed by the OpenAI API (`--served-model-name`); defaults to `name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub served_name: Option<String>,
+    /// Where the engine loads weights from (a local path or a repository id) when it differs
+    /// from `name`; passed as the positional model argument of `vllm serve`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub source: Option<String>,
+}
+
+impl ModelSpec {
+    /// The name clients use: `servedName`, or `name`.
+    pub fn served(&self) -> &str {
+        self.served_name.as_deref().unwrap_or(&self.name)
+    }
+
+    /// The positional argument of `vllm serve`: `source`, or `name`.
+    pub fn load_from(&self) -> &str {
+        self.source.as_deref().unwrap_or(&self.name)
+    }
+}
+
+/// Which engine runs in each worker pod.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineMode {
+    /// vLLM on GPUs.
+    #[default]
+    Vllm,
+    /// The kvroute mock worker: vLLM's HTTP and KV-event interfaces without a GPU (tests, demos).
+    Mock,
+}
+
+/// Engine container settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.mode == 'mock' || !has(self.speedup)", "message": "speedup only applies to engine.mode mock"}
+]))]
+pub struct EngineSpec {
+    /// `vllm` (default) or `mock`.
+    #[serde(default)]
+    pub mode: EngineMode,
+    /// Container image; defaults to the vLLM OpenAI image for `vllm` and to the operator's
+    /// `--mock-image` for `mock`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub image: Option<String>,
+    /// Extra engine arguments appended after the ones kvroute sets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// HTTP port of the engine's OpenAI API.
+    #[serde(default = "default_engine_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// Mock only: how many times faster than an L40S the mock worker runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.001, max = 1000000.0))]
+    pub speedup: Option<f64>,
+}
+
+impl Default for EngineSpec {
+    fn default() -> Self {
+        Self {
+            mode: EngineMode::Vllm,
+            image: None,
+            args: Vec::new(),
+            port: DEFAULT_ENGINE_PORT,
+            speedup: None,
+        }
+    }
+}
+
+/// GPU request per worker.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuSpec {
+    /// GPUs per worker (`nvidia.com/gpu` limit); vLLM gets `--tensor-parallel-size` when > 1.
+    #[serde(default = "default_gpu_count")]
+    #[schemars(range(min = 1, max = 16))]
+    pub count: i32,
+    /// GPU product, matched against the `nvidia.com/gpu.product` node label
+    /// (e.g. NVIDIA-L40S, NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3, NVIDIA-L4).
+    #[serde(default = "default_gpu_product")]
+    #[schemars(length(min = 1, max = 63))]
+    pub product: String,
+}
+
+impl Default for GpuSpec {
+    fn default() -> Self {
+        Self {
+            count: default_gpu_count(),
+            product: default_gpu_product(),
+        }
+    }
+}
+
+/// kvroute sidecar settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarSpec {
+    /// Sidecar image; defaults to the operator's `--sidecar-image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub image: Option<String>,
+    /// Port of the sidecar's `/metrics`, `/healthz` and `/readyz`.
+    #[serde(default = "default_sidecar_admin_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub admin_port: i32,
+    /// gRPC address of the router's ingest endpoint; defaults to the operator-managed router
+    /// Service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub router_address: Option<String>,
+}
+
+impl Default for SidecarSpec {
+    fn default() -> Self {
+        Self {
+            image: None,
+            admin_port: DEFAULT_SIDECAR_ADMIN_PORT,
+            router_address: None,
+        }
+    }
+}
+
+/// vLLM KV-event publisher ports.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.port != self.replayPort", "message": "kvEvents.port and kvEvents.replayPort must differ"}
+]))]
+pub struct KvEventsSpec {
+    /// ZMQ PUB port for live events.
+    #[serde(default = "default_kv_events_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// ZMQ ROUTER port for replaying missed events.
+    #[serde(default = "default_kv_replay_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub replay_port: i32,
+}
+
+impl Default for KvEventsSpec {
+    fn default() -> Self {
+        Self {
+            port: DEFAULT_KV_EVENTS_PORT,
+            replay_port: DEFAULT_KV_REPLAY_PORT,
+        }
+    }
+}
+
+/// Observed state of an InferenceWorkerSet.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InferenceWorkerSetStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Worker pods that exist (scale subresource `statusReplicasPath`).
+    #[serde(default)]
+    pub replicas: i32,
+    /// Worker pods that are ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Label selector of the worker pods, as a string (scale subresource `labelSelectorPath`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// One entry per worker pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<WorkerStatus>,
+    /// `Ready`, `Progressing` and `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// One worker pod.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerStatus {
+    /// Pod name (the worker identity the sidecar reports).
+    pub pod: String,
+    /// `podIP:enginePort`, empty until the pod has an IP.
+    #[serde(default)]
+    pub address: String,
+    /// The engine container is ready.
+    #[serde(default)]
+    pub ready: bool,
+    /// The sidecar container is ready (its readiness follows its router connection).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sidecar_connected: Option<bool>,
+}
+
+impl InferenceWorkerSetSpec {
+    /// Checks what the schema cannot (or what an old API server does not enforce): the CEL
+    /// rules above, a non-blank model name and a known GPU product.
+    pub fn validate(&self) -> Vec<SpecIssue> {
+        let mut issues = Vec::new();
+        if self.model.name.trim().is_empty() {
+            issues.push(SpecIssue::new(
+                "spec.model.name",
+                "model name must not be empty",
+            ));
+        }
+        if self
+            .model
+            .served_name
+            .as_deref()
+            .is_some_and(|s| s.trim().is_empty())
+        {
+            issues.push(SpecIssue::new(
+                "spec.model.servedName",
+                "served name must not be empty when set",
+            ));
+        }
+        if self.replicas < 0 {
+            issues.push(SpecIssue::new("spec.replicas", "replicas must be >= 0"));
+        }
+        if self.block_size < 1 {
+            issues.push(SpecIssue::new("spec.blockSize", "blockSize must be >= 1"));
+        }
+        let ports = [
+            ("spec.engine.port", self.engine.port),
+            ("spec.kvEvents.port", self.kv_events.port),
+            ("spec.kvEvents.replayPort", self.kv_events.replay_port),
+            ("spec.sidecar.adminPort", self.sidecar.admin_port),
+        ];
+        for (i, (field, port)) in ports.iter().enumerate() {
+            if !(1..=65535).contains(port) {
+                issues.push(SpecIssue::new(
+                    *field,
+                    format!("port {port} is outside 1-65535"),
+                ));
+            }
+            if let Some((other, _)) = ports[..i].iter().find(|(_, p)| p == port) {
+                issues.push(SpecIssue::new(
+                    *field,
+                    format!("port {port} is already used by {other}"),
+                ));
+            }
+        }
+        if self.engine.speedup.is_some() && self.engine.mode != EngineMode::Mock {
+            issues.push(SpecIssue::new(
+                "spec.engine.speedup",
+                "speedup only applies to engine.mode mock",
+            ));
+        }
+        if self
+            .engine
+            .speedup
+            .is_some_and(|s| !(s.is_finite() && s > 0.0))
+        {
+            issues.push(SpecIssue::new(
+                "spec.engine.speedup",
+                "speedup must be a positive number",
+            ));
+        }
+        if self.engine.mode == EngineMode::Vllm {
+            if self.gpu.count < 1 {
+                issues.push(SpecIssue::new(
+                    "spec.gpu.count",
+                    "a vllm engine needs at least one GPU",
+                ));
+            }
+            if !is_known_product(&self.gpu.product) {
+                issues.push(SpecIssue::new(
+                    "spec.gpu.product",
+                    format!(
+                        "unknown GPU product {:?}; known products: {}",
+                        self.gpu.product,
+                        KNOWN_GPU_PRODUCTS.join(", ")
+                    ),
+                ));
+            }
+        }
+        issues
+    }
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+fn default_block_size() -> i32 {
+    DEFAULT_BLOCK_SIZE
+}
+fn default_engine_port() -> i32 {
+    DEFAULT_ENGINE_PORT
+}
+fn default_gpu_count() -> i32 {
+    1
+}
+fn default_gpu_product() -> String {
+    DEFAULT_GPU_PRODUCT.to_string()
+}
+fn default_sidecar_admin_port() -> i32 {
+    DEFAULT_SIDECAR_ADMIN_PORT
+}
+fn default_kv_events_port() -> i32 {
+    DEFAULT_KV_EVENTS_PORT
+}
+fn default_kv_replay_port() -> i32 {
+    DEFAULT_KV_REPLAY_PORT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn spec(yaml: &str) -> InferenceWorkerSetSpec {
+        serde_saphyr::from_str(yaml).expect("spec parses")
+    }
+
+    #[test]
+    fn minimal_spec_gets_defaults() {
+        let s = spec("model:\n  name: Qwen/Qwen3-0.6B\n");
+        assert_eq!(s.replicas, 1);
+        assert_eq!(s.block_size, 16);
+        assert_eq!(s.engine.mode, EngineMode::Vllm);
+        assert_eq!(s.engine.port, 8000);
+        assert_eq!(s.gpu.product, "NVIDIA-L40S");
+        assert_eq!(s.gpu.count, 1);
+        assert_eq!(s.kv_events.port, 5557);
+        assert_eq!(s.kv_events.replay_port, 5657);
+        assert_eq!(s.model.served(), "Qwen/Qwen3-0.6B");
+        assert!(s.validate().is_empty(), "{:?}", s.validate());
+    }
+
+    #[test]
+    fn unknown_gpu_product_is_an_issue_that_lists_known_ones() {
+        let s = spec("model: {name: m}\ngpu: {product: NVIDIA-L40X}\n");
+        let issues = s.validate();
+        assert_eq!(issues.len(), 1);
+        assert_eq!(issues[0].field, "spec.gpu.product");
+        assert!(issues[0].message.contains("NVIDIA-L40S"));
+    }
+
+    #[test]
+    fn mock_engine_ignores_gpu_product() {
+        let s =
+            spec("model: {name: m}\nengine: {mode: mock, speedup: 10}\ngpu: {product: whatever}\n");
+        assert!(s.validate().is_empty());
+    }
+
+    #[test]
+    fn blank_model_name_is_an_issue() {
+        let s = spec("model: {name: '  '}\nengine: {mode: mock}\n");
+        assert_eq!(s.validate()[0].field, "spec.model.name");
+    }
+
+    #[test]
+    fn cel_twins_port_clash_and_speedup_without_mock() {
+        let s = spec("model: {name: m}\nengine: {port: 5557, speedup: 2}\n");
+        let fields: Vec<_> = s.validate().into_iter().map(|i| i.field).collect();
+        assert!(
+            fields.contains(&"spec.kvEvents.port".to_string()),
+            "{fields:?}"
+        );
+        assert!(
+            fields.contains(&"spec.engine.speedup".to_string()),
+            "{fields:?}"
+        );
+        let s = spec("model: {name: m}\nkvEvents: {port: 6000, replayPort: 6000}\n");
+        assert_eq!(s.validate()[0].field, "spec.kvEvents.replayPort");
+    }
+}
