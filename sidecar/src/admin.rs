@@ -1,0 +1,46 @@
+//! The admin HTTP server: `/metrics` (Prometheus text) and `/healthz` for the pod's probes.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus::{Encoder, Registry, TextEncoder};
+
+use crate::hub::Hub;
+use crate::metrics::SidecarMetrics;
+
+#[derive(Clone)]
+pub struct AdminState {
+    pub registry: Registry,
+    pub metrics: SidecarMetrics,
+    pub hub: Arc<Hub>,
+}
+
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(state)
+}
+
+async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    // Internal sizes are read at scrape time.
+    s.metrics
+        .resident_blocks
+        .set(i64::try_from(s.hub.resident_blocks()).unwrap_or(i64::MAX));
+    s.metrics
+        .epoch
+        .set((s.hub.epoch() & (i64::MAX as u64)) as i64);
+    let mut buf = Vec::new();
+    match TextEncoder::new().encode(&s.registry.gather(), &mut buf) {
+        Ok(()) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], buf).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}

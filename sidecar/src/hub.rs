@@ -1,0 +1,259 @@
+//! The hub between the ZMQ side and the router streams: the resident set, the epoch, and one
+//! bounded queue of pending changes per router endpoint.
+//!
+//! ```text
+//! zmq loop --apply_batch / resync--> Hub { ResidentSet, epoch, queues[router] } --take--> pusher
+//! scraper  --set_load--------------^
+//! ```
+//!
+//! Applying events and queueing the resulting ops happen under one lock, and so does taking a
+//! snapshot and clearing a queue: a snapshot is therefore always consistent with the deltas
+//! that follow it. A queue that would exceed its cap is dropped and replaced by "send a
+//! snapshot", so a slow or absent router costs bounded memory.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use kvroute_hash::BlockHash;
+use kvroute_proto::v1::LoadSample;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::state::{ApplyStats, Ops, ResidentSet};
+use crate::wire::KvEvent;
+
+/// What a pusher should send next.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// Replace the router's view: every resident block, for this epoch and block size.
+    Snapshot {
+        epoch: u64,
+        block_size: u32,
+        blocks: Vec<BlockHash>,
+    },
+    /// Changes since the last take, in order.
+    Deltas(Vec<Ops>),
+}
+
+#[derive(Debug, Default)]
+struct RouterQueue {
+    pending: VecDeque<Ops>,
+    queued_blocks: usize,
+    needs_snapshot: bool,
+    load: Option<LoadSample>,
+    /// Times the queue hit its cap and was replaced by a snapshot request.
+    overflows: u64,
+    notify: Arc<Notify>,
+}
+
+impl RouterQueue {
+    fn push(&mut self, ops: &Ops, cap: usize) {
+        if self.needs_snapshot {
+            return; // the snapshot will include these changes
+        }
+        let n = ops.blocks().max(1);
+        if self.queued_blocks + n > cap {
+            self.pending.clear();
+            self.queued_blocks = 0;
+            self.needs_snapshot = true;
+            self.overflows += 1;
+            return;
+        }
+        self.pending.push_back(ops.clone());
+        self.queued_blocks += n;
+    }
+}
+
+struct Inner {
+    state: ResidentSet,
+    epoch: u64,
+    routers: HashMap<String, RouterQueue>,
+}
+
+/// Shared between the ZMQ loop, the scraper and the pushers.
+pub struct Hub {
+    inner: Mutex<Inner>,
+    /// Most blocks a router queue may hold before it is coalesced into a snapshot.
+    queue_cap_blocks: usize,
+}
+
+impl Hub {
+    pub fn new(state: ResidentSet, epoch: u64, queue_cap_blocks: usize) -> Self {
+        Hub {
+            inner: Mutex::new(Inner {
+                state,
+                epoch,
+                routers: HashMap::new(),
+            }),
+            queue_cap_blocks,
+        }
+    }
+
+    /// Applies a batch of events and queues the resulting changes for every router.
+    pub fn apply_batch(&self, events: &[KvEvent]) -> ApplyStats {
+        let mut ops = Ops::default();
+        let mut stats = ApplyStats::default();
+        let mut g = self.inner.lock();
+        let block_size_before = g.state.block_size();
+        for event in events {
+            g.state.apply(event, &mut ops, &mut stats);
+        }
+        // A new block size changes the identity: every router needs a fresh snapshot.
+        let identity_changed = g.state.block_size() != block_size_before;
+        let cap = self.queue_cap_blocks;
+        for q in g.routers.values_mut() {
+            if identity_changed {
+                q.needs_snapshot = true;
+                q.pending.clear();
+                q.queued_blocks = 0;
+            } else if !ops.is_empty() {
+                q.push(&ops, cap);
+            } else {
+                continue;
+            }
+            q.notify.notify_one();
+        }
+        stats
+    }
+
+    /// Drops the worker's state and starts a new epoch; every router gets a snapshot.
+    pub fn resync(&self) -> u64 {
+        let mut g = self.inner.lock();
+        g.state.reset();
+        g.epoch = g.epoch.wrapping_add(1);
+        for q in g.routers.values_mut() {
+            q.pending.clear();
+            q.queued_blocks = 0;
+            q.needs_snapshot = true;
+            q.notify.notify_one();
+        }
+        g.epoch
+    }
+
+    /// Latest load sample; each router sends only the newest one.
+    pub fn set_load(&self, sample: LoadSample) {
+        let mut g = self.inner.lock();
+        for q in g.routers.values_mut() {
+            q.load = Some(sample.clone());
+            q.notify.notify_one();
+        }
+    }
+
+    /// Adopts a block size learned outside the event stream (vLLM's metrics) when none is
+    /// known yet.
+    pub fn learn_block_size(&self, block_size: u32) {
+        let mut g = self.inner.lock();
+        if g.state.block_size().is_none() && block_size > 0 {
+            g.state.set_block_size(block_size);
+            for q in g.routers.values_mut() {
+                q.needs_snapshot = true;
+                q.pending.clear();
+                q.queued_blocks = 0;
+                q.notify.notify_one();
+            }
+        }
+    }
+
+    /// Registers a router endpoint; its first take is a snapshot.
+    pub fn register(&self, key: &str) -> Arc<Notify> {
+        let mut g = self.inner.lock();
+        let q = g.routers.entry(key.to_owned()).or_default();
+        q.needs_snapshot = true;
+        q.notify.notify_one();
+        q.notify.clone()
+    }
+
+    pub fn unregister(&self, key: &str) {
+        self.inner.lock().routers.remove(key);
+    }
+
+    /// The next snapshot for `key` will be a full one (reconnect, router request).
+    pub fn request_snapshot(&self, key: &str) {
+        if let Some(q) = self.inner.lock().routers.get_mut(key) {
+            q.needs_snapshot = true;
+            q.pending.clear();
+            q.queued_blocks = 0;
+            q.notify.notify_one();
+        }
+    }
+
+    /// Takes what `key` should send next: a snapshot when one is needed, else up to
+    /// `max_blocks` worth of queued deltas; plus the latest load sample.
+    pub fn take(&self, key: &str, max_blocks: usize) -> (Option<Outgoing>, Option<LoadSample>) {
+        let mut g = self.inner.lock();
+        let Inner {
+            state,
+            epoch,
+            routers,
+        } = &mut *g;
+        let Some(q) = routers.get_mut(key) else {
+            return (None, None);
+        };
+        let load = q.load.take();
+        if q.needs_snapshot {
+            q.needs_snapshot = false;
+            q.pending.clear();
+            q.queued_blocks = 0;
+            let snapshot = Outgoing::Snapshot {
+                epoch: *epoch,
+                block_size: state.block_size().unwrap_or(0),
+                blocks: state.blocks().collect(),
+            };
+            return (Some(snapshot), load);
+        }
+        let mut out = Vec::new();
+        let mut taken = 0;
+        while let Some(ops) = q.pending.front() {
+            let n = ops.blocks().max(1);
+            if !out.is_empty() && taken + n > max_blocks {
+                break;
+            }
+            taken += n;
+            q.queued_blocks = q.queued_blocks.saturating_sub(n);
+            out.extend(q.pending.pop_front());
+        }
+        if !q.pending.is_empty() {
+            q.notify.notify_one();
+        }
+        ((!out.is_empty()).then_some(Outgoing::Deltas(out)), load)
+    }
+
+    /// Blocks queued for `key` (a gauge; bounded by the cap).
+    pub fn queued_blocks(&self, key: &str) -> usize {
+        self.inner
+            .lock()
+            .routers
+            .get(key)
+            .map_or(0, |q| q.queued_blocks)
+    }
+
+    /// Times the queue of `key` overflowed into a snapshot.
+    pub fn overflows(&self, key: &str) -> u64 {
+        self.inner
+            .lock()
+            .routers
+            .get(key)
+            .map_or(0, |q| q.overflows)
+    }
+
+    pub fn queue_cap_blocks(&self) -> usize {
+        self.queue_cap_blocks
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.inner.lock().epoch
+    }
+
+    pub fn resident_blocks(&self) -> usize {
+        self.inner.lock().state.len()
+    }
+
+    /// A copy of the resident kvroute hashes (for tests and the interop check).
+    pub fn resident_set(&self) -> Vec<BlockHash> {
+        self.inner.lock().state.blocks().collect()
+    }
+
+    pub fn block_size(&self) -> Option<u32> {
+        self.inner.lock().state.block_size()
+    }
+}

@@ -1,0 +1,178 @@
+//! Prometheus metrics of the sidecar (`kvroute_sidecar_*`). Label sets are bounded: event
+//! type, error reason (the `reason()` of typed errors), router endpoint (a handful).
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+/// Stream state values of `kvroute_sidecar_router_stream_state`.
+pub const STREAM_DISCONNECTED: i64 = 0;
+pub const STREAM_CONNECTING: i64 = 1;
+pub const STREAM_STREAMING: i64 = 2;
+
+#[derive(Clone)]
+pub struct SidecarMetrics {
+    /// KV events received, by type (stored, removed, cleared, skipped_<reason>).
+    pub events: IntCounterVec,
+    /// Blocks applied, by kind (stored, removed).
+    pub blocks: IntCounterVec,
+    /// Frames or payloads that could not be decoded, by reason.
+    pub decode_errors: IntCounterVec,
+    /// Sequence gaps detected on the live stream.
+    pub gaps: IntCounter,
+    /// Replays requested, by outcome (complete, lost, failed).
+    pub replays: IntCounterVec,
+    /// Batches received by replay and applied.
+    pub replayed_batches: IntCounter,
+    /// State drops (new epoch), by reason (vllm_restart, replay_lost, replay_failed).
+    pub resyncs: IntCounterVec,
+    /// BlockStored events skipped because the parent was unknown.
+    pub unknown_parent: IntCounter,
+    /// BlockRemoved hashes never stored.
+    pub unknown_removed: IntCounter,
+    /// Live batches dropped as duplicates of replayed ones.
+    pub duplicates: IntCounter,
+    /// Current resident blocks and epoch.
+    pub resident_blocks: IntGauge,
+    pub epoch: IntGauge,
+    /// Per router: 0 disconnected, 1 connecting, 2 streaming.
+    pub stream_state: IntGaugeVec,
+    /// Per router: reports sent but not yet acknowledged.
+    pub lag_reports: IntGaugeVec,
+    /// Per router: blocks waiting in the queue.
+    pub queued_blocks: IntGaugeVec,
+    /// Per router: encoded bytes of reports sent, by kind (snapshot, delta, load).
+    pub bytes_sent: IntCounterVec,
+    /// Per router: reports sent, by kind.
+    pub reports_sent: IntCounterVec,
+    /// Per router: stream (re)connections and failures.
+    pub connects: IntCounterVec,
+    pub connect_failures: IntCounterVec,
+    /// Snapshots sent, by router and reason.
+    pub snapshots: IntCounterVec,
+    /// Router queue overflows (deltas dropped in favour of a snapshot).
+    pub queue_overflows: IntCounterVec,
+    /// vLLM /metrics scrapes, by outcome (ok, error).
+    pub scrapes: IntCounterVec,
+}
+
+impl SidecarMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let cv = |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntCounterVec> {
+            let c = IntCounterVec::new(Opts::new(format!("kvroute_sidecar_{name}"), help), labels)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let c = |name: &str, help: &str| -> prometheus::Result<IntCounter> {
+            let c = IntCounter::new(format!("kvroute_sidecar_{name}"), help)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let gv = |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntGaugeVec> {
+            let g = IntGaugeVec::new(Opts::new(format!("kvroute_sidecar_{name}"), help), labels)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let g = |name: &str, help: &str| -> prometheus::Result<IntGauge> {
+            let g = IntGauge::new(format!("kvroute_sidecar_{name}"), help)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        Ok(SidecarMetrics {
+            events: cv(
+                "kv_events_total",
+                "KV events received from vLLM, by type",
+                &["type"],
+            )?,
+            blocks: cv(
+                "blocks_total",
+                "Resident-set block changes applied, by kind",
+                &["kind"],
+            )?,
+            decode_errors: cv(
+                "decode_errors_total",
+                "Undecodable ZMQ frames or payloads, by reason",
+                &["reason"],
+            )?,
+            gaps: c(
+                "seq_gaps_total",
+                "Sequence gaps detected on the live KV-event stream",
+            )?,
+            replays: cv(
+                "replays_total",
+                "Replay requests to vLLM, by outcome",
+                &["outcome"],
+            )?,
+            replayed_batches: c(
+                "replayed_batches_total",
+                "Event batches received through replay",
+            )?,
+            resyncs: cv(
+                "resyncs_total",
+                "Times the worker state was dropped (new epoch), by reason",
+                &["reason"],
+            )?,
+            unknown_parent: c(
+                "unknown_parent_total",
+                "BlockStored events skipped: parent never seen",
+            )?,
+            unknown_removed: c(
+                "unknown_removed_total",
+                "BlockRemoved hashes that were never stored",
+            )?,
+            duplicates: c(
+                "duplicate_batches_total",
+                "Live batches already applied from a replay",
+            )?,
+            resident_blocks: g(
+                "resident_blocks",
+                "Blocks resident on the worker, as the sidecar sees them",
+            )?,
+            epoch: g("epoch", "Current epoch (low 63 bits)")?,
+            stream_state: gv(
+                "router_stream_state",
+                "0 disconnected, 1 connecting, 2 streaming",
+                &["router"],
+            )?,
+            lag_reports: gv(
+                "router_lag_reports",
+                "Reports sent but not yet acknowledged",
+                &["router"],
+            )?,
+            queued_blocks: gv(
+                "router_queued_blocks",
+                "Blocks queued for the router",
+                &["router"],
+            )?,
+            bytes_sent: cv(
+                "router_bytes_sent_total",
+                "Encoded report bytes sent, by kind",
+                &["router", "kind"],
+            )?,
+            reports_sent: cv(
+                "router_reports_sent_total",
+                "Reports sent, by kind",
+                &["router", "kind"],
+            )?,
+            connects: cv(
+                "router_connects_total",
+                "Streams opened to the router",
+                &["router"],
+            )?,
+            connect_failures: cv(
+                "router_stream_failures_total",
+                "Streams that failed or ended",
+                &["router"],
+            )?,
+            snapshots: cv("router_snapshots_total", "Snapshots sent", &["router"])?,
+            queue_overflows: cv(
+                "router_queue_overflows_total",
+                "Router queue overflows (deltas replaced by a snapshot)",
+                &["router"],
+            )?,
+            scrapes: cv(
+                "vllm_scrapes_total",
+                "Scrapes of vLLM /metrics, by outcome",
+                &["outcome"],
+            )?,
+        })
+    }
+}

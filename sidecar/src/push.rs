@@ -1,0 +1,457 @@
+//! Pushes the worker's cache state and load to every router replica over gRPC
+//! (`kvroute.v1.Ingest/Report`).
+//!
+//! ```text
+//! RouterSet (static list + DNS of a headless Service, re-resolved)
+//!   └─ Pusher per endpoint: connect -> snapshot chunks -> deltas + load samples ...
+//!        ^ reconnect with capped exponential backoff, fresh snapshot every stream
+//!        ^ IngestControl.snapshot_request -> fresh snapshot; Ack -> lag
+//! ```
+//!
+//! Each report carries a per-stream sequence number starting at 0. Messages are bounded:
+//! snapshots are chunked and deltas batched to at most `max_blocks_per_report` blocks.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kvroute_proto::v1::ingest_client::IngestClient;
+use kvroute_proto::v1::{
+    Delta, DeltaOp, IngestControl, SnapshotChunk, WorkerIdentity, WorkerReport, delta_op,
+    ingest_control, worker_report,
+};
+use prost::Message as _;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::hub::{Hub, Outgoing};
+use crate::metrics::{STREAM_CONNECTING, STREAM_DISCONNECTED, STREAM_STREAMING, SidecarMetrics};
+use crate::state::{Op, Ops};
+
+/// Who the worker is, minus what the hub knows (epoch, block size).
+#[derive(Debug, Clone, Default)]
+pub struct IdentityTemplate {
+    pub worker_id: String,
+    pub pod: String,
+    pub namespace: String,
+    pub address: String,
+    pub model: String,
+    pub worker_set: String,
+}
+
+/// Tunables of the router streams.
+#[derive(Debug, Clone)]
+pub struct PushConfig {
+    pub max_blocks_per_report: usize,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl Default for PushConfig {
+    fn default() -> Self {
+        PushConfig {
+            // 64 Ki blocks x 8 bytes = 512 KiB per message, far below gRPC's 4 MiB default.
+            max_blocks_per_report: 64 * 1024,
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Capped exponential backoff (pure; the delay is an input to `sleep`).
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    next: Duration,
+    initial: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Backoff {
+            next: initial,
+            initial,
+            max,
+        }
+    }
+
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    pub fn reset(&mut self) {
+        self.next = self.initial;
+    }
+}
+
+/// Splits a snapshot into bounded chunks (at least one, even when empty).
+pub fn snapshot_chunks(
+    identity: WorkerIdentity,
+    blocks: &[u64],
+    max_blocks: usize,
+) -> Vec<SnapshotChunk> {
+    let max_blocks = max_blocks.max(1);
+    let mut chunks: Vec<SnapshotChunk> = blocks
+        .chunks(max_blocks)
+        .map(|c| SnapshotChunk {
+            identity: None,
+            first: false,
+            last: false,
+            blocks: c.to_vec(),
+        })
+        .collect();
+    if chunks.is_empty() {
+        chunks.push(SnapshotChunk::default());
+    }
+    if let Some(first) = chunks.first_mut() {
+        first.first = true;
+        first.identity = Some(identity);
+    }
+    if let Some(last) = chunks.last_mut() {
+        last.last = true;
+    }
+    chunks
+}
+
+/// Converts queued ops to one `Delta`, merging neighbours of the same kind.
+pub fn to_delta(batches: &[Ops]) -> Delta {
+    let mut ops: Vec<DeltaOp> = Vec::new();
+    for op in batches.iter().flat_map(|b| b.0.iter()) {
+        let (kind, blocks) = match op {
+            Op::Stored(v) => (delta_op::Kind::Stored, v.as_slice()),
+            Op::Removed(v) => (delta_op::Kind::Removed, v.as_slice()),
+            Op::Cleared => (delta_op::Kind::Cleared, &[][..]),
+        };
+        match ops.last_mut() {
+            Some(last) if last.kind == kind as i32 && kind != delta_op::Kind::Cleared => {
+                last.blocks.extend_from_slice(blocks)
+            }
+            _ => ops.push(DeltaOp {
+                kind: kind as i32,
+                blocks: blocks.to_vec(),
+            }),
+        }
+    }
+    Delta { ops }
+}
+
+/// One router endpoint's stream, reconnecting forever until shut down.
+pub struct Pusher {
+    pub endpoint: String,
+    pub hub: Arc<Hub>,
+    pub identity: IdentityTemplate,
+    pub config: PushConfig,
+    pub metrics: SidecarMetrics,
+}
+
+impl Pusher {
+    pub async fn run(self, shutdown: CancellationToken) {
+        let notify = self.hub.register(&self.endpoint);
+        let mut backoff = Backoff::new(self.config.backoff_initial, self.config.backoff_max);
+        let state = self
+            .metrics
+            .stream_state
+            .with_label_values(&[&self.endpoint]);
+        loop {
+            state.set(STREAM_CONNECTING);
+            let result = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                r = self.session(&notify, &mut backoff) => r,
+            };
+            state.set(STREAM_DISCONNECTED);
+            self.metrics
+                .connect_failures
+                .with_label_values(&[&self.endpoint])
+                .inc();
+            if let Err(error) = result {
+                tracing::warn!(router = %self.endpoint, error = format!("{error:#}"), "router stream ended");
+            }
+            // Whatever the router had is unknown now: the next stream starts with a snapshot.
+            self.hub.request_snapshot(&self.endpoint);
+            let delay = backoff.next_delay();
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+        state.set(STREAM_DISCONNECTED);
+        self.hub.unregister(&self.endpoint);
+    }
+
+    async fn session(
+        &self,
+        notify: &tokio::sync::Notify,
+        backoff: &mut Backoff,
+    ) -> anyhow::Result<()> {
+        let channel = tonic::transport::Endpoint::from_shared(self.endpoint.clone())
+            .context("router endpoint")?
+            .connect_timeout(self.config.connect_timeout)
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .context("connect")?;
+        let mut client = IngestClient::new(channel);
+        self.hub.request_snapshot(&self.endpoint);
+        let (tx, rx) = mpsc::channel::<WorkerReport>(8);
+        let mut outbox: VecDeque<WorkerReport> = VecDeque::new();
+        let mut seq = 0u64;
+        // Queue the snapshot before opening the call, so a router that waits for the first
+        // report before answering does not deadlock us.
+        self.collect(&mut outbox, &mut seq);
+        while let Some(report) = outbox.front() {
+            let Ok(permit) = tx.try_reserve() else { break };
+            self.count_sent(report);
+            permit.send(outbox.pop_front().unwrap_or_default());
+        }
+        let mut inbound = client
+            .report(ReceiverStream::new(rx))
+            .await
+            .context("open Report stream")?
+            .into_inner();
+        self.metrics
+            .connects
+            .with_label_values(&[&self.endpoint])
+            .inc();
+        self.metrics
+            .stream_state
+            .with_label_values(&[&self.endpoint])
+            .set(STREAM_STREAMING);
+        backoff.reset();
+        let lag = self
+            .metrics
+            .lag_reports
+            .with_label_values(&[&self.endpoint]);
+        let queued = self
+            .metrics
+            .queued_blocks
+            .with_label_values(&[&self.endpoint]);
+        let overflows = self
+            .metrics
+            .queue_overflows
+            .with_label_values(&[&self.endpoint]);
+        let mut acked: Option<u64> = None;
+        let mut overflows_seen = 0;
+        loop {
+            tokio::select! {
+                biased;
+                ctrl = inbound.message() => match ctrl.context("router stream")? {
+                    Some(IngestControl { body: Some(ingest_control::Body::SnapshotRequest(r)) }) => {
+                        tracing::info!(router = %self.endpoint, reason = %r.reason, "router asked for a snapshot");
+                        self.hub.request_snapshot(&self.endpoint);
+                    }
+                    Some(IngestControl { body: Some(ingest_control::Body::Ack(a)) }) => acked = Some(a.seq),
+                    Some(_) => {}
+                    None => anyhow::bail!("router closed the stream"),
+                },
+                permit = tx.reserve(), if !outbox.is_empty() => {
+                    let permit = permit.context("request stream closed")?;
+                    if let Some(report) = outbox.pop_front() {
+                        self.count_sent(&report);
+                        permit.send(report);
+                    }
+                }
+                _ = notify.notified(), if outbox.is_empty() => self.collect(&mut outbox, &mut seq),
+            }
+            let sent = seq;
+            lag.set(
+                i64::try_from(sent.saturating_sub(acked.map_or(0, |a| a + 1))).unwrap_or(i64::MAX),
+            );
+            queued.set(i64::try_from(self.hub.queued_blocks(&self.endpoint)).unwrap_or(i64::MAX));
+            let o = self.hub.overflows(&self.endpoint);
+            if o > overflows_seen {
+                overflows.inc_by(o - overflows_seen);
+                overflows_seen = o;
+            }
+        }
+    }
+
+    /// Moves what the hub has for this router into the outbox as numbered reports.
+    fn collect(&self, outbox: &mut VecDeque<WorkerReport>, seq: &mut u64) {
+        let (outgoing, load) = self
+            .hub
+            .take(&self.endpoint, self.config.max_blocks_per_report);
+        let mut push = |body: worker_report::Body| {
+            outbox.push_back(WorkerReport {
+                seq: *seq,
+                body: Some(body),
+            });
+            *seq += 1;
+        };
+        match outgoing {
+            Some(Outgoing::Snapshot {
+                epoch,
+                block_size,
+                blocks,
+            }) => {
+                self.metrics
+                    .snapshots
+                    .with_label_values(&[&self.endpoint])
+                    .inc();
+                let t = &self.identity;
+                let identity = WorkerIdentity {
+                    worker_id: t.worker_id.clone(),
+                    pod: t.pod.clone(),
+                    namespace: t.namespace.clone(),
+                    address: t.address.clone(),
+                    model: t.model.clone(),
+                    block_size,
+                    epoch,
+                    worker_set: t.worker_set.clone(),
+                };
+                for chunk in snapshot_chunks(identity, &blocks, self.config.max_blocks_per_report) {
+                    push(worker_report::Body::Snapshot(chunk));
+                }
+            }
+            Some(Outgoing::Deltas(batches)) => push(worker_report::Body::Delta(to_delta(&batches))),
+            None => {}
+        }
+        if let Some(load) = load {
+            push(worker_report::Body::Load(load));
+        }
+    }
+
+    fn count_sent(&self, report: &WorkerReport) {
+        let kind = match report.body {
+            Some(worker_report::Body::Snapshot(_)) => "snapshot",
+            Some(worker_report::Body::Delta(_)) => "delta",
+            Some(worker_report::Body::Load(_)) => "load",
+            None => "empty",
+        };
+        let bytes = report.encoded_len() as u64;
+        self.metrics
+            .bytes_sent
+            .with_label_values(&[&self.endpoint, kind])
+            .inc_by(bytes);
+        self.metrics
+            .reports_sent
+            .with_label_values(&[&self.endpoint, kind])
+            .inc();
+    }
+}
+
+/// Keeps one [`Pusher`] per router endpoint: the static list plus the addresses a DNS name
+/// (a headless Service) resolves to, re-resolved every `resolve_every`.
+pub struct RouterSet {
+    pub static_routers: Vec<String>,
+    pub dns: Option<String>,
+    pub resolve_every: Duration,
+    pub hub: Arc<Hub>,
+    pub identity: IdentityTemplate,
+    pub config: PushConfig,
+    pub metrics: SidecarMetrics,
+}
+
+impl RouterSet {
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut running: HashMap<String, CancellationToken> = HashMap::new();
+        loop {
+            let mut wanted: BTreeSet<String> =
+                self.static_routers.iter().map(|r| normalize(r)).collect();
+            if let Some(dns) = &self.dns {
+                match tokio::net::lookup_host(dns.as_str()).await {
+                    Ok(addrs) => wanted.extend(addrs.map(|a| format!("http://{a}"))),
+                    Err(error) => {
+                        tracing::warn!(%dns, %error, "router DNS lookup failed; keeping current routers")
+                    }
+                }
+                if wanted.is_empty() {
+                    // Keep what we have rather than dropping every stream on a DNS blip.
+                    wanted.extend(running.keys().cloned());
+                }
+            }
+            running.retain(|endpoint, token| {
+                let keep = wanted.contains(endpoint);
+                if !keep {
+                    tracing::info!(router = %endpoint, "router gone");
+                    token.cancel();
+                }
+                keep
+            });
+            for endpoint in wanted {
+                if running.contains_key(&endpoint) {
+                    continue;
+                }
+                tracing::info!(router = %endpoint, "router added");
+                let token = shutdown.child_token();
+                let pusher = Pusher {
+                    endpoint: endpoint.clone(),
+                    hub: self.hub.clone(),
+                    identity: self.identity.clone(),
+                    config: self.config.clone(),
+                    metrics: self.metrics.clone(),
+                };
+                let span = tracing::info_span!("pusher", router = %endpoint);
+                tokio::spawn(tracing::Instrument::instrument(
+                    pusher.run(token.clone()),
+                    span,
+                ));
+                running.insert(endpoint, token);
+            }
+            if self.dns.is_none() {
+                shutdown.cancelled().await;
+                return;
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.resolve_every) => {}
+            }
+        }
+    }
+}
+
+/// `host:port` -> `http://host:port`.
+fn normalize(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_owned()
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_capped_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
+        let d: Vec<_> = (0..4).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(d, vec![100, 200, 350, 350]);
+        b.reset();
+        assert_eq!(b.next_delay().as_millis(), 100);
+    }
+
+    #[test]
+    fn chunks_are_bounded_and_flagged() {
+        let blocks: Vec<u64> = (0..10).collect();
+        let c = snapshot_chunks(WorkerIdentity::default(), &blocks, 4);
+        assert_eq!(
+            c.iter().map(|c| c.blocks.len()).collect::<Vec<_>>(),
+            vec![4, 4, 2]
+        );
+        assert!(c[0].first && c[0].identity.is_some() && !c[0].last && c[2].last && !c[2].first);
+        let empty = snapshot_chunks(WorkerIdentity::default(), &[], 4);
+        assert_eq!(empty.len(), 1);
+        assert!(empty[0].first && empty[0].last);
+    }
+
+    #[test]
+    fn delta_merges_same_kind() {
+        let d = to_delta(&[
+            Ops(vec![Op::Stored(vec![1])]),
+            Ops(vec![Op::Stored(vec![2]), Op::Removed(vec![1])]),
+        ]);
+        assert_eq!(d.ops.len(), 2);
+        assert_eq!(d.ops[0].blocks, vec![1, 2]);
+        assert_eq!(normalize("a:1"), "http://a:1");
+    }
+}

@@ -1,0 +1,272 @@
+//! The ZMQ adapter: SUB loop on vLLM's KV-event PUB socket, DEALER replay from its ROUTER.
+//!
+//! ```text
+//! vLLM PUB --[topic, seq, payload]--> SUB loop --SeqTracker--> decode --> Hub::apply_batch
+//!                                        | gap: DEALER ["", seq] --> ROUTER replay ... end marker
+//!                                        | restart / lost: Hub::resync (new epoch)
+//! ```
+//!
+//! Only I/O, gaps and replays happen here; decoding is `wire`, sequencing `seq`, state `state`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio_util::sync::CancellationToken;
+use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+use crate::hub::Hub;
+use crate::metrics::SidecarMetrics;
+use crate::seq::{Live, Replayed, SeqTracker};
+use crate::wire::{self, DecodeError, KvEvent};
+
+/// How the sidecar reaches vLLM's sockets.
+#[derive(Debug, Clone)]
+pub struct ZmqConfig {
+    pub endpoint: String,
+    /// Bind the SUB socket (vLLM then connects); otherwise connect to vLLM's bound PUB.
+    pub bind: bool,
+    pub topic: String,
+    /// vLLM's ROUTER replay socket; without it every gap is a resync.
+    pub replay_endpoint: Option<String>,
+    /// Longest a replay may take before it is abandoned (and the state resynced).
+    pub replay_timeout: Duration,
+}
+
+/// Whether to bind: explicitly requested, or the endpoint names a wildcard / local transport
+/// the way vLLM decides for its own side (`*`, `::`, ipc, inproc mean "bind").
+pub fn should_bind(endpoint: &str, bind_flag: bool) -> bool {
+    bind_flag
+        || endpoint.contains('*')
+        || endpoint.contains("::")
+        || endpoint.starts_with("ipc://")
+        || endpoint.starts_with("inproc://")
+}
+
+pub struct Subscriber {
+    pub config: ZmqConfig,
+    pub hub: Arc<Hub>,
+    pub metrics: SidecarMetrics,
+}
+
+impl Subscriber {
+    /// Opens the SUB socket (bound or connecting) and returns the bound endpoint, if bound.
+    pub async fn open(&self) -> anyhow::Result<(SubSocket, Option<String>)> {
+        let mut options = SocketOptions::default();
+        // vLLM may start after us: keep trying to connect forever (SUB reconnects itself).
+        options.no_connect_timeout();
+        let mut sub = SubSocket::with_options(options);
+        let bound = if should_bind(&self.config.endpoint, self.config.bind) {
+            let ep = sub
+                .bind(&self.config.endpoint.replace('*', "0.0.0.0"))
+                .await?;
+            Some(ep.to_string())
+        } else {
+            None
+        };
+        sub.subscribe(&self.config.topic).await?;
+        Ok((sub, bound))
+    }
+
+    pub async fn run(
+        self,
+        mut sub: SubSocket,
+        connect: bool,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        if connect {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(()),
+                r = sub.connect(&self.config.endpoint) => r?,
+            }
+        }
+        let mut tracker = SeqTracker::new();
+        loop {
+            let msg = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(()),
+                m = sub.recv() => m,
+            };
+            match msg {
+                Ok(msg) => self.on_live(&mut tracker, msg.into_vec()).await,
+                Err(error) => {
+                    // A peer disconnect surfaces as an error; the socket reconnects itself.
+                    tracing::debug!(%error, "SUB recv error");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    async fn on_live(&self, tracker: &mut SeqTracker, frames: Vec<Bytes>) {
+        let (seq, payload) = match wire::split_frames(&frames) {
+            Ok(f) => (f.seq, f.payload),
+            Err(e) => return self.decode_error(&e),
+        };
+        loop {
+            match tracker.on_live(seq) {
+                Live::Apply => return self.apply_payload(payload),
+                Live::Duplicate => return self.metrics.duplicates.inc(),
+                Live::Restart => {
+                    tracing::warn!(
+                        seq,
+                        "vLLM sequence went back: publisher restarted, resyncing"
+                    );
+                    self.resync("vllm_restart");
+                }
+                Live::Gap { from } => {
+                    self.metrics.gaps.inc();
+                    tracing::info!(from, to = seq, "sequence gap, replaying");
+                    let complete = self.replay(tracker, from).await;
+                    if !tracker.finish_replay(seq) || !complete {
+                        if complete {
+                            self.metrics.replays.with_label_values(&["short"]).inc();
+                        }
+                        self.resync("replay_failed");
+                        tracker.resync_at(seq);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Replays from `from`; applies each batch as it arrives. Returns false on failure.
+    async fn replay(&self, tracker: &mut SeqTracker, from: u64) -> bool {
+        let Some(endpoint) = &self.config.replay_endpoint else {
+            self.metrics
+                .replays
+                .with_label_values(&["unconfigured"])
+                .inc();
+            return false;
+        };
+        let result = tokio::time::timeout(
+            self.config.replay_timeout,
+            self.replay_inner(endpoint, tracker, from),
+        )
+        .await;
+        match result {
+            Ok(Ok(())) => {
+                self.metrics.replays.with_label_values(&["complete"]).inc();
+                true
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "replay failed");
+                self.metrics.replays.with_label_values(&["failed"]).inc();
+                false
+            }
+            Err(_) => {
+                tracing::warn!("replay timed out");
+                self.metrics.replays.with_label_values(&["timeout"]).inc();
+                false
+            }
+        }
+    }
+
+    async fn replay_inner(
+        &self,
+        endpoint: &str,
+        tracker: &mut SeqTracker,
+        from: u64,
+    ) -> anyhow::Result<()> {
+        // A fresh DEALER per replay: the crate only reconnects SUB sockets.
+        let mut options = SocketOptions::default();
+        options.connect_timeout(self.config.replay_timeout);
+        let mut dealer = DealerSocket::with_options(options);
+        dealer.connect(endpoint).await?;
+        let request = ZmqMessage::try_from(vec![
+            Bytes::new(),
+            Bytes::copy_from_slice(&from.to_be_bytes()),
+        ])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        dealer.send(request).await?;
+        loop {
+            let frames = dealer.recv().await?.into_vec();
+            let f = match wire::split_frames(&frames) {
+                Ok(f) => f,
+                Err(e) => {
+                    self.decode_error(&e);
+                    continue;
+                }
+            };
+            if f.is_end_marker() {
+                return Ok(());
+            }
+            self.metrics.replayed_batches.inc();
+            match tracker.on_replayed(f.seq) {
+                Replayed::Apply => self.apply_payload(f.payload),
+                Replayed::Duplicate => self.metrics.duplicates.inc(),
+                Replayed::Lost { expected, got } => {
+                    tracing::warn!(
+                        expected,
+                        got,
+                        "replay buffer no longer holds the missing batches, resyncing"
+                    );
+                    self.metrics.replays.with_label_values(&["lost"]).inc();
+                    self.resync("replay_lost");
+                    self.apply_payload(f.payload);
+                }
+            }
+        }
+    }
+
+    fn resync(&self, reason: &str) {
+        self.metrics.resyncs.with_label_values(&[reason]).inc();
+        let epoch = self.hub.resync();
+        tracing::info!(reason, epoch, "state dropped, new epoch");
+    }
+
+    fn apply_payload(&self, payload: &[u8]) {
+        let batch = match wire::decode_batch(payload) {
+            Ok(b) => b,
+            Err(e) => return self.decode_error(&e),
+        };
+        for event in &batch.events {
+            let label = match event {
+                KvEvent::Stored(_) => "stored",
+                KvEvent::Removed(_) => "removed",
+                KvEvent::Cleared => "cleared",
+                KvEvent::Skipped(r) => r.reason(),
+            };
+            self.metrics.events.with_label_values(&[label]).inc();
+        }
+        let stats = self.hub.apply_batch(&batch.events);
+        self.metrics
+            .blocks
+            .with_label_values(&["stored"])
+            .inc_by(stats.stored);
+        self.metrics
+            .blocks
+            .with_label_values(&["removed"])
+            .inc_by(stats.removed);
+        self.metrics.unknown_parent.inc_by(stats.unknown_parent);
+        self.metrics.unknown_removed.inc_by(stats.unknown_removed);
+        if stats.bad_token_count > 0 {
+            self.metrics
+                .decode_errors
+                .with_label_values(&["bad_token_count"])
+                .inc_by(stats.bad_token_count);
+        }
+    }
+
+    fn decode_error(&self, e: &DecodeError) {
+        tracing::debug!(error = %e, "undecodable KV-event message");
+        self.metrics
+            .decode_errors
+            .with_label_values(&[e.reason()])
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::should_bind;
+
+    #[test]
+    fn bind_rule_mirrors_vllm() {
+        assert!(should_bind("tcp://*:5557", false));
+        assert!(should_bind("ipc:///tmp/kv", false));
+        assert!(!should_bind("tcp://127.0.0.1:5557", false));
+        assert!(should_bind("tcp://127.0.0.1:5557", true));
+    }
+}
