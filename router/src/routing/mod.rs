@@ -1,1 +1,63 @@
-//! Pure routing core: KV index, TTFT prediction, choice and baseline policies (no I/O).
+//! Pure routing core: KV index, TTFT prediction, choice and baseline policies. No I/O, no
+//! clock, no global RNG: time is `now: f64` seconds and randomness a seed, both inputs.
+//!
+//! ```text
+//! sidecar reports ---> KvIndex (blocks per worker) + loads ----+
+//! request tokens ----> PromptHashes (kvroute-hash chain) ------+--> ChoiceContext
+//! first tokens ------> Predictor (per-worker rate, overhead) --+        |
+//!                                                          dyn Policy::choose
+//! Assignments <-- assign / first_token / finish / abort / expire <-- Decision
+//! ```
+//!
+//! # API (stable: additions only)
+//! - [`RoutingCore`] bundles everything for the service: `upsert_worker(key, block_size)`,
+//!   `index.apply_snapshot / apply_stored / apply_removed / clear / mark_stale`,
+//!   `set_load(w, LoadSample, now)`, `context(&RouteRequest, allowed, now)`,
+//!   `decide(&mut dyn Policy, &RouteRequest, allowed, now) -> Option<Decision>`,
+//!   `assign(&Decision, now) -> AssignmentId`, `first_token(id, now, Option<observed>)`,
+//!   `finish(id)`, `abort(id)`, `expire(now, ttl)`, `remove_worker(w)`.
+//! - [`KvIndex`]: workers interned as [`WorkerId`]; `match_prefix(hashes, &mut out)` gives
+//!   `(worker, leading blocks held)`.
+//! - [`Predictor`]: `predict(w, queue_tokens, uncached_tokens)`, `observe(...)`, `error()`.
+//! - [`Assignments`]: the router's outstanding requests, each released exactly once.
+//! - [`Policy`] (object-safe) with [`ChoiceContext`] in and [`Decision`] out (serde
+//!   `Serialize` for `/debug/explain`); [`policy_by_name`] builds `kvroute`, `random`,
+//!   `round-robin`, `least-loaded`, `max-prefix`, `dynamo-cost`, `sglang-cache-aware`.
+//!   A simulator can build a [`ChoiceContext`] itself (all fields public) and call any policy.
+//! - [`PromptHashes`]: a request's hash chain per block size (kvroute-hash, hash/SPEC.md).
+//!
+//! # Rules worth knowing
+//! - Prediction: `ttft = (queue_tokens + uncached) / rate + overhead`; `queue_tokens` is the
+//!   larger of the router's own not-yet-first-tokened uncached tokens on the worker and its
+//!   reported waiting requests times the mean uncached tokens routed so far.
+//! - Stale worker (marked stale, or silent for `stale_after_s`): its indexed leading blocks
+//!   count at `stale_cache_trust` (0.5) and `stale_penalty_s` (0.1 s) is added: neither trusted
+//!   warm nor assumed empty.
+//! - Degraded (no tokens): no cache figures, predictions from queue and overhead alone, the
+//!   decision is marked `degraded` with reason `degraded_load_only`.
+
+mod assign;
+mod choose;
+mod core;
+mod index;
+mod policies;
+mod predict;
+mod request;
+
+pub use assign::{
+    Assignment, AssignmentId, AssignmentState, Assignments, FirstToken, NewAssignment,
+    WorkerInflight,
+};
+pub use choose::{
+    Candidate, CandidateReport, ChoiceContext, Decision, Policy, PredictedTtft,
+    PredictedTtftConfig, Reason,
+};
+pub use core::{CoreConfig, LoadSample, RouteRequest, RoutingCore};
+pub use index::{KvIndex, WorkerId, WorkerState};
+pub use policies::{
+    DynamoCost, DynamoCostConfig, LeastLoaded, MaxPrefix, MaxPrefixWeights, POLICY_NAMES,
+    RandomPolicy, RoundRobin, SglangCacheAware, SglangCacheAwareConfig, UnknownPolicy,
+    policy_by_name,
+};
+pub use predict::{ErrorStats, Predictor, PredictorConfig, WorkerModel};
+pub use request::PromptHashes;

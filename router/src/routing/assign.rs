@@ -1,0 +1,336 @@
+//! The router's own outstanding assignments: what it has sent to each worker and not yet
+//! seen finish. Load reports lag; these do not, so the queue ahead of a new request counts
+//! them too.
+//!
+//! ```text
+//! assign --> WaitingFirstToken --first_token--> Decoding --finish/abort/expire--> released
+//!                    \----------------------finish/abort/expire-------------------/
+//! ```
+//!
+//! Every assignment is released exactly once: `finish`, `abort` and `expire` return it the
+//! first time and `None` (or nothing) afterwards, and the per-worker totals move only then.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::index::WorkerId;
+
+/// Handle of one assignment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct AssignmentId(pub u64);
+
+/// Where an assignment is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AssignmentState {
+    /// Sent; prefill not finished.
+    WaitingFirstToken,
+    /// First token seen; decoding.
+    Decoding,
+}
+
+/// One request sent to a worker.
+#[derive(Clone, Debug, Serialize)]
+pub struct Assignment {
+    /// The worker it went to.
+    pub worker: WorkerId,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Prompt tokens the worker was expected to compute (not cached).
+    pub uncached_tokens: u64,
+    /// Prefill tokens that were ahead of it when assigned (for learning the TTFT model).
+    pub queue_tokens: f64,
+    /// TTFT predicted when assigned (seconds; NaN when the policy made no prediction).
+    pub predicted_ttft: f64,
+    /// When it was assigned (seconds, caller's clock).
+    pub assigned_at: f64,
+    /// Current state.
+    pub state: AssignmentState,
+    /// When the first token arrived.
+    pub first_token_at: Option<f64>,
+}
+
+/// What the caller passes to [`Assignments::assign`].
+#[derive(Clone, Copy, Debug)]
+pub struct NewAssignment {
+    /// The chosen worker.
+    pub worker: WorkerId,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Prompt tokens expected to be computed.
+    pub uncached_tokens: u64,
+    /// Prefill tokens ahead of it.
+    pub queue_tokens: f64,
+    /// Predicted TTFT (seconds; NaN for none).
+    pub predicted_ttft: f64,
+}
+
+/// The first token of an assignment, as reported.
+#[derive(Clone, Debug)]
+pub struct FirstToken {
+    /// The assignment, now decoding.
+    pub assignment: Assignment,
+    /// Observed TTFT (seconds).
+    pub observed_ttft: f64,
+}
+
+/// The router's outstanding work on one worker.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct WorkerInflight {
+    /// Assignments waiting for their first token.
+    pub waiting: u32,
+    /// Uncached prompt tokens of those (prefill work still ahead on the worker).
+    pub waiting_prefill_tokens: u64,
+    /// Assignments decoding.
+    pub decoding: u32,
+    /// Prompt tokens of every outstanding assignment (waiting and decoding): the KV
+    /// footprint the router itself put there.
+    pub active_tokens: u64,
+}
+
+impl WorkerInflight {
+    /// All outstanding assignments.
+    pub fn outstanding(&self) -> u32 {
+        self.waiting + self.decoding
+    }
+}
+
+/// Outstanding assignments of every worker.
+#[derive(Debug, Default)]
+pub struct Assignments {
+    next: u64,
+    live: HashMap<AssignmentId, Assignment>,
+    per_worker: Vec<WorkerInflight>,
+}
+
+impl Assignments {
+    /// No assignments.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a new assignment at `now`.
+    pub fn assign(&mut self, a: NewAssignment, now: f64) -> AssignmentId {
+        self.next += 1;
+        let id = AssignmentId(self.next);
+        let w = self.slot(a.worker);
+        w.waiting += 1;
+        w.waiting_prefill_tokens += a.uncached_tokens;
+        w.active_tokens += a.prompt_tokens;
+        self.live.insert(
+            id,
+            Assignment {
+                worker: a.worker,
+                prompt_tokens: a.prompt_tokens,
+                uncached_tokens: a.uncached_tokens,
+                queue_tokens: a.queue_tokens,
+                predicted_ttft: a.predicted_ttft,
+                assigned_at: now,
+                state: AssignmentState::WaitingFirstToken,
+                first_token_at: None,
+            },
+        );
+        id
+    }
+
+    fn slot(&mut self, w: WorkerId) -> &mut WorkerInflight {
+        let i = w.index();
+        if self.per_worker.len() <= i {
+            self.per_worker.resize(i + 1, WorkerInflight::default());
+        }
+        &mut self.per_worker[i]
+    }
+
+    /// Marks the first token. `observed_ttft` defaults to `now - assigned_at` (pass the data
+    /// path's own measurement when it has one). `None` when the id is unknown, released or
+    /// already past its first token.
+    pub fn first_token(
+        &mut self,
+        id: AssignmentId,
+        now: f64,
+        observed_ttft: Option<f64>,
+    ) -> Option<FirstToken> {
+        let a = self.live.get_mut(&id)?;
+        if a.state != AssignmentState::WaitingFirstToken {
+            return None;
+        }
+        a.state = AssignmentState::Decoding;
+        a.first_token_at = Some(now);
+        let observed = observed_ttft.unwrap_or(now - a.assigned_at);
+        let snapshot = a.clone();
+        let w = self.slot(snapshot.worker);
+        w.waiting = w.waiting.saturating_sub(1);
+        w.waiting_prefill_tokens = w
+            .waiting_prefill_tokens
+            .saturating_sub(snapshot.uncached_tokens);
+        w.decoding += 1;
+        Some(FirstToken {
+            assignment: snapshot,
+            observed_ttft: observed,
+        })
+    }
+
+    /// Releases a completed assignment; `None` if unknown or already released.
+    pub fn finish(&mut self, id: AssignmentId) -> Option<Assignment> {
+        self.release(id)
+    }
+
+    /// Releases an aborted assignment; `None` if unknown or already released.
+    pub fn abort(&mut self, id: AssignmentId) -> Option<Assignment> {
+        self.release(id)
+    }
+
+    /// Releases every assignment older than `ttl` seconds (its completion was never
+    /// reported) and returns them.
+    pub fn expire(&mut self, now: f64, ttl: f64) -> Vec<(AssignmentId, Assignment)> {
+        let old: Vec<AssignmentId> = self
+            .live
+            .iter()
+            .filter(|(_, a)| now - a.assigned_at > ttl)
+            .map(|(&id, _)| id)
+            .collect();
+        let mut out: Vec<(AssignmentId, Assignment)> = old
+            .into_iter()
+            .filter_map(|id| self.release(id).map(|a| (id, a)))
+            .collect();
+        out.sort_by_key(|(id, _)| *id);
+        out
+    }
+
+    /// Releases every assignment of a worker (it went away).
+    pub fn release_worker(&mut self, worker: WorkerId) -> Vec<(AssignmentId, Assignment)> {
+        let ids: Vec<AssignmentId> = self
+            .live
+            .iter()
+            .filter(|(_, a)| a.worker == worker)
+            .map(|(&id, _)| id)
+            .collect();
+        let mut out: Vec<(AssignmentId, Assignment)> = ids
+            .into_iter()
+            .filter_map(|id| self.release(id).map(|a| (id, a)))
+            .collect();
+        out.sort_by_key(|(id, _)| *id);
+        out
+    }
+
+    fn release(&mut self, id: AssignmentId) -> Option<Assignment> {
+        let a = self.live.remove(&id)?;
+        let w = self.slot(a.worker);
+        match a.state {
+            AssignmentState::WaitingFirstToken => {
+                w.waiting = w.waiting.saturating_sub(1);
+                w.waiting_prefill_tokens =
+                    w.waiting_prefill_tokens.saturating_sub(a.uncached_tokens);
+            }
+            AssignmentState::Decoding => w.decoding = w.decoding.saturating_sub(1),
+        }
+        w.active_tokens = w.active_tokens.saturating_sub(a.prompt_tokens);
+        Some(a)
+    }
+
+    /// An outstanding assignment.
+    pub fn get(&self, id: AssignmentId) -> Option<&Assignment> {
+        self.live.get(&id)
+    }
+
+    /// The router's outstanding work on `w`.
+    pub fn inflight(&self, w: WorkerId) -> WorkerInflight {
+        self.per_worker.get(w.index()).copied().unwrap_or_default()
+    }
+
+    /// Number of outstanding assignments.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// True without outstanding assignments.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new(worker: u32, prompt: u64, uncached: u64) -> NewAssignment {
+        NewAssignment {
+            worker: WorkerId(worker),
+            prompt_tokens: prompt,
+            uncached_tokens: uncached,
+            queue_tokens: 0.0,
+            predicted_ttft: 0.1,
+        }
+    }
+
+    #[test]
+    fn lifecycle_moves_totals_and_releases_once() {
+        let mut a = Assignments::new();
+        let x = a.assign(new(1, 1_000, 600), 0.0);
+        let y = a.assign(new(1, 500, 500), 0.5);
+        let w = a.inflight(WorkerId(1));
+        assert_eq!(
+            (
+                w.waiting,
+                w.waiting_prefill_tokens,
+                w.decoding,
+                w.active_tokens
+            ),
+            (2, 1_100, 0, 1_500)
+        );
+
+        let ft = a.first_token(x, 0.4, None).expect("first token");
+        assert!((ft.observed_ttft - 0.4).abs() < 1e-12);
+        assert!(
+            a.first_token(x, 0.5, None).is_none(),
+            "first token only once"
+        );
+        let w = a.inflight(WorkerId(1));
+        assert_eq!(
+            (w.waiting, w.waiting_prefill_tokens, w.decoding),
+            (1, 500, 1)
+        );
+
+        assert!(a.finish(x).is_some());
+        assert!(a.finish(x).is_none());
+        assert!(a.abort(x).is_none());
+        assert!(a.abort(y).is_some());
+        assert!(a.finish(y).is_none());
+        assert!(a.first_token(y, 1.0, Some(0.2)).is_none());
+        let w = a.inflight(WorkerId(1));
+        assert_eq!(
+            (
+                w.waiting,
+                w.waiting_prefill_tokens,
+                w.decoding,
+                w.active_tokens
+            ),
+            (0, 0, 0, 0)
+        );
+        assert!(a.is_empty());
+    }
+
+    #[test]
+    fn expiry_releases_only_old_ones_and_only_once() {
+        let mut a = Assignments::new();
+        let old = a.assign(new(0, 10, 10), 0.0);
+        let young = a.assign(new(0, 10, 10), 50.0);
+        let gone = a.expire(100.0, 60.0);
+        assert_eq!(
+            gone.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            vec![old]
+        );
+        assert!(a.expire(100.0, 60.0).is_empty());
+        assert!(
+            a.finish(old).is_none(),
+            "expired assignment is not released again"
+        );
+        assert_eq!(a.inflight(WorkerId(0)).waiting, 1);
+        assert_eq!(a.release_worker(WorkerId(0)).len(), 1);
+        assert!(a.finish(young).is_none());
+        assert_eq!(a.inflight(WorkerId(0)).outstanding(), 0);
+        assert_eq!(a.inflight(WorkerId(9)).outstanding(), 0);
+    }
+}

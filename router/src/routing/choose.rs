@@ -1,0 +1,453 @@
+//! The choice: what a policy sees ([`ChoiceContext`]), what it returns ([`Decision`]), the
+//! [`Policy`] trait, and kvroute's own rule, [`PredictedTtft`].
+//!
+//! ```text
+//! ChoiceContext { prompt, degraded, candidates: [Candidate { cache, load, prediction }] }
+//!        |
+//!   dyn Policy::choose(ctx, now)
+//!        v
+//! Decision { chosen, reason, degraded, candidates: [Candidate + score] }  -> /debug/explain
+//! ```
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::assign::NewAssignment;
+use super::index::WorkerId;
+
+/// Everything a policy knows about one allowed worker for one request.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Candidate {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Its KV block size (tokens).
+    pub block_size: usize,
+    /// Full blocks of the prompt at that block size.
+    pub prompt_blocks: usize,
+    /// Leading prompt blocks the index says it holds.
+    pub cached_blocks: usize,
+    /// `cached_blocks * block_size`.
+    pub cached_tokens: usize,
+    /// Cached tokens the prediction assumes: `cached_tokens`, discounted when stale.
+    pub expected_cached_tokens: f64,
+    /// Its reports stopped or are too old: cache and load figures are not trusted as is.
+    pub stale: bool,
+    /// Requests waiting, from its last load report.
+    pub waiting: u32,
+    /// Requests running, from its last load report.
+    pub running: u32,
+    /// KV cache usage 0..1, from its last load report.
+    pub kv_usage: f32,
+    /// The router's own assignments waiting for their first token.
+    pub inflight: u32,
+    /// Uncached prompt tokens of those.
+    pub inflight_prefill_tokens: u64,
+    /// The router's own assignments decoding.
+    pub decoding: u32,
+    /// Prompt tokens of all the router's outstanding assignments on it.
+    pub active_tokens: u64,
+    /// Blocks it holds in total (its cache footprint in the index).
+    pub index_blocks: u64,
+    /// Prefill tokens estimated to be ahead of this request.
+    pub queue_tokens: f64,
+    /// Learned prefill rate (tokens/s).
+    pub prefill_rate: f64,
+    /// Learned overhead (seconds).
+    pub overhead: f64,
+    /// Predicted TTFT (seconds), stale penalty included.
+    pub predicted_ttft: f64,
+}
+
+impl Candidate {
+    /// Requests on the worker: the larger of its report and the router's own count (each can
+    /// lag the other).
+    pub fn load(&self) -> f64 {
+        f64::from((self.waiting + self.running).max(self.inflight + self.decoding))
+    }
+
+    /// Prompt tokens this worker would compute for the request (expected, stale-aware).
+    pub fn uncached_tokens(&self, prompt_tokens: usize) -> f64 {
+        (prompt_tokens as f64 - self.expected_cached_tokens).max(0.0)
+    }
+}
+
+/// One request's choice problem.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ChoiceContext {
+    /// Prompt tokens (0 when degraded).
+    pub prompt_tokens: usize,
+    /// Tokens were unavailable (no tokenizer, tokenization failed): cache figures are zero and
+    /// policies score on load alone.
+    pub degraded: bool,
+    /// The workers policy allows, in a stable order.
+    pub candidates: Vec<Candidate>,
+}
+
+/// Why a worker was chosen; `as_str` is the metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// Only one candidate.
+    OnlyCandidate,
+    /// Lowest predicted TTFT, alone within the tie margin.
+    LowestPredictedTtft,
+    /// Several within the tie margin; a seeded draw weighted toward less load picked it.
+    TieBreak,
+    /// No tokens: chosen on load alone.
+    DegradedLoadOnly,
+    /// Uniform random draw.
+    Random,
+    /// Next in rotation.
+    RoundRobin,
+    /// Fewest requests.
+    LeastLoaded,
+    /// Highest llm-d weighted score (prefix, KV usage, queue).
+    MaxPrefix,
+    /// Lowest Dynamo cost.
+    DynamoCost,
+    /// SGLang: balanced, match ratio above threshold: highest match.
+    CacheMatch,
+    /// SGLang: balanced, match ratio below threshold: smallest cache.
+    SmallestCache,
+    /// SGLang: load imbalanced: shortest queue.
+    ShortestQueue,
+}
+
+impl Reason {
+    /// Stable label for metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::OnlyCandidate => "only_candidate",
+            Reason::LowestPredictedTtft => "lowest_predicted_ttft",
+            Reason::TieBreak => "tie_break",
+            Reason::DegradedLoadOnly => "degraded_load_only",
+            Reason::Random => "random",
+            Reason::RoundRobin => "round_robin",
+            Reason::LeastLoaded => "least_loaded",
+            Reason::MaxPrefix => "max_prefix",
+            Reason::DynamoCost => "dynamo_cost",
+            Reason::CacheMatch => "cache_match",
+            Reason::SmallestCache => "smallest_cache",
+            Reason::ShortestQueue => "shortest_queue",
+        }
+    }
+}
+
+/// A candidate as the decision record shows it: its figures and the policy's score for it
+/// (lower is better for every policy; see each policy for its meaning).
+#[derive(Clone, Debug, Serialize)]
+pub struct CandidateReport {
+    /// The candidate's figures.
+    #[serde(flatten)]
+    pub candidate: Candidate,
+    /// The policy's score (lower wins).
+    pub score: f64,
+}
+
+/// The outcome of one choice, serializable for `/debug/explain`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Decision {
+    /// Policy name.
+    pub policy: &'static str,
+    /// The chosen worker.
+    pub chosen: WorkerId,
+    /// Why.
+    pub reason: Reason,
+    /// Tokens were unavailable.
+    pub degraded: bool,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Every candidate, in context order.
+    pub candidates: Vec<CandidateReport>,
+}
+
+impl Decision {
+    /// Builds the record from a context, the chosen position and per-candidate scores.
+    pub fn from_ctx(
+        policy: &'static str,
+        ctx: &ChoiceContext,
+        chosen: usize,
+        reason: Reason,
+        scores: &[f64],
+    ) -> Self {
+        let candidates = ctx
+            .candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| CandidateReport {
+                candidate: c.clone(),
+                score: scores.get(i).copied().unwrap_or(f64::NAN),
+            })
+            .collect();
+        let chosen = ctx
+            .candidates
+            .get(chosen)
+            .map_or(WorkerId(u32::MAX), |c| c.worker);
+        let reason =
+            if ctx.degraded && matches!(reason, Reason::LowestPredictedTtft | Reason::TieBreak) {
+                Reason::DegradedLoadOnly
+            } else if ctx.candidates.len() == 1 {
+                Reason::OnlyCandidate
+            } else {
+                reason
+            };
+        Self {
+            policy,
+            chosen,
+            reason,
+            degraded: ctx.degraded,
+            prompt_tokens: ctx.prompt_tokens,
+            candidates,
+        }
+    }
+
+    /// The chosen candidate's figures.
+    pub fn chosen_candidate(&self) -> Option<&Candidate> {
+        self.candidates
+            .iter()
+            .map(|r| &r.candidate)
+            .find(|c| c.worker == self.chosen)
+    }
+
+    /// Predicted TTFT of the chosen worker (seconds).
+    pub fn predicted_ttft(&self) -> f64 {
+        self.chosen_candidate()
+            .map_or(f64::NAN, |c| c.predicted_ttft)
+    }
+
+    /// The assignment to record once the request is sent.
+    pub fn new_assignment(&self) -> NewAssignment {
+        let c = self.chosen_candidate();
+        NewAssignment {
+            worker: self.chosen,
+            prompt_tokens: self.prompt_tokens as u64,
+            uncached_tokens: c
+                .map_or(self.prompt_tokens as f64, |c| {
+                    c.uncached_tokens(self.prompt_tokens)
+                })
+                .round() as u64,
+            queue_tokens: c.map_or(0.0, |c| c.queue_tokens),
+            predicted_ttft: self.predicted_ttft(),
+        }
+    }
+}
+
+/// A routing policy. Object-safe; state (rotation, RNG) lives in the policy value, so one
+/// value per router replica (seeded differently) keeps replicas from herding.
+pub trait Policy: Send {
+    /// Name as accepted by [`super::policies::policy_by_name`].
+    fn name(&self) -> &'static str;
+    /// Picks a candidate; `None` only when there are no candidates.
+    fn choose(&mut self, ctx: &ChoiceContext, now: f64) -> Option<Decision>;
+}
+
+/// Settings of kvroute's own rule.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct PredictedTtftConfig {
+    /// Predictions within this many seconds of the best are near-ties.
+    pub tie_margin_s: f64,
+    /// ... or within this fraction of the best.
+    pub tie_margin_rel: f64,
+}
+
+impl Default for PredictedTtftConfig {
+    fn default() -> Self {
+        Self {
+            tie_margin_s: 0.02,
+            tie_margin_rel: 0.05,
+        }
+    }
+}
+
+/// kvroute: the lowest predicted TTFT wins. Candidates whose prediction is within
+/// `max(tie_margin_s, tie_margin_rel * best)` of the best are near-ties, and one of them is
+/// drawn with weight `1 / (1 + load)` from a seeded RNG: replicas with different seeds
+/// spread near-equal work instead of all piling onto the same worker, and less loaded
+/// workers are favoured. Stale workers are handled where predictions are made
+/// ([`super::RoutingCore`]): their cached blocks count at a discount and a penalty is added.
+/// Degraded contexts (no tokens) carry predictions from queue and overhead alone, so the
+/// same rule then scores load only, and the decision says so.
+pub struct PredictedTtft {
+    cfg: PredictedTtftConfig,
+    rng: ChaCha8Rng,
+}
+
+impl PredictedTtft {
+    /// A policy drawing its tie-breaks from `seed`.
+    pub fn new(cfg: PredictedTtftConfig, seed: u64) -> Self {
+        Self {
+            cfg,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+}
+
+impl Policy for PredictedTtft {
+    fn name(&self) -> &'static str {
+        "kvroute"
+    }
+
+    fn choose(&mut self, ctx: &ChoiceContext, _now: f64) -> Option<Decision> {
+        let scores: Vec<f64> = ctx
+            .candidates
+            .iter()
+            .map(|c| {
+                if c.predicted_ttft.is_finite() {
+                    c.predicted_ttft
+                } else {
+                    f64::MAX
+                }
+            })
+            .collect();
+        let best = scores.iter().copied().fold(f64::INFINITY, f64::min);
+        if !best.is_finite() {
+            return None;
+        }
+        let margin = self.cfg.tie_margin_s.max(self.cfg.tie_margin_rel * best);
+        let near: Vec<(usize, f64)> = scores
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| **s <= best + margin)
+            .map(|(i, _)| (i, 1.0 / (1.0 + ctx.candidates[i].load())))
+            .collect();
+        let (pick, reason) = if near.len() == 1 {
+            (near[0].0, Reason::LowestPredictedTtft)
+        } else {
+            (weighted_draw(&mut self.rng, &near), Reason::TieBreak)
+        };
+        Some(Decision::from_ctx(self.name(), ctx, pick, reason, &scores))
+    }
+}
+
+/// Draws an index from `(index, weight)` pairs proportionally to weight (uniformly when the
+/// weights are not usable). `items` must not be empty.
+pub(crate) fn weighted_draw(rng: &mut ChaCha8Rng, items: &[(usize, f64)]) -> usize {
+    let total: f64 = items.iter().map(|(_, w)| w.max(0.0)).sum();
+    if !(total.is_finite() && total > 0.0) {
+        return items[rng.random_range(0..items.len())].0;
+    }
+    let mut x = rng.random::<f64>() * total;
+    for &(i, w) in items {
+        x -= w.max(0.0);
+        if x < 0.0 {
+            return i;
+        }
+    }
+    items[items.len() - 1].0
+}
+
+/// Index of the lowest score; exact ties broken by a uniform draw.
+pub(crate) fn argmin_random_ties(rng: &mut ChaCha8Rng, scores: &[f64]) -> Option<usize> {
+    let best = scores
+        .iter()
+        .copied()
+        .filter(|s| !s.is_nan())
+        .fold(f64::INFINITY, f64::min);
+    let ties: Vec<(usize, f64)> = scores
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| **s == best)
+        .map(|(i, _)| (i, 1.0))
+        .collect();
+    if ties.is_empty() {
+        return if scores.is_empty() { None } else { Some(0) };
+    }
+    Some(weighted_draw(rng, &ties))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(w: u32, ttft: f64, load: u32) -> Candidate {
+        Candidate {
+            worker: WorkerId(w),
+            predicted_ttft: ttft,
+            waiting: load,
+            ..Candidate::default()
+        }
+    }
+
+    #[test]
+    fn lowest_prediction_wins_outside_the_margin() {
+        let ctx = ChoiceContext {
+            prompt_tokens: 100,
+            degraded: false,
+            candidates: vec![cand(0, 1.0, 0), cand(1, 0.3, 5), cand(2, 0.6, 0)],
+        };
+        let d = PredictedTtft::new(PredictedTtftConfig::default(), 1)
+            .choose(&ctx, 0.0)
+            .expect("decision");
+        assert_eq!(d.chosen, WorkerId(1));
+        assert_eq!(d.reason, Reason::LowestPredictedTtft);
+        assert_eq!(d.candidates.len(), 3);
+        assert!((d.predicted_ttft() - 0.3).abs() < 1e-12);
+        let json = serde_json::to_value(&d).expect("serializes");
+        assert_eq!(json["reason"], "lowest_predicted_ttft");
+        assert_eq!(json["candidates"][1]["worker"], 1);
+    }
+
+    #[test]
+    fn tie_break_is_seeded_and_spreads_across_replicas() {
+        let ctx = ChoiceContext {
+            prompt_tokens: 100,
+            degraded: false,
+            candidates: (0..4)
+                .map(|w| cand(w, 0.5 + f64::from(w) * 0.001, 0))
+                .collect(),
+        };
+        let run = |seed: u64| -> Vec<u32> {
+            let mut p = PredictedTtft::new(PredictedTtftConfig::default(), seed);
+            (0..200)
+                .map(|_| p.choose(&ctx, 0.0).map_or(99, |d| d.chosen.0))
+                .collect()
+        };
+        assert_eq!(run(5), run(5), "same seed, same draws");
+        assert_ne!(run(5), run(6), "different replicas draw differently");
+        let firsts: std::collections::HashSet<u32> = (0..16).map(|s| run(s)[0]).collect();
+        assert!(
+            firsts.len() >= 3,
+            "replicas' first picks spread: {firsts:?}"
+        );
+        let mut counts = [0; 4];
+        run(9).into_iter().for_each(|w| counts[w as usize] += 1);
+        assert!(counts.iter().all(|&c| c > 20), "{counts:?}");
+    }
+
+    #[test]
+    fn tie_break_favours_less_load() {
+        let ctx = ChoiceContext {
+            prompt_tokens: 100,
+            degraded: false,
+            candidates: vec![cand(0, 0.5, 0), cand(1, 0.5, 9)],
+        };
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 3);
+        let idle = (0..1000)
+            .filter(|_| p.choose(&ctx, 0.0).is_some_and(|d| d.chosen == WorkerId(0)))
+            .count();
+        // weights 1 : 1/10 -> ~91%
+        assert!(idle > 850 && idle < 960, "{idle}");
+    }
+
+    #[test]
+    fn degraded_and_single_candidate_reasons() {
+        let mut ctx = ChoiceContext {
+            prompt_tokens: 0,
+            degraded: true,
+            candidates: vec![cand(0, 0.2, 0), cand(1, 0.9, 0)],
+        };
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 0);
+        let d = p.choose(&ctx, 0.0).expect("decision");
+        assert!(d.degraded);
+        assert_eq!(d.reason, Reason::DegradedLoadOnly);
+        ctx.degraded = false;
+        ctx.candidates.truncate(1);
+        assert_eq!(
+            p.choose(&ctx, 0.0).map(|d| d.reason),
+            Some(Reason::OnlyCandidate)
+        );
+        ctx.candidates.clear();
+        assert!(p.choose(&ctx, 0.0).is_none());
+    }
+}

@@ -1,0 +1,501 @@
+//! [`RoutingCore`]: the index, the predictor and the router's assignments together, turning
+//! a request and an allowed worker list into a [`ChoiceContext`] and recording what happens
+//! to the requests it routes.
+//!
+//! ```text
+//! reports --> index / loads      request tokens --> PromptHashes (per block size)
+//!                  \                    /
+//!                   context(allowed) --+--> Policy::choose --> Decision --> assign
+//!      first_token --> predictor.observe       finish / abort / expire --> release
+//! ```
+
+use serde::Serialize;
+
+use super::assign::{Assignment, AssignmentId, Assignments, FirstToken};
+use super::choose::{Candidate, ChoiceContext, Decision, Policy};
+use super::index::{KvIndex, WorkerId};
+use super::predict::{Predictor, PredictorConfig};
+use super::request::PromptHashes;
+
+/// Settings of the routing core.
+#[derive(Clone, Debug, Serialize)]
+pub struct CoreConfig {
+    /// TTFT model prior and learning settings.
+    pub predictor: PredictorConfig,
+    /// A worker that has not reported for this long (seconds) is stale.
+    pub stale_after_s: f64,
+    /// Fraction of a stale worker's indexed leading blocks assumed still cached: its blocks
+    /// are probably mostly there, but evictions since its last report are unknown.
+    pub stale_cache_trust: f64,
+    /// Seconds added to a stale worker's prediction (its queue is unknown too).
+    pub stale_penalty_s: f64,
+    /// Prefill tokens assumed per reported waiting request before any request was routed
+    /// (then the running mean of routed uncached tokens is used).
+    pub prior_tokens_per_waiting: f64,
+    /// Keys the index's block hasher.
+    pub index_seed: u64,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        Self {
+            predictor: PredictorConfig::default(),
+            stale_after_s: 10.0,
+            stale_cache_trust: 0.5,
+            stale_penalty_s: 0.1,
+            prior_tokens_per_waiting: 1_024.0,
+            index_seed: 0x6b76_726f_7574_65,
+        }
+    }
+}
+
+/// A worker's last load report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct LoadSample {
+    /// `vllm:num_requests_waiting`.
+    pub waiting: u32,
+    /// `vllm:num_requests_running`.
+    pub running: u32,
+    /// `vllm:kv_cache_usage_perc` (0..1).
+    pub kv_usage: f32,
+}
+
+/// The request as the core needs it. `tokens: None` means tokenization failed or no
+/// tokenizer is configured: the decision is degraded (load only).
+#[derive(Clone, Copy, Debug)]
+pub struct RouteRequest<'a> {
+    /// Prompt token ids, exactly as vLLM will see them.
+    pub tokens: Option<&'a [u32]>,
+    /// Served model name the workers report (hash seed).
+    pub model: &'a str,
+    /// LoRA adapter name (hash seed).
+    pub lora: Option<&'a str>,
+    /// vLLM `cache_salt` (extra key of block 1).
+    pub cache_salt: Option<&'a str>,
+}
+
+/// Index, predictor, loads and assignments of one router replica. Pure: time comes in as
+/// `now` (seconds on any monotonic clock the caller keeps consistently).
+pub struct RoutingCore {
+    cfg: CoreConfig,
+    /// Resident blocks per worker. Apply sidecar reports here directly.
+    pub index: KvIndex,
+    /// TTFT models.
+    pub predictor: Predictor,
+    /// Outstanding assignments.
+    pub assignments: Assignments,
+    loads: Vec<LoadSample>,
+    routed: u64,
+    mean_uncached: f64,
+    matches: Vec<(WorkerId, usize)>,
+    dense: Vec<u32>,
+}
+
+impl RoutingCore {
+    /// An empty core.
+    pub fn new(cfg: CoreConfig) -> Self {
+        Self {
+            index: KvIndex::new(cfg.index_seed),
+            predictor: Predictor::new(cfg.predictor.clone()),
+            assignments: Assignments::new(),
+            loads: Vec::new(),
+            routed: 0,
+            mean_uncached: cfg.prior_tokens_per_waiting,
+            matches: Vec::new(),
+            dense: Vec::new(),
+            cfg,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+
+    /// Registers (or revives) a worker; see [`KvIndex::upsert_worker`].
+    pub fn upsert_worker(&mut self, key: &str, block_size: usize) -> WorkerId {
+        self.index.upsert_worker(key, block_size)
+    }
+
+    /// Retires a worker: drops its blocks and releases its outstanding assignments.
+    pub fn remove_worker(&mut self, w: WorkerId) -> Vec<(AssignmentId, Assignment)> {
+        self.index.remove_worker(w);
+        if let Some(l) = self.loads.get_mut(w.index()) {
+            *l = LoadSample::default();
+        }
+        self.assignments.release_worker(w)
+    }
+
+    /// Records a load report (it also counts as a sign of life).
+    pub fn set_load(&mut self, w: WorkerId, sample: LoadSample, now: f64) {
+        if self.index.worker(w).is_none() {
+            return;
+        }
+        let i = w.index();
+        if self.loads.len() <= i {
+            self.loads.resize(i + 1, LoadSample::default());
+        }
+        self.loads[i] = sample;
+        self.index.touch(w, now);
+    }
+
+    /// The last load report of a worker.
+    pub fn load(&self, w: WorkerId) -> LoadSample {
+        self.loads.get(w.index()).copied().unwrap_or_default()
+    }
+
+    /// Builds the choice problem for `req` over the `allowed` workers (unknown and removed
+    /// ids are skipped). Hashes the prompt once per distinct block size among them.
+    pub fn context(
+        &mut self,
+        req: &RouteRequest<'_>,
+        allowed: &[WorkerId],
+        now: f64,
+    ) -> ChoiceContext {
+        let n = self.index.worker_count();
+        if self.dense.len() < n {
+            self.dense.resize(n, 0);
+        }
+        let mut prompt = req
+            .tokens
+            .map(|t| PromptHashes::new(t, req.model, req.lora, req.cache_salt));
+        let prompt_tokens = req.tokens.map_or(0, <[u32]>::len);
+        let mut candidates = Vec::with_capacity(allowed.len());
+        let mut done_sizes: Vec<usize> = Vec::new();
+        let mut touched: Vec<usize> = Vec::new();
+        for &w in allowed {
+            let Some(st) = self.index.worker(w) else {
+                continue;
+            };
+            if st.removed {
+                continue;
+            }
+            let block_size = st.block_size;
+            if let Some(p) = prompt.as_mut()
+                && !done_sizes.contains(&block_size)
+            {
+                done_sizes.push(block_size);
+                self.index
+                    .match_prefix(p.chain(block_size), &mut self.matches);
+                for &(mw, blocks) in &self.matches {
+                    // Workers of another block size cannot match this chain; guard anyway.
+                    if self
+                        .index
+                        .worker(mw)
+                        .is_some_and(|s| s.block_size == block_size)
+                    {
+                        self.dense[mw.index()] = u32::try_from(blocks).unwrap_or(u32::MAX);
+                        touched.push(mw.index());
+                    }
+                }
+            }
+            let cached_blocks = self.dense[w.index()] as usize;
+            let prompt_blocks = if block_size == 0 {
+                0
+            } else {
+                prompt_tokens / block_size
+            };
+            let stale = self.index.is_stale(w, now, self.cfg.stale_after_s);
+            let load = self.load(w);
+            let own = self.assignments.inflight(w);
+            let cached_tokens = cached_blocks * block_size;
+            let expected_cached_tokens = if stale {
+                cached_tokens as f64 * self.cfg.stale_cache_trust
+            } else {
+                cached_tokens as f64
+            };
+            let queue_tokens = (own.waiting_prefill_tokens as f64)
+                .max(f64::from(load.waiting) * self.mean_uncached);
+            let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
+            let (prefill_rate, overhead) = self.predictor.params(w);
+            let mut predicted_ttft = self.predictor.predict(w, queue_tokens, uncached);
+            if stale {
+                predicted_ttft += self.cfg.stale_penalty_s;
+            }
+            candidates.push(Candidate {
+                worker: w,
+                block_size,
+                prompt_blocks,
+                cached_blocks,
+                cached_tokens,
+                expected_cached_tokens,
+                stale,
+                waiting: load.waiting,
+                running: load.running,
+                kv_usage: load.kv_usage,
+                inflight: own.waiting,
+                inflight_prefill_tokens: own.waiting_prefill_tokens,
+                decoding: own.decoding,
+                active_tokens: own.active_tokens,
+                index_blocks: st.blocks,
+                queue_tokens,
+                prefill_rate,
+                overhead,
+                predicted_ttft,
+            });
+        }
+        for i in touched {
+            self.dense[i] = 0;
+        }
+        ChoiceContext {
+            prompt_tokens,
+            degraded: req.tokens.is_none(),
+            candidates,
+        }
+    }
+
+    /// Builds the context and lets `policy` choose.
+    pub fn decide(
+        &mut self,
+        policy: &mut dyn Policy,
+        req: &RouteRequest<'_>,
+        allowed: &[WorkerId],
+        now: f64,
+    ) -> Option<Decision> {
+        let ctx = self.context(req, allowed, now);
+        policy.choose(&ctx, now)
+    }
+
+    /// Records that the request of `decision` was sent to its chosen worker.
+    pub fn assign(&mut self, decision: &Decision, now: f64) -> AssignmentId {
+        let a = decision.new_assignment();
+        if !decision.degraded {
+            self.routed += 1;
+            let n = self.routed.min(1_000) as f64;
+            self.mean_uncached += (a.uncached_tokens as f64 - self.mean_uncached) / n;
+        }
+        self.assignments.assign(a, now)
+    }
+
+    /// First token of an assignment: moves it to decoding and teaches the TTFT model.
+    /// `observed_ttft` defaults to `now - assigned_at`.
+    pub fn first_token(
+        &mut self,
+        id: AssignmentId,
+        now: f64,
+        observed_ttft: Option<f64>,
+    ) -> Option<FirstToken> {
+        let ft = self.assignments.first_token(id, now, observed_ttft)?;
+        let a = &ft.assignment;
+        if a.predicted_ttft.is_finite() {
+            self.predictor.observe(
+                a.worker,
+                a.queue_tokens,
+                a.uncached_tokens as f64,
+                a.predicted_ttft,
+                ft.observed_ttft,
+            );
+        }
+        Some(ft)
+    }
+
+    /// Releases a completed assignment (once).
+    pub fn finish(&mut self, id: AssignmentId) -> Option<Assignment> {
+        self.assignments.finish(id)
+    }
+
+    /// Releases an aborted assignment (once).
+    pub fn abort(&mut self, id: AssignmentId) -> Option<Assignment> {
+        self.assignments.abort(id)
+    }
+
+    /// Releases assignments older than `ttl` seconds.
+    pub fn expire(&mut self, now: f64, ttl: f64) -> Vec<(AssignmentId, Assignment)> {
+        self.assignments.expire(now, ttl)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::choose::{PredictedTtft, PredictedTtftConfig, Reason};
+    use super::*;
+
+    fn req(tokens: &[u32]) -> RouteRequest<'_> {
+        RouteRequest {
+            tokens: Some(tokens),
+            model: "m",
+            lora: None,
+            cache_salt: None,
+        }
+    }
+
+    fn chain(tokens: &[u32], bs: usize) -> Vec<u64> {
+        PromptHashes::new(tokens, "m", None, None)
+            .chain(bs)
+            .to_vec()
+    }
+
+    /// Two workers, the prompt (4,096 tokens) fully cached on `warm`.
+    fn setup() -> (RoutingCore, WorkerId, WorkerId, Vec<u32>) {
+        let mut core = RoutingCore::new(CoreConfig::default());
+        let warm = core.upsert_worker("warm", 16);
+        let cold = core.upsert_worker("cold", 16);
+        let tokens: Vec<u32> = (0..4_096).collect();
+        core.index.apply_stored(warm, &chain(&tokens, 16), 0.0);
+        core.set_load(warm, LoadSample::default(), 0.0);
+        core.set_load(cold, LoadSample::default(), 0.0);
+        (core, warm, cold, tokens)
+    }
+
+    #[test]
+    fn prefers_the_warm_worker_when_both_are_idle() {
+        let (mut core, warm, cold, tokens) = setup();
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        let d = core
+            .decide(&mut p, &req(&tokens), &[warm, cold], 1.0)
+            .expect("decision");
+        assert_eq!(d.chosen, warm);
+        assert_eq!(d.reason, Reason::LowestPredictedTtft);
+        let c = d.chosen_candidate().expect("chosen");
+        assert_eq!(
+            (c.cached_blocks, c.cached_tokens, c.prompt_blocks),
+            (256, 4_096, 256)
+        );
+        assert!(
+            d.candidates
+                .iter()
+                .any(|r| r.candidate.worker == cold && r.candidate.cached_blocks == 0)
+        );
+    }
+
+    #[test]
+    fn prefers_an_idle_cold_worker_over_a_warm_one_with_a_long_queue() {
+        let (mut core, warm, cold, tokens) = setup();
+        // 8 waiting requests on the warm one (~8k tokens of prefill ahead) vs 4k to recompute.
+        core.set_load(
+            warm,
+            LoadSample {
+                waiting: 8,
+                running: 4,
+                kv_usage: 0.5,
+            },
+            1.0,
+        );
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        let d = core
+            .decide(&mut p, &req(&tokens), &[warm, cold], 1.0)
+            .expect("decision");
+        assert_eq!(
+            d.chosen,
+            cold,
+            "{}",
+            serde_json::to_string(&d).unwrap_or_default()
+        );
+    }
+
+    #[test]
+    fn own_assignments_count_as_queue_before_reports_catch_up() {
+        let (mut core, warm, cold, tokens) = setup();
+        let other: Vec<u32> = (10_000..18_000).collect();
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        // Send three cold 8k prompts to `warm` (the router decides where, here by hand).
+        let mut ctx = core.context(&req(&other), &[warm], 1.0);
+        ctx.candidates.truncate(1);
+        let d = p.choose(&ctx, 1.0).expect("decision");
+        for _ in 0..3 {
+            core.assign(&d, 1.0);
+        }
+        assert_eq!(
+            core.assignments.inflight(warm).waiting_prefill_tokens,
+            24_000
+        );
+        let d = core
+            .decide(&mut p, &req(&tokens), &[warm, cold], 1.1)
+            .expect("decision");
+        assert_eq!(d.chosen, cold);
+    }
+
+    #[test]
+    fn stale_workers_are_neither_warm_nor_empty() {
+        let (mut core, warm, cold, tokens) = setup();
+        core.index.mark_stale(warm);
+        let ctx = core.context(&req(&tokens), &[warm, cold], 1.0);
+        let w = &ctx.candidates[0];
+        let c = &ctx.candidates[1];
+        assert!(w.stale && !c.stale);
+        assert_eq!(w.cached_tokens, 4_096, "the index still reports its blocks");
+        assert!((w.expected_cached_tokens - 2_048.0).abs() < 1e-9);
+        // Between a fresh warm prediction and a cold one.
+        let fresh = core.predictor.predict(warm, 0.0, 0.0);
+        assert!(w.predicted_ttft > fresh + 0.1 - 1e-9 && w.predicted_ttft < c.predicted_ttft);
+        // Silence past stale_after_s makes a worker stale too.
+        let ctx = core.context(&req(&tokens), &[cold], 20.0);
+        assert!(ctx.candidates[0].stale);
+    }
+
+    #[test]
+    fn degraded_without_tokens() {
+        let (mut core, warm, cold, _) = setup();
+        core.set_load(
+            warm,
+            LoadSample {
+                waiting: 3,
+                running: 0,
+                kv_usage: 0.1,
+            },
+            1.0,
+        );
+        let r = RouteRequest {
+            tokens: None,
+            model: "m",
+            lora: None,
+            cache_salt: None,
+        };
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        let d = core
+            .decide(&mut p, &r, &[warm, cold], 1.0)
+            .expect("decision");
+        assert!(d.degraded);
+        assert_eq!(d.reason, Reason::DegradedLoadOnly);
+        assert_eq!(d.chosen, cold);
+        assert!(d.candidates.iter().all(|c| c.candidate.cached_blocks == 0));
+    }
+
+    #[test]
+    fn mixed_block_sizes_and_unknown_or_removed_workers() {
+        let (mut core, warm, cold, tokens) = setup();
+        let big = core.upsert_worker("big", 32);
+        core.index
+            .apply_stored(big, &chain(&tokens[..1024], 32), 0.0);
+        let gone = core.upsert_worker("gone", 16);
+        core.remove_worker(gone);
+        let ctx = core.context(&req(&tokens), &[warm, big, WorkerId(77), gone, cold], 1.0);
+        let got: Vec<(u32, usize, usize)> = ctx
+            .candidates
+            .iter()
+            .map(|c| (c.worker.0, c.cached_blocks, c.prompt_blocks))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(warm.0, 256, 256), (big.0, 32, 128), (cold.0, 0, 256)]
+        );
+        // Scratch state is reset between calls.
+        let ctx = core.context(&req(&tokens[..16]), &[cold, big], 1.0);
+        assert!(ctx.candidates.iter().all(|c| c.cached_blocks == 0));
+    }
+
+    #[test]
+    fn first_token_teaches_the_model_and_release_is_once() {
+        let (mut core, warm, cold, tokens) = setup();
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        let d = core
+            .decide(&mut p, &req(&tokens), &[cold], 0.0)
+            .expect("decision");
+        let id = core.assign(&d, 0.0);
+        let ft = core.first_token(id, 2.0, None).expect("first token");
+        assert!((ft.observed_ttft - 2.0).abs() < 1e-12);
+        assert_eq!(core.predictor.error().count, 1);
+        assert!(
+            core.predictor.params(cold).0 < 4_800.0,
+            "slower than predicted -> lower rate"
+        );
+        assert!(core.first_token(id, 2.5, None).is_none());
+        assert!(core.finish(id).is_some());
+        assert!(core.abort(id).is_none());
+        assert!(core.expire(1e9, 1.0).is_empty());
+        let id2 = core.assign(&d, 3.0);
+        assert_eq!(core.remove_worker(cold).len(), 1);
+        assert!(core.finish(id2).is_none());
+        let _ = warm;
+    }
+}

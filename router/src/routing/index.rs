@@ -1,0 +1,634 @@
+//! The KV index: which worker holds which kvroute block, and how many leading blocks of a
+//! prompt each worker holds.
+//!
+//! ```text
+//! blocks: block hash --> holders (1-2 workers packed inline in 8 bytes, or a sorted set)
+//! workers[WorkerId]  --> key, block size, epoch, last update, block count, stale flag
+//! ```
+//!
+//! One global map keyed by block hash, not one map per worker: a lookup walks the prompt's
+//! chain once and narrows the set of workers still matching, so its cost is proportional to
+//! the matched prefix (times the workers matching it), never to the size of the pool. The
+//! price is that dropping all of one worker's blocks (`clear`, a replacing snapshot,
+//! `remove_worker`) scans the whole map; those happen on restarts and reconnects, not per
+//! request, and are skipped for a worker that holds nothing.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use serde::Serialize;
+
+/// A worker, interned by the index. Ids are never reused, so a stale id cannot alias a new
+/// worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct WorkerId(pub u32);
+
+impl WorkerId {
+    /// Position in per-worker vectors.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// What the index knows about one worker besides its blocks.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkerState {
+    /// The key the worker was registered under (e.g. `namespace/pod`).
+    pub key: String,
+    /// KV block size in tokens (the hash chain's block size for this worker).
+    pub block_size: usize,
+    /// Epoch of the last snapshot (the sidecar bumps it when vLLM restarts).
+    pub epoch: u64,
+    /// Time of the last report of any kind (seconds, caller's clock).
+    pub last_update: f64,
+    /// Number of blocks the worker holds.
+    pub blocks: u64,
+    /// Set by `mark_stale` (stream lost); cleared by the next report.
+    pub marked_stale: bool,
+    /// Removed workers keep their id but hold nothing and are never candidates.
+    pub removed: bool,
+}
+
+/// Sentinel in the packed holder word: "no second worker" (high half) or "the low half is a
+/// set index" (low half).
+const NONE: u32 = u32::MAX;
+
+/// Holders of one block packed in a `u64`: `lo | hi << 32`.
+/// - `lo != NONE`: worker `lo`, plus worker `hi` unless `hi == NONE`.
+/// - `lo == NONE`: `hi` indexes `KvIndex::sets` (a sorted set of 3 or more workers).
+#[derive(Clone, Copy)]
+struct Packed(u64);
+
+impl Packed {
+    fn one(w: u32) -> Self {
+        Packed(u64::from(w) | (u64::from(NONE) << 32))
+    }
+    fn two(a: u32, b: u32) -> Self {
+        let (a, b) = if a < b { (a, b) } else { (b, a) };
+        Packed(u64::from(a) | (u64::from(b) << 32))
+    }
+    fn set(i: u32) -> Self {
+        Packed(u64::from(NONE) | (u64::from(i) << 32))
+    }
+    fn lo(self) -> u32 {
+        self.0 as u32
+    }
+    fn hi(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+}
+
+/// Block hashes are already uniform 64-bit values; a keyed multiply-fold spreads both halves
+/// (hashbrown uses the low bits for the bucket and the top 7 for the tag) and keeps crafted
+/// prompts from targeting buckets without knowing the seed.
+#[derive(Default, Clone, Copy)]
+pub struct BlockHasher(u64);
+
+impl Hasher for BlockHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = fold(self.0 ^ u64::from(*b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = fold(self.0 ^ v);
+    }
+}
+
+fn fold(v: u64) -> u64 {
+    let m = u128::from(v) * 0x9E37_79B9_7F4A_7C15_u128;
+    (m as u64) ^ ((m >> 64) as u64)
+}
+
+type BlockMap = HashMap<u64, Packed, BuildHasherDefault<BlockHasher>>;
+
+/// Per-worker resident block sets for many workers, with leading-prefix lookup.
+pub struct KvIndex {
+    /// Mixed into every key so that bucket positions depend on a per-process seed.
+    seed: u64,
+    blocks: BlockMap,
+    sets: Vec<Vec<u32>>,
+    free_sets: Vec<u32>,
+    workers: Vec<WorkerState>,
+    by_key: HashMap<String, WorkerId>,
+    pairs: u64,
+}
+
+impl Default for KvIndex {
+    fn default() -> Self {
+        Self::new(0)
+    }
+}
+
+impl KvIndex {
+    /// An empty index; `seed` (e.g. drawn at start-up) keys the block-map hasher.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            seed,
+            blocks: BlockMap::default(),
+            sets: Vec::new(),
+            free_sets: Vec::new(),
+            workers: Vec::new(),
+            by_key: HashMap::new(),
+            pairs: 0,
+        }
+    }
+
+    /// Interns `key`, returning its id (the same id for the same key; a removed worker is
+    /// revived with its old id and no blocks). `block_size` is updated when non-zero.
+    pub fn upsert_worker(&mut self, key: &str, block_size: usize) -> WorkerId {
+        if let Some(&w) = self.by_key.get(key) {
+            let st = &mut self.workers[w.index()];
+            st.removed = false;
+            if block_size > 0 {
+                st.block_size = block_size;
+            }
+            return w;
+        }
+        let id = WorkerId(
+            u32::try_from(self.workers.len())
+                .unwrap_or(NONE - 1)
+                .min(NONE - 1),
+        );
+        self.workers.push(WorkerState {
+            key: key.to_owned(),
+            block_size,
+            epoch: 0,
+            last_update: f64::NEG_INFINITY,
+            blocks: 0,
+            marked_stale: false,
+            removed: false,
+        });
+        self.by_key.insert(key.to_owned(), id);
+        id
+    }
+
+    /// Looks a worker up by key.
+    pub fn worker_id(&self, key: &str) -> Option<WorkerId> {
+        self.by_key.get(key).copied()
+    }
+
+    /// A worker's state, if the id was issued by this index.
+    pub fn worker(&self, w: WorkerId) -> Option<&WorkerState> {
+        self.workers.get(w.index())
+    }
+
+    /// Every worker ever registered (removed ones included, flagged).
+    pub fn workers(&self) -> impl Iterator<Item = (WorkerId, &WorkerState)> {
+        self.workers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (WorkerId(i as u32), s))
+    }
+
+    /// Number of ids issued.
+    pub fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Records a report of any kind (KV event or load sample) at `now`; clears `mark_stale`.
+    pub fn touch(&mut self, w: WorkerId, now: f64) {
+        if let Some(st) = self.workers.get_mut(w.index()) {
+            if now.is_finite() && now > st.last_update {
+                st.last_update = now;
+            }
+            st.marked_stale = false;
+        }
+    }
+
+    /// Marks a worker's state as not trustworthy (its report stream broke) until it reports
+    /// again. Its blocks are kept: they are probably still mostly there.
+    pub fn mark_stale(&mut self, w: WorkerId) {
+        if let Some(st) = self.workers.get_mut(w.index()) {
+            st.marked_stale = true;
+        }
+    }
+
+    /// Time of the worker's last report.
+    pub fn last_update(&self, w: WorkerId) -> Option<f64> {
+        self.worker(w).map(|s| s.last_update)
+    }
+
+    /// True when the worker was marked stale or has not reported for more than `max_age`.
+    pub fn is_stale(&self, w: WorkerId, now: f64, max_age: f64) -> bool {
+        match self.worker(w) {
+            Some(s) => s.marked_stale || now - s.last_update > max_age,
+            None => true,
+        }
+    }
+
+    /// Sets the worker's block size (from its reports).
+    pub fn set_block_size(&mut self, w: WorkerId, block_size: usize) {
+        if let Some(st) = self.workers.get_mut(w.index()) {
+            st.block_size = block_size;
+        }
+    }
+
+    /// Replaces everything the worker holds with `blocks`, at `epoch`.
+    pub fn apply_snapshot(&mut self, w: WorkerId, epoch: u64, blocks: &[u64], now: f64) {
+        if self.worker(w).is_none() {
+            return;
+        }
+        self.drop_all_blocks(w);
+        self.workers[w.index()].epoch = epoch;
+        self.apply_stored(w, blocks, now);
+    }
+
+    /// Adds blocks to the worker; blocks it already holds are left as they are (stores are
+    /// idempotent). Returns how many were new.
+    pub fn apply_stored(&mut self, w: WorkerId, blocks: &[u64], now: f64) -> usize {
+        if self.worker(w).is_none_or(|s| s.removed) {
+            return 0;
+        }
+        let wid = w.0;
+        let mut added = 0;
+        for &h in blocks {
+            let key = h ^ self.seed;
+            let new = match self.blocks.get_mut(&key) {
+                None => {
+                    self.blocks.insert(key, Packed::one(wid));
+                    true
+                }
+                Some(p) => insert_holder(p, wid, &mut self.sets, &mut self.free_sets),
+            };
+            added += usize::from(new);
+        }
+        self.pairs += added as u64;
+        let st = &mut self.workers[w.index()];
+        st.blocks += added as u64;
+        self.touch(w, now);
+        added
+    }
+
+    /// Removes blocks from the worker; unknown ones are ignored. Returns how many it held.
+    pub fn apply_removed(&mut self, w: WorkerId, blocks: &[u64], now: f64) -> usize {
+        if self.worker(w).is_none() {
+            return 0;
+        }
+        let mut removed = 0;
+        for &h in blocks {
+            let key = h ^ self.seed;
+            let Some(p) = self.blocks.get_mut(&key) else {
+                continue;
+            };
+            let (was, empty) = remove_holder(p, w.0, &mut self.sets, &mut self.free_sets);
+            if empty {
+                self.blocks.remove(&key);
+            }
+            removed += usize::from(was);
+        }
+        self.pairs -= removed as u64;
+        self.workers[w.index()].blocks -= removed as u64;
+        self.touch(w, now);
+        removed
+    }
+
+    /// Drops every block of the worker (vLLM reset its prefix cache or restarted).
+    pub fn clear(&mut self, w: WorkerId, now: f64) {
+        if self.worker(w).is_none() {
+            return;
+        }
+        self.drop_all_blocks(w);
+        self.touch(w, now);
+    }
+
+    /// Drops the worker's blocks and retires it; its id stays reserved.
+    pub fn remove_worker(&mut self, w: WorkerId) {
+        if self.worker(w).is_none() {
+            return;
+        }
+        self.drop_all_blocks(w);
+        self.workers[w.index()].removed = true;
+    }
+
+    fn drop_all_blocks(&mut self, w: WorkerId) {
+        let st = &mut self.workers[w.index()];
+        if st.blocks == 0 {
+            return;
+        }
+        let dropped = st.blocks;
+        st.blocks = 0;
+        let sets = &mut self.sets;
+        let free = &mut self.free_sets;
+        self.blocks
+            .retain(|_, p| !remove_holder(p, w.0, sets, free).1);
+        self.pairs -= dropped;
+    }
+
+    /// For the chain `hashes` (block 1 first), writes `(worker, n)` for every worker holding
+    /// the first `n >= 1` blocks (leading blocks only: a gap ends a worker's match). `out` is
+    /// cleared first; order is unspecified. Cost: one map probe per block until no worker
+    /// matches any more.
+    pub fn match_prefix(&self, hashes: &[u64], out: &mut Vec<(WorkerId, usize)>) {
+        out.clear();
+        let Some((&first, rest)) = hashes.split_first() else {
+            return;
+        };
+        let Some(&p) = self.blocks.get(&(first ^ self.seed)) else {
+            return;
+        };
+        for_each_holder(p, &self.sets, |w| out.push((WorkerId(w), 1)));
+        let mut live = out.len();
+        for (i, &h) in rest.iter().enumerate() {
+            let Some(&p) = self.blocks.get(&(h ^ self.seed)) else {
+                break;
+            };
+            let mut j = 0;
+            while j < live {
+                if holds(p, out[j].0.0, &self.sets) {
+                    out[j].1 = i + 2;
+                    j += 1;
+                } else {
+                    live -= 1;
+                    out.swap(j, live);
+                }
+            }
+            if live == 0 {
+                break;
+            }
+        }
+    }
+
+    /// Leading blocks of `hashes` that one worker holds.
+    pub fn matched_blocks(&self, w: WorkerId, hashes: &[u64]) -> usize {
+        hashes
+            .iter()
+            .take_while(|&&h| {
+                self.blocks
+                    .get(&(h ^ self.seed))
+                    .is_some_and(|&p| holds(p, w.0, &self.sets))
+            })
+            .count()
+    }
+
+    /// Number of distinct blocks held by anyone.
+    pub fn distinct_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Number of (block, worker) pairs.
+    pub fn pairs(&self) -> u64 {
+        self.pairs
+    }
+
+    /// Estimated heap bytes of the block structures (map buckets + holder sets). The map
+    /// estimate follows hashbrown's layout: a power-of-two bucket count at most 7/8 full, one
+    /// control byte per bucket plus 16 for the group tail.
+    pub fn memory_bytes(&self) -> usize {
+        let cap = self.blocks.capacity();
+        let buckets = if cap == 0 {
+            0
+        } else {
+            (cap * 8 / 7).next_power_of_two()
+        };
+        let entry = std::mem::size_of::<(u64, Packed)>();
+        let map = buckets * (entry + 1) + if buckets > 0 { 16 } else { 0 };
+        let sets: usize = self
+            .sets
+            .iter()
+            .map(|s| s.capacity() * 4 + std::mem::size_of::<Vec<u32>>())
+            .sum();
+        map + sets + self.free_sets.capacity() * 4
+    }
+}
+
+fn for_each_holder(p: Packed, sets: &[Vec<u32>], mut f: impl FnMut(u32)) {
+    if p.lo() == NONE {
+        if let Some(s) = sets.get(p.hi() as usize) {
+            s.iter().for_each(|&w| f(w));
+        }
+    } else {
+        f(p.lo());
+        if p.hi() != NONE {
+            f(p.hi());
+        }
+    }
+}
+
+fn holds(p: Packed, w: u32, sets: &[Vec<u32>]) -> bool {
+    if p.lo() == NONE {
+        sets.get(p.hi() as usize)
+            .is_some_and(|s| s.binary_search(&w).is_ok())
+    } else {
+        p.lo() == w || p.hi() == w
+    }
+}
+
+/// Adds `w`; returns whether it was new.
+fn insert_holder(p: &mut Packed, w: u32, sets: &mut Vec<Vec<u32>>, free: &mut Vec<u32>) -> bool {
+    let (lo, hi) = (p.lo(), p.hi());
+    if lo != NONE {
+        if lo == w || hi == w {
+            return false;
+        }
+        if hi == NONE {
+            *p = Packed::two(lo, w);
+            return true;
+        }
+        let mut v = vec![lo, hi, w];
+        v.sort_unstable();
+        let i = match free.pop() {
+            Some(i) => {
+                sets[i as usize] = v;
+                i
+            }
+            None => {
+                sets.push(v);
+                (sets.len() - 1) as u32
+            }
+        };
+        *p = Packed::set(i);
+        return true;
+    }
+    let Some(s) = sets.get_mut(hi as usize) else {
+        return false;
+    };
+    match s.binary_search(&w) {
+        Ok(_) => false,
+        Err(pos) => {
+            s.insert(pos, w);
+            true
+        }
+    }
+}
+
+/// Removes `w`; returns (whether it was there, whether the block has no holder left).
+fn remove_holder(
+    p: &mut Packed,
+    w: u32,
+    sets: &mut [Vec<u32>],
+    free: &mut Vec<u32>,
+) -> (bool, bool) {
+    let (lo, hi) = (p.lo(), p.hi());
+    if lo != NONE {
+        if lo == w {
+            if hi == NONE {
+                return (true, true);
+            }
+            *p = Packed::one(hi);
+            return (true, false);
+        }
+        if hi == w {
+            *p = Packed::one(lo);
+            return (true, false);
+        }
+        return (false, false);
+    }
+    let Some(s) = sets.get_mut(hi as usize) else {
+        return (false, false);
+    };
+    let Ok(pos) = s.binary_search(&w) else {
+        return (false, false);
+    };
+    s.remove(pos);
+    if s.len() <= 2 {
+        *p = Packed::two(s[0], s[1]);
+        *s = Vec::new();
+        free.push(hi);
+    }
+    (true, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matches(ix: &KvIndex, hashes: &[u64]) -> Vec<(WorkerId, usize)> {
+        let mut out = Vec::new();
+        ix.match_prefix(hashes, &mut out);
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn stores_are_idempotent_and_counted() {
+        let mut ix = KvIndex::new(7);
+        let a = ix.upsert_worker("a", 16);
+        assert_eq!(ix.apply_stored(a, &[1, 2, 3], 1.0), 3);
+        assert_eq!(ix.apply_stored(a, &[1, 2, 3, 4], 2.0), 1);
+        assert_eq!(ix.worker(a).map(|s| s.blocks), Some(4));
+        assert_eq!(ix.pairs(), 4);
+        assert_eq!(ix.last_update(a), Some(2.0));
+        assert_eq!(ix.upsert_worker("a", 0), a);
+    }
+
+    #[test]
+    fn leading_blocks_per_worker_stop_at_gaps() {
+        let mut ix = KvIndex::new(1);
+        let a = ix.upsert_worker("a", 16);
+        let b = ix.upsert_worker("b", 16);
+        let c = ix.upsert_worker("c", 16);
+        ix.apply_stored(a, &[10, 11, 12, 13], 0.0);
+        ix.apply_stored(b, &[10, 11], 0.0);
+        ix.apply_stored(c, &[10, 12, 13], 0.0); // gap at 11
+        assert_eq!(
+            matches(&ix, &[10, 11, 12, 13, 14]),
+            vec![(a, 4), (b, 2), (c, 1)]
+        );
+        assert_eq!(matches(&ix, &[11, 12]), vec![(a, 2), (b, 1)]);
+        assert!(matches(&ix, &[99, 10]).is_empty());
+        assert!(matches(&ix, &[]).is_empty());
+        assert_eq!(ix.matched_blocks(c, &[10, 11, 12]), 1);
+    }
+
+    #[test]
+    fn many_holders_use_sets_and_shrink_back() {
+        let mut ix = KvIndex::new(3);
+        let ws: Vec<WorkerId> = (0..5)
+            .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
+            .collect();
+        for &w in &ws {
+            ix.apply_stored(w, &[1, 2], 0.0);
+        }
+        assert_eq!(
+            matches(&ix, &[1, 2]),
+            ws.iter().map(|&w| (w, 2)).collect::<Vec<_>>()
+        );
+        for &w in &ws[..4] {
+            assert_eq!(ix.apply_removed(w, &[2], 1.0), 1);
+        }
+        assert_eq!(ix.apply_removed(ws[0], &[2], 1.0), 0);
+        let got = matches(&ix, &[1, 2]);
+        assert_eq!(
+            got,
+            vec![(ws[0], 1), (ws[1], 1), (ws[2], 1), (ws[3], 1), (ws[4], 2)]
+        );
+        // a set slot freed by shrinking is reused
+        for &w in &ws {
+            ix.apply_stored(w, &[3], 0.0);
+        }
+        assert_eq!(ix.pairs(), 5 + 1 + 5);
+    }
+
+    #[test]
+    fn clear_snapshot_and_remove_worker() {
+        let mut ix = KvIndex::new(0);
+        let a = ix.upsert_worker("a", 16);
+        let b = ix.upsert_worker("b", 16);
+        let c = ix.upsert_worker("c", 16);
+        ix.apply_stored(a, &[1, 2, 3], 0.0);
+        ix.apply_stored(b, &[1, 2], 0.0);
+        ix.apply_stored(c, &[1], 0.0);
+        ix.clear(a, 1.0);
+        assert_eq!(matches(&ix, &[1, 2, 3]), vec![(b, 2), (c, 1)]);
+        assert_eq!(ix.distinct_blocks(), 2);
+        ix.apply_snapshot(b, 5, &[7, 8], 2.0);
+        assert_eq!(ix.worker(b).map(|s| (s.epoch, s.blocks)), Some((5, 2)));
+        assert_eq!(matches(&ix, &[1, 2]), vec![(c, 1)]);
+        assert_eq!(matches(&ix, &[7, 8]), vec![(b, 2)]);
+        ix.remove_worker(b);
+        assert!(matches(&ix, &[7]).is_empty());
+        assert_eq!(
+            ix.apply_stored(b, &[7], 3.0),
+            0,
+            "removed workers take no blocks"
+        );
+        assert_eq!(ix.pairs(), 1);
+        assert_eq!(
+            ix.upsert_worker("b", 16),
+            b,
+            "a returning worker keeps its id"
+        );
+        assert_eq!(ix.apply_stored(b, &[7], 3.0), 1);
+    }
+
+    #[test]
+    fn staleness_by_age_and_mark() {
+        let mut ix = KvIndex::new(0);
+        let a = ix.upsert_worker("a", 16);
+        assert!(ix.is_stale(a, 0.0, 5.0), "never reported");
+        ix.touch(a, 10.0);
+        assert!(!ix.is_stale(a, 14.0, 5.0));
+        assert!(ix.is_stale(a, 15.5, 5.0));
+        ix.mark_stale(a);
+        assert!(ix.is_stale(a, 10.0, 5.0));
+        ix.apply_stored(a, &[1], 11.0);
+        assert!(!ix.is_stale(a, 11.0, 5.0));
+        assert!(ix.is_stale(WorkerId(99), 0.0, 5.0));
+    }
+
+    #[test]
+    fn unknown_workers_are_ignored() {
+        let mut ix = KvIndex::new(0);
+        assert_eq!(ix.apply_stored(WorkerId(3), &[1], 0.0), 0);
+        assert_eq!(ix.apply_removed(WorkerId(3), &[1], 0.0), 0);
+        ix.clear(WorkerId(3), 0.0);
+        ix.apply_snapshot(WorkerId(3), 1, &[1], 0.0);
+        ix.remove_worker(WorkerId(3));
+        assert_eq!(ix.distinct_blocks(), 0);
+    }
+
+    #[test]
+    fn memory_estimate_grows_with_blocks() {
+        let mut ix = KvIndex::new(0);
+        let a = ix.upsert_worker("a", 16);
+        let blocks: Vec<u64> = (0..10_000).collect();
+        ix.apply_stored(a, &blocks, 0.0);
+        let per_pair = ix.memory_bytes() as f64 / ix.pairs() as f64;
+        assert!(per_pair > 16.0 && per_pair < 64.0, "{per_pair}");
+    }
+}

@@ -1,0 +1,368 @@
+//! Per-worker TTFT model, learned online from observed first-token times.
+//!
+//! ```text
+//! ttft(w) = (queue_tokens(w) + uncached_tokens) / prefill_rate(w) + overhead(w)
+//!         = queue_delay(w)   + uncached / rate                     + overhead
+//! ```
+//!
+//! The prefill work already ahead of a request drains at the same prefill rate as the
+//! request's own uncached tokens, so the model is linear in `x = queue + uncached` with two
+//! parameters, `theta = [seconds per 1,000 tokens, overhead seconds]`. They are fitted per
+//! worker by recursive least squares with a forgetting factor (old samples fade, so the model
+//! follows a worker whose speed changes), start from a configured prior (L40S: ~4,800
+//! tokens/s, ~0.05 s) and are clamped to sane ranges after each update so one absurd sample
+//! cannot break routing. Time never enters: the caller passes the observed TTFT.
+
+use serde::Serialize;
+
+use super::index::WorkerId;
+
+/// Prior and learning settings.
+#[derive(Clone, Debug, Serialize)]
+pub struct PredictorConfig {
+    /// Prefill tokens per second before any observation.
+    pub prior_rate: f64,
+    /// Fixed per-request seconds before any observation.
+    pub prior_overhead: f64,
+    /// RLS forgetting factor in (0, 1]; 0.98 weighs the last ~50 samples.
+    pub forgetting: f64,
+    /// Initial covariance (trust in the prior: larger learns faster).
+    pub prior_variance: f64,
+    /// Clamp range of the learned rate (tokens/s).
+    pub min_rate: f64,
+    /// Clamp range of the learned rate (tokens/s).
+    pub max_rate: f64,
+    /// Upper clamp of the learned overhead (seconds); the lower one is 0.
+    pub max_overhead: f64,
+}
+
+impl Default for PredictorConfig {
+    /// L40S serving a ~32B FP8 model (shared/reference/l40s-profile.md): b = 0.21 ms/token.
+    fn default() -> Self {
+        Self {
+            prior_rate: 4_800.0,
+            prior_overhead: 0.05,
+            forgetting: 0.98,
+            prior_variance: 1.0,
+            min_rate: 100.0,
+            max_rate: 1_000_000.0,
+            max_overhead: 30.0,
+        }
+    }
+}
+
+/// Running prediction-error figures.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct ErrorStats {
+    /// Samples recorded.
+    pub count: u64,
+    /// Sum of |predicted - observed| (seconds).
+    pub sum_abs: f64,
+    /// Sum of |predicted - observed| / observed.
+    pub sum_rel: f64,
+    /// Sum of (predicted - observed) (seconds; the sign shows bias).
+    pub sum_signed: f64,
+    /// Largest absolute error seen (seconds).
+    pub max_abs: f64,
+}
+
+impl ErrorStats {
+    /// Adds one (predicted, observed) pair.
+    pub fn record(&mut self, predicted: f64, observed: f64) {
+        if !predicted.is_finite() || !observed.is_finite() || observed <= 0.0 {
+            return;
+        }
+        let e = predicted - observed;
+        self.count += 1;
+        self.sum_abs += e.abs();
+        self.sum_rel += e.abs() / observed;
+        self.sum_signed += e;
+        self.max_abs = self.max_abs.max(e.abs());
+    }
+    /// Mean absolute error in seconds (0 without samples).
+    pub fn mean_abs(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum_abs / self.count as f64
+        }
+    }
+    /// Mean relative error (0 without samples).
+    pub fn mean_rel(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum_rel / self.count as f64
+        }
+    }
+    /// Mean signed error in seconds (positive: predictions too slow).
+    pub fn mean_bias(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum_signed / self.count as f64
+        }
+    }
+}
+
+/// One worker's fitted model.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkerModel {
+    /// Seconds per 1,000 prefill tokens.
+    pub sec_per_ktok: f64,
+    /// Fixed seconds per request.
+    pub overhead: f64,
+    /// RLS covariance.
+    p: [[f64; 2]; 2],
+    /// Samples that updated the model.
+    pub samples: u64,
+    /// Prediction error of this worker's predictions.
+    pub error: ErrorStats,
+}
+
+impl WorkerModel {
+    fn new(cfg: &PredictorConfig) -> Self {
+        Self {
+            sec_per_ktok: 1_000.0 / cfg.prior_rate,
+            overhead: cfg.prior_overhead,
+            p: [[cfg.prior_variance, 0.0], [0.0, cfg.prior_variance]],
+            samples: 0,
+            error: ErrorStats::default(),
+        }
+    }
+
+    /// Prefill tokens per second.
+    pub fn rate(&self) -> f64 {
+        1_000.0 / self.sec_per_ktok
+    }
+
+    /// Predicted TTFT for `tokens = queue + uncached` prefill tokens.
+    pub fn predict_tokens(&self, tokens: f64) -> f64 {
+        tokens / 1_000.0 * self.sec_per_ktok + self.overhead
+    }
+
+    fn update(&mut self, cfg: &PredictorConfig, tokens: f64, ttft: f64) {
+        let x = [tokens / 1_000.0, 1.0];
+        let p = self.p;
+        let px = [
+            p[0][0] * x[0] + p[0][1] * x[1],
+            p[1][0] * x[0] + p[1][1] * x[1],
+        ];
+        let denom = cfg.forgetting + x[0] * px[0] + x[1] * px[1];
+        if !denom.is_finite() || denom <= 0.0 {
+            return;
+        }
+        let k = [px[0] / denom, px[1] / denom];
+        let err = ttft - (x[0] * self.sec_per_ktok + x[1] * self.overhead);
+        self.sec_per_ktok += k[0] * err;
+        self.overhead += k[1] * err;
+        // P = (P - k x^T P) / lambda; x^T P = px^T because P is symmetric.
+        let mut np = [[0.0; 2]; 2];
+        for (i, row) in np.iter_mut().enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = (p[i][j] - k[i] * px[j]) / cfg.forgetting;
+            }
+        }
+        // Without excitation in one direction forgetting inflates P without bound; cap it so a
+        // long run of identical samples cannot make the next one swing the model wildly.
+        let cap = cfg.prior_variance.max(1e-9) * 1e3;
+        let trace = np[0][0] + np[1][1];
+        if trace.is_finite() && trace > cap {
+            let s = cap / trace;
+            np.iter_mut().flatten().for_each(|v| *v *= s);
+        }
+        if np.iter().flatten().all(|v| v.is_finite()) {
+            self.p = np;
+        }
+        let lo = 1_000.0 / cfg.max_rate;
+        let hi = 1_000.0 / cfg.min_rate;
+        self.sec_per_ktok = clamp_or(self.sec_per_ktok, lo, hi, 1_000.0 / cfg.prior_rate);
+        self.overhead = clamp_or(self.overhead, 0.0, cfg.max_overhead, cfg.prior_overhead);
+        self.samples += 1;
+    }
+}
+
+fn clamp_or(v: f64, lo: f64, hi: f64, fallback: f64) -> f64 {
+    if v.is_finite() {
+        v.clamp(lo, hi)
+    } else {
+        fallback
+    }
+}
+
+/// TTFT models of every worker plus pool-wide error figures.
+#[derive(Clone, Debug, Default)]
+pub struct Predictor {
+    cfg: PredictorConfig,
+    models: Vec<WorkerModel>,
+    error: ErrorStats,
+}
+
+impl Predictor {
+    /// A predictor whose workers start from `cfg`'s prior.
+    pub fn new(cfg: PredictorConfig) -> Self {
+        Self {
+            cfg,
+            models: Vec::new(),
+            error: ErrorStats::default(),
+        }
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &PredictorConfig {
+        &self.cfg
+    }
+
+    fn model_mut(&mut self, w: WorkerId) -> &mut WorkerModel {
+        let i = w.index();
+        if self.models.len() <= i {
+            let m = WorkerModel::new(&self.cfg);
+            self.models.resize(i + 1, m);
+        }
+        &mut self.models[i]
+    }
+
+    /// The worker's model, if it has one yet (otherwise the prior applies).
+    pub fn model(&self, w: WorkerId) -> Option<&WorkerModel> {
+        self.models.get(w.index())
+    }
+
+    /// (prefill tokens/s, overhead seconds) for the worker.
+    pub fn params(&self, w: WorkerId) -> (f64, f64) {
+        match self.model(w) {
+            Some(m) => (m.rate(), m.overhead),
+            None => (self.cfg.prior_rate, self.cfg.prior_overhead),
+        }
+    }
+
+    /// Predicted TTFT (seconds) on `w` with `queue_tokens` of prefill work ahead and
+    /// `uncached_tokens` to compute for the request itself.
+    pub fn predict(&self, w: WorkerId, queue_tokens: f64, uncached_tokens: f64) -> f64 {
+        let tokens = queue_tokens.max(0.0) + uncached_tokens.max(0.0);
+        match self.model(w) {
+            Some(m) => m.predict_tokens(tokens),
+            None => tokens / self.cfg.prior_rate + self.cfg.prior_overhead,
+        }
+    }
+
+    /// Learns from one first token: the request saw `queue_tokens` ahead of it when it was
+    /// assigned, had `uncached_tokens` to compute, was predicted `predicted` seconds and took
+    /// `observed` seconds. Records the error before updating. Non-finite or non-positive
+    /// observations are ignored.
+    pub fn observe(
+        &mut self,
+        w: WorkerId,
+        queue_tokens: f64,
+        uncached_tokens: f64,
+        predicted: f64,
+        observed: f64,
+    ) {
+        if !observed.is_finite()
+            || observed <= 0.0
+            || !queue_tokens.is_finite()
+            || !uncached_tokens.is_finite()
+        {
+            return;
+        }
+        self.error.record(predicted, observed);
+        let cfg = self.cfg.clone();
+        let m = self.model_mut(w);
+        m.error.record(predicted, observed);
+        m.update(
+            &cfg,
+            queue_tokens.max(0.0) + uncached_tokens.max(0.0),
+            observed,
+        );
+    }
+
+    /// Pool-wide prediction error.
+    pub fn error(&self) -> &ErrorStats {
+        &self.error
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic pseudo-random stream in [0, 1) for synthetic workloads.
+    fn lcg(state: &mut u64) -> f64 {
+        *state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (*state >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    #[test]
+    fn prior_predicts_before_any_sample() {
+        let p = Predictor::new(PredictorConfig::default());
+        let t = p.predict(WorkerId(0), 0.0, 4_800.0);
+        assert!((t - 1.05).abs() < 1e-9, "{t}");
+        assert_eq!(p.params(WorkerId(3)), (4_800.0, 0.05));
+    }
+
+    #[test]
+    fn converges_to_a_synthetic_workers_rate_and_overhead() {
+        // True worker: 3,000 tokens/s, 0.12 s overhead, +-5% noise.
+        let mut p = Predictor::new(PredictorConfig::default());
+        let w = WorkerId(2);
+        let mut s = 42;
+        let mut late = ErrorStats::default();
+        for i in 0..400 {
+            let queue = (lcg(&mut s) * 6_000.0).floor();
+            let uncached = 100.0 + (lcg(&mut s) * 4_000.0).floor();
+            let truth = (queue + uncached) / 3_000.0 + 0.12;
+            let observed = truth * (0.95 + 0.1 * lcg(&mut s));
+            let predicted = p.predict(w, queue, uncached);
+            if i >= 300 {
+                late.record(predicted, observed);
+            }
+            p.observe(w, queue, uncached, predicted, observed);
+        }
+        let (rate, overhead) = p.params(w);
+        assert!((rate - 3_000.0).abs() < 150.0, "rate {rate}");
+        assert!((overhead - 0.12).abs() < 0.1, "overhead {overhead}");
+        assert!(
+            late.mean_rel() < 0.05,
+            "late relative error {}",
+            late.mean_rel()
+        );
+        // The first predictions (prior 4,800 tok/s) were too fast: the error was recorded.
+        let e = p.error();
+        assert_eq!(e.count, 400);
+        assert!(e.mean_abs() > 0.0 && e.max_abs > late.mean_abs());
+        assert!(p.model(w).is_some_and(|m| m.samples == 400));
+    }
+
+    #[test]
+    fn absurd_samples_are_clamped_or_ignored() {
+        let mut p = Predictor::new(PredictorConfig::default());
+        let w = WorkerId(0);
+        p.observe(w, 0.0, 1_000.0, 0.3, f64::NAN);
+        p.observe(w, 0.0, 1_000.0, 0.3, -1.0);
+        assert!(p.model(w).is_none());
+        for _ in 0..50 {
+            p.observe(w, 0.0, 10.0, 0.05, 1e6);
+        }
+        let (rate, overhead) = p.params(w);
+        assert!(rate >= 100.0 && overhead <= 30.0, "{rate} {overhead}");
+        assert!(p.predict(w, 0.0, 1.0).is_finite());
+    }
+
+    #[test]
+    fn follows_a_worker_that_slows_down() {
+        let mut p = Predictor::new(PredictorConfig::default());
+        let w = WorkerId(0);
+        let mut s = 7;
+        for phase_rate in [5_000.0, 2_000.0] {
+            for _ in 0..300 {
+                let tokens = 200.0 + (lcg(&mut s) * 5_000.0).floor();
+                let obs = tokens / phase_rate + 0.05;
+                let pred = p.predict(w, 0.0, tokens);
+                p.observe(w, 0.0, tokens, pred, obs);
+            }
+        }
+        let (rate, _) = p.params(w);
+        assert!((rate - 2_000.0).abs() < 100.0, "{rate}");
+    }
+}
