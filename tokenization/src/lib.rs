@@ -1,1 +1,61 @@
-//! kvroute-tokenization (work in progress).
+//! vLLM-parity tokenization for kvroute: the exact token ids vLLM 0.33 computes for an OpenAI
+//! chat or completions request, so the router can hash the same KV blocks the worker will
+//! cache, and the mock worker can answer `/tokenize` like vLLM.
+//!
+//! ```text
+//!  tokenizer dir ──Tokenizer::from_dir──► Tokenizer (HF tokenizer.json + compiled templates)
+//!                                             │
+//!  chat body ──serde──► ChatRequest ──────────┤ chat.rs: vLLM's message rebuild
+//!                                             │   (parts joined "\n", tool args parsed,
+//!                                             │    developer→system, kwargs merge)
+//!                                             │ template.rs: minijinja like transformers
+//!                                             │   (trim/lstrip blocks, pycompat, tojson,
+//!                                             │    raise_exception, strftime_now(now))
+//!                                             ▼
+//!                                   prompt String ──encode (no special tokens)──► Vec<u32>
+//!
+//!  completions body ──► PromptInput::{Text ─encode(add_special_tokens)─►, TokenIds ─check─►} Vec<u32>
+//! ```
+//!
+//! Pure library: no network, no clock (`now` is an argument), no panics on input. The
+//! [`Tokenizer`] is `Send + Sync`; load it once and share it behind an `Arc`.
+//!
+//! vLLM's defaults per endpoint: chat and `/tokenize` with `messages` encode with
+//! `add_special_tokens = false` (the template writes BOS if the model wants one);
+//! `/v1/completions` and `/tokenize` with `prompt` use `add_special_tokens = true`.
+//!
+//! Known differences to vLLM: media content parts are dropped (vLLM inserts the model's
+//! placeholder tokens), `{% generation %}` blocks render their body (as transformers does
+//! when not tracking), templates that only run on Python Jinja2 features minijinja lacks fail
+//! with [`TokenizeError::Render`].
+
+mod chat;
+mod config;
+mod error;
+mod prompt;
+mod pyjson;
+mod template;
+mod tokenizer;
+
+pub use chat::ChatRequest;
+pub use config::{SpecialTokens, TokenizerFiles};
+pub use error::TokenizeError;
+pub use prompt::PromptInput;
+pub use template::ContentFormat;
+pub use tokenizer::{ChatEncoding, Tokenizer};
+
+/// The server's local time, for [`Tokenizer::render_chat`]'s `now` (what Python's
+/// `datetime.now()` returns in vLLM). Call it at the edge, never in pure code.
+pub fn local_now() -> chrono::DateTime<chrono::FixedOffset> {
+    chrono::Local::now().fixed_offset()
+}
+
+#[cfg(test)]
+mod send_sync {
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn tokenizer_is_send_and_sync() {
+        assert_send_sync::<crate::Tokenizer>();
+    }
+}
