@@ -10,5 +10,9 @@ pub async fn run(_args: Args) -> anyhow::Result<()> {
 }
 
 pub mod explain_cmd;
+pub mod gateway;
+pub mod ingest;
+pub mod metrics;
 pub mod routing;
+pub mod state;
 pub mod tokenize_cmd;

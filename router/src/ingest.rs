@@ -1,0 +1,398 @@
+//! The Ingest gRPC service: sidecars stream their worker's KV blocks and load; the router
+//! applies them to the index and answers with acks and snapshot requests.
+//!
+//! ```text
+//! sidecar --WorkerReport(seq, snapshot | delta | load)--> IngestService::report (one task per stream)
+//!                                                            | Session::on_report (sync)
+//!                                                            v
+//!                                                  RouterState::sidecar_* --> KV index, loads
+//! sidecar <--IngestControl(ack | snapshot_request)----------+
+//! ```
+//!
+//! Rules ([`Session`]): the first report must be a snapshot chunk with `first` set and the
+//! worker identity, else the stream is refused (`INVALID_ARGUMENT`). An epoch older than the
+//! one known for the worker is refused (`FAILED_PRECONDITION`). A jump in `seq` means a lost
+//! report: the router sends one `SnapshotRequest` and ignores deltas until the new snapshot
+//! starts (load samples still apply: they carry no cache state). A report with a `seq` at or
+//! below one already seen is a duplicate and ignored. When the stream ends or fails, the
+//! worker becomes stale (not emptied); a newer stream for the same worker takes it over and
+//! the older one is closed (`ABORTED`).
+
+use std::pin::Pin;
+use std::time::Instant;
+
+use futures::{Stream, StreamExt};
+use kvroute_proto::v1::ingest_server::{Ingest, IngestServer};
+use kvroute_proto::v1::{
+    Ack, DeltaOp as WireDeltaOp, IngestControl, SnapshotRequest, WorkerReport, delta_op,
+    ingest_control, worker_report,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::state::{DeltaOp, LoadView, RouterState, SidecarIdentity, SnapshotRefused};
+
+/// Where a stream is in its protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Nothing received yet.
+    AwaitingFirst,
+    /// Between the first and the last chunk of a snapshot.
+    InSnapshot,
+    /// Applying deltas.
+    Live,
+    /// Lost a report; waiting for the snapshot that was asked for.
+    AwaitingSnapshot,
+}
+
+/// Per-stream protocol state. Synchronous: the socket loop feeds it one report at a time.
+#[derive(Debug)]
+pub struct Session {
+    stream: u64,
+    identity: Option<SidecarIdentity>,
+    next_seq: u64,
+    phase: Phase,
+}
+
+impl Session {
+    /// A new stream, registered with `state`.
+    pub fn new(state: &RouterState) -> Self {
+        Self {
+            stream: state.new_stream_id(),
+            identity: None,
+            next_seq: 0,
+            phase: Phase::AwaitingFirst,
+        }
+    }
+
+    /// The worker this stream reports for, once known.
+    pub fn worker(&self) -> Option<&str> {
+        self.identity.as_ref().map(|i| i.worker_id.as_str())
+    }
+
+    /// Applies one report; returns the control messages to send back, or a status that ends
+    /// the stream.
+    pub fn on_report(
+        &mut self,
+        state: &RouterState,
+        report: WorkerReport,
+        now: Instant,
+    ) -> Result<Vec<IngestControl>, Status> {
+        let m = state.metrics();
+        let seq = report.seq;
+        let Some(body) = report.body else {
+            m.ingest_reports.with_label_values(&["empty"]).inc();
+            return Ok(Vec::new());
+        };
+        if self.phase == Phase::AwaitingFirst {
+            return self.first(state, seq, body, now);
+        }
+        let mut out = Vec::new();
+        if seq < self.next_seq {
+            m.ingest_reports.with_label_values(&["duplicate"]).inc();
+            return Ok(out);
+        }
+        if seq > self.next_seq && self.phase != Phase::AwaitingSnapshot {
+            m.sidecar_stream_events.with_label_values(&["gap"]).inc();
+            tracing::info!(
+                worker = self.worker(),
+                expected = self.next_seq,
+                got = seq,
+                "report lost; asking for a snapshot"
+            );
+            self.phase = Phase::AwaitingSnapshot;
+            out.push(snapshot_request(format!(
+                "sequence gap: expected {}, got {seq}",
+                self.next_seq
+            )));
+        }
+        self.next_seq = seq.saturating_add(1);
+        let applied = match body {
+            worker_report::Body::Snapshot(chunk) if chunk.first => {
+                let mut identity = self.identity.clone().unwrap_or_default();
+                if let Some(id) = chunk.identity {
+                    let id = identity_from_wire(id);
+                    if id.worker_id != identity.worker_id {
+                        return Err(Status::invalid_argument(
+                            "a stream reports for one worker only",
+                        ));
+                    }
+                    identity = id;
+                }
+                self.start_snapshot(state, identity, &chunk.blocks, chunk.last, now)?;
+                m.ingest_reports.with_label_values(&["snapshot"]).inc();
+                true
+            }
+            worker_report::Body::Snapshot(chunk) => {
+                if self.phase == Phase::InSnapshot {
+                    self.owned(state.sidecar_snapshot_chunk(
+                        self.stream,
+                        self.worker_id(),
+                        &chunk.blocks,
+                        chunk.last,
+                        now,
+                    ))?;
+                    if chunk.last {
+                        self.phase = Phase::Live;
+                    }
+                    m.ingest_reports.with_label_values(&["snapshot"]).inc();
+                    true
+                } else {
+                    // A continuation without its start: we lost the first chunk.
+                    if self.phase != Phase::AwaitingSnapshot {
+                        m.sidecar_stream_events.with_label_values(&["gap"]).inc();
+                        self.phase = Phase::AwaitingSnapshot;
+                        out.push(snapshot_request(
+                            "snapshot chunk without its first chunk".into(),
+                        ));
+                    }
+                    m.ingest_reports.with_label_values(&["ignored"]).inc();
+                    false
+                }
+            }
+            worker_report::Body::Delta(delta) => {
+                if self.phase == Phase::AwaitingSnapshot {
+                    m.ingest_reports.with_label_values(&["ignored"]).inc();
+                    false
+                } else {
+                    let ops = delta_ops(&delta.ops);
+                    self.owned(state.sidecar_delta(self.stream, self.worker_id(), &ops, now))?;
+                    m.ingest_reports.with_label_values(&["delta"]).inc();
+                    true
+                }
+            }
+            worker_report::Body::Load(load) => {
+                let view = LoadView {
+                    waiting: load.num_requests_waiting,
+                    running: load.num_requests_running,
+                    kv_usage: load.kv_cache_usage.clamp(0.0, 1.0) as f32,
+                    scrape_failed: load.scrape_failed,
+                };
+                self.owned(state.sidecar_load(self.stream, self.worker_id(), view, now))?;
+                m.ingest_reports.with_label_values(&["load"]).inc();
+                self.phase != Phase::AwaitingSnapshot
+            }
+        };
+        if applied {
+            out.push(IngestControl {
+                body: Some(ingest_control::Body::Ack(Ack { seq })),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Ends the stream: the worker becomes stale if this stream still owns it.
+    pub fn close(&self, state: &RouterState) {
+        if let Some(w) = self.worker() {
+            state.sidecar_closed(self.stream, w);
+        }
+    }
+
+    fn first(
+        &mut self,
+        state: &RouterState,
+        seq: u64,
+        body: worker_report::Body,
+        now: Instant,
+    ) -> Result<Vec<IngestControl>, Status> {
+        let worker_report::Body::Snapshot(chunk) = body else {
+            state
+                .metrics()
+                .sidecar_stream_events
+                .with_label_values(&["bad_first_report"])
+                .inc();
+            return Err(Status::invalid_argument(
+                "the first report must be a snapshot",
+            ));
+        };
+        let (true, Some(identity)) = (chunk.first, chunk.identity) else {
+            state
+                .metrics()
+                .sidecar_stream_events
+                .with_label_values(&["bad_first_report"])
+                .inc();
+            return Err(Status::invalid_argument(
+                "the first snapshot chunk must set `first` and carry the identity",
+            ));
+        };
+        self.start_snapshot(
+            state,
+            identity_from_wire(identity),
+            &chunk.blocks,
+            chunk.last,
+            now,
+        )?;
+        self.next_seq = seq.saturating_add(1);
+        state
+            .metrics()
+            .ingest_reports
+            .with_label_values(&["snapshot"])
+            .inc();
+        Ok(vec![IngestControl {
+            body: Some(ingest_control::Body::Ack(Ack { seq })),
+        }])
+    }
+
+    fn start_snapshot(
+        &mut self,
+        state: &RouterState,
+        identity: SidecarIdentity,
+        blocks: &[u64],
+        last: bool,
+        now: Instant,
+    ) -> Result<(), Status> {
+        match state.sidecar_snapshot_start(self.stream, &identity, blocks, now) {
+            Ok(()) => {}
+            Err(e @ SnapshotRefused::BadIdentity) => {
+                state
+                    .metrics()
+                    .sidecar_stream_events
+                    .with_label_values(&["bad_first_report"])
+                    .inc();
+                return Err(Status::invalid_argument(e.to_string()));
+            }
+            Err(e @ SnapshotRefused::OlderEpoch { .. }) => {
+                state
+                    .metrics()
+                    .sidecar_stream_events
+                    .with_label_values(&["stale_epoch"])
+                    .inc();
+                return Err(Status::failed_precondition(e.to_string()));
+            }
+        }
+        if last {
+            // A one-chunk snapshot is complete at once.
+            state.sidecar_snapshot_chunk(self.stream, &identity.worker_id, &[], true, now);
+        }
+        if self.identity.is_none() {
+            tracing::info!(worker = %identity.worker_id, address = %identity.address, epoch = identity.epoch, "sidecar connected");
+        }
+        self.identity = Some(identity);
+        self.phase = if last { Phase::Live } else { Phase::InSnapshot };
+        Ok(())
+    }
+
+    fn worker_id(&self) -> &str {
+        self.worker().unwrap_or_default()
+    }
+
+    /// A state call returned false: a newer stream owns the worker now.
+    fn owned(&self, still_owner: bool) -> Result<(), Status> {
+        if still_owner {
+            Ok(())
+        } else {
+            Err(Status::aborted("a newer stream reports for this worker"))
+        }
+    }
+}
+
+fn snapshot_request(reason: String) -> IngestControl {
+    IngestControl {
+        body: Some(ingest_control::Body::SnapshotRequest(SnapshotRequest {
+            reason,
+        })),
+    }
+}
+
+fn identity_from_wire(id: kvroute_proto::v1::WorkerIdentity) -> SidecarIdentity {
+    SidecarIdentity {
+        worker_id: id.worker_id,
+        address: id.address,
+        model: id.model,
+        block_size: id.block_size as usize,
+        epoch: id.epoch,
+        worker_set: id.worker_set,
+    }
+}
+
+fn delta_ops(ops: &[WireDeltaOp]) -> Vec<DeltaOp<'_>> {
+    ops.iter()
+        .filter_map(|op| match delta_op::Kind::try_from(op.kind) {
+            Ok(delta_op::Kind::Stored) => Some(DeltaOp::Stored(&op.blocks)),
+            Ok(delta_op::Kind::Removed) => Some(DeltaOp::Removed(&op.blocks)),
+            Ok(delta_op::Kind::Cleared) => Some(DeltaOp::Cleared),
+            // Unknown kinds from a newer sidecar are skipped, not fatal.
+            Ok(delta_op::Kind::Unspecified) | Err(_) => None,
+        })
+        .collect()
+}
+
+/// The tonic service.
+#[derive(Clone)]
+pub struct IngestService {
+    state: RouterState,
+    shutdown: CancellationToken,
+}
+
+impl IngestService {
+    /// A service applying reports to `state`; streams end when `shutdown` fires.
+    pub fn new(state: RouterState, shutdown: CancellationToken) -> Self {
+        Self { state, shutdown }
+    }
+
+    /// As a tonic server (large snapshots: up to 64 MiB per message).
+    pub fn into_server(self) -> IngestServer<Self> {
+        IngestServer::new(self).max_decoding_message_size(64 << 20)
+    }
+}
+
+type ControlStream = Pin<Box<dyn Stream<Item = Result<IngestControl, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Ingest for IngestService {
+    type ReportStream = ControlStream;
+
+    async fn report(
+        &self,
+        request: Request<Streaming<WorkerReport>>,
+    ) -> Result<Response<ControlStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let state = self.state.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let m = state.metrics().clone();
+            m.sidecar_streams.inc();
+            m.sidecar_stream_events.with_label_values(&["opened"]).inc();
+            let mut session = Session::new(&state);
+            loop {
+                let next = tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => break,
+                    next = inbound.next() => next,
+                };
+                let report = match next {
+                    Some(Ok(r)) => r,
+                    Some(Err(status)) => {
+                        tracing::info!(worker = session.worker(), %status, "sidecar stream failed");
+                        break;
+                    }
+                    None => break,
+                };
+                match session.on_report(&state, report, Instant::now()) {
+                    Ok(controls) => {
+                        for c in controls {
+                            // The sidecar may be gone; its stream end arrives next.
+                            let _ = tx.send(Ok(c)).await;
+                        }
+                    }
+                    Err(status) => {
+                        tracing::warn!(worker = session.worker(), %status, "refusing sidecar stream");
+                        let _ = tx.send(Err(status)).await;
+                        break;
+                    }
+                }
+            }
+            session.close(&state);
+            m.sidecar_streams.dec();
+            m.sidecar_stream_events.with_label_values(&["closed"]).inc();
+            tracing::info!(
+                worker = session.worker(),
+                "sidecar stream ended; worker stale until it reports again"
+            );
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

@@ -1,0 +1,266 @@
+//! Prometheus metrics of the router (`kvroute_router_*`).
+//!
+//! ```text
+//! ingest / pick / gateway --observe--> RouterMetrics --registry--> admin GET /metrics
+//!                 RouterState::refresh_gauges() (sizes, at scrape time) --^
+//! ```
+//!
+//! Labels are bounded: `model` (served names from discovery), `worker` (workers from discovery
+//! and sidecars), `reason` / `kind` / `event` (fixed sets defined in this crate). Never request
+//! ids or tenants.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+/// Latency buckets in seconds (TTFT and end-to-end): 5 ms to 2 min.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// Inter-token latency buckets in seconds: 1 ms to 2 s.
+pub const ITL_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0,
+];
+
+/// Absolute prediction error buckets in seconds.
+pub const ERROR_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Every metric the router exports. Cheap to clone (all handles are reference-counted).
+#[derive(Clone, Debug)]
+pub struct RouterMetrics {
+    registry: Registry,
+    /// Routing decisions, by model, chosen worker and decision reason.
+    pub requests: IntCounterVec,
+    /// Pick failures by model and error kind (`PickError::label`).
+    pub pick_errors: IntCounterVec,
+    /// Observed time to first token, by model and worker.
+    pub ttft: HistogramVec,
+    /// Observed inter-token latency, by model and worker.
+    pub itl: HistogramVec,
+    /// Observed end-to-end latency, by model and worker.
+    pub e2e: HistogramVec,
+    /// Predicted TTFT of the chosen worker, by model and worker.
+    pub predicted_ttft: HistogramVec,
+    /// |observed - predicted| TTFT, by model and worker.
+    pub ttft_prediction_error: HistogramVec,
+    /// Prompt tokens reported by workers, `kind` = cached | uncached, by model.
+    pub prompt_tokens: IntCounterVec,
+    /// Decisions made on load alone, by model and reason (no-tokenizer, tokenization-failed).
+    pub degraded_decisions: IntCounterVec,
+    /// Tokenization failures, by model and reason.
+    pub tokenization_failures: IntCounterVec,
+    /// Assignments released, by how (`done`, `aborted`, `expired`).
+    pub released: IntCounterVec,
+    /// Resident blocks per worker in the KV index (set at scrape time).
+    pub index_blocks: IntGaugeVec,
+    /// Router-side in-flight assignments per worker (set at scrape time).
+    pub in_flight: IntGaugeVec,
+    /// Workers by state (`routable`, `stale`, `not-ready`, `unlisted`), set at scrape time.
+    pub workers: IntGaugeVec,
+    /// Open sidecar streams.
+    pub sidecar_streams: IntGauge,
+    /// Sidecar stream events: opened, closed, gap, stale-epoch, bad-first-report, snapshot-request.
+    pub sidecar_stream_events: IntCounterVec,
+    /// Reports applied from sidecars, by kind (snapshot-chunk, delta, load, ignored).
+    pub ingest_reports: IntCounterVec,
+    /// Block operations applied to the index, by kind (stored, removed, cleared, snapshot).
+    pub ingest_blocks: IntCounterVec,
+    /// Time spent making one routing decision (tokenize + hash + lookup + predict).
+    pub decision_duration: Histogram,
+}
+
+impl RouterMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = Self {
+            registry: registry.clone(),
+            requests: counter_vec(
+                "kvroute_router_requests_total",
+                "Routing decisions by model, chosen worker and reason.",
+                &["model", "worker", "reason"],
+            )?,
+            pick_errors: counter_vec(
+                "kvroute_router_pick_errors_total",
+                "Requests that could not be routed, by model and error.",
+                &["model", "error"],
+            )?,
+            ttft: histogram_vec(
+                "kvroute_router_ttft_seconds",
+                "Observed time to first token.",
+                &["model", "worker"],
+                LATENCY_BUCKETS,
+            )?,
+            itl: histogram_vec(
+                "kvroute_router_itl_seconds",
+                "Observed inter-token latency.",
+                &["model", "worker"],
+                ITL_BUCKETS,
+            )?,
+            e2e: histogram_vec(
+                "kvroute_router_e2e_seconds",
+                "Observed end-to-end request latency.",
+                &["model", "worker"],
+                LATENCY_BUCKETS,
+            )?,
+            predicted_ttft: histogram_vec(
+                "kvroute_router_predicted_ttft_seconds",
+                "Predicted time to first token of the chosen worker.",
+                &["model", "worker"],
+                LATENCY_BUCKETS,
+            )?,
+            ttft_prediction_error: histogram_vec(
+                "kvroute_router_ttft_prediction_error_seconds",
+                "Absolute difference between observed and predicted time to first token.",
+                &["model", "worker"],
+                ERROR_BUCKETS,
+            )?,
+            prompt_tokens: counter_vec(
+                "kvroute_router_prompt_tokens_total",
+                "Prompt tokens reported by workers, cached (prefix hit) or uncached.",
+                &["model", "kind"],
+            )?,
+            degraded_decisions: counter_vec(
+                "kvroute_router_degraded_decisions_total",
+                "Decisions made on load alone (no usable token ids).",
+                &["model", "reason"],
+            )?,
+            tokenization_failures: counter_vec(
+                "kvroute_router_tokenization_failures_total",
+                "Requests whose prompt could not be tokenized.",
+                &["model", "reason"],
+            )?,
+            released: counter_vec(
+                "kvroute_router_assignments_released_total",
+                "Assignments released, by how.",
+                &["how"],
+            )?,
+            index_blocks: gauge_vec(
+                "kvroute_router_index_blocks",
+                "Resident KV blocks per worker in the router's index.",
+                &["worker"],
+            )?,
+            in_flight: gauge_vec(
+                "kvroute_router_in_flight",
+                "Assignments made by this router and not yet released, per worker.",
+                &["worker"],
+            )?,
+            workers: gauge_vec(
+                "kvroute_router_workers",
+                "Known workers by state.",
+                &["state"],
+            )?,
+            sidecar_streams: IntGauge::new(
+                "kvroute_router_sidecar_streams",
+                "Open sidecar report streams.",
+            )?,
+            sidecar_stream_events: counter_vec(
+                "kvroute_router_sidecar_stream_events_total",
+                "Sidecar stream lifecycle events.",
+                &["event"],
+            )?,
+            ingest_reports: counter_vec(
+                "kvroute_router_ingest_reports_total",
+                "Sidecar reports received, by kind.",
+                &["kind"],
+            )?,
+            ingest_blocks: counter_vec(
+                "kvroute_router_ingest_blocks_total",
+                "Block operations applied to the KV index, by kind.",
+                &["kind"],
+            )?,
+            decision_duration: Histogram::with_opts(
+                HistogramOpts::new(
+                    "kvroute_router_decision_duration_seconds",
+                    "Time to make one routing decision (tokenize, hash, look up, predict).",
+                )
+                .buckets(vec![
+                    0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05,
+                ]),
+            )?,
+        };
+        registry.register(Box::new(m.requests.clone()))?;
+        registry.register(Box::new(m.pick_errors.clone()))?;
+        registry.register(Box::new(m.ttft.clone()))?;
+        registry.register(Box::new(m.itl.clone()))?;
+        registry.register(Box::new(m.e2e.clone()))?;
+        registry.register(Box::new(m.predicted_ttft.clone()))?;
+        registry.register(Box::new(m.ttft_prediction_error.clone()))?;
+        registry.register(Box::new(m.prompt_tokens.clone()))?;
+        registry.register(Box::new(m.degraded_decisions.clone()))?;
+        registry.register(Box::new(m.tokenization_failures.clone()))?;
+        registry.register(Box::new(m.released.clone()))?;
+        registry.register(Box::new(m.index_blocks.clone()))?;
+        registry.register(Box::new(m.in_flight.clone()))?;
+        registry.register(Box::new(m.workers.clone()))?;
+        registry.register(Box::new(m.sidecar_streams.clone()))?;
+        registry.register(Box::new(m.sidecar_stream_events.clone()))?;
+        registry.register(Box::new(m.ingest_reports.clone()))?;
+        registry.register(Box::new(m.ingest_blocks.clone()))?;
+        registry.register(Box::new(m.decision_duration.clone()))?;
+        Ok(m)
+    }
+
+    /// The registry the metrics live in.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Renders every metric of the registry in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail on I/O; a malformed family is skipped by the encoder.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+    IntCounterVec::new(Opts::new(name, help), labels)
+}
+
+fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
+    IntGaugeVec::new(Opts::new(name, help), labels)
+}
+
+fn histogram_vec(
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: &[f64],
+) -> prometheus::Result<HistogramVec> {
+    HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registers_and_encodes_with_router_prefix() {
+        let m = RouterMetrics::register(&Registry::new()).expect("register");
+        m.requests
+            .with_label_values(&["m", "w", "lowest-predicted-ttft"])
+            .inc();
+        m.sidecar_streams.set(2);
+        let text = m.encode();
+        assert!(text.contains("kvroute_router_requests_total{model=\"m\",reason=\"lowest-predicted-ttft\",worker=\"w\"} 1"));
+        assert!(text.contains("kvroute_router_sidecar_streams 2"));
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.starts_with("kvroute_router_"), "{line}");
+        }
+    }
+
+    #[test]
+    fn registering_twice_in_one_registry_fails() {
+        let r = Registry::new();
+        RouterMetrics::register(&r).expect("first");
+        assert!(RouterMetrics::register(&r).is_err());
+    }
+}
