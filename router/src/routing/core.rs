@@ -44,7 +44,7 @@ impl Default for CoreConfig {
             stale_cache_trust: 0.5,
             stale_penalty_s: 0.1,
             prior_tokens_per_waiting: 1_024.0,
-            index_seed: 0x6b76_726f_7574_65,
+            index_seed: 0x006b_7672_6f75_7465,
         }
     }
 }
@@ -190,11 +190,7 @@ impl RoutingCore {
                 }
             }
             let cached_blocks = self.dense[w.index()] as usize;
-            let prompt_blocks = if block_size == 0 {
-                0
-            } else {
-                prompt_tokens / block_size
-            };
+            let prompt_blocks = prompt_tokens.checked_div(block_size).unwrap_or(0);
             let stale = self.index.is_stale(w, now, self.cfg.stale_after_s);
             let load = self.load(w);
             let own = self.assignments.inflight(w);
