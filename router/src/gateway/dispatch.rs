@@ -1,0 +1,141 @@
+//! What the gateway needs from the router (pick a worker, report what happened) and the guard
+//! that makes "released exactly once" hold on every path.
+//!
+//! ```text
+//! handler --pick()--> Assignment (guard) --first_token()--> ... --done()  (release)
+//!                          |  dropped without done(): client gone, error, panic
+//!                          +--Drop--> Dispatch::abort()                  (release)
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::openai::{Endpoint, Usage};
+
+/// The part of a request the router routes on.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteRequest<'a> {
+    /// The model name after alias resolution (the worker's served name).
+    pub served_model: &'a str,
+    /// The name the client used.
+    pub client_model: &'a str,
+    /// Which generation API the body is for.
+    pub endpoint: Endpoint,
+    /// The OpenAI body as it will be sent (chat `messages`/`tools`/... or completion `prompt`).
+    pub body: &'a Map<String, Value>,
+}
+
+/// A routing decision the gateway must release.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Picked {
+    /// Router-wide assignment handle.
+    pub assignment: u64,
+    /// Stable worker name (for `x-kvroute-worker`, logs and retry exclusion).
+    pub worker: String,
+    /// Base URL of the worker's OpenAI server, e.g. `http://10.0.0.7:8000` (no trailing slash).
+    pub base_url: String,
+    /// Predicted TTFT in seconds (`NaN` when the policy made no prediction).
+    pub predicted_ttft_s: f64,
+}
+
+/// Why no worker was picked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PickError {
+    /// No pool or alias serves the model.
+    #[error("unknown model")]
+    UnknownModel,
+    /// The model is known but none of its (non-excluded) workers is ready.
+    #[error("no ready worker")]
+    NoReadyWorker,
+}
+
+/// The router as the gateway sees it. Implemented by `RouterState`; tests may fake it.
+pub trait Dispatch: Send + Sync + 'static {
+    /// Names clients may ask for: served model names and aliases.
+    fn model_names(&self) -> Vec<String>;
+    /// The served model name for a client's model name (an alias or a served name).
+    fn resolve_model(&self, client_model: &str) -> Option<String>;
+    /// Chooses a worker, skipping `exclude` (workers that already failed this request).
+    fn pick(&self, request: &RouteRequest<'_>, exclude: &[String]) -> Result<Picked, PickError>;
+    /// First generated token observed `ttft` after the request was sent to the worker.
+    fn first_token(&self, picked: &Picked, ttft: Duration);
+    /// Time between two generated chunks.
+    fn inter_token(&self, picked: &Picked, gap: Duration);
+    /// Completion: releases the assignment.
+    fn done(&self, picked: &Picked, usage: Option<Usage>, e2e: Duration);
+    /// Failure, retry or disconnect: releases the assignment.
+    fn abort(&self, picked: &Picked);
+}
+
+/// An outstanding assignment. Dropping it without [`Assignment::done`] aborts it, so every
+/// assignment is released exactly once whatever path the request takes.
+pub struct Assignment {
+    dispatch: Arc<dyn Dispatch>,
+    picked: Picked,
+    released: bool,
+    first_token_seen: bool,
+}
+
+impl std::fmt::Debug for Assignment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Assignment")
+            .field("picked", &self.picked)
+            .field("released", &self.released)
+            .finish()
+    }
+}
+
+impl Assignment {
+    /// Wraps a decision.
+    pub fn new(dispatch: Arc<dyn Dispatch>, picked: Picked) -> Self {
+        Self {
+            dispatch,
+            picked,
+            released: false,
+            first_token_seen: false,
+        }
+    }
+
+    /// The decision.
+    pub fn picked(&self) -> &Picked {
+        &self.picked
+    }
+
+    /// Reports the first token (only the first call counts).
+    pub fn first_token(&mut self, ttft: Duration) {
+        if !self.first_token_seen && !self.released {
+            self.first_token_seen = true;
+            self.dispatch.first_token(&self.picked, ttft);
+        }
+    }
+
+    /// Reports an inter-token gap.
+    pub fn inter_token(&self, gap: Duration) {
+        if !self.released {
+            self.dispatch.inter_token(&self.picked, gap);
+        }
+    }
+
+    /// Completion; releases.
+    pub fn done(mut self, usage: Option<Usage>, e2e: Duration) {
+        self.released = true;
+        self.dispatch.done(&self.picked, usage, e2e);
+    }
+
+    /// Failure; releases (same as dropping, but explicit at call sites).
+    pub fn abort(mut self) {
+        self.released = true;
+        self.dispatch.abort(&self.picked);
+    }
+}
+
+impl Drop for Assignment {
+    fn drop(&mut self) {
+        if !self.released {
+            self.released = true;
+            self.dispatch.abort(&self.picked);
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! Gateway errors and their two client-facing shapes (pure: no HTTP types).
+//!
+//! ```text
+//! GatewayError --status()--------> 400 | 404 | 413 | 502 | 503 | 504
+//!              --openai_body()----> {"error":{"message","type","param","code"}}
+//!              --anthropic_body()-> {"type":"error","error":{"type","message"}}
+//! ```
+//!
+//! Messages describe what the client did wrong or which side failed; they never carry upstream
+//! addresses, internal error chains or panics. Variant names double as metric labels
+//! ([`GatewayError::label`]).
+
+use serde_json::{Value, json};
+
+/// Everything that can end a gateway request before or instead of a worker's answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GatewayError {
+    /// The body is not valid JSON (or not a JSON object).
+    #[error("request body is not valid JSON: {0}")]
+    MalformedJson(String),
+    /// A required field is absent.
+    #[error("missing required field `{0}`")]
+    MissingField(&'static str),
+    /// A field is present but has the wrong shape.
+    #[error("invalid field `{field}`: {reason}")]
+    InvalidField {
+        /// JSON path of the field.
+        field: String,
+        /// What was expected.
+        reason: String,
+    },
+    /// No pool or alias serves this model name.
+    #[error("the model `{0}` does not exist")]
+    UnknownModel(String),
+    /// The body exceeds `--max-body-bytes`.
+    #[error("request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The model is known but no worker for it is ready.
+    #[error("no ready worker for model `{0}`")]
+    NoReadyWorker(String),
+    /// The worker could not be reached or broke the connection.
+    #[error("the upstream worker failed: {0}")]
+    Upstream(String),
+    /// The worker did not answer in time.
+    #[error("the upstream worker timed out")]
+    UpstreamTimeout,
+}
+
+impl GatewayError {
+    /// HTTP status code.
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::MalformedJson(_) | Self::MissingField(_) | Self::InvalidField { .. } => 400,
+            Self::UnknownModel(_) => 404,
+            Self::BodyTooLarge { .. } => 413,
+            Self::Upstream(_) => 502,
+            Self::NoReadyWorker(_) => 503,
+            Self::UpstreamTimeout => 504,
+        }
+    }
+
+    /// Stable, bounded label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::MalformedJson(_) => "malformed_json",
+            Self::MissingField(_) => "missing_field",
+            Self::InvalidField { .. } => "invalid_field",
+            Self::UnknownModel(_) => "unknown_model",
+            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::NoReadyWorker(_) => "no_ready_worker",
+            Self::Upstream(_) => "upstream_error",
+            Self::UpstreamTimeout => "upstream_timeout",
+        }
+    }
+
+    fn param(&self) -> Value {
+        match self {
+            Self::MissingField(f) => Value::from(*f),
+            Self::InvalidField { field, .. } => Value::from(field.as_str()),
+            Self::UnknownModel(_) => Value::from("model"),
+            _ => Value::Null,
+        }
+    }
+
+    fn openai_type(&self) -> &'static str {
+        match self.status() {
+            400 | 404 | 413 => "invalid_request_error",
+            503 => "service_unavailable_error",
+            _ => "server_error",
+        }
+    }
+
+    fn openai_code(&self) -> Value {
+        match self {
+            Self::UnknownModel(_) => Value::from("model_not_found"),
+            Self::BodyTooLarge { .. } => Value::from("request_too_large"),
+            Self::NoReadyWorker(_) => Value::from("no_ready_worker"),
+            Self::MalformedJson(_) => Value::from("invalid_json"),
+            Self::MissingField(_) => Value::from("missing_required_parameter"),
+            Self::InvalidField { .. } => Value::from("invalid_value"),
+            Self::Upstream(_) => Value::from("upstream_error"),
+            Self::UpstreamTimeout => Value::from("upstream_timeout"),
+        }
+    }
+
+    /// `{"error": {"message", "type", "param", "code"}}`, as OpenAI clients expect.
+    pub fn openai_body(&self) -> Value {
+        json!({"error": {
+            "message": self.to_string(),
+            "type": self.openai_type(),
+            "param": self.param(),
+            "code": self.openai_code(),
+        }})
+    }
+
+    /// `{"type": "error", "error": {"type", "message"}}`, as Anthropic clients expect.
+    pub fn anthropic_body(&self) -> Value {
+        json!({"type": "error", "error": {"type": anthropic_error_type(self.status()), "message": self.to_string()}})
+    }
+}
+
+/// The Anthropic error type for an HTTP status (also used for worker errors passed through).
+pub fn anthropic_error_type(status: u16) -> &'static str {
+    match status {
+        400 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+/// Turns a worker's non-success answer (OpenAI-shaped or not) into an Anthropic error body,
+/// keeping the worker's message when it has one.
+pub fn anthropic_from_upstream(status: u16, body: &[u8]) -> Value {
+    let message = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| {
+            let e = v.get("error")?;
+            e.get("message")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .or_else(|| e.as_str().map(str::to_owned))
+        })
+        .unwrap_or_else(|| format!("the upstream worker answered with status {status}"));
+    json!({"type": "error", "error": {"type": anthropic_error_type(status), "message": message}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses() {
+        let cases = [
+            (GatewayError::MalformedJson("x".into()), 400),
+            (GatewayError::MissingField("model"), 400),
+            (
+                GatewayError::InvalidField {
+                    field: "messages".into(),
+                    reason: "must be an array".into(),
+                },
+                400,
+            ),
+            (GatewayError::UnknownModel("m".into()), 404),
+            (GatewayError::BodyTooLarge { limit: 10 }, 413),
+            (GatewayError::Upstream("reset".into()), 502),
+            (GatewayError::NoReadyWorker("m".into()), 503),
+            (GatewayError::UpstreamTimeout, 504),
+        ];
+        for (e, status) in cases {
+            assert_eq!(e.status(), status, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn openai_shape() {
+        let body = GatewayError::UnknownModel("gpt-x".into()).openai_body();
+        assert_eq!(
+            body,
+            json!({"error": {"message": "the model `gpt-x` does not exist", "type": "invalid_request_error",
+                "param": "model", "code": "model_not_found"}})
+        );
+        let body = GatewayError::NoReadyWorker("m".into()).openai_body();
+        assert_eq!(body["error"]["param"], Value::Null);
+        assert_eq!(body["error"]["type"], "service_unavailable_error");
+    }
+
+    #[test]
+    fn anthropic_shape() {
+        assert_eq!(
+            GatewayError::MissingField("max_tokens").anthropic_body(),
+            json!({"type": "error", "error": {"type": "invalid_request_error",
+                "message": "missing required field `max_tokens`"}})
+        );
+        assert_eq!(
+            GatewayError::BodyTooLarge { limit: 1 }.anthropic_body()["error"]["type"],
+            "request_too_large"
+        );
+        assert_eq!(
+            GatewayError::NoReadyWorker("m".into()).anthropic_body()["error"]["type"],
+            "overloaded_error"
+        );
+        assert_eq!(
+            GatewayError::Upstream("x".into()).anthropic_body()["error"]["type"],
+            "api_error"
+        );
+    }
+
+    #[test]
+    fn upstream_errors_keep_the_workers_message() {
+        let body =
+            br#"{"error":{"message":"max_tokens too large","type":"BadRequestError","code":400}}"#;
+        assert_eq!(
+            anthropic_from_upstream(400, body),
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens too large"}})
+        );
+        assert_eq!(
+            anthropic_from_upstream(500, b"<html>")["error"]["type"],
+            "api_error"
+        );
+    }
+}

@@ -1,0 +1,412 @@
+//! OpenAI request and response bodies as the gateway sees them (pure).
+//!
+//! ```text
+//! client bytes --decode_request()--> OpenAiRequest { model, stream, wants_usage, body }
+//!                                      --upstream_body(served)--> bytes for the worker
+//! worker SSE data --inspect_chunk()--> StreamItem { content?, usage?, usage-only? } | Done
+//! worker JSON     --usage_of()------->  Usage { prompt, completion, cached }
+//! ```
+//!
+//! Decoding is tolerant: only the fields the router needs are checked, and the body is kept
+//! as the client's JSON object (key order preserved), so every field the client sent reaches
+//! the worker untouched. Only `model` is rewritten (aliases) and, for streams,
+//! `stream_options.include_usage` is forced on so the router sees the usage chunk; if the
+//! client did not ask for it, the proxy strips that chunk again ([`StreamItem::usage_only`]).
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use super::error::GatewayError;
+
+/// The two OpenAI generation endpoints the gateway proxies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`
+    ChatCompletions,
+    /// `POST /v1/completions`
+    Completions,
+}
+
+impl Endpoint {
+    /// Path on the worker.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "/v1/chat/completions",
+            Self::Completions => "/v1/completions",
+        }
+    }
+
+    /// Short label for metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "chat",
+            Self::Completions => "completions",
+        }
+    }
+}
+
+/// A decoded OpenAI request: the few fields the router reads plus the whole body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenAiRequest {
+    /// Which endpoint it came in on.
+    pub endpoint: Endpoint,
+    /// The model name the client asked for (an alias or a served name).
+    pub model: String,
+    /// `stream: true`.
+    pub stream: bool,
+    /// The client set `stream_options.include_usage: true` itself.
+    pub wants_usage: bool,
+    /// The client's JSON object, unchanged.
+    pub body: Map<String, Value>,
+}
+
+/// Parses `bytes` as a JSON object. Shared by both wire formats.
+pub(crate) fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, GatewayError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(GatewayError::MalformedJson(
+            "the body must be a JSON object".into(),
+        )),
+        Err(e) => Err(GatewayError::MalformedJson(e.to_string())),
+    }
+}
+
+/// `body[field]` as a string; missing or null is [`GatewayError::MissingField`].
+pub(crate) fn required_str<'a>(
+    body: &'a Map<String, Value>,
+    field: &'static str,
+) -> Result<&'a str, GatewayError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Err(GatewayError::MissingField(field)),
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(GatewayError::InvalidField {
+            field: field.into(),
+            reason: "must be a string".into(),
+        }),
+    }
+}
+
+/// `body[field]` as a bool; missing or null is `false`.
+pub(crate) fn optional_bool(body: &Map<String, Value>, field: &str) -> Result<bool, GatewayError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(GatewayError::InvalidField {
+            field: field.into(),
+            reason: "must be a boolean".into(),
+        }),
+    }
+}
+
+/// Decodes and validates a request body for `endpoint`.
+pub fn decode_request(endpoint: Endpoint, bytes: &[u8]) -> Result<OpenAiRequest, GatewayError> {
+    let body = parse_object(bytes)?;
+    let model = required_str(&body, "model")?.to_owned();
+    match endpoint {
+        Endpoint::ChatCompletions => match body.get("messages") {
+            None | Some(Value::Null) => return Err(GatewayError::MissingField("messages")),
+            Some(Value::Array(m)) if !m.is_empty() => {
+                if let Some(i) = m.iter().position(|msg| !msg.is_object()) {
+                    return Err(GatewayError::InvalidField {
+                        field: format!("messages[{i}]"),
+                        reason: "must be an object".into(),
+                    });
+                }
+            }
+            Some(_) => {
+                return Err(GatewayError::InvalidField {
+                    field: "messages".into(),
+                    reason: "must be a non-empty array".into(),
+                });
+            }
+        },
+        Endpoint::Completions => match body.get("prompt") {
+            None | Some(Value::Null) => return Err(GatewayError::MissingField("prompt")),
+            Some(Value::String(_) | Value::Array(_)) => {}
+            Some(_) => {
+                return Err(GatewayError::InvalidField {
+                    field: "prompt".into(),
+                    reason: "must be a string or an array".into(),
+                });
+            }
+        },
+    }
+    let stream = optional_bool(&body, "stream")?;
+    let wants_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => o
+            .get("include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        Some(_) => {
+            return Err(GatewayError::InvalidField {
+                field: "stream_options".into(),
+                reason: "must be an object".into(),
+            });
+        }
+    };
+    Ok(OpenAiRequest {
+        endpoint,
+        model,
+        stream,
+        wants_usage,
+        body,
+    })
+}
+
+/// The body to send to the worker: the client's object with `model` set to `served_model`
+/// and, for streams, `stream_options.include_usage` forced on (other options kept).
+pub fn upstream_body(body: &Map<String, Value>, served_model: &str, stream: bool) -> Bytes {
+    let mut body = body.clone();
+    if let Some(m) = body.get_mut("model") {
+        *m = Value::from(served_model);
+    } else {
+        body.insert("model".into(), Value::from(served_model));
+    }
+    if stream {
+        let opts = body
+            .entry("stream_options")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !opts.is_object() {
+            *opts = Value::Object(Map::new());
+        }
+        if let Value::Object(o) = opts {
+            o.insert("include_usage".into(), Value::Bool(true));
+        }
+    }
+    // Serialising a `Map<String, Value>` cannot fail.
+    Bytes::from(serde_json::to_vec(&Value::Object(body)).unwrap_or_default())
+}
+
+/// Token counts from a response's `usage`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// `prompt_tokens`.
+    pub prompt_tokens: u64,
+    /// `completion_tokens`.
+    pub completion_tokens: u64,
+    /// `prompt_tokens_details.cached_tokens` (0 when the worker does not report it).
+    pub cached_tokens: u64,
+}
+
+/// Reads `v["usage"]`, if it is an object.
+pub fn usage_of(v: &Value) -> Option<Usage> {
+    let u = v.get("usage")?.as_object()?;
+    let num = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let cached = u
+        .get("prompt_tokens_details")
+        .and_then(|d| d.get("cached_tokens"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    Some(Usage {
+        prompt_tokens: num("prompt_tokens"),
+        completion_tokens: num("completion_tokens"),
+        cached_tokens: cached,
+    })
+}
+
+/// What one `data:` payload of a worker's stream means to the router.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamItem {
+    /// `data: [DONE]`.
+    Done,
+    /// A JSON chunk.
+    Chunk {
+        /// It carries generated output (content, reasoning, tool-call or completion text).
+        content: bool,
+        /// Its `usage`, if any.
+        usage: Option<Usage>,
+        /// It is the extra usage chunk (`choices` empty, usage present) that
+        /// `include_usage` adds.
+        usage_only: bool,
+        /// The chunk itself.
+        json: Value,
+    },
+    /// Not JSON: passed through untouched, ignored for measurement.
+    Other,
+}
+
+fn non_empty_str(v: Option<&Value>) -> bool {
+    v.and_then(Value::as_str).is_some_and(|s| !s.is_empty())
+}
+
+/// Whether a chat `delta` or completion `choice` carries generated output.
+fn choice_has_content(choice: &Value) -> bool {
+    if non_empty_str(choice.get("text")) {
+        return true;
+    }
+    let Some(delta) = choice.get("delta") else {
+        return false;
+    };
+    non_empty_str(delta.get("content"))
+        || non_empty_str(delta.get("reasoning_content"))
+        || non_empty_str(delta.get("reasoning"))
+        || delta
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+}
+
+/// Classifies one SSE `data` payload from the worker.
+pub fn inspect_chunk(data: &str) -> StreamItem {
+    let trimmed = data.trim();
+    if trimmed == "[DONE]" {
+        return StreamItem::Done;
+    }
+    let Ok(json) = serde_json::from_str::<Value>(trimmed) else {
+        return StreamItem::Other;
+    };
+    if !json.is_object() {
+        return StreamItem::Other;
+    }
+    let choices = json.get("choices").and_then(Value::as_array);
+    let content = choices.is_some_and(|c| c.iter().any(choice_has_content));
+    let usage = usage_of(&json);
+    let usage_only = usage.is_some() && choices.is_none_or(Vec::is_empty);
+    StreamItem::Chunk {
+        content,
+        usage,
+        usage_only,
+        json,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn chat_request_keeps_every_field_and_order() {
+        let raw = br#"{"model":"alias","messages":[{"role":"user","content":"hi"}],"ignore_eos":true,"max_completion_tokens":7,"stream":true,"stream_options":{"continuous_usage_stats":true},"x_vendor":{"a":[1,2]}}"#;
+        let req = decode_request(Endpoint::ChatCompletions, raw).expect("decode");
+        assert_eq!(req.model, "alias");
+        assert!(req.stream);
+        assert!(!req.wants_usage);
+        let out = upstream_body(&req.body, "Qwen/Qwen3-32B", req.stream);
+        assert_eq!(
+            std::str::from_utf8(&out).expect("utf8"),
+            r#"{"model":"Qwen/Qwen3-32B","messages":[{"role":"user","content":"hi"}],"ignore_eos":true,"max_completion_tokens":7,"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":true},"x_vendor":{"a":[1,2]}}"#
+        );
+    }
+
+    #[test]
+    fn non_stream_body_is_unchanged_but_model() {
+        let raw = br#"{"prompt":[1,2,3],"model":"m","max_tokens":4}"#;
+        let req = decode_request(Endpoint::Completions, raw).expect("decode");
+        assert!(!req.stream);
+        assert_eq!(&upstream_body(&req.body, "m", false)[..], &raw[..]);
+    }
+
+    #[test]
+    fn client_usage_request_is_seen() {
+        let raw = br#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":true}}"#;
+        assert!(
+            decode_request(Endpoint::ChatCompletions, raw)
+                .expect("decode")
+                .wants_usage
+        );
+    }
+
+    #[test]
+    fn bad_requests() {
+        use GatewayError as E;
+        let chat = |b: &[u8]| decode_request(Endpoint::ChatCompletions, b).err();
+        assert!(matches!(chat(b"{not json"), Some(E::MalformedJson(_))));
+        assert!(matches!(chat(b"[1]"), Some(E::MalformedJson(_))));
+        assert!(matches!(chat(b""), Some(E::MalformedJson(_))));
+        assert_eq!(
+            chat(br#"{"messages":[{"role":"user"}]}"#),
+            Some(E::MissingField("model"))
+        );
+        assert_eq!(chat(br#"{"model":"m"}"#), Some(E::MissingField("messages")));
+        assert!(matches!(
+            chat(br#"{"model":3,"messages":[]}"#),
+            Some(E::InvalidField { .. })
+        ));
+        assert!(matches!(
+            chat(br#"{"model":"m","messages":[]}"#),
+            Some(E::InvalidField { .. })
+        ));
+        assert!(matches!(
+            chat(br#"{"model":"m","messages":["x"]}"#),
+            Some(E::InvalidField { .. })
+        ));
+        assert!(matches!(
+            chat(br#"{"model":"m","messages":[{}],"stream":"yes"}"#),
+            Some(E::InvalidField { .. })
+        ));
+        let comp = |b: &[u8]| decode_request(Endpoint::Completions, b).err();
+        assert_eq!(comp(br#"{"model":"m"}"#), Some(E::MissingField("prompt")));
+        assert!(matches!(
+            comp(br#"{"model":"m","prompt":5}"#),
+            Some(E::InvalidField { .. })
+        ));
+    }
+
+    #[test]
+    fn chunks_are_classified() {
+        // Golden chunks in vLLM's shape.
+        let role = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#;
+        let tok = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Paris"},"logprobs":null,"finish_reason":null}]}"#;
+        let usage = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":26,"total_tokens":30,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":16}}}"#;
+        let text = r#"{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" the","finish_reason":null}]}"#;
+        assert!(matches!(
+            inspect_chunk(role),
+            StreamItem::Chunk {
+                content: false,
+                usage: None,
+                usage_only: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            inspect_chunk(tok),
+            StreamItem::Chunk { content: true, .. }
+        ));
+        assert!(matches!(
+            inspect_chunk(text),
+            StreamItem::Chunk { content: true, .. }
+        ));
+        match inspect_chunk(usage) {
+            StreamItem::Chunk {
+                content,
+                usage,
+                usage_only,
+                ..
+            } => {
+                assert!(!content && usage_only);
+                assert_eq!(
+                    usage,
+                    Some(Usage {
+                        prompt_tokens: 26,
+                        completion_tokens: 4,
+                        cached_tokens: 16
+                    })
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(inspect_chunk("[DONE]"), StreamItem::Done);
+        assert_eq!(inspect_chunk("garbage"), StreamItem::Other);
+        assert_eq!(inspect_chunk("[1]"), StreamItem::Other);
+    }
+
+    #[test]
+    fn tool_call_and_continuous_usage_chunks() {
+        let tool = json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\""}}]}}],
+            "usage":{"prompt_tokens":3,"completion_tokens":1}});
+        match inspect_chunk(&tool.to_string()) {
+            StreamItem::Chunk {
+                content,
+                usage,
+                usage_only,
+                ..
+            } => {
+                assert!(content && !usage_only);
+                assert_eq!(usage.map(|u| u.completion_tokens), Some(1));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

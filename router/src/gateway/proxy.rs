@@ -1,0 +1,554 @@
+//! The HTTP handlers: read and check the body, pick a worker, forward, pass the answer back
+//! chunk by chunk while measuring it. The only module here that touches axum and the socket.
+//!
+//! ```text
+//! client --body (limit)--> decode --resolve/pick--> Assignment --POST--> worker
+//!   ^                                   ^ retry elsewhere if it never started (connect / 503)
+//!   +-- SSE events, as they arrive <-- SseParser <-- worker bytes (TTFT, ITL, usage measured)
+//! ```
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use super::anthropic::{self, StreamTranslator};
+use super::dispatch::{Assignment, Dispatch, PickError, RouteRequest};
+use super::error::{GatewayError, anthropic_from_upstream};
+use super::openai::{self, Endpoint, StreamItem, Usage};
+use super::sse::{SseEvent, SseParser};
+use super::upstream::{SendError, Upstream};
+
+/// Response header naming the chosen worker.
+pub const WORKER_HEADER: &str = "x-kvroute-worker";
+/// Response header with the predicted TTFT of the chosen worker, in milliseconds.
+pub const PREDICTED_TTFT_HEADER: &str = "x-kvroute-predicted-ttft-ms";
+
+/// Shared by every handler.
+#[derive(Clone)]
+pub(crate) struct Gateway {
+    pub dispatch: Arc<dyn Dispatch>,
+    pub upstream: Upstream,
+    pub max_body_bytes: usize,
+    pub max_retries: u32,
+}
+
+/// Which error shape the client understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flavor {
+    OpenAi,
+    Anthropic,
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut resp = (status, Bytes::from(body.to_string())).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn error_response(flavor: Flavor, e: &GatewayError) -> Response {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_GATEWAY);
+    tracing::debug!(
+        error = e.label(),
+        status = e.status(),
+        "gateway request failed"
+    );
+    let body = match flavor {
+        Flavor::OpenAi => e.openai_body(),
+        Flavor::Anthropic => e.anthropic_body(),
+    };
+    json_response(status, &body)
+}
+
+fn decision_headers(resp: &mut Response, a: &Assignment) {
+    DecisionHeaders::of(a).apply(resp);
+}
+
+/// Reads the request body, refusing more than `limit` bytes without buffering them.
+async fn read_body(req: Request, limit: usize) -> Result<Bytes, GatewayError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(GatewayError::BodyTooLarge { limit });
+    }
+    let mut stream = req.into_body().into_data_stream();
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|_| {
+            GatewayError::MalformedJson("the request body could not be read".into())
+        })?;
+        if buf.len() + chunk.len() > limit {
+            return Err(GatewayError::BodyTooLarge { limit });
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
+/// A forwarded request whose worker answered with headers.
+struct Sent {
+    assignment: Assignment,
+    response: reqwest::Response,
+    sent_at: Instant,
+}
+
+impl Gateway {
+    /// Picks a worker and sends; retries on another worker while the request never started.
+    async fn forward(&self, route: &RouteRequest<'_>, body: Bytes) -> Result<Sent, GatewayError> {
+        let mut exclude: Vec<String> = Vec::new();
+        let mut last_failure: Option<GatewayError> = None;
+        for _attempt in 0..=self.max_retries {
+            let picked = match self.dispatch.pick(route, &exclude) {
+                Ok(p) => p,
+                Err(PickError::UnknownModel) => {
+                    return Err(GatewayError::UnknownModel(route.client_model.into()));
+                }
+                Err(PickError::NoReadyWorker) => {
+                    return Err(last_failure.unwrap_or_else(|| {
+                        GatewayError::NoReadyWorker(route.client_model.into())
+                    }));
+                }
+            };
+            let url = format!(
+                "{}{}",
+                picked.base_url.trim_end_matches('/'),
+                route.endpoint.path()
+            );
+            let assignment = Assignment::new(self.dispatch.clone(), picked);
+            let sent_at = Instant::now();
+            match self.upstream.post_json(&url, body.clone()).await {
+                Ok(response) if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+                    tracing::debug!(worker = %assignment.picked().worker, "worker answered 503; trying another");
+                    exclude.push(assignment.picked().worker.clone());
+                    assignment.abort();
+                    last_failure = Some(GatewayError::NoReadyWorker(route.client_model.into()));
+                }
+                Ok(response) => {
+                    return Ok(Sent {
+                        assignment,
+                        response,
+                        sent_at,
+                    });
+                }
+                Err(SendError::Connect) => {
+                    tracing::debug!(worker = %assignment.picked().worker, "cannot connect to worker; trying another");
+                    exclude.push(assignment.picked().worker.clone());
+                    assignment.abort();
+                    last_failure = Some(GatewayError::Upstream(
+                        "could not connect to the worker".into(),
+                    ));
+                }
+                Err(SendError::Timeout) => return Err(GatewayError::UpstreamTimeout),
+                Err(SendError::Other) => {
+                    return Err(GatewayError::Upstream(
+                        "the request to the worker failed".into(),
+                    ));
+                }
+            }
+        }
+        Err(last_failure
+            .unwrap_or_else(|| GatewayError::Upstream("no worker accepted the request".into())))
+    }
+
+    /// The worker answered with an error status: pass 4xx through in the client's shape, turn
+    /// 5xx into 502.
+    async fn upstream_error(&self, flavor: Flavor, sent: Sent) -> Response {
+        let Sent {
+            assignment,
+            response,
+            ..
+        } = sent;
+        let status = response.status().as_u16();
+        let body = response.bytes().await.unwrap_or_default();
+        let mut resp = if (400..500).contains(&status) {
+            let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+            match flavor {
+                Flavor::OpenAi => {
+                    let mut r = (code, body).into_response();
+                    r.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    r
+                }
+                Flavor::Anthropic => json_response(code, &anthropic_from_upstream(status, &body)),
+            }
+        } else {
+            let e = GatewayError::Upstream(format!("the worker answered with status {status}"));
+            error_response(flavor, &e)
+        };
+        decision_headers(&mut resp, &assignment);
+        assignment.abort();
+        resp
+    }
+}
+
+/// `POST /v1/chat/completions`
+pub(crate) async fn chat_completions(State(gw): State<Gateway>, req: Request) -> Response {
+    openai_request(gw, Endpoint::ChatCompletions, req)
+        .await
+        .unwrap_or_else(|e| error_response(Flavor::OpenAi, &e))
+}
+
+/// `POST /v1/completions`
+pub(crate) async fn completions(State(gw): State<Gateway>, req: Request) -> Response {
+    openai_request(gw, Endpoint::Completions, req)
+        .await
+        .unwrap_or_else(|e| error_response(Flavor::OpenAi, &e))
+}
+
+/// `POST /v1/messages`
+pub(crate) async fn messages(State(gw): State<Gateway>, req: Request) -> Response {
+    anthropic_request(gw, req)
+        .await
+        .unwrap_or_else(|e| error_response(Flavor::Anthropic, &e))
+}
+
+/// `GET /v1/models`
+pub(crate) async fn models(State(gw): State<Gateway>) -> Response {
+    let mut names = gw.dispatch.model_names();
+    names.sort();
+    names.dedup();
+    let data: Vec<Value> = names
+        .into_iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "kvroute"}))
+        .collect();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+async fn openai_request(
+    gw: Gateway,
+    endpoint: Endpoint,
+    req: Request,
+) -> Result<Response, GatewayError> {
+    let bytes = read_body(req, gw.max_body_bytes).await?;
+    let request = openai::decode_request(endpoint, &bytes)?;
+    let served = gw
+        .dispatch
+        .resolve_model(&request.model)
+        .ok_or_else(|| GatewayError::UnknownModel(request.model.clone()))?;
+    let body = openai::upstream_body(&request.body, &served, request.stream);
+    let route = RouteRequest {
+        served_model: &served,
+        client_model: &request.model,
+        endpoint,
+        body: &request.body,
+    };
+    let sent = gw.forward(&route, body).await?;
+    if !sent.response.status().is_success() {
+        return Ok(gw.upstream_error(Flavor::OpenAi, sent).await);
+    }
+    let Sent {
+        assignment,
+        response,
+        sent_at,
+    } = sent;
+    if request.stream {
+        let wants_usage = request.wants_usage;
+        let headers = DecisionHeaders::of(&assignment);
+        return Ok(sse_response(relay(
+            response,
+            headers,
+            OpenAiSink { wants_usage },
+            assignment,
+            sent_at,
+        )));
+    }
+    let (body, usage) = read_unary(response).await?;
+    let mut resp = json_bytes_response(body);
+    decision_headers(&mut resp, &assignment);
+    assignment.done(usage, sent_at.elapsed());
+    Ok(resp)
+}
+
+async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, GatewayError> {
+    let bytes = read_body(req, gw.max_body_bytes).await?;
+    let request = anthropic::decode_request(&bytes)?;
+    let served = gw
+        .dispatch
+        .resolve_model(&request.model)
+        .ok_or_else(|| GatewayError::UnknownModel(request.model.clone()))?;
+    let body = openai::upstream_body(&request.chat, &served, request.stream);
+    let route = RouteRequest {
+        served_model: &served,
+        client_model: &request.model,
+        endpoint: Endpoint::ChatCompletions,
+        body: &request.chat,
+    };
+    let sent = gw.forward(&route, body).await?;
+    if !sent.response.status().is_success() {
+        return Ok(gw.upstream_error(Flavor::Anthropic, sent).await);
+    }
+    let Sent {
+        assignment,
+        response,
+        sent_at,
+    } = sent;
+    if request.stream {
+        let sink = AnthropicSink {
+            translator: StreamTranslator::new(request.model.clone()),
+        };
+        let headers = DecisionHeaders::of(&assignment);
+        return Ok(sse_response(relay(
+            response, headers, sink, assignment, sent_at,
+        )));
+    }
+    let (body, usage) = read_unary(response).await?;
+    let chat: Value = serde_json::from_slice(&body)
+        .map_err(|_| GatewayError::Upstream("the worker's answer is not valid JSON".into()))?;
+    let mut resp = json_response(
+        StatusCode::OK,
+        &anthropic::message_from_chat(&chat, &request.model),
+    );
+    decision_headers(&mut resp, &assignment);
+    assignment.done(usage, sent_at.elapsed());
+    Ok(resp)
+}
+
+/// `x-kvroute-worker` and `x-kvroute-predicted-ttft-ms` of a decision.
+struct DecisionHeaders {
+    worker: Option<HeaderValue>,
+    predicted: Option<HeaderValue>,
+}
+
+impl DecisionHeaders {
+    fn of(a: &Assignment) -> Self {
+        let p = a.picked();
+        let predicted = p
+            .predicted_ttft_s
+            .is_finite()
+            .then(|| HeaderValue::from_str(&format!("{:.3}", p.predicted_ttft_s * 1000.0)).ok())
+            .flatten();
+        Self {
+            worker: HeaderValue::from_str(&p.worker).ok(),
+            predicted,
+        }
+    }
+
+    fn apply(self, resp: &mut Response) {
+        if let Some(v) = self.worker {
+            resp.headers_mut().insert(WORKER_HEADER, v);
+        }
+        if let Some(v) = self.predicted {
+            resp.headers_mut().insert(PREDICTED_TTFT_HEADER, v);
+        }
+    }
+}
+
+fn json_bytes_response(body: Bytes) -> Response {
+    let mut resp = (StatusCode::OK, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+async fn read_unary(response: reqwest::Response) -> Result<(Bytes, Option<Usage>), GatewayError> {
+    let body = response.bytes().await.map_err(|e| {
+        if e.is_timeout() {
+            GatewayError::UpstreamTimeout
+        } else {
+            GatewayError::Upstream("the worker's answer broke off".into())
+        }
+    })?;
+    let usage = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .as_ref()
+        .and_then(openai::usage_of);
+    Ok((body, usage))
+}
+
+/// A relayed stream body plus the headers that go with it.
+struct Relayed<S> {
+    stream: S,
+    headers: DecisionHeaders,
+}
+
+fn sse_response<S>(relayed: Relayed<S>) -> Response
+where
+    S: futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
+{
+    let mut resp = Response::new(Body::from_stream(relayed.stream));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    relayed.headers.apply(&mut resp);
+    resp
+}
+
+/// Turns the worker's events into the client's bytes.
+trait Sink: Send + 'static {
+    /// One worker event (already classified); appends what the client gets to `out`.
+    fn event(&mut self, event: &SseEvent, item: &StreamItem, out: &mut BytesMut);
+    /// The worker's stream ended normally.
+    fn end(&mut self, out: &mut BytesMut);
+    /// The worker's stream broke.
+    fn error(&mut self, message: &str, out: &mut BytesMut);
+}
+
+struct OpenAiSink {
+    wants_usage: bool,
+}
+
+impl Sink for OpenAiSink {
+    fn event(&mut self, event: &SseEvent, item: &StreamItem, out: &mut BytesMut) {
+        if let StreamItem::Chunk {
+            usage_only: true, ..
+        } = item
+            && !self.wants_usage
+        {
+            return;
+        }
+        out.extend_from_slice(&event.encode());
+    }
+
+    fn end(&mut self, _out: &mut BytesMut) {}
+
+    fn error(&mut self, message: &str, out: &mut BytesMut) {
+        let e = json!({"error": {"message": message, "type": "server_error", "param": null, "code": "upstream_error"}});
+        out.extend_from_slice(&SseEvent::data(e.to_string()).encode());
+    }
+}
+
+struct AnthropicSink {
+    translator: StreamTranslator,
+}
+
+impl Sink for AnthropicSink {
+    fn event(&mut self, _event: &SseEvent, item: &StreamItem, out: &mut BytesMut) {
+        let events = match item {
+            StreamItem::Chunk { json, .. } => self.translator.on_chunk(json),
+            StreamItem::Done => self.translator.finish(),
+            StreamItem::Other => Vec::new(),
+        };
+        for e in events {
+            out.extend_from_slice(&e.encode());
+        }
+    }
+
+    fn end(&mut self, out: &mut BytesMut) {
+        for e in self.translator.finish() {
+            out.extend_from_slice(&e.encode());
+        }
+    }
+
+    fn error(&mut self, message: &str, out: &mut BytesMut) {
+        out.extend_from_slice(&StreamTranslator::error_event(message).encode());
+    }
+}
+
+/// Measures a stream: first token, gaps, usage.
+struct Meter {
+    sent_at: Instant,
+    last_token: Option<Instant>,
+    usage: Option<Usage>,
+}
+
+impl Meter {
+    fn token(&mut self, now: Instant, assignment: &mut Assignment) {
+        match self.last_token {
+            None => assignment.first_token(now.saturating_duration_since(self.sent_at)),
+            Some(prev) => assignment.inter_token(now.saturating_duration_since(prev)),
+        }
+        self.last_token = Some(now);
+    }
+}
+
+/// Relays the worker's SSE stream to the client event by event. The assignment lives inside
+/// the stream: when the client goes away, the body (and with it this stream, the assignment
+/// and the worker's response) is dropped, which aborts the assignment and closes the upstream
+/// connection.
+fn relay<K: Sink>(
+    response: reqwest::Response,
+    headers: DecisionHeaders,
+    mut sink: K,
+    assignment: Assignment,
+    sent_at: Instant,
+) -> Relayed<impl futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static> {
+    let stream = async_stream::stream! {
+        let mut upstream = response.bytes_stream();
+        let mut parser = SseParser::default();
+        let mut events = Vec::new();
+        let mut meter = Meter { sent_at, last_token: None, usage: None };
+        let mut assignment = Some(assignment);
+        loop {
+            let mut out = BytesMut::new();
+            let mut ended = false;
+            let mut broke: Option<&'static str> = None;
+            match upstream.next().await {
+                Some(Ok(chunk)) => {
+                    if parser.push(&chunk, &mut events).is_err() {
+                        broke = Some("the worker sent an oversized event");
+                    }
+                }
+                Some(Err(e)) => {
+                    broke = Some(if e.is_timeout() { "the worker timed out" } else { "the worker's stream broke off" });
+                }
+                None => {
+                    if let Ok(Some(last)) = parser.finish() {
+                        events.push(last);
+                    }
+                    ended = true;
+                }
+            }
+            let now = Instant::now();
+            for event in events.drain(..) {
+                let item = openai::inspect_chunk(&event.data);
+                match &item {
+                    StreamItem::Chunk { content, usage, .. } => {
+                        if *content && let Some(a) = assignment.as_mut() {
+                            meter.token(now, a);
+                        }
+                        if usage.is_some() {
+                            meter.usage = *usage;
+                        }
+                    }
+                    StreamItem::Done => {
+                        if let Some(a) = assignment.take() {
+                            a.done(meter.usage, now.saturating_duration_since(meter.sent_at));
+                        }
+                    }
+                    StreamItem::Other => {}
+                }
+                sink.event(&event, &item, &mut out);
+            }
+            if let Some(message) = broke {
+                tracing::debug!(message, "upstream stream failed");
+                sink.error(message, &mut out);
+                if let Some(a) = assignment.take() {
+                    a.abort();
+                }
+                ended = true;
+            } else if ended {
+                sink.end(&mut out);
+                if let Some(a) = assignment.take() {
+                    a.done(meter.usage, now.saturating_duration_since(meter.sent_at));
+                }
+            }
+            if !out.is_empty() {
+                yield Ok(out.freeze());
+            }
+            if ended {
+                break;
+            }
+        }
+    };
+    Relayed { stream, headers }
+}
