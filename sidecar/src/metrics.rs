@@ -16,6 +16,8 @@ pub struct SidecarMetrics {
     pub blocks: IntCounterVec,
     /// Frames or payloads that could not be decoded, by reason.
     pub decode_errors: IntCounterVec,
+    /// Live messages received on the SUB socket (before sequencing).
+    pub live_messages: IntCounter,
     /// Sequence gaps detected on the live stream.
     pub gaps: IntCounter,
     /// Replays requested, by outcome (complete, lost, failed).
@@ -91,6 +93,10 @@ impl SidecarMetrics {
                 "decode_errors_total",
                 "Undecodable ZMQ frames or payloads, by reason",
                 &["reason"],
+            )?,
+            live_messages: c(
+                "live_messages_total",
+                "Messages received on the KV-event SUB socket",
             )?,
             gaps: c(
                 "seq_gaps_total",

@@ -100,6 +100,7 @@ impl Subscriber {
     }
 
     async fn on_live(&self, tracker: &mut SeqTracker, frames: Vec<Bytes>) {
+        self.metrics.live_messages.inc();
         let (seq, payload) = match wire::split_frames(&frames) {
             Ok(f) => (f.seq, f.payload),
             Err(e) => return self.decode_error(&e),

@@ -1,0 +1,266 @@
+//! Component tests over real sockets on 127.0.0.1: a vLLM-shaped publisher (ZMQ PUB + ROUTER
+//! replay) -> the sidecar -> a test Ingest receiver (the router's view of the worker).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use common::{Publisher, Router, batch, cleared, removed, stored, wait_for};
+use kvroute_hash::{chain, root_hash};
+use kvroute_sidecar::hub::Hub;
+use kvroute_sidecar::{Args, Running, start};
+
+const MODEL: &str = "m";
+const BS: u32 = 4;
+
+fn args(p: &Publisher, routers: Vec<String>, queue_cap_blocks: usize) -> Args {
+    Args {
+        zmq_endpoint: p.pub_endpoint.clone(),
+        zmq_bind: false,
+        topic: String::new(),
+        replay_endpoint: p.replay_endpoint.clone(),
+        vllm_url: "http://127.0.0.1:9".into(),
+        scrape_interval_ms: 200,
+        routers,
+        router_dns: None,
+        router_dns_interval_ms: 10_000,
+        worker_id: Some("ns/pod-0".into()),
+        pod_name: "pod-0".into(),
+        pod_namespace: "ns".into(),
+        worker_address: "127.0.0.1:8000".into(),
+        model: MODEL.into(),
+        lora: None,
+        block_size: None,
+        worker_set: "ws".into(),
+        admin_addr: "127.0.0.1:0".parse().unwrap(),
+        queue_cap_blocks,
+        max_blocks_per_report: 64,
+        replay_timeout_ms: 5_000,
+        no_gpu: true,
+    }
+}
+
+/// Tokens of block `i` of sequence `s` (distinct per block).
+fn tokens(s: u32, blocks: std::ops::Range<u32>) -> Vec<u32> {
+    blocks
+        .flat_map(|b| (0..BS).map(move |t| s * 100_000 + b * BS + t))
+        .collect()
+}
+
+/// vLLM-side hash of block `b` of sequence `s` (any unique number will do).
+fn vh(s: u32, b: u32) -> u64 {
+    (u64::from(s) << 32) | u64::from(b) | (1 << 63)
+}
+
+/// kvroute hashes the router computes for the first `n` blocks of sequence `s`.
+fn kv(s: u32, n: u32) -> Vec<u64> {
+    chain(root_hash(MODEL, None), &tokens(s, 0..n), BS as usize, &[])
+}
+
+async fn started(p: &mut Publisher, routers: Vec<String>, cap: usize) -> Running {
+    let running = start(args(p, routers, cap)).await.unwrap();
+    // Wait out ZMQ's slow joiner with empty batches; any that is lost is replayed.
+    let m = running.metrics.clone();
+    let start = tokio::time::Instant::now();
+    while m.live_messages.get() == 0 {
+        assert!(
+            start.elapsed() < common::DEADLINE,
+            "sidecar never subscribed"
+        );
+        p.publish(batch(vec![])).await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    running
+}
+
+fn stored_blocks(s: u32, range: std::ops::Range<u32>) -> rmpv::Value {
+    let parent = (range.start > 0).then(|| vh(s, range.start - 1));
+    let hashes: Vec<u64> = range.clone().map(|b| vh(s, b)).collect();
+    stored(&hashes, parent, &tokens(s, range), BS)
+}
+
+fn set(v: impl IntoIterator<Item = u64>) -> BTreeSet<u64> {
+    v.into_iter().collect()
+}
+
+async fn converge(router: &Router, hub: &Arc<Hub>, expect: &BTreeSet<u64>) {
+    wait_for("the router's view to match", || {
+        let v = router.view.lock();
+        v.blocks == *expect && set(hub.resident_set()) == *expect && v.epoch == Some(hub.epoch())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gap_is_replayed_without_resync() {
+    let mut p = Publisher::start().await;
+    let router = Router::start("127.0.0.1:0".parse().unwrap(), false).await;
+    let running = started(&mut p, vec![router.url()], 1 << 20).await;
+    let hub = running.hub.clone();
+    let epoch = hub.epoch();
+
+    p.publish(batch(vec![stored_blocks(1, 0..3)])).await;
+    // Lost on the live stream (still in vLLM's replay buffer); the child chains on it.
+    p.drop_live(batch(vec![stored_blocks(1, 3..5), removed(vh(1, 0))]));
+    p.drop_live(batch(vec![stored_blocks(2, 0..2)]));
+    p.publish(batch(vec![stored_blocks(1, 5..6)])).await;
+
+    let all = kv(1, 6);
+    let expect = set(all[1..].iter().copied().chain(kv(2, 2)));
+    converge(&router, &hub, &expect).await;
+    let m = &running.metrics;
+    assert!(m.gaps.get() >= 1);
+    assert!(m.replays.with_label_values(&["complete"]).get() >= 1);
+    assert_eq!(
+        m.unknown_parent.get(),
+        0,
+        "replayed parents placed the later blocks"
+    );
+    assert_eq!(m.resyncs.with_label_values(&["replay_failed"]).get(), 0);
+    assert_eq!(hub.epoch(), epoch, "a replayed gap keeps the epoch");
+    let v = router.view.lock();
+    assert_eq!((v.seq_errors, v.first_report_not_snapshot), (0, 0));
+    assert_eq!(v.block_size, BS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gap_beyond_the_replay_buffer_resyncs() {
+    let mut p = Publisher::start().await;
+    let router = Router::start("127.0.0.1:0".parse().unwrap(), false).await;
+    let running = started(&mut p, vec![router.url()], 1 << 20).await;
+    let hub = running.hub.clone();
+    p.publish(batch(vec![stored_blocks(1, 0..2)])).await;
+    converge(&router, &hub, &set(kv(1, 2))).await;
+    let epoch = hub.epoch();
+
+    let lost = p.drop_live(batch(vec![removed(vh(1, 1))]));
+    p.forget_before(lost + 1);
+    p.publish(batch(vec![stored_blocks(3, 0..1)])).await;
+    // The removal is gone for good: drop everything, new epoch, keep what follows.
+    converge(&router, &hub, &set(kv(3, 1))).await;
+    assert!(hub.epoch() > epoch);
+    let r = &running.metrics.resyncs;
+    // The replay answers with a later seq than asked (lost) or falls short (failed).
+    assert_eq!(
+        r.with_label_values(&["replay_lost"]).get() + r.with_label_values(&["replay_failed"]).get(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_restart_starts_a_new_epoch() {
+    let mut p = Publisher::start().await;
+    let router = Router::start("127.0.0.1:0".parse().unwrap(), false).await;
+    let running = started(&mut p, vec![router.url()], 1 << 20).await;
+    let hub = running.hub.clone();
+    p.publish(batch(vec![stored_blocks(1, 0..3)])).await;
+    p.publish(batch(vec![stored_blocks(2, 0..1)])).await;
+    converge(&router, &hub, &set(kv(1, 3).into_iter().chain(kv(2, 1)))).await;
+    let epoch = hub.epoch();
+    let snapshots = router.view.lock().snapshots;
+
+    p.restart();
+    p.publish(batch(vec![stored_blocks(4, 0..2)])).await;
+    converge(&router, &hub, &set(kv(4, 2))).await;
+    assert!(hub.epoch() > epoch, "new epoch after the restart");
+    assert!(
+        router.view.lock().snapshots > snapshots,
+        "the router got a fresh snapshot"
+    );
+    assert_eq!(
+        running
+            .metrics
+            .resyncs
+            .with_label_values(&["vllm_restart"])
+            .get(),
+        1
+    );
+    // A prefix-cache reset is a delta (same epoch), not a resync.
+    let epoch = hub.epoch();
+    p.publish(batch(vec![cleared(), stored_blocks(5, 0..1)]))
+        .await;
+    converge(&router, &hub, &set(kv(5, 1))).await;
+    assert_eq!(hub.epoch(), epoch);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_restart_gets_a_fresh_snapshot() {
+    let mut p = Publisher::start().await;
+    let router = Router::start("127.0.0.1:0".parse().unwrap(), false).await;
+    let url = router.url();
+    let running = started(&mut p, vec![url.clone()], 1 << 20).await;
+    let hub = running.hub.clone();
+    p.publish(batch(vec![stored_blocks(1, 0..3)])).await;
+    converge(&router, &hub, &set(kv(1, 3))).await;
+
+    // The router asks for a snapshot (e.g. it saw a gap): it gets one on the same stream.
+    router.request_snapshot().await;
+    wait_for("a requested snapshot", || router.view.lock().snapshots >= 2).await;
+    assert_eq!(router.view.lock().streams, 1);
+
+    let addr = router.stop().await;
+    // Changes while the router is down are not lost: the next stream starts with a snapshot.
+    p.publish(batch(vec![removed(vh(1, 2)), stored_blocks(2, 0..2)]))
+        .await;
+    let router = Router::start(addr, false).await;
+    let expect = set(kv(1, 2).into_iter().chain(kv(2, 2)));
+    converge(&router, &hub, &expect).await;
+    {
+        let v = router.view.lock();
+        assert_eq!(
+            (v.snapshots, v.seq_errors, v.first_report_not_snapshot),
+            (1, 0, 0)
+        );
+    }
+    let connects = running.metrics.connects.with_label_values(&[&url]);
+    wait_for("the second stream to be counted", || connects.get() >= 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_router_costs_bounded_memory_then_catches_up() {
+    const CAP: usize = 256;
+    let mut p = Publisher::start().await;
+    let router = Router::start("127.0.0.1:0".parse().unwrap(), true).await;
+    let url = router.url();
+    let running = started(&mut p, vec![url.clone()], CAP).await;
+    let hub = running.hub.clone();
+    router.set_reading(false);
+
+    // Churn: store 16 blocks, remove them again, many times over (the resident set stays small).
+    let mut max_queued = 0;
+    for s in 10..810u32 {
+        let mut events = vec![stored_blocks(s, 0..16)];
+        if s > 10 {
+            events.extend((0..16).map(|b| removed(vh(s - 1, b))));
+        }
+        p.publish(batch(events)).await;
+        max_queued = max_queued.max(hub.queued_blocks(&url));
+        assert!(hub.queued_blocks(&url) <= CAP, "queue stays under its cap");
+    }
+    let m = &running.metrics;
+    eprintln!(
+        "max queued {max_queued}, overflows {}, stream failures {}, snapshots {}",
+        hub.overflows(&url),
+        m.connect_failures.with_label_values(&[&url]).get(),
+        m.snapshots.with_label_values(&[&url]).get()
+    );
+    // The router stopped reading: the queue filled up to its cap and was coalesced.
+    wait_for("the queue to overflow into a snapshot", || {
+        hub.overflows(&url) >= 1
+    })
+    .await;
+
+    // Once the router reads again, it converges on the current resident set.
+    router.set_reading(true);
+    converge(&router, &hub, &set(kv(809, 16))).await;
+    assert!(
+        running
+            .metrics
+            .queue_overflows
+            .with_label_values(&[&url])
+            .get()
+            >= 1
+            || hub.overflows(&url) >= 1
+    );
+}
