@@ -1,18 +1,459 @@
-//! kvroute-router (work in progress).
+//! kvroute-router: sends each LLM request to the worker predicted to give its first token
+//! soonest, from what every worker caches (sidecar reports) and how busy it is.
+//!
+//! ```text
+//!  sidecars --gRPC Ingest--------------+                      +--> /metrics /healthz /readyz
+//!  discovery (--config | --kubernetes) +--> RouterState ------+     /debug/workers /debug/explain  (--admin-addr)
+//!                                      |   (routing core,     |
+//!  clients --HTTP gateway (OpenAI, Anthropic)--> pick --------+--> chosen worker                 (--http-addr)
+//!  external proxies --gRPC Picker (Pick, Report*)--> pick    (--grpc-addr: Ingest + Picker + grpc.health.v1)
+//! ```
+//!
+//! [`run`] binds the three listeners, starts discovery, and serves until SIGTERM / ctrl-c, or
+//! until a critical task (a server, discovery, assignment expiry) dies, which ends the
+//! process with an error. The pure routing core is [`routing`]; [`state`] joins it to the
+//! adapters.
 
-/// Command-line arguments (stub: replaced by the component's real flags).
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {}
-
-/// Runs the command (stub).
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
-}
-
+pub mod admin;
+pub mod discovery;
 pub mod explain_cmd;
 pub mod gateway;
 pub mod ingest;
 pub mod metrics;
+pub mod pick;
 pub mod routing;
 pub mod state;
 pub mod tokenize_cmd;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::discovery::kubernetes::KubernetesDiscovery;
+use crate::discovery::static_file::StaticDiscovery;
+use crate::ingest::IngestService;
+use crate::metrics::RouterMetrics;
+use crate::pick::{ExpiryTask, PickerService};
+use crate::state::{RouterConfig, RouterState, TokenizerDirs};
+
+/// Command-line arguments of `kvroute router` / `kvroute-router`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Address of the HTTP gateway (OpenAI and Anthropic APIs).
+    #[arg(long, env = "KVROUTE_ROUTER_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+    /// Address of the gRPC services: Ingest (sidecars), Picker (external gateways), health.
+    #[arg(long, env = "KVROUTE_ROUTER_GRPC_ADDR", default_value = "0.0.0.0:9000")]
+    pub grpc_addr: SocketAddr,
+    /// Address of the admin HTTP server (/metrics, /healthz, /readyz, /debug/*).
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_ADMIN_ADDR",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub admin_addr: SocketAddr,
+    /// Static discovery: a multi-document YAML file of kvroute resources; WorkerSets list
+    /// their workers in `status.workers`.
+    #[arg(long, env = "KVROUTE_ROUTER_CONFIG", conflicts_with = "kubernetes")]
+    pub config: Option<PathBuf>,
+    /// Discover WorkerSets, Pools and worker Pods from the Kubernetes API.
+    #[arg(long, env = "KVROUTE_ROUTER_KUBERNETES")]
+    pub kubernetes: bool,
+    /// Namespace to watch with --kubernetes (default: all namespaces).
+    #[arg(long, env = "KVROUTE_ROUTER_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Tokenizer directory: `DIR` (every model) or `MODEL=DIR`; repeat or comma-separate.
+    /// Without one, decisions are made on load alone (counted as degraded).
+    #[arg(long, env = "KVROUTE_ROUTER_TOKENIZER", value_delimiter = ',')]
+    pub tokenizer: Vec<String>,
+    /// Routing policy: kvroute, random, round-robin, least-loaded, max-prefix, dynamo-cost,
+    /// sglang-cache-aware.
+    #[arg(long, env = "KVROUTE_ROUTER_POLICY", default_value = "kvroute")]
+    pub policy: String,
+    /// Predictions within this many seconds of the best are near-ties (kvroute policy).
+    #[arg(long, env = "KVROUTE_ROUTER_TIE_MARGIN", default_value_t = 0.02)]
+    pub tie_margin: f64,
+    /// Seed of the policy's random draws (default: random per process, so replicas differ).
+    #[arg(long, env = "KVROUTE_ROUTER_SEED")]
+    pub seed: Option<u64>,
+    /// Assignments not reported done or aborted within this many seconds are released.
+    #[arg(long, env = "KVROUTE_ROUTER_ASSIGNMENT_TTL_S", default_value_t = 600.0)]
+    pub assignment_ttl_s: f64,
+    /// A worker whose sidecar has not reported for this many seconds is stale.
+    #[arg(long, env = "KVROUTE_ROUTER_STALE_AFTER_S", default_value_t = 10.0)]
+    pub stale_after_s: f64,
+    /// Largest request body accepted (HTTP 413 / gRPC RESOURCE_EXHAUSTED above).
+    #[arg(long, env = "KVROUTE_ROUTER_MAX_BODY_BYTES", default_value_t = 16 << 20)]
+    pub max_body_bytes: usize,
+    /// Also route to workers only a sidecar reports (not listed by discovery).
+    #[arg(long, env = "KVROUTE_ROUTER_ROUTE_UNLISTED")]
+    pub route_unlisted: bool,
+    /// Other workers to try when a request could not be started on the chosen one.
+    #[arg(long, env = "KVROUTE_ROUTER_MAX_RETRIES", default_value_t = 2)]
+    pub max_retries: u32,
+    /// Upstream connect timeout, seconds.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_UPSTREAM_CONNECT_TIMEOUT_S",
+        default_value_t = 2.0
+    )]
+    pub upstream_connect_timeout_s: f64,
+    /// Upstream read timeout (longest silence within a response), seconds.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_UPSTREAM_READ_TIMEOUT_S",
+        default_value_t = 300.0
+    )]
+    pub upstream_read_timeout_s: f64,
+    /// Seconds to let in-flight requests finish after SIGTERM before exiting.
+    #[arg(long, env = "KVROUTE_ROUTER_SHUTDOWN_GRACE_S", default_value_t = 10.0)]
+    pub shutdown_grace_s: f64,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            args: Args,
+        }
+        // Every flag has a default or is optional, so parsing no arguments cannot fail.
+        P::try_parse_from(["kvroute-router"])
+            .map(|p| p.args)
+            .unwrap_or_else(|e| unreachable!("{e}"))
+    }
+}
+
+/// Parses `--tokenizer` values: `DIR` sets the default, `MODEL=DIR` one model's.
+pub fn tokenizer_dirs(values: &[String]) -> anyhow::Result<TokenizerDirs> {
+    let mut dirs = TokenizerDirs::default();
+    for v in values.iter().filter(|v| !v.is_empty()) {
+        match v.split_once('=') {
+            Some((model, dir)) if !model.is_empty() && !dir.is_empty() => {
+                dirs.per_model.insert(model.to_string(), PathBuf::from(dir));
+            }
+            Some(_) => bail!("--tokenizer {v:?}: expected DIR or MODEL=DIR"),
+            None => {
+                if dirs.default.replace(PathBuf::from(v)).is_some() {
+                    bail!("--tokenizer: more than one default DIR");
+                }
+            }
+        }
+    }
+    Ok(dirs)
+}
+
+fn secs(flag: &str, v: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(v)
+        .with_context(|| format!("--{flag} {v}: expected a non-negative number of seconds"))
+}
+
+/// Where workers come from.
+enum Discovery {
+    Static(StaticDiscovery),
+    Kubernetes(KubernetesDiscovery),
+    /// Sidecar reports only (`--route-unlisted` without a source).
+    None,
+}
+
+/// The bound addresses.
+#[derive(Clone, Copy, Debug)]
+pub struct Addrs {
+    /// HTTP gateway.
+    pub http: SocketAddr,
+    /// gRPC (Ingest, Picker, health).
+    pub grpc: SocketAddr,
+    /// Admin HTTP.
+    pub admin: SocketAddr,
+}
+
+/// A router with its listeners bound and discovery started, ready to serve.
+pub struct Server {
+    state: RouterState,
+    http: TcpListener,
+    grpc: TcpListener,
+    admin: TcpListener,
+    discovery: Discovery,
+    gateway: gateway::GatewayConfig,
+    grace: Duration,
+}
+
+impl Server {
+    /// Builds the state, binds the listeners and loads discovery (a bad config file or an
+    /// unreachable API server fails here).
+    pub async fn bind(args: Args) -> anyhow::Result<Self> {
+        let Args {
+            http_addr,
+            grpc_addr,
+            admin_addr,
+            config,
+            kubernetes,
+            namespace,
+            tokenizer,
+            policy,
+            tie_margin,
+            seed,
+            assignment_ttl_s,
+            stale_after_s,
+            max_body_bytes,
+            route_unlisted,
+            max_retries,
+            upstream_connect_timeout_s,
+            upstream_read_timeout_s,
+            shutdown_grace_s,
+        } = args;
+        if config.is_none() && !kubernetes && !route_unlisted {
+            bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
+        }
+        let seed = seed.unwrap_or_else(rand::random);
+        let router_config = RouterConfig {
+            policy,
+            tie_margin_s: tie_margin,
+            seed,
+            assignment_ttl: secs("assignment-ttl-s", assignment_ttl_s)?,
+            stale_after: secs("stale-after-s", stale_after_s)?,
+            max_body_bytes,
+            route_unlisted,
+            tokenizers: tokenizer_dirs(&tokenizer)?,
+            ..RouterConfig::default()
+        };
+        let metrics = RouterMetrics::register(&prometheus::Registry::new())?;
+        let state = RouterState::new(router_config, metrics)?;
+        let discovery = match (config, kubernetes) {
+            (Some(path), _) => Discovery::Static(StaticDiscovery::start(path, state.clone())?),
+            (None, true) => Discovery::Kubernetes(
+                KubernetesDiscovery::connect(namespace, state.clone())
+                    .await
+                    .context("connect to the Kubernetes API")?,
+            ),
+            (None, false) => {
+                state.set_discovery_synced();
+                Discovery::None
+            }
+        };
+        let bind = |addr: SocketAddr, what: &'static str| async move {
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("bind {what} address {addr}"))
+        };
+        let gateway = gateway::GatewayConfig {
+            max_body_bytes,
+            max_retries,
+            upstream: gateway::UpstreamConfig {
+                connect_timeout: secs("upstream-connect-timeout-s", upstream_connect_timeout_s)?,
+                read_timeout: secs("upstream-read-timeout-s", upstream_read_timeout_s)?,
+                ..gateway::UpstreamConfig::default()
+            },
+        };
+        Ok(Self {
+            http: bind(http_addr, "--http-addr").await?,
+            grpc: bind(grpc_addr, "--grpc-addr").await?,
+            admin: bind(admin_addr, "--admin-addr").await?,
+            state,
+            discovery,
+            gateway,
+            grace: secs("shutdown-grace-s", shutdown_grace_s)?,
+        })
+    }
+
+    /// The bound addresses (useful with port 0).
+    pub fn addrs(&self) -> anyhow::Result<Addrs> {
+        Ok(Addrs {
+            http: self.http.local_addr()?,
+            grpc: self.grpc.local_addr()?,
+            admin: self.admin.local_addr()?,
+        })
+    }
+
+    /// The shared state.
+    pub fn state(&self) -> &RouterState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` fires (then drains for up to the grace period) or a critical
+    /// task ends (then returns its error).
+    pub async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let Self {
+            state,
+            http,
+            grpc,
+            admin,
+            discovery,
+            gateway,
+            grace,
+        } = self;
+        let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_serving::<kvroute_proto::v1::ingest_server::IngestServer<IngestService>>()
+            .await;
+        health
+            .set_serving::<kvroute_proto::v1::picker_server::PickerServer<PickerService>>()
+            .await;
+        health
+            .set_service_status("", tonic_health::ServingStatus::Serving)
+            .await;
+        let grpc_server = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(IngestService::new(state.clone(), shutdown.clone()).into_server())
+            .add_service(PickerService::new(state.clone()).into_server())
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(grpc),
+                shutdown.clone().cancelled_owned(),
+            );
+        tasks.spawn(
+            async move { ("grpc", grpc_server.await.context("gRPC server")) }
+                .instrument(tracing::info_span!("grpc")),
+        );
+
+        let dispatch: Arc<dyn gateway::Dispatch> = Arc::new(state.clone());
+        let gw = gateway::router_with(dispatch, gateway).context("build the HTTP gateway")?;
+        let stop = shutdown.clone();
+        tasks.spawn(
+            async move {
+                let r = axum::serve(http, gw)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await;
+                ("http", r.context("HTTP gateway"))
+            }
+            .instrument(tracing::info_span!("http")),
+        );
+
+        let admin_router = admin::router(state.clone());
+        let stop = shutdown.clone();
+        tasks.spawn(
+            async move {
+                let r = axum::serve(admin, admin_router)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await;
+                ("admin", r.context("admin server"))
+            }
+            .instrument(tracing::info_span!("admin")),
+        );
+
+        let stop = shutdown.clone();
+        let expiry = ExpiryTask::new(state.clone());
+        tasks.spawn(
+            async move {
+                expiry.run(stop).await;
+                ("expiry", Ok(()))
+            }
+            .instrument(tracing::info_span!("expiry")),
+        );
+
+        let stop = shutdown.clone();
+        match discovery {
+            Discovery::Static(d) => {
+                tasks.spawn(
+                    async move {
+                        d.run(stop).await;
+                        ("discovery", Ok(()))
+                    }
+                    .instrument(tracing::info_span!("discovery")),
+                );
+            }
+            Discovery::Kubernetes(d) => {
+                tasks.spawn(
+                    async move { ("discovery", d.run(stop).await) }
+                        .instrument(tracing::info_span!("discovery")),
+                );
+            }
+            Discovery::None => {}
+        }
+
+        // Any task ending before shutdown is fatal: the router must not run half-working.
+        let mut failure: Option<anyhow::Error> = None;
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => tracing::info!("shutting down"),
+            Some(joined) = tasks.join_next() => {
+                let err = match joined {
+                    Ok((name, Ok(()))) => anyhow::anyhow!("{name} task ended unexpectedly"),
+                    Ok((name, Err(e))) => e.context(format!("{name} task failed")),
+                    Err(e) => anyhow::anyhow!("a task panicked: {e}"),
+                };
+                tracing::error!(error = format!("{err:#}"), "critical task ended; shutting down");
+                failure = Some(err);
+                shutdown.cancel();
+            }
+        }
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        let drained = tokio::time::timeout(grace, async {
+            while let Some(joined) = tasks.join_next().await {
+                if let Ok((name, Err(e))) = joined {
+                    tracing::warn!(
+                        task = name,
+                        error = format!("{e:#}"),
+                        "task failed during shutdown"
+                    );
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                grace_s = grace.as_secs_f64(),
+                "requests still running after the grace period; exiting"
+            );
+            tasks.abort_all();
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Runs the router until SIGTERM or ctrl-c.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    init_tracing();
+    let server = Server::bind(args).await?;
+    let addrs = server.addrs()?;
+    tracing::info!(http = %addrs.http, grpc = %addrs.grpc, admin = %addrs.admin, "kvroute router listening");
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    server.serve(shutdown).await
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Another component of the same process (the `kvroute` CLI) may have installed one.
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+}
+
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGTERM; ctrl-c only");
+                    let _ = ctrl_c.await;
+                    shutdown.cancel();
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    shutdown.cancel();
+}

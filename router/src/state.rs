@@ -1367,3 +1367,84 @@ fn find_sidecar<'a>(
         .find(|(_, s)| !w.address.is_empty() && s.identity.address == w.address)
         .map(|(k, s)| (k.as_str(), s))
 }
+
+// ------------------------------------------------------------------------------------------
+// The embedded gateway's view of the router
+// ------------------------------------------------------------------------------------------
+
+impl crate::gateway::Dispatch for RouterState {
+    fn model_names(&self) -> Vec<String> {
+        self.models().into_iter().map(|m| m.id).collect()
+    }
+
+    fn resolve_model(&self, client_model: &str) -> Option<String> {
+        RouterState::resolve_model(self, client_model).map(|r| r.backend_model)
+    }
+
+    fn pick(
+        &self,
+        request: &crate::gateway::RouteRequest<'_>,
+        exclude: &[String],
+    ) -> Result<crate::gateway::Picked, crate::gateway::PickError> {
+        use crate::gateway::openai::Endpoint;
+        // The tokenizer reads a JSON value; the gateway holds the body's map.
+        let body = serde_json::Value::Object(request.body.clone());
+        let prompt = match request.endpoint {
+            Endpoint::ChatCompletions => Prompt::Chat(&body),
+            Endpoint::Completions => body
+                .get("prompt")
+                .map_or(Prompt::Unavailable, Prompt::Completion),
+        };
+        let input = PickInput {
+            model: request.client_model,
+            prompt,
+            cache_salt: body.get("cache_salt").and_then(serde_json::Value::as_str),
+            lora: None,
+            headers: None,
+            exclude,
+        };
+        match RouterState::pick(self, &input, Instant::now()) {
+            Ok(a) => Ok(crate::gateway::Picked {
+                assignment: a.decision_id.0,
+                worker: a.worker_id,
+                base_url: format!("http://{}", a.address),
+                predicted_ttft_s: a.predicted_ttft_s,
+            }),
+            Err(PickError::UnknownModel(_)) => Err(crate::gateway::PickError::UnknownModel),
+            Err(PickError::NoReadyWorker(_)) => Err(crate::gateway::PickError::NoReadyWorker),
+        }
+    }
+
+    fn first_token(&self, picked: &crate::gateway::Picked, ttft: Duration) {
+        RouterState::first_token(
+            self,
+            DecisionId(picked.assignment),
+            Some(ttft.as_secs_f64()),
+            Instant::now(),
+        );
+    }
+
+    fn inter_token(&self, picked: &crate::gateway::Picked, gap: Duration) {
+        self.observe_itl(DecisionId(picked.assignment), gap.as_secs_f64());
+    }
+
+    fn done(
+        &self,
+        picked: &crate::gateway::Picked,
+        usage: Option<crate::gateway::openai::Usage>,
+        e2e: Duration,
+    ) {
+        let sat = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        let usage = Usage {
+            prompt_tokens: usage.map_or(0, |u| sat(u.prompt_tokens)),
+            cached_prompt_tokens: usage.map_or(0, |u| sat(u.cached_tokens)),
+            completion_tokens: usage.map_or(0, |u| sat(u.completion_tokens)),
+            e2e_seconds: Some(e2e.as_secs_f64()),
+        };
+        RouterState::done(self, DecisionId(picked.assignment), usage);
+    }
+
+    fn abort(&self, picked: &crate::gateway::Picked) {
+        RouterState::abort(self, DecisionId(picked.assignment), "gateway");
+    }
+}

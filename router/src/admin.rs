@@ -1,0 +1,110 @@
+//! The admin HTTP server: metrics, health, and debugging views.
+//!
+//! ```text
+//! GET  /metrics        Prometheus text (scrape-time gauges refreshed first)
+//! GET  /healthz        200 while the process runs
+//! GET  /readyz         200 when discovery has synced and >= 1 worker is routable, else 503
+//! GET  /debug/workers  JSON: index size, and per worker its blocks, load, in-flight, state
+//! POST /debug/explain  body: an OpenAI chat/completions (or completions) request;
+//!                      returns the decision record without assigning anything
+//! ```
+
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use crate::pick::{body_kind, prompt_of};
+use crate::state::{PickError, PickInput, RouterState};
+
+/// The admin routes.
+pub fn router(state: RouterState) -> Router {
+    let limit = state.config().max_body_bytes;
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/debug/workers", get(workers))
+        .route("/debug/explain", post(explain))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn metrics(State(state): State<RouterState>) -> Response {
+    state.refresh_gauges(Instant::now());
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics().encode(),
+    )
+        .into_response()
+}
+
+async fn readyz(State(state): State<RouterState>) -> Response {
+    if !state.discovery_synced() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "discovery has not synced\n",
+        )
+            .into_response()
+    } else if !state.ready(Instant::now()) {
+        (StatusCode::SERVICE_UNAVAILABLE, "no routable worker\n").into_response()
+    } else {
+        "ready\n".into_response()
+    }
+}
+
+async fn workers(State(state): State<RouterState>) -> Response {
+    axum::Json(state.workers_report(Instant::now())).into_response()
+}
+
+fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
+    (
+        status,
+        axum::Json(json!({"error": {"message": message.into(), "type": kind}})),
+    )
+        .into_response()
+}
+
+async fn explain(State(state): State<RouterState>, body: Bytes) -> Response {
+    let body: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                format!("body is not JSON: {e}"),
+            );
+        }
+    };
+    let Some(model) = body.get("model").and_then(Value::as_str) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "body has no string `model`",
+        );
+    };
+    let input = PickInput {
+        model,
+        prompt: prompt_of(body_kind("", &body), &body),
+        cache_salt: body.get("cache_salt").and_then(Value::as_str),
+        lora: None,
+        headers: None,
+        exclude: &[],
+    };
+    match state.explain(&input, Instant::now()) {
+        Ok(record) => axum::Json(record).into_response(),
+        Err(e @ PickError::UnknownModel(_)) => {
+            error(StatusCode::NOT_FOUND, "model_not_found", e.to_string())
+        }
+        Err(e @ PickError::NoReadyWorker(_)) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_ready_worker",
+            e.to_string(),
+        ),
+    }
+}

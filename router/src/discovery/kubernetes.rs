@@ -1,0 +1,208 @@
+//! Discovery from the Kubernetes API (`--kubernetes`): reflectors over InferenceWorkerSets,
+//! InferencePools and the worker Pods (label `kvroute.dev/workerset`), in one namespace or
+//! all. Any change rebuilds the whole catalog from the three stores (a few hundred objects:
+//! cheaper to rebuild than to patch). Discovery counts as synced once all three initial
+//! lists have arrived.
+//!
+//! ```text
+//! watcher(WorkerSets) --reflector--> Store --+
+//! watcher(Pools) -------reflector--> Store --+--(any event)--> build_catalog(Pods) --> RouterState
+//! watcher(Pods) --------reflector--> Store --+
+//! ```
+
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use kvroute_crds::{InferencePool, InferenceWorkerSet};
+use tokio_util::sync::CancellationToken;
+
+use super::{PodView, WORKER_SET_LABEL, WorkerSource, build_catalog};
+use crate::state::RouterState;
+
+/// Watches the API server and publishes the catalog.
+pub struct KubernetesDiscovery {
+    client: Client,
+    namespace: Option<String>,
+    state: RouterState,
+}
+
+/// A pod as discovery needs it; `None` without the WorkerSet label.
+pub fn pod_view(pod: &Pod) -> Option<PodView> {
+    let worker_set = pod.metadata.labels.as_ref()?.get(WORKER_SET_LABEL)?.clone();
+    let status = pod.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let deleting = pod.metadata.deletion_timestamp.is_some();
+    Some(PodView {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        worker_set,
+        ip: status
+            .and_then(|s| s.pod_ip.clone())
+            .filter(|ip| !ip.is_empty()),
+        ready: ready && !deleting,
+    })
+}
+
+impl KubernetesDiscovery {
+    /// Connects with the in-cluster or kubeconfig credentials.
+    pub async fn connect(namespace: Option<String>, state: RouterState) -> anyhow::Result<Self> {
+        let client = Client::try_default().await?;
+        Ok(Self {
+            client,
+            namespace,
+            state,
+        })
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        match &self.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
+    /// Runs the watches until `shutdown`. Watch errors are retried with backoff (logged);
+    /// the function returns only on shutdown.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let (sets, sets_w) = reflector::store::<InferenceWorkerSet>();
+        let (pools, pools_w) = reflector::store::<InferencePool>();
+        let (pods, pods_w) = reflector::store::<Pod>();
+        let pod_cfg = watcher::Config::default().labels(WORKER_SET_LABEL);
+        let s1 = reflector::reflector(
+            sets_w,
+            watcher(self.api::<InferenceWorkerSet>(), watcher::Config::default()),
+        )
+        .default_backoff()
+        .map_ok(|_| ())
+        .boxed();
+        let s2 = reflector::reflector(
+            pools_w,
+            watcher(self.api::<InferencePool>(), watcher::Config::default()),
+        )
+        .default_backoff()
+        .map_ok(|_| ())
+        .boxed();
+        let s3 = reflector::reflector(pods_w, watcher(self.api::<Pod>(), pod_cfg))
+            .default_backoff()
+            .map_ok(|_| ())
+            .boxed();
+        let mut events = futures::stream::select_all([s1, s2, s3]);
+        loop {
+            let ev = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Ok(()),
+                ev = events.next() => ev,
+            };
+            match ev {
+                None => anyhow::bail!("Kubernetes watch streams ended"),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "Kubernetes watch error; retrying");
+                    continue;
+                }
+                Some(Ok(())) => {}
+            }
+            // All three initial lists have arrived when their readiness futures are complete.
+            let synced = futures::future::join3(
+                sets.wait_until_ready(),
+                pools.wait_until_ready(),
+                pods.wait_until_ready(),
+            );
+            if futures::FutureExt::now_or_never(synced).is_some() {
+                self.publish(&sets, &pools, &pods);
+            }
+        }
+    }
+
+    fn publish(
+        &self,
+        sets: &Store<InferenceWorkerSet>,
+        pools: &Store<InferencePool>,
+        pods: &Store<Pod>,
+    ) {
+        let sets: Vec<InferenceWorkerSet> = sets
+            .state()
+            .iter()
+            .map(|s| InferenceWorkerSet::clone(s))
+            .collect();
+        let pools: Vec<InferencePool> = pools
+            .state()
+            .iter()
+            .map(|p| InferencePool::clone(p))
+            .collect();
+        let pods: Vec<PodView> = pods
+            .state()
+            .iter()
+            .filter_map(|p: &Arc<Pod>| pod_view(p))
+            .collect();
+        let catalog = build_catalog(&sets, &pools, WorkerSource::Pods(&pods));
+        self.state.set_catalog(catalog);
+        if !self.state.discovery_synced() {
+            tracing::info!(
+                worker_sets = sets.len(),
+                pools = pools.len(),
+                pods = pods.len(),
+                "Kubernetes discovery synced"
+            );
+            self.state.set_discovery_synced();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use kube::api::ObjectMeta;
+
+    fn pod(ready: &str, ip: Option<&str>, label: bool) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("p".into()),
+                namespace: Some("ns".into()),
+                labels: label.then(|| {
+                    [(WORKER_SET_LABEL.to_string(), "ws".to_string())]
+                        .into_iter()
+                        .collect()
+                }),
+                ..Default::default()
+            },
+            status: Some(PodStatus {
+                pod_ip: ip.map(str::to_string),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: ready.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pod_readiness_and_labels() {
+        let v = pod_view(&pod("True", Some("10.1.2.3"), true)).expect("view");
+        assert_eq!(
+            (v.namespace.as_str(), v.name.as_str(), v.worker_set.as_str()),
+            ("ns", "p", "ws")
+        );
+        assert_eq!(v.ip.as_deref(), Some("10.1.2.3"));
+        assert!(v.ready);
+        assert!(
+            !pod_view(&pod("False", Some("10.1.2.3"), true))
+                .expect("view")
+                .ready
+        );
+        assert!(pod_view(&pod("True", None, false)).is_none());
+    }
+}

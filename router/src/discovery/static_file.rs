@@ -1,0 +1,98 @@
+//! Discovery from a YAML file (`--config FILE`): the same multi-document YAML as the CRDs,
+//! workers listed in each InferenceWorkerSet's `status.workers`. Read at start (a bad file
+//! fails start-up), then re-read when its modification time changes; a bad edit is logged
+//! and the previous view kept.
+//!
+//! ```text
+//! FILE --parse_documents--> WorkerSets, Pools --build_catalog(Status)--> RouterState::set_catalog
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use kvroute_crds::{AnyResource, parse_documents};
+use tokio_util::sync::CancellationToken;
+
+use super::{WorkerSource, build_catalog};
+use crate::state::{Catalog, RouterState};
+
+/// Reads and converts the file.
+pub fn load(path: &Path) -> anyhow::Result<Catalog> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    parse(&text).with_context(|| format!("parse {}", path.display()))
+}
+
+/// Converts the YAML text. Kinds other than WorkerSets and Pools are accepted and ignored.
+pub fn parse(text: &str) -> anyhow::Result<Catalog> {
+    let mut sets = Vec::new();
+    let mut pools = Vec::new();
+    for doc in parse_documents(text)? {
+        match doc {
+            AnyResource::WorkerSet(s) => sets.push(s),
+            AnyResource::Pool(p) => pools.push(p),
+            _ => {}
+        }
+    }
+    Ok(build_catalog(&sets, &pools, WorkerSource::Status))
+}
+
+/// Watches the file and republishes the catalog when it changes.
+pub struct StaticDiscovery {
+    path: PathBuf,
+    state: RouterState,
+    poll: Duration,
+}
+
+impl StaticDiscovery {
+    /// Loads the file once (errors fail start-up) and publishes it.
+    pub fn start(path: PathBuf, state: RouterState) -> anyhow::Result<Self> {
+        let catalog = load(&path)?;
+        tracing::info!(
+            file = %path.display(),
+            workers = catalog.workers.len(),
+            pools = catalog.pools.len(),
+            "static discovery loaded"
+        );
+        state.set_catalog(catalog);
+        state.set_discovery_synced();
+        Ok(Self {
+            path,
+            state,
+            poll: Duration::from_secs(2),
+        })
+    }
+
+    fn mtime(&self) -> Option<SystemTime> {
+        std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok()
+    }
+
+    /// Polls the file's modification time until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut last = self.mtime();
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(self.poll) => {}
+            }
+            let now = self.mtime();
+            if now == last {
+                continue;
+            }
+            last = now;
+            match load(&self.path) {
+                Ok(catalog) => {
+                    tracing::info!(file = %self.path.display(), workers = catalog.workers.len(), "static discovery reloaded");
+                    self.state.set_catalog(catalog);
+                }
+                Err(e) => tracing::warn!(
+                    error = format!("{e:#}"),
+                    "static discovery file invalid; keeping the previous view"
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The Picker gRPC service for external gateways, and the task that expires assignments
+//! nobody reported.
+//!
+//! ```text
+//! proxy --Pick(path, headers, body)--> PickerService --RouterState::pick--> decision id, worker
+//! proxy --ReportFirstToken / ReportDone / ReportAborted--> RouterState (released once)
+//! ExpiryTask (every ttl/4) --RouterState::expire--> unreported assignments released
+//! ```
+//!
+//! The body is the client's JSON request. Chat requests (`/v1/chat/completions` or any body
+//! with `messages`) and completions (`/v1/completions`, `prompt`) are tokenized like the
+//! embedded gateway does; other paths are routed on load alone (degraded, and said so). When
+//! the model is an alias, the response carries the body with `model` rewritten to the backend
+//! model. Errors: bad JSON or no `model` -> `INVALID_ARGUMENT`; unknown model -> `NOT_FOUND`;
+//! no routable worker -> `UNAVAILABLE`.
+
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use kvroute_proto::v1::picker_server::{Picker, PickerServer};
+use kvroute_proto::v1::{
+    PickRequest, PickResponse, ReportAbortedRequest, ReportDoneRequest, ReportFirstTokenRequest,
+    ReportResponse, pick_response,
+};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::state::{DecisionId, PickError, PickInput, Prompt, RouterState, Usage};
+
+/// The tonic Picker service.
+#[derive(Clone)]
+pub struct PickerService {
+    state: RouterState,
+}
+
+impl PickerService {
+    /// A service routing with `state`.
+    pub fn new(state: RouterState) -> Self {
+        Self { state }
+    }
+
+    /// As a tonic server; bodies up to `--max-body-bytes`.
+    pub fn into_server(self) -> PickerServer<Self> {
+        let limit = self.state.config().max_body_bytes.saturating_add(64 << 10);
+        PickerServer::new(self).max_decoding_message_size(limit)
+    }
+}
+
+/// Which kind of request a body is, from the path (or its fields when the path is unknown).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyKind {
+    /// OpenAI chat completions.
+    Chat,
+    /// OpenAI completions.
+    Completion,
+    /// Anything else: routed on load alone.
+    Other,
+}
+
+/// Classifies a request body.
+pub fn body_kind(path: &str, body: &Value) -> BodyKind {
+    let path = path.split('?').next().unwrap_or_default();
+    match path {
+        "/v1/chat/completions" => BodyKind::Chat,
+        "/v1/completions" => BodyKind::Completion,
+        _ if path.is_empty() && body.get("messages").is_some() => BodyKind::Chat,
+        _ if path.is_empty() && body.get("prompt").is_some() => BodyKind::Completion,
+        _ => BodyKind::Other,
+    }
+}
+
+/// The prompt of a body of `kind`.
+pub fn prompt_of(kind: BodyKind, body: &Value) -> Prompt<'_> {
+    match (kind, body.get("prompt")) {
+        (BodyKind::Chat, _) => Prompt::Chat(body),
+        (BodyKind::Completion, Some(p)) => Prompt::Completion(p),
+        _ => Prompt::Unavailable,
+    }
+}
+
+fn headers_of(map: &std::collections::HashMap<String, String>) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (k, v) in map {
+        // Headers that are not valid HTTP are dropped: they cannot match a policy rule.
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(v),
+        ) {
+            out.append(k, v);
+        }
+    }
+    out
+}
+
+fn pick_status(e: &PickError) -> Status {
+    match e {
+        PickError::UnknownModel(_) => Status::not_found(e.to_string()),
+        PickError::NoReadyWorker(_) => Status::unavailable(e.to_string()),
+    }
+}
+
+fn decision_id(s: &str) -> Option<DecisionId> {
+    s.parse().ok()
+}
+
+#[tonic::async_trait]
+impl Picker for PickerService {
+    async fn pick(&self, request: Request<PickRequest>) -> Result<Response<PickResponse>, Status> {
+        let req = request.into_inner();
+        if req.body.len() > self.state.config().max_body_bytes {
+            return Err(Status::resource_exhausted("body over --max-body-bytes"));
+        }
+        let mut body: Value = serde_json::from_slice(&req.body)
+            .map_err(|e| Status::invalid_argument(format!("body is not JSON: {e}")))?;
+        let Some(model) = body.get("model").and_then(Value::as_str).map(str::to_owned) else {
+            return Err(Status::invalid_argument("body has no string `model`"));
+        };
+        let headers = headers_of(&req.headers);
+        let kind = body_kind(&req.path, &body);
+        let input = PickInput {
+            model: &model,
+            prompt: prompt_of(kind, &body),
+            cache_salt: body.get("cache_salt").and_then(Value::as_str),
+            lora: None,
+            headers: Some(&headers),
+            exclude: &[],
+        };
+        let a = self
+            .state
+            .pick(&input, Instant::now())
+            .map_err(|e| pick_status(&e))?;
+        let rewritten_body = if a.backend_model != model {
+            if let Some(obj) = body.as_object_mut() {
+                obj.insert("model".into(), Value::String(a.backend_model.clone()));
+            }
+            // Serializing a Value cannot fail.
+            Some(serde_json::to_vec(&body).unwrap_or_default())
+        } else {
+            None
+        };
+        Ok(Response::new(PickResponse {
+            decision_id: a.decision_id.to_string(),
+            destination: Some(pick_response::Destination::WorkerAddress(a.address)),
+            worker_id: a.worker_id,
+            rewritten_body,
+            predicted_ttft_seconds: if a.predicted_ttft_s.is_finite() {
+                a.predicted_ttft_s
+            } else {
+                0.0
+            },
+            reason: a.decision.reason.to_string(),
+            degraded: a.decision.degraded,
+        }))
+    }
+
+    async fn report_first_token(
+        &self,
+        request: Request<ReportFirstTokenRequest>,
+    ) -> Result<Response<ReportResponse>, Status> {
+        let req = request.into_inner();
+        let observed = Some(req.ttft_seconds).filter(|s| s.is_finite() && *s > 0.0);
+        let known = decision_id(&req.decision_id)
+            .is_some_and(|id| self.state.first_token(id, observed, Instant::now()));
+        Ok(Response::new(ReportResponse { known }))
+    }
+
+    async fn report_done(
+        &self,
+        request: Request<ReportDoneRequest>,
+    ) -> Result<Response<ReportResponse>, Status> {
+        let req = request.into_inner();
+        let usage = Usage {
+            prompt_tokens: req.prompt_tokens,
+            cached_prompt_tokens: req.cached_prompt_tokens,
+            completion_tokens: req.completion_tokens,
+            e2e_seconds: Some(req.e2e_seconds).filter(|s| s.is_finite() && *s > 0.0),
+        };
+        let known = decision_id(&req.decision_id).is_some_and(|id| self.state.done(id, usage));
+        Ok(Response::new(ReportResponse { known }))
+    }
+
+    async fn report_aborted(
+        &self,
+        request: Request<ReportAbortedRequest>,
+    ) -> Result<Response<ReportResponse>, Status> {
+        let req = request.into_inner();
+        let known =
+            decision_id(&req.decision_id).is_some_and(|id| self.state.abort(id, &req.reason));
+        Ok(Response::new(ReportResponse { known }))
+    }
+}
+
+/// Releases assignments nobody reported within the TTL.
+pub struct ExpiryTask {
+    state: RouterState,
+}
+
+impl ExpiryTask {
+    /// A task expiring `state`'s assignments.
+    pub fn new(state: RouterState) -> Self {
+        Self { state }
+    }
+
+    /// How often it looks: a quarter of the TTL, between 10 ms and 5 s.
+    pub fn period(ttl: Duration) -> Duration {
+        (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(5))
+    }
+
+    /// Runs until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(Self::period(self.state.config().assignment_ttl));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {
+                    let n = self.state.expire(Instant::now());
+                    if n > 0 {
+                        tracing::warn!(expired = n, "released assignments nobody reported within the TTL");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_bodies_by_path_then_fields() {
+        let chat = serde_json::json!({"model": "m", "messages": []});
+        let comp = serde_json::json!({"model": "m", "prompt": "hi"});
+        assert_eq!(body_kind("/v1/chat/completions", &chat), BodyKind::Chat);
+        assert_eq!(
+            body_kind("/v1/completions?x=1", &comp),
+            BodyKind::Completion
+        );
+        assert_eq!(body_kind("", &chat), BodyKind::Chat);
+        assert_eq!(body_kind("", &comp), BodyKind::Completion);
+        assert_eq!(body_kind("/v1/messages", &chat), BodyKind::Other);
+        assert!(matches!(
+            prompt_of(BodyKind::Completion, &chat),
+            Prompt::Unavailable
+        ));
+    }
+
+    #[test]
+    fn expiry_period_is_bounded() {
+        assert_eq!(
+            ExpiryTask::period(Duration::from_millis(1)),
+            Duration::from_millis(10)
+        );
+        assert_eq!(
+            ExpiryTask::period(Duration::from_secs(600)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            ExpiryTask::period(Duration::from_secs(2)),
+            Duration::from_millis(500)
+        );
+    }
+}
