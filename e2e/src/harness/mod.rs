@@ -1,1 +1,99 @@
-//! Kubernetes e2e harness: real API server, fake kubelet for mock workers (work in progress).
+//! The Kubernetes e2e harness: a real API server, the operator as a process, and a fake kubelet
+//! that runs mock-worker pods as local processes.
+//!
+//! ```text
+//! Cluster (etcd + kube-apiserver + kube-controller-manager, free ports, temp dir)
+//!   |-- install_crds(crds/*.yaml)
+//!   |-- spawn_operator()      `kvroute operator` with KUBECONFIG
+//!   `-- FakeKubelet           Pods -> `kvroute mock-vllm` + `kvroute sidecar` on 127.A.B.C,
+//!                             Pod status Running/Ready, a fake Node
+//! ```
+//!
+//! Typical test (one shared API server per test binary, one namespace per test):
+//!
+//! ```no_run
+//! # async fn t() -> anyhow::Result<()> {
+//! use kvroute_e2e::harness::{Cluster, TestNamespace};
+//! let cluster = Cluster::shared().await?;
+//! let env = TestNamespace::new(cluster, "scale").await?; // namespace + fake kubelet for it
+//! // create a WorkerSet in env.ns with env.client, wait for env.kubelet.running() ...
+//! # Ok(()) }
+//! ```
+//!
+//! Everything started here dies with the test: children are killed on drop (also when a test
+//! panics), and the shared cluster's watchdog kills what remains when the test binary exits.
+
+mod cluster;
+mod kubelet;
+pub mod podspec;
+
+use std::time::Duration;
+
+pub use cluster::{Cluster, Reaper, check_binaries, check_binaries_in, crds_dir, install_crds, k8s_bin_dir};
+pub use kubelet::{FakeKubelet, KubeletOptions, RunningPod};
+
+use crate::procs::{self, Child, SpawnOptions};
+
+/// Starts `kvroute operator <args>` against `cluster` (KUBECONFIG set; `RUST_LOG` defaults to
+/// `info`); its log is `<cluster dir>/log/<name>.log`. Killed when the returned child drops and,
+/// at the latest, when the test binary exits.
+pub fn spawn_operator(
+    cluster: &Cluster,
+    name: &str,
+    args: &[String],
+    env: &[(String, String)],
+) -> anyhow::Result<Child> {
+    let mut all_env = vec![
+        ("KUBECONFIG".to_string(), cluster.kubeconfig().display().to_string()),
+        ("RUST_LOG".to_string(), std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into())),
+    ];
+    all_env.extend(env.iter().cloned());
+    let opts = SpawnOptions { env: all_env, log: Some(cluster.dir().join("log").join(format!("{name}.log"))) };
+    let child = procs::spawn_kvroute(name, "operator", args, &opts)?;
+    if let Some(pid) = child.id() {
+        cluster.reaper().register(pid);
+    }
+    Ok(child)
+}
+
+/// Options for a fake kubelet serving one namespace of `cluster`.
+pub fn kubelet_options(cluster: &Cluster, namespace: &str) -> KubeletOptions {
+    KubeletOptions {
+        namespace: Some(namespace.to_string()),
+        label_selector: None,
+        node_name: format!("fake-node-{namespace}"),
+        log_dir: cluster.dir().join("pods"),
+        env: vec![
+            ("KUBECONFIG".to_string(), cluster.kubeconfig().display().to_string()),
+            ("RUST_LOG".to_string(), std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into())),
+        ],
+        rewrites: Vec::new(),
+        reaper: Some(cluster.reaper()),
+    }
+}
+
+/// A namespace of its own on a cluster, a client for the current runtime, and a fake kubelet
+/// running that namespace's pods.
+pub struct TestNamespace {
+    /// Client bound to the current tokio runtime.
+    pub client: kube::Client,
+    /// The namespace's name.
+    pub ns: String,
+    /// The fake kubelet for `ns`.
+    pub kubelet: FakeKubelet,
+}
+
+impl TestNamespace {
+    /// Creates namespace `<prefix>-<n>` and starts its fake kubelet.
+    pub async fn new(cluster: &Cluster, prefix: &str) -> anyhow::Result<Self> {
+        let client = cluster.client().await?;
+        let ns = cluster.namespace(&client, prefix).await?;
+        let kubelet = FakeKubelet::start(client.clone(), kubelet_options(cluster, &ns)).await?;
+        Ok(Self { client, ns, kubelet })
+    }
+
+    /// Stops the kubelet's processes gracefully.
+    pub async fn stop(self) {
+        self.kubelet.stop(Duration::from_secs(2)).await;
+    }
+}

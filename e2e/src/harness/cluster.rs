@@ -1,0 +1,281 @@
+//! A real etcd + kube-apiserver + kube-controller-manager on free loopback ports, started by
+//! `e2e/k8s/k8s-up.sh` in a temporary directory.
+//!
+//! ```text
+//! Cluster::start()  -> own instance, killed (process group) and removed on drop
+//! Cluster::shared() -> one instance per test binary (OnceCell); a watchdog started by
+//!                      k8s-up.sh kills it, and every process group registered with its
+//!                      Reaper, when the test binary exits
+//! ```
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{await_condition, conditions};
+use serde_json::json;
+use tokio::sync::OnceCell;
+
+use crate::procs;
+
+/// Directory holding `kube-apiserver` and `kube-controller-manager`:
+/// `$KVROUTE_K8S_BIN`, else `/opt/k8s-e2e/bin`.
+pub fn k8s_bin_dir() -> PathBuf {
+    std::env::var_os("KVROUTE_K8S_BIN").map_or_else(|| PathBuf::from("/opt/k8s-e2e/bin"), PathBuf::from)
+}
+
+/// Fails with the set-up command when a binary the tier needs is missing.
+pub fn check_binaries() -> anyhow::Result<PathBuf> {
+    let dir = k8s_bin_dir();
+    check_binaries_in(&dir)?;
+    Ok(dir)
+}
+
+/// [`check_binaries`] for a given directory.
+pub fn check_binaries_in(dir: &Path) -> anyhow::Result<()> {
+    let mut missing: Vec<String> = ["kube-apiserver", "kube-controller-manager"]
+        .iter()
+        .filter(|b| !dir.join(b).is_file())
+        .map(|b| dir.join(b).display().to_string())
+        .collect();
+    for tool in ["etcd", "openssl", "curl"] {
+        if !on_path(tool) {
+            missing.push(format!("`{tool}` on PATH"));
+        }
+    }
+    if !missing.is_empty() {
+        bail!(
+            "the Kubernetes e2e tier needs {}; run `bash e2e/k8s/setup.sh` once on this machine \
+             (or point KVROUTE_K8S_BIN at a directory with kube-apiserver and kube-controller-manager)",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
+/// Process groups to kill when the test binary exits (written to `<state>/pgids`, read by the
+/// watchdog that k8s-up.sh started).
+#[derive(Clone, Debug)]
+pub struct Reaper {
+    file: PathBuf,
+}
+
+impl Reaper {
+    /// Registers the process group `pgid` (a child started in its own group).
+    pub fn register(&self, pgid: u32) {
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.file)
+            .and_then(|mut f| writeln!(f, "{pgid}"));
+        if let Err(e) = appended {
+            tracing::warn!(file = %self.file.display(), error = %e, "cannot register process group with the reaper");
+        }
+    }
+}
+
+/// A running API server.
+pub struct Cluster {
+    dir: PathBuf,
+    pgid: u32,
+    api_port: u16,
+}
+
+static SHARED: OnceCell<Cluster> = OnceCell::const_new();
+
+impl Cluster {
+    /// Starts an instance of its own, on free ports; stopped when dropped.
+    pub async fn start() -> anyhow::Result<Self> {
+        let bin = check_binaries()?;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s/k8s-up.sh");
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let mut last_err = None;
+        // A port found free may be taken before etcd binds it: one retry on fresh ports.
+        for _ in 0..2 {
+            let n = SEQ.fetch_add(1, Ordering::Relaxed);
+            let dir = std::env::temp_dir().join(format!("kvroute-k8s-e2e-{}-{n}", std::process::id()));
+            let api_port = procs::free_local_port()?;
+            let mut cmd = tokio::process::Command::new("bash");
+            cmd.arg(&script)
+                .arg(&dir)
+                .env("K8S_BIN", &bin)
+                .env("API_PORT", api_port.to_string())
+                .env("ETCD_PORT", procs::free_local_port()?.to_string())
+                .env("ETCD_PEER_PORT", procs::free_local_port()?.to_string())
+                .env("K8S_OWNER_PID", std::process::id().to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0);
+            let child = cmd.spawn().with_context(|| format!("start {}", script.display()))?;
+            let pgid = child.id().context("k8s-up.sh has no pid")?;
+            let cluster = Self { dir, pgid, api_port };
+            let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+                .await
+                .context("k8s-up.sh did not finish within 120 s")??;
+            if out.status.success() {
+                cluster.wait_ready().await?;
+                return Ok(cluster);
+            }
+            last_err = Some(anyhow::anyhow!(
+                "k8s-up.sh failed ({}):\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+            // `cluster` is dropped here: its processes are killed and its directory removed.
+        }
+        Err(last_err.unwrap_or_else(|| anyhow::anyhow!("k8s-up.sh failed")))
+    }
+
+    /// One instance per test binary, with the CRDs of `crds/` installed. Never dropped: the
+    /// watchdog stops it when the test binary exits.
+    pub async fn shared() -> anyhow::Result<&'static Self> {
+        SHARED
+            .get_or_try_init(|| async {
+                let c = Self::start().await?;
+                install_crds(&c.client().await?).await?;
+                Ok(c)
+            })
+            .await
+    }
+
+    /// Path of the admin kubeconfig (a static token in `system:masters`).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    /// The state directory (logs under `log/`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The API server's HTTPS port on 127.0.0.1.
+    pub fn api_port(&self) -> u16 {
+        self.api_port
+    }
+
+    /// Registers process groups to kill when the test binary exits.
+    pub fn reaper(&self) -> Reaper {
+        Reaper { file: self.dir.join("pgids") }
+    }
+
+    /// A new client. Each tokio runtime (each `#[tokio::test]`) needs its own.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        let kc = Kubeconfig::read_from(self.kubeconfig())?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Creates a fresh namespace `<prefix>-<n>`.
+    pub async fn namespace(&self, client: &kube::Client, prefix: &str) -> anyhow::Result<String> {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let name = format!("{prefix}-{}", SEQ.fetch_add(1, Ordering::Relaxed));
+        let api: Api<Namespace> = Api::all(client.clone());
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+        api.patch(&name, &PatchParams::apply("kvroute-e2e").force(), &Patch::Apply(&ns))
+            .await
+            .with_context(|| format!("create namespace {name}"))?;
+        Ok(name)
+    }
+
+    /// The tail of one of the cluster's logs (`etcd`, `kube-apiserver`,
+    /// `kube-controller-manager`), for failure messages.
+    pub fn log_tail(&self, component: &str, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.dir.join("log").join(format!("{component}.log"))).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    async fn wait_ready(&self) -> anyhow::Result<()> {
+        let client = self.client().await?;
+        procs::wait_for("the default service account token controller", Duration::from_secs(60), || {
+            let client = client.clone();
+            async move {
+                // The controller-manager is up once it has made the default namespace's
+                // service account (needed before any Pod can be created).
+                let api: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client, "default");
+                Ok(api.get_opt("default").await?.map(|_| ()))
+            }
+        })
+        .await
+        .with_context(|| self.log_tail("kube-controller-manager", 20))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let pgids = std::fs::read_to_string(self.dir.join("pgids")).unwrap_or_default();
+        for g in pgids.lines().filter_map(|l| l.trim().parse::<u32>().ok()).chain([self.pgid]) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{g}")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Directory of the CRD YAML (`crds/` at the repository root).
+pub fn crds_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds")
+}
+
+/// Applies every CustomResourceDefinition in `crds/*.yaml` and waits until each is established.
+pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+    let dir = crds_dir();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PatchParams::apply("kvroute-e2e").force();
+    let mut names = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&text).with_context(|| format!("parse {}", file.display()))?;
+        for doc in docs.into_iter().filter(|d| d["kind"] == "CustomResourceDefinition") {
+            let crd: CustomResourceDefinition =
+                serde_json::from_value(doc).with_context(|| format!("a CRD in {}", file.display()))?;
+            let name = crd.metadata.name.clone().context("CRD without a name")?;
+            api.patch(&name, &pp, &Patch::Apply(&crd)).await.with_context(|| format!("apply CRD {name}"))?;
+            names.push(name);
+        }
+    }
+    if names.is_empty() {
+        // Before `kvroute crdgen` has written crds/*.yaml: the same CRDs from the Rust types
+        // (the crds golden test keeps the two identical).
+        tracing::warn!(dir = %dir.display(), "no CRD YAML found; installing kvroute_crds::crds()");
+        for crd in kvroute_crds::crds() {
+            let name = crd.metadata.name.clone().context("CRD without a name")?;
+            api.patch(&name, &pp, &Patch::Apply(&crd)).await.with_context(|| format!("apply CRD {name}"))?;
+            names.push(name);
+        }
+    }
+    for name in &names {
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            await_condition(api.clone(), name, conditions::is_crd_established()),
+        )
+        .await
+        .with_context(|| format!("CRD {name} not established within 30 s"))??;
+    }
+    Ok(names)
+}

@@ -1,0 +1,630 @@
+//! A fake kubelet: runs the Pods of mock workers as local processes and reports their status,
+//! so Deployments, Services' endpoints and anything that watches Pods behave as on a real node.
+//!
+//! ```text
+//! watch Pods (namespace, label selector) --new pod--> allocate 127.A.B.C, plan (podspec.rs),
+//!     bind to the fake Node, spawn `kvroute <subcommand>` per container, status Running
+//! tick (200 ms): readiness probes, restart exited containers (backoff), patch status on change
+//! pod terminating / deleted: stop its processes, confirm the deletion (grace 0)
+//! ```
+//!
+//! Pods it cannot run (a real vLLM image, an unknown container) stay Pending with a
+//! `PodScheduled=False` condition that says why; a container that exits is reported waiting in
+//! `CrashLoopBackOff` with the tail of its log and restarted with backoff.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::watcher;
+use serde_json::json;
+
+use super::cluster::Reaper;
+use super::podspec::{self, ContainerPlan, KeyRef, PodFacts, PodPlan, Program, Readiness};
+use crate::procs::{self, Child, SpawnOptions};
+
+const TICK: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+const PROBE_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// What the fake kubelet watches and how it starts processes.
+#[derive(Clone, Debug)]
+pub struct KubeletOptions {
+    /// Only Pods in this namespace (all namespaces when `None`).
+    pub namespace: Option<String>,
+    /// Only Pods matching this label selector (e.g. a WorkerSet's selector).
+    pub label_selector: Option<String>,
+    /// Name of the fake Node the pods are bound to (created if missing).
+    pub node_name: String,
+    /// Container logs go to `<log_dir>/<namespace>_<pod>/<container>.log`.
+    pub log_dir: PathBuf,
+    /// Extra environment for every process (e.g. `KUBECONFIG`, `RUST_LOG`).
+    pub env: Vec<(String, String)>,
+    /// Substring rewrites for args and env values, e.g. a Service DNS name to the local
+    /// address of the process that plays it. More can be added with [`FakeKubelet::rewrite`].
+    pub rewrites: Vec<(String, String)>,
+    /// Process groups are registered here so they die with the test binary.
+    pub reaper: Option<Reaper>,
+}
+
+/// A pod the fake kubelet runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunningPod {
+    /// Namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub name: String,
+    /// The pod's loopback address (its `status.podIP`).
+    pub ip: Ipv4Addr,
+    /// All containers ready.
+    pub ready: bool,
+}
+
+/// Handle of a running fake kubelet. Dropping it kills every process it started.
+pub struct FakeKubelet {
+    state: Arc<State>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeKubelet {
+    /// Creates the fake Node and starts watching Pods.
+    pub async fn start(client: kube::Client, opts: KubeletOptions) -> anyhow::Result<Self> {
+        ensure_node(&client, &opts.node_name).await?;
+        let state = Arc::new(State {
+            pods: Mutex::new(HashMap::new()),
+            rewrites: Mutex::new(opts.rewrites.clone()),
+        });
+        let kubelet = Kubelet {
+            client,
+            opts,
+            state: Arc::clone(&state),
+            probe: reqwest::Client::builder().timeout(PROBE_TIMEOUT).build()?,
+            pending: HashMap::new(),
+        };
+        let task = tokio::spawn(kubelet.run());
+        Ok(Self { state, task })
+    }
+
+    /// Adds a substring rewrite applied to args and env of pods started from now on.
+    pub fn rewrite(&self, from: impl Into<String>, to: impl Into<String>) {
+        lock(&self.state.rewrites).push((from.into(), to.into()));
+    }
+
+    /// The pods running now.
+    pub fn running(&self) -> Vec<RunningPod> {
+        let pods = lock(&self.state.pods);
+        let mut out: Vec<RunningPod> = pods
+            .values()
+            .map(|p| RunningPod {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                ip: p.ip,
+                ready: p.ready(),
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        out
+    }
+
+    /// Stops watching and stops every process (SIGTERM, then SIGKILL after `grace`).
+    pub async fn stop(self, grace: Duration) {
+        self.task.abort();
+        let pods: Vec<PodRun> = lock(&self.state.pods).drain().map(|(_, p)| p).collect();
+        for pod in pods {
+            pod.stop(grace).await;
+        }
+    }
+}
+
+impl Drop for FakeKubelet {
+    fn drop(&mut self) {
+        self.task.abort();
+        // Dropping the children kills their process groups.
+        lock(&self.state.pods).clear();
+    }
+}
+
+struct State {
+    pods: Mutex<HashMap<String, PodRun>>,
+    rewrites: Mutex<Vec<(String, String)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One pod's processes and what was last reported for it.
+struct PodRun {
+    namespace: String,
+    name: String,
+    ip: Ipv4Addr,
+    started: String,
+    containers: Vec<ContainerRun>,
+    /// Ready condition and when it last changed.
+    ready_since: (bool, String),
+    /// The status last patched (to patch only on change).
+    reported: Option<serde_json::Value>,
+}
+
+struct ContainerRun {
+    plan: ContainerPlan,
+    child: Option<Child>,
+    log: PathBuf,
+    started_at: String,
+    restarts: i32,
+    ready: bool,
+    /// Set while waiting to restart: when, and why it stopped.
+    restart_at: Option<(Instant, String, i32)>,
+    last_exit: Option<(i32, String)>,
+}
+
+impl PodRun {
+    fn ready(&self) -> bool {
+        self.containers.iter().all(|c| c.ready)
+    }
+
+    async fn stop(self, grace: Duration) {
+        for c in self.containers {
+            if let Some(child) = c.child {
+                let _ = child.stop(grace).await;
+            }
+        }
+    }
+
+    /// The Pod status for what runs now.
+    fn status(&mut self) -> serde_json::Value {
+        let ready = self.ready();
+        if self.ready_since.0 != ready {
+            self.ready_since = (ready, now());
+        }
+        let ready_str = if ready { "True" } else { "False" };
+        let since = &self.ready_since.1;
+        let containers: Vec<serde_json::Value> = self.containers.iter().map(ContainerRun::status).collect();
+        json!({
+            "phase": "Running",
+            "hostIP": self.ip.to_string(),
+            "podIP": self.ip.to_string(),
+            "podIPs": [{"ip": self.ip.to_string()}],
+            "startTime": self.started,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": self.started},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": self.started},
+                {"type": "ContainersReady", "status": ready_str, "lastTransitionTime": since},
+                {"type": "Ready", "status": ready_str, "lastTransitionTime": since},
+            ],
+            "containerStatuses": containers,
+        })
+    }
+}
+
+impl ContainerRun {
+    fn status(&self) -> serde_json::Value {
+        let pid = self.child.as_ref().and_then(Child::id).unwrap_or(0);
+        let state = match (&self.child, &self.restart_at) {
+            (Some(_), _) => json!({"running": {"startedAt": self.started_at}}),
+            (None, Some((_, why, _))) => json!({"waiting": {"reason": "CrashLoopBackOff", "message": why}}),
+            (None, None) => json!({"waiting": {"reason": "ContainerCreating"}}),
+        };
+        let mut s = json!({
+            "name": self.plan.name,
+            "image": self.plan.image,
+            "imageID": format!("fake-kubelet://{}", self.plan.image),
+            "containerID": format!("fake-kubelet://{pid}"),
+            "ready": self.ready,
+            "started": self.child.is_some(),
+            "restartCount": self.restarts,
+            "state": state,
+        });
+        if let Some((code, at)) = &self.last_exit {
+            s["lastState"] = json!({"terminated": {"exitCode": code, "reason": "Error", "finishedAt": at}});
+        }
+        s
+    }
+}
+
+/// The watch loop's own state (owned by its task).
+struct Kubelet {
+    client: kube::Client,
+    opts: KubeletOptions,
+    state: Arc<State>,
+    probe: reqwest::Client,
+    /// Pods that could not start yet (a missing Secret key, no free address): retried.
+    pending: HashMap<String, (Pod, Instant)>,
+}
+
+impl Kubelet {
+    async fn run(mut self) {
+        let api: Api<Pod> = match &self.opts.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let mut cfg = watcher::Config::default();
+        if let Some(sel) = &self.opts.label_selector {
+            cfg = cfg.labels(sel);
+        }
+        let mut events = watcher(api, cfg).boxed();
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                ev = events.next() => match ev {
+                    Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => self.on_pod(pod).await,
+                    Some(Ok(watcher::Event::Delete(pod))) => self.on_gone(&pod).await,
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "fake kubelet: pod watch failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    None => return,
+                },
+                _ = tick.tick() => self.on_tick().await,
+            }
+        }
+    }
+
+    async fn on_pod(&mut self, pod: Pod) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let ours = lock(&self.state.pods).contains_key(&uid);
+        if pod.metadata.deletion_timestamp.is_some() {
+            self.pending.remove(&uid);
+            if ours || node.as_deref() == Some(self.opts.node_name.as_str()) {
+                self.terminate(&ns, &name, &uid).await;
+            }
+            return;
+        }
+        if ours || node.is_some() {
+            return;
+        }
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            return;
+        }
+        self.pending.remove(&uid);
+        if let Err(e) = self.start_pod(&pod).await {
+            tracing::warn!(pod = %format!("{ns}/{name}"), error = %format!("{e:#}"), "fake kubelet: pod not started; retrying");
+            self.pending.insert(uid, (pod, Instant::now() + Duration::from_secs(1)));
+        }
+    }
+
+    async fn on_gone(&mut self, pod: &Pod) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        self.pending.remove(&uid);
+        let run = lock(&self.state.pods).remove(&uid);
+        if let Some(run) = run {
+            run.stop(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Stops the pod's processes and confirms the deletion as a kubelet does.
+    async fn terminate(&mut self, ns: &str, name: &str, uid: &str) {
+        let run = lock(&self.state.pods).remove(uid);
+        if let Some(run) = run {
+            run.stop(Duration::from_secs(1)).await;
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
+            ..DeleteParams::default()
+        };
+        if let Err(e) = api.delete(name, &dp).await
+            && !is_gone(&e)
+        {
+            tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "fake kubelet: confirming deletion failed");
+        }
+    }
+
+    async fn start_pod(&mut self, pod: &Pod) -> anyhow::Result<()> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let keys = self.fetch_keys(&ns, pod).await?;
+        let rewrites = lock(&self.state.rewrites).clone();
+        let (ip, plan) = match self.plan(pod, &keys, &rewrites) {
+            Ok(v) => v,
+            Err(Unrunnable::Never(why)) => {
+                tracing::warn!(pod = %format!("{ns}/{name}"), %why, "fake kubelet: pod left Pending");
+                let status = json!({"status": {"phase": "Pending", "conditions": [{
+                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": format!("fake kubelet: {why}"), "lastTransitionTime": now(),
+                }]}});
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await
+                    .with_context(|| format!("report {ns}/{name} unschedulable"))?;
+                return Ok(());
+            }
+            Err(Unrunnable::NotYet(e)) => return Err(e),
+        };
+        let binding = json!({
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name, "namespace": ns},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": self.opts.node_name},
+        });
+        api.create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding)
+            .await
+            .with_context(|| format!("bind {ns}/{name} to {}", self.opts.node_name))?;
+        let dir = self.opts.log_dir.join(format!("{ns}_{name}"));
+        let mut containers = Vec::with_capacity(plan.containers.len());
+        for c in plan.containers {
+            let log = dir.join(format!("{}.log", c.name));
+            let mut run = ContainerRun {
+                plan: c,
+                child: None,
+                log,
+                started_at: now(),
+                restarts: 0,
+                ready: false,
+                restart_at: None,
+                last_exit: None,
+            };
+            self.spawn_container(&ns, &name, &mut run);
+            containers.push(run);
+        }
+        let started = now();
+        tracing::info!(pod = %format!("{ns}/{name}"), %ip, "fake kubelet: pod started");
+        let run = PodRun {
+            namespace: ns,
+            name,
+            ip,
+            ready_since: (false, started.clone()),
+            started,
+            containers,
+            reported: None,
+        };
+        lock(&self.state.pods).insert(uid, run);
+        Ok(())
+    }
+
+    fn spawn_container(&self, ns: &str, pod: &str, run: &mut ContainerRun) {
+        let mut env = run.plan.env.clone();
+        env.extend(self.opts.env.iter().cloned());
+        let opts = SpawnOptions { env, log: Some(run.log.clone()) };
+        let label = format!("{ns}/{pod}/{}", run.plan.name);
+        let spawned = match &run.plan.program {
+            Program::Kvroute(sub) => procs::spawn_kvroute(&label, sub, &run.plan.args, &opts),
+            Program::Exec(program) => procs::spawn(&label, Path::new(program), &run.plan.args, &opts),
+        };
+        match spawned {
+            Ok(child) => {
+                if let (Some(reaper), Some(pid)) = (&self.opts.reaper, child.id()) {
+                    reaper.register(pid);
+                }
+                run.child = Some(child);
+                run.started_at = now();
+                run.restart_at = None;
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                tracing::warn!(container = %label, error = %why, "fake kubelet: cannot start container");
+                run.restart_at = Some((Instant::now() + MAX_BACKOFF, why, 0));
+            }
+        }
+    }
+
+    /// Picks a loopback address whose ports are free and plans the pod for it.
+    fn plan(
+        &self,
+        pod: &Pod,
+        keys: &BTreeMap<KeyRef, String>,
+        rewrites: &[(String, String)],
+    ) -> Result<(Ipv4Addr, PodPlan), Unrunnable> {
+        let mut last_busy = None;
+        for _ in 0..64 {
+            let ip = next_pod_ip();
+            let facts = PodFacts {
+                name: pod.metadata.name.clone().unwrap_or_default(),
+                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                uid: pod.metadata.uid.clone().unwrap_or_default(),
+                ip,
+                node_name: self.opts.node_name.clone(),
+            };
+            let plan = match podspec::plan_pod(pod, &facts, keys, rewrites) {
+                Ok(p) => p,
+                Err(e @ podspec::PlanError::MissingKey { .. }) => return Err(Unrunnable::NotYet(e.into())),
+                Err(e) => return Err(Unrunnable::Never(e.to_string())),
+            };
+            match plan.ports.iter().find(|p| TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), **p)).is_err()) {
+                Some(busy) => last_busy = Some(format!("{ip}:{busy}")),
+                None => return Ok((ip, plan)),
+            }
+        }
+        Err(Unrunnable::NotYet(anyhow::anyhow!(
+            "no loopback address with all the pod's ports free (last busy: {})",
+            last_busy.unwrap_or_default()
+        )))
+    }
+
+    async fn fetch_keys(&self, ns: &str, pod: &Pod) -> anyhow::Result<BTreeMap<KeyRef, String>> {
+        let mut out = BTreeMap::new();
+        for r in podspec::key_refs(pod) {
+            let value = match r.kind {
+                "Secret" => {
+                    let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+                    let s = api.get_opt(&r.name).await?;
+                    s.and_then(|s| s.data).and_then(|d| d.get(&r.key).map(|b| String::from_utf8_lossy(&b.0).into_owned()))
+                }
+                _ => {
+                    let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+                    let c = api.get_opt(&r.name).await?;
+                    c.and_then(|c| c.data).and_then(|d| d.get(&r.key).cloned())
+                }
+            };
+            if let Some(v) = value {
+                out.insert(r, v);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn on_tick(&mut self) {
+        // Retry pods that could not start.
+        let due: Vec<String> =
+            self.pending.iter().filter(|(_, (_, at))| *at <= Instant::now()).map(|(k, _)| k.clone()).collect();
+        for uid in due {
+            if let Some((pod, _)) = self.pending.remove(&uid) {
+                self.on_pod(pod).await;
+            }
+        }
+        self.restart_exited();
+        self.probe_all().await;
+        self.report().await;
+    }
+
+    /// Notices exited containers and restarts those whose backoff has passed.
+    fn restart_exited(&self) {
+        let mut pods = lock(&self.state.pods);
+        for pod in pods.values_mut() {
+            let (ns, name) = (pod.namespace.clone(), pod.name.clone());
+            for c in &mut pod.containers {
+                if let Some(child) = &mut c.child
+                    && let Ok(Some(status)) = child.try_wait()
+                {
+                    let tail = child.log_tail(15);
+                    let why = format!("{} exited ({status}); log {}:\n{tail}", c.plan.name, c.log.display());
+                    tracing::warn!(pod = %format!("{ns}/{name}"), container = %c.plan.name, %status, "fake kubelet: container exited; restarting with backoff");
+                    c.last_exit = Some((status.code().unwrap_or(-1), now()));
+                    c.child = None;
+                    c.ready = false;
+                    let backoff = Duration::from_millis(250 << c.restarts.clamp(0, 5)).min(MAX_BACKOFF);
+                    c.restart_at = Some((Instant::now() + backoff, why, c.restarts + 1));
+                }
+                if c.child.is_none()
+                    && let Some((at, _, restarts)) = &c.restart_at
+                    && *at <= Instant::now()
+                {
+                    c.restarts = *restarts;
+                    self.spawn_container(&ns, &name, c);
+                }
+            }
+        }
+    }
+
+    async fn probe_all(&self) {
+        let targets: Vec<(String, usize, Ipv4Addr, Readiness)> = {
+            let pods = lock(&self.state.pods);
+            pods.iter()
+                .flat_map(|(uid, p)| {
+                    p.containers.iter().enumerate().filter(|(_, c)| c.child.is_some()).map(move |(i, c)| {
+                        (uid.clone(), i, p.ip, c.plan.readiness.clone())
+                    })
+                })
+                .collect()
+        };
+        let results = futures::future::join_all(targets.into_iter().map(|(uid, i, ip, r)| async move {
+            let ok = match r {
+                Readiness::Running => true,
+                Readiness::Tcp { port } => {
+                    let addr = SocketAddr::new(IpAddr::V4(ip), port);
+                    matches!(tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await, Ok(Ok(_)))
+                }
+                Readiness::Http { port, path } => {
+                    let url = format!("http://{ip}:{port}{path}");
+                    self.probe
+                        .get(&url)
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status().is_success() || r.status().is_redirection())
+                }
+            };
+            (uid, i, ok)
+        }))
+        .await;
+        let mut pods = lock(&self.state.pods);
+        for (uid, i, ok) in results {
+            if let Some(c) = pods.get_mut(&uid).and_then(|p| p.containers.get_mut(i))
+                && c.child.is_some()
+            {
+                c.ready = ok;
+            }
+        }
+    }
+
+    /// Patches the status of every pod whose status changed.
+    async fn report(&self) {
+        let changed: Vec<(String, String, String, serde_json::Value)> = {
+            let mut pods = lock(&self.state.pods);
+            pods.iter_mut()
+                .filter_map(|(uid, p)| {
+                    let status = p.status();
+                    (p.reported.as_ref() != Some(&status))
+                        .then(|| (uid.clone(), p.namespace.clone(), p.name.clone(), status))
+                })
+                .collect()
+        };
+        for (uid, ns, name, status) in changed {
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+            match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await {
+                Ok(_) => {
+                    if let Some(p) = lock(&self.state.pods).get_mut(&uid) {
+                        p.reported = Some(status);
+                    }
+                }
+                Err(e) if is_gone(&e) => {}
+                Err(e) => tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "fake kubelet: status patch failed"),
+            }
+        }
+    }
+}
+
+enum Unrunnable {
+    /// The pod can never run here (reported as unschedulable).
+    Never(String),
+    /// It may run later (retried).
+    NotYet(anyhow::Error),
+}
+
+fn is_gone(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+}
+
+/// Now as an RFC 3339 timestamp with whole seconds (what Kubernetes stores).
+fn now() -> String {
+    let secs = k8s_openapi::jiff::Timestamp::now().as_second();
+    k8s_openapi::jiff::Timestamp::from_second(secs).map(|t| t.to_string()).unwrap_or_default()
+}
+
+/// Next pod address: 127.A.B.C with A derived from the process id, so concurrent test
+/// binaries on one machine rarely try the same addresses (ports are checked anyway).
+fn next_pod_ip() -> Ipv4Addr {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let a = 20 + (std::process::id() % 200) as u8;
+    let b = ((n / 250) % 256) as u8;
+    let c = (n % 250) as u8 + 2;
+    Ipv4Addr::new(127, a, b, c)
+}
+
+/// Creates (or updates) the fake Node with a Ready condition.
+async fn ensure_node(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    let pp = PatchParams::apply("kvroute-e2e-fake-kubelet").force();
+    let node = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kvroute.dev/fake-kubelet": "true"}},
+    });
+    api.patch(name, &pp, &Patch::Apply(&node)).await.with_context(|| format!("create fake node {name}"))?;
+    let t = now();
+    let status = json!({"status": {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+            "message": "kvroute e2e fake kubelet", "lastHeartbeatTime": t, "lastTransitionTime": t}],
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
+        "capacity": {"cpu": "16", "memory": "64Gi", "pods": "250"},
+        "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "250"},
+    }});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .with_context(|| format!("report fake node {name} ready"))?;
+    Ok(())
+}
