@@ -1,4 +1,5 @@
-//! The admin HTTP server: `/metrics` (Prometheus text) and `/healthz` for the pod's probes.
+//! The admin HTTP server: `/metrics` (Prometheus text), `/healthz` for the pod's probes, and
+//! `/debug/resident` (the resident kvroute hashes as JSON, for debugging and interop checks).
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .route("/debug/resident", get(resident))
         .with_state(state)
 }
 
@@ -43,4 +45,14 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
 
 async fn healthz() -> &'static str {
     "ok"
+}
+
+async fn resident(State(s): State<AdminState>) -> impl IntoResponse {
+    let mut blocks = s.hub.resident_set();
+    blocks.sort_unstable();
+    axum::Json(serde_json::json!({
+        "epoch": s.hub.epoch(),
+        "block_size": s.hub.block_size(),
+        "blocks": blocks,
+    }))
 }
