@@ -23,8 +23,11 @@ pub struct RouteRequest<'a> {
     pub client_model: &'a str,
     /// Which generation API the body is for.
     pub endpoint: Endpoint,
-    /// The OpenAI body as it will be sent (chat `messages`/`tools`/... or completion `prompt`).
+    /// The client's OpenAI body (an object: chat `messages`/`tools`/... or completion
+    /// `prompt`); for Anthropic requests, its OpenAI translation.
     pub body: &'a Map<String, Value>,
+    /// The client's request headers (for policy rules).
+    pub headers: &'a http::HeaderMap,
 }
 
 /// A routing decision the gateway must release.

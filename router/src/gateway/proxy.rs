@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
@@ -75,16 +75,15 @@ fn decision_headers(resp: &mut Response, a: &Assignment) {
 }
 
 /// Reads the request body, refusing more than `limit` bytes without buffering them.
-async fn read_body(req: Request, limit: usize) -> Result<Bytes, GatewayError> {
-    let declared = req
-        .headers()
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, GatewayError> {
+    let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(GatewayError::BodyTooLarge { limit });
     }
-    let mut stream = req.into_body().into_data_stream();
+    let mut stream = body.into_data_stream();
     let mut buf = BytesMut::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|_| {
@@ -234,7 +233,8 @@ async fn openai_request(
     endpoint: Endpoint,
     req: Request,
 ) -> Result<Response, GatewayError> {
-    let bytes = read_body(req, gw.max_body_bytes).await?;
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(&parts.headers, body, gw.max_body_bytes).await?;
     let request = openai::decode_request(endpoint, &bytes)?;
     let served = gw
         .dispatch
@@ -246,6 +246,7 @@ async fn openai_request(
         client_model: &request.model,
         endpoint,
         body: &request.body,
+        headers: &parts.headers,
     };
     let sent = gw.forward(&route, body).await?;
     if !sent.response.status().is_success() {
@@ -275,7 +276,8 @@ async fn openai_request(
 }
 
 async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, GatewayError> {
-    let bytes = read_body(req, gw.max_body_bytes).await?;
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(&parts.headers, body, gw.max_body_bytes).await?;
     let request = anthropic::decode_request(&bytes)?;
     let served = gw
         .dispatch
@@ -287,6 +289,7 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
         client_model: &request.model,
         endpoint: Endpoint::ChatCompletions,
         body: &request.chat,
+        headers: &parts.headers,
     };
     let sent = gw.forward(&route, body).await?;
     if !sent.response.status().is_success() {
