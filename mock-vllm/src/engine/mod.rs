@@ -804,22 +804,22 @@ impl Engine {
     }
 
     fn drop_unfittable_head(&mut self, start: f64, mut events: Vec<EngineEvent>) -> StepOutput {
-        if let Some(id) = self.waiting.pop_front() {
-            if let Some(r) = self.requests.remove(&id) {
-                let mut timing = r.timing;
-                timing.finished = start;
-                self.stats.finished += 1;
-                events.push(EngineEvent::Finished {
-                    id,
-                    usage: Usage {
-                        prompt_tokens: r.prompt_len,
-                        cached_tokens: r.cached_tokens.unwrap_or(0),
-                        completion_tokens: r.output_len(),
-                    },
-                    reason: FinishReason::Length,
-                    timing,
-                });
-            }
+        if let Some(id) = self.waiting.pop_front()
+            && let Some(r) = self.requests.remove(&id)
+        {
+            let mut timing = r.timing;
+            timing.finished = start;
+            self.stats.finished += 1;
+            events.push(EngineEvent::Finished {
+                id,
+                usage: Usage {
+                    prompt_tokens: r.prompt_len,
+                    cached_tokens: r.cached_tokens.unwrap_or(0),
+                    completion_tokens: r.output_len(),
+                },
+                reason: FinishReason::Length,
+                timing,
+            });
         }
         StepOutput {
             start,
@@ -831,13 +831,12 @@ impl Engine {
     }
 
     fn sample(&self, r: &mut Request) -> u32 {
-        if let Some(eos) = self.config.eos_token_id {
-            if !r.ignore_eos
-                && self.config.eos_probability > 0.0
-                && r.rng.random::<f64>() < self.config.eos_probability
-            {
-                return eos;
-            }
+        if let Some(eos) = self.config.eos_token_id
+            && !r.ignore_eos
+            && self.config.eos_probability > 0.0
+            && r.rng.random::<f64>() < self.config.eos_probability
+        {
+            return eos;
         }
         r.rng.random_range(self.config.sample_token_range.clone())
     }
@@ -917,10 +916,10 @@ impl Engine {
                 if let Some(l) = &r.lora_name {
                     keys.push(l.to_string());
                 }
-                if i == 0 {
-                    if let Some(s) = &r.cache_salt {
-                        keys.push(s.to_string());
-                    }
+                if i == 0
+                    && let Some(s) = &r.cache_salt
+                {
+                    keys.push(s.to_string());
                 }
                 (!keys.is_empty()).then_some(keys)
             })

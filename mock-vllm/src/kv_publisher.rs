@@ -1,0 +1,300 @@
+//! The ZMQ side of KV events, as vLLM's `ZmqEventPublisher` runs it: a PUB socket sending
+//! `[topic, seq, payload]` per engine step that has events, and a ROUTER socket answering
+//! replay requests from a bounded buffer of recent batches, then the end marker.
+//!
+//! ```text
+//! driver --Batch(ts, events)--> publisher task --PUB--> subscribers
+//!                                   | ring buffer (buffer_steps)
+//!                                   v
+//!                 DEALER ["", seq] --ROUTER--> ["", topic, seq, payload]... ["", "", ff*8, ""]
+//! ```
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+use crate::engine::KvEvent;
+use crate::kv_wire::{self, END_MARKER_SEQ};
+
+/// vLLM's `--kv-events-config` (vllm/config/kv_events.py); unknown keys are ignored.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct KvEventsConfig {
+    pub enable_kv_cache_events: bool,
+    pub publisher: Option<String>,
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+    pub buffer_steps: usize,
+    pub hwm: usize,
+    pub max_queue_size: usize,
+    pub topic: String,
+}
+
+impl Default for KvEventsConfig {
+    fn default() -> Self {
+        Self {
+            enable_kv_cache_events: false,
+            publisher: None,
+            endpoint: "tcp://*:5557".into(),
+            replay_endpoint: None,
+            buffer_steps: 10_000,
+            hwm: 100_000,
+            max_queue_size: 100_000,
+            topic: String::new(),
+        }
+    }
+}
+
+impl KvEventsConfig {
+    /// Parses the flag's JSON.
+    pub fn parse(json: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    /// Whether a ZMQ publisher runs (`publisher` "null" disables it, as in vLLM).
+    pub fn publishes(&self) -> bool {
+        self.enable_kv_cache_events && self.publisher.as_deref().unwrap_or("zmq") == "zmq"
+    }
+}
+
+/// vLLM binds the PUB endpoint when it contains `*` or `::` or is ipc/inproc and connects
+/// otherwise. Port 0 cannot be connected to, so the mock binds it too (tests use it).
+pub fn pub_should_bind(endpoint: &str) -> bool {
+    endpoint.contains('*')
+        || endpoint.contains("::")
+        || endpoint.starts_with("ipc://")
+        || endpoint.starts_with("inproc://")
+        || endpoint.ends_with(":0")
+}
+
+/// `tcp://*:N` becomes `tcp://0.0.0.0:N` (the zeromq crate does not resolve `*`).
+fn bind_address(endpoint: &str) -> String {
+    endpoint.replace("://*:", "://0.0.0.0:")
+}
+
+/// A message to the publisher task.
+#[derive(Debug)]
+pub enum PublisherMsg {
+    /// One engine step's events, with the batch timestamp (seconds since the epoch).
+    Batch { ts: f64, events: Vec<KvEvent> },
+    /// The engine restarted: sequence numbers start again at 0 and the buffer empties.
+    Restart,
+}
+
+/// Where the sockets ended up (ports resolved).
+#[derive(Clone, Debug, Default)]
+pub struct PublisherEndpoints {
+    pub pub_endpoint: Option<String>,
+    pub replay_endpoint: Option<String>,
+}
+
+type ReplayBuffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
+
+/// The running publisher: send it [`PublisherMsg`]s.
+pub struct Publisher {
+    pub tx: mpsc::Sender<PublisherMsg>,
+    pub endpoints: PublisherEndpoints,
+}
+
+impl Publisher {
+    /// Binds or connects the sockets and spawns the publishing and replay tasks.
+    pub async fn start(config: &KvEventsConfig, dp_rank: u32) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let mut pub_socket = zeromq::PubSocket::new();
+        let pub_endpoint = if pub_should_bind(&config.endpoint) {
+            let ep = pub_socket
+                .bind(&bind_address(&config.endpoint))
+                .await
+                .with_context(|| format!("binding KV event PUB socket {}", config.endpoint))?;
+            Some(ep.to_string())
+        } else {
+            pub_socket
+                .connect(&config.endpoint)
+                .await
+                .with_context(|| format!("connecting KV event PUB socket {}", config.endpoint))?;
+            Some(config.endpoint.clone())
+        };
+        let buffer: ReplayBuffer = Arc::new(Mutex::new(VecDeque::new()));
+        let topic = Bytes::from(config.topic.clone().into_bytes());
+        let mut replay_endpoint = None;
+        if let Some(ep) = &config.replay_endpoint {
+            let mut router = zeromq::RouterSocket::new();
+            let bound = router
+                .bind(&bind_address(ep))
+                .await
+                .with_context(|| format!("binding KV event replay socket {ep}"))?;
+            replay_endpoint = Some(bound.to_string());
+            let replay = Replay {
+                socket: router,
+                buffer: buffer.clone(),
+                topic: topic.clone(),
+            };
+            tokio::spawn(replay.run());
+        }
+        info!(pub_endpoint = ?pub_endpoint, replay_endpoint = ?replay_endpoint, "KV events publisher up");
+        let (tx, rx) = mpsc::channel(config.max_queue_size.max(1));
+        let task = PublishLoop {
+            socket: pub_socket,
+            rx,
+            buffer,
+            buffer_steps: config.buffer_steps.max(1),
+            topic,
+            next_seq: 0,
+            dp_rank,
+        };
+        tokio::spawn(task.run());
+        Ok(Self {
+            tx,
+            endpoints: PublisherEndpoints {
+                pub_endpoint,
+                replay_endpoint,
+            },
+        })
+    }
+}
+
+struct PublishLoop {
+    socket: zeromq::PubSocket,
+    rx: mpsc::Receiver<PublisherMsg>,
+    buffer: ReplayBuffer,
+    buffer_steps: usize,
+    topic: Bytes,
+    next_seq: u64,
+    dp_rank: u32,
+}
+
+impl PublishLoop {
+    async fn run(mut self) {
+        while let Some(msg) = self.rx.recv().await {
+            match msg {
+                PublisherMsg::Restart => {
+                    self.next_seq = 0;
+                    self.buffer.lock().clear();
+                }
+                PublisherMsg::Batch { ts, events } => {
+                    if events.is_empty() {
+                        continue;
+                    }
+                    let seq = self.next_seq;
+                    self.next_seq += 1;
+                    let payload = Bytes::from(kv_wire::encode_batch(ts, &events, self.dp_rank));
+                    {
+                        let mut buf = self.buffer.lock();
+                        buf.push_back((seq, payload.clone()));
+                        while buf.len() > self.buffer_steps {
+                            buf.pop_front();
+                        }
+                    }
+                    let frames = vec![
+                        self.topic.clone(),
+                        Bytes::copy_from_slice(&seq.to_be_bytes()),
+                        payload,
+                    ];
+                    let Ok(msg) = ZmqMessage::try_from(frames) else {
+                        continue;
+                    };
+                    // Like ZMQ past the high-water mark: a failed send is dropped, the seq gap
+                    // tells subscribers to replay.
+                    if let Err(e) = self.socket.send(msg).await {
+                        debug!(error = %e, seq, "KV event publish failed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct Replay {
+    socket: zeromq::RouterSocket,
+    buffer: ReplayBuffer,
+    topic: Bytes,
+}
+
+impl Replay {
+    async fn run(mut self) {
+        loop {
+            let msg = match self.socket.recv().await {
+                Ok(m) => m,
+                Err(e) => {
+                    debug!(error = %e, "replay socket receive failed");
+                    continue;
+                }
+            };
+            let mut frames = msg.into_vec();
+            if frames.is_empty() {
+                continue;
+            }
+            let identity = frames.remove(0);
+            let start = match kv_wire::parse_replay_request(&frames) {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(error = %e, "bad KV event replay request");
+                    continue;
+                }
+            };
+            let batches: Vec<(u64, Bytes)> = self
+                .buffer
+                .lock()
+                .iter()
+                .filter(|(seq, _)| *seq >= start)
+                .cloned()
+                .collect();
+            for (seq, payload) in batches {
+                let frames = vec![
+                    identity.clone(),
+                    Bytes::new(),
+                    self.topic.clone(),
+                    Bytes::copy_from_slice(&seq.to_be_bytes()),
+                    payload,
+                ];
+                if let Ok(m) = ZmqMessage::try_from(frames)
+                    && self.socket.send(m).await.is_err()
+                {
+                    break;
+                }
+            }
+            let end = vec![
+                identity,
+                Bytes::new(),
+                Bytes::new(),
+                Bytes::copy_from_slice(&END_MARKER_SEQ),
+                Bytes::new(),
+            ];
+            if let Ok(m) = ZmqMessage::try_from(end) {
+                let _ = self.socket.send(m).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_rules_and_config_defaults() {
+        assert!(pub_should_bind("tcp://*:5557"));
+        assert!(pub_should_bind("ipc:///tmp/x"));
+        assert!(pub_should_bind("tcp://127.0.0.1:0"));
+        assert!(!pub_should_bind("tcp://127.0.0.1:5557"));
+        let c = KvEventsConfig::parse(
+            r#"{"enable_kv_cache_events": true, "publisher": "zmq", "replay_endpoint": "tcp://*:5657", "future_key": 1}"#,
+        )
+        .unwrap();
+        assert!(c.publishes());
+        assert_eq!(c.endpoint, "tcp://*:5557");
+        assert_eq!(c.buffer_steps, 10_000);
+        assert_eq!(c.topic, "");
+        assert!(
+            !KvEventsConfig::parse(r#"{"enable_kv_cache_events": true, "publisher": "null"}"#)
+                .unwrap()
+                .publishes()
+        );
+    }
+}

@@ -1,0 +1,473 @@
+//! The HTTP adapter: vLLM's OpenAI-compatible routes on axum. Handlers tokenize, hand the
+//! request to the driver and turn what comes back into vLLM-shaped JSON or SSE. A handler that
+//! is dropped (client gone) aborts its request in the engine.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use parking_lot::RwLock;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::driver::{Cmd, ReqEvent, Snapshot};
+use crate::engine::{EngineRequest, FinishReason, SubmitError};
+use crate::kv_publisher::PublisherEndpoints;
+use crate::metrics::Metrics;
+use crate::openai::{
+    self, ApiError, ChunkDelta, Endpoint, RequestParams, ResponseMeta, SSE_DONE, UsageCounts,
+};
+use crate::text::{IncrementalDecoder, TextModel};
+
+/// The vLLM version the mock answers as.
+pub const VLLM_VERSION: &str = "0.33.0";
+
+/// Everything the handlers share.
+pub struct AppState {
+    pub cmd: mpsc::UnboundedSender<Cmd>,
+    pub snapshot: Arc<RwLock<Snapshot>>,
+    pub metrics: Metrics,
+    pub text: TextModel,
+    /// Served model names; the first is reported in responses.
+    pub served: Vec<String>,
+    /// A local directory (tokenizer) routers may load, or the `--model` value.
+    pub model_path: String,
+    pub tokenizer_path: Option<String>,
+    pub prompt_tokens_details: bool,
+    pub profile: String,
+    pub speedup: f64,
+    pub endpoints: PublisherEndpoints,
+    pub next_id: AtomicU64,
+    pub created: u64,
+}
+
+type Shared = Arc<AppState>;
+
+impl AppState {
+    fn max_model_len(&self) -> usize {
+        self.snapshot.read().config.max_model_len
+    }
+
+    fn model_name(&self) -> &str {
+        self.served.first().map(String::as_str).unwrap_or("mock")
+    }
+
+    fn check_model(&self, params: &RequestParams) -> Result<(), ApiError> {
+        match &params.model {
+            Some(m) if !self.served.iter().any(|s| s == m) => Err(ApiError::model_not_found(m)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The router with every route vLLM (and the peers' probes) use.
+pub fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/ping", get(health))
+        .route("/version", get(version))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/metrics", get(metrics))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
+        .route("/get_load", get(get_load))
+        .with_state(state)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_REQUEST);
+        (status, axum::Json(self.body())).into_response()
+    }
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn version() -> axum::Json<Value> {
+    axum::Json(json!({"version": VLLM_VERSION}))
+}
+
+async fn models(State(s): State<Shared>) -> axum::Json<Value> {
+    let max_model_len = s.max_model_len();
+    let data: Vec<Value> = s
+        .served
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name, "object": "model", "created": s.created, "owned_by": "vllm",
+                "root": s.model_path, "parent": null, "max_model_len": max_model_len,
+                "permission": [{
+                    "id": format!("modelperm-{name}"), "object": "model_permission",
+                    "created": s.created, "allow_create_engine": false, "allow_sampling": true,
+                    "allow_logprobs": true, "allow_search_indices": false, "allow_view": true,
+                    "allow_fine_tuning": false, "organization": "*", "group": null,
+                    "is_blocking": false
+                }]
+            })
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data}))
+}
+
+async fn metrics(State(s): State<Shared>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn server_info(State(s): State<Shared>) -> axum::Json<Value> {
+    let snap = s.snapshot.read().clone();
+    axum::Json(json!({
+        "model_path": s.model_path,
+        "tokenizer_path": s.tokenizer_path,
+        "served_model_name": s.model_name(),
+        "served_model_names": s.served,
+        "max_model_len": snap.config.max_model_len,
+        "block_size": snap.config.block_size,
+        "num_gpu_blocks": snap.config.num_blocks,
+        "max_num_batched_tokens": snap.config.max_num_batched_tokens,
+        "max_num_seqs": snap.config.max_num_seqs,
+        "prefix_caching_hash_algo": snap.config.hash_algo.name(),
+        "profile": s.profile,
+        "speedup": s.speedup,
+        "kv_events_endpoint": s.endpoints.pub_endpoint,
+        "kv_events_replay_endpoint": s.endpoints.replay_endpoint,
+        "engine_restarts": snap.restarts,
+        "version": VLLM_VERSION,
+    }))
+}
+
+async fn model_info(State(s): State<Shared>) -> axum::Json<Value> {
+    axum::Json(json!({
+        "model_path": s.model_path,
+        "tokenizer_path": s.tokenizer_path,
+        "is_generation": true,
+        "served_model_name": s.model_name(),
+    }))
+}
+
+async fn get_load(State(s): State<Shared>) -> axum::Json<Value> {
+    let l = s.snapshot.read().load;
+    axum::Json(json!({
+        "load": l.running + l.waiting,
+        "num_requests_running": l.running,
+        "num_requests_waiting": l.waiting,
+        "kv_cache_usage_perc": l.kv_cache_usage,
+        "num_waiting_prefill_tokens": l.waiting_prefill_tokens,
+        "cached_blocks": l.cached_blocks,
+    }))
+}
+
+async fn reset_prefix_cache(State(s): State<Shared>) -> Response {
+    let (tx, rx) = oneshot::channel();
+    if s.cmd.send(Cmd::Reset(tx)).is_err() {
+        return ApiError::internal("engine is not running").into_response();
+    }
+    match rx.await {
+        Ok(true) => axum::Json(json!({"success": true})).into_response(),
+        Ok(false) => (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"success": false, "error": "blocks are in use by running requests"})),
+        )
+            .into_response(),
+        Err(_) => ApiError::internal("engine is not running").into_response(),
+    }
+}
+
+async fn tokenize(State(s): State<Shared>, body: Bytes) -> Result<axum::Json<Value>, ApiError> {
+    let v = openai::parse_body(&body)?;
+    let params = RequestParams::from_value(&v)?;
+    s.check_model(&params)?;
+    let ids = if v.get("messages").is_some() {
+        s.text.encode_chat(&v)?.1
+    } else if let Some(p) = v.get("prompt") {
+        let add_special = v
+            .get("add_special_tokens")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        s.text.encode_prompt(p, add_special)?
+    } else {
+        return Err(ApiError::bad_request(
+            "either prompt or messages is required",
+        ));
+    };
+    Ok(axum::Json(json!({
+        "count": ids.len(),
+        "max_model_len": s.max_model_len(),
+        "tokens": ids,
+        "token_strs": null,
+    })))
+}
+
+async fn detokenize(State(s): State<Shared>, body: Bytes) -> Result<axum::Json<Value>, ApiError> {
+    let v = openai::parse_body(&body)?;
+    let ids: Vec<u32> = v
+        .get("tokens")
+        .and_then(|t| serde_json::from_value(t.clone()).ok())
+        .ok_or_else(|| ApiError::bad_request("tokens must be a list of token ids"))?;
+    Ok(axum::Json(json!({"prompt": s.text.decode(&ids)})))
+}
+
+async fn chat_completions(State(s): State<Shared>, body: Bytes) -> Response {
+    generate(s, body, Endpoint::Chat)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(State(s): State<Shared>, body: Bytes) -> Response {
+    generate(s, body, Endpoint::Completions)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Aborts the request in the engine when the handler or its stream is dropped early.
+struct AbortGuard {
+    id: u64,
+    cmd: mpsc::UnboundedSender<Cmd>,
+    done: bool,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.cmd.send(Cmd::Abort(self.id));
+        }
+    }
+}
+
+fn submit_error(e: SubmitError) -> ApiError {
+    ApiError::bad_request(e.to_string())
+}
+
+async fn generate(s: Shared, body: Bytes, endpoint: Endpoint) -> Result<Response, ApiError> {
+    let v = openai::parse_body(&body)?;
+    let params = RequestParams::from_value(&v)?;
+    s.check_model(&params)?;
+    let prompt = match endpoint {
+        Endpoint::Chat => {
+            if !v.get("messages").is_some_and(Value::is_array) {
+                return Err(ApiError::bad_request("messages: Field required"));
+            }
+            s.text.encode_chat(&v)?.1
+        }
+        Endpoint::Completions => {
+            let p = v
+                .get("prompt")
+                .ok_or_else(|| ApiError::bad_request("prompt: Field required"))?;
+            let add_special = v
+                .get("add_special_tokens")
+                .and_then(Value::as_bool)
+                .unwrap_or(true);
+            s.text.encode_prompt(p, add_special)?
+        }
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::bad_request("The prompt cannot be empty."));
+    }
+    let max_tokens = params.effective_max_tokens(prompt.len(), s.max_model_len())?;
+    let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+    let meta = ResponseMeta {
+        id: match endpoint {
+            Endpoint::Chat => format!("chatcmpl-{id:016x}"),
+            Endpoint::Completions => format!("cmpl-{id:016x}"),
+        },
+        created: unix_now(),
+        model: params
+            .model
+            .clone()
+            .unwrap_or_else(|| s.model_name().to_string()),
+        endpoint,
+        prompt_token_ids: params.return_token_ids.then(|| prompt.clone()),
+    };
+    let prompt_tokens = prompt.len();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (reply_tx, reply_rx) = oneshot::channel();
+    let req = EngineRequest {
+        id,
+        prompt,
+        max_tokens,
+        ignore_eos: params.ignore_eos,
+        cache_salt: params.cache_salt.clone(),
+        lora_name: None,
+    };
+    s.cmd
+        .send(Cmd::Submit {
+            req,
+            events: tx,
+            reply: reply_tx,
+        })
+        .map_err(|_| ApiError::internal("engine is not running"))?;
+    match reply_rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(submit_error(e)),
+        Err(_) => return Err(ApiError::internal("engine is not running")),
+    }
+    let guard = AbortGuard {
+        id,
+        cmd: s.cmd.clone(),
+        done: false,
+    };
+    let job = Job {
+        s,
+        meta,
+        params,
+        prompt_tokens,
+        rx,
+        guard,
+    };
+    if job.params.stream {
+        Ok(job.stream())
+    } else {
+        job.collect().await
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+struct Job {
+    s: Shared,
+    meta: ResponseMeta,
+    params: RequestParams,
+    prompt_tokens: usize,
+    rx: mpsc::UnboundedReceiver<ReqEvent>,
+    guard: AbortGuard,
+}
+
+impl Job {
+    fn usage(&self, completion_tokens: usize, cached_tokens: usize) -> Value {
+        openai::usage_json(
+            UsageCounts {
+                prompt_tokens: self.prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            },
+            self.s.prompt_tokens_details,
+        )
+    }
+
+    async fn collect(mut self) -> Result<Response, ApiError> {
+        let mut ids = Vec::new();
+        loop {
+            match self.rx.recv().await {
+                Some(ReqEvent::Token { token, .. }) => ids.push(token),
+                Some(ReqEvent::Finished { usage, reason, .. }) => {
+                    self.guard.done = true;
+                    let text = self.s.text.decode(&ids);
+                    let body = openai::completion_json(
+                        &self.meta,
+                        &text,
+                        self.params.return_token_ids.then_some(&ids[..]),
+                        reason.as_str(),
+                        self.usage(usage.completion_tokens, usage.cached_tokens),
+                    );
+                    return Ok(axum::Json(body).into_response());
+                }
+                Some(ReqEvent::Aborted) | None => {
+                    self.guard.done = true;
+                    return Err(ApiError::internal("the engine restarted; request aborted"));
+                }
+            }
+        }
+    }
+
+    fn stream(self) -> Response {
+        let stream = async_stream::stream! {
+            let mut job = self;
+            let mut decoder = IncrementalDecoder::default();
+            // The last text chunk is held back so the finish reason can ride on it.
+            let mut pending: Option<(String, Vec<u32>)> = None;
+            let mut generated = 0usize;
+            let mut sent_role = false;
+            loop {
+                let ev = job.rx.recv().await;
+                match ev {
+                    Some(ReqEvent::Token { token, .. }) => {
+                        if !sent_role && job.meta.endpoint == Endpoint::Chat {
+                            sent_role = true;
+                            let usage = job.params.continuous_usage_stats.then(|| job.usage(0, 0));
+                            let v = openai::chunk_json(&job.meta, ChunkDelta::Role, None, usage);
+                            yield Ok::<_, std::convert::Infallible>(openai::sse_data(&v));
+                        }
+                        if let Some((text, ids)) = pending.take() {
+                            yield Ok(job.text_chunk(&text, &ids, None, generated));
+                        }
+                        generated += 1;
+                        let text = decoder.push(&job.s.text, token);
+                        pending = Some((text, vec![token]));
+                    }
+                    Some(ReqEvent::Finished { usage, reason, .. }) => {
+                        job.guard.done = true;
+                        let (text, ids) = pending.take().unwrap_or_default();
+                        yield Ok(job.text_chunk(&text, &ids, Some(reason), generated));
+                        if job.params.include_usage {
+                            let u = job.usage(usage.completion_tokens, usage.cached_tokens);
+                            yield Ok(openai::sse_data(&openai::usage_chunk_json(&job.meta, u)));
+                        }
+                        yield Ok(SSE_DONE.to_string());
+                        break;
+                    }
+                    Some(ReqEvent::Aborted) | None => {
+                        job.guard.done = true;
+                        let e = ApiError::internal("the engine restarted; request aborted");
+                        yield Ok(openai::sse_data(&e.body()));
+                        yield Ok(SSE_DONE.to_string());
+                        break;
+                    }
+                }
+            }
+        };
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
+            .header(header::CACHE_CONTROL, "no-cache")
+            .body(Body::from_stream(stream))
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+    }
+
+    fn text_chunk(
+        &self,
+        text: &str,
+        ids: &[u32],
+        reason: Option<FinishReason>,
+        generated: usize,
+    ) -> String {
+        let usage = self
+            .params
+            .continuous_usage_stats
+            .then(|| self.usage(generated, 0));
+        let v = openai::chunk_json(
+            &self.meta,
+            ChunkDelta::Text {
+                text,
+                token_ids: self.params.return_token_ids.then_some(ids),
+            },
+            reason.map(FinishReason::as_str),
+            usage,
+        );
+        openai::sse_data(&v)
+    }
+}
