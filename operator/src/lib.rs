@@ -1,12 +1,282 @@
-//! kvroute-operator (work in progress).
+//! kvroute-operator: reconciles kvroute's custom resources into running workers and a router.
+//!
+//! ```text
+//!  Lease (coordination.k8s.io/v1) --lease.rs/election.rs--> leading? (watch channel)
+//!                                                               | only while true
+//!  InferenceWorkerSet --controller/workerset.rs--> Deployment (vLLM|mock + sidecar), headless Service
+//!  InferencePool/Policy/Provider, GatewayBackend --controller/refs.rs--> status conditions
+//!  (installation) --controller/router.rs--> router Deployment, Services, ServiceAccount, RBAC
+//!                      every write: desired/*.rs (pure) -> server-side apply "kvroute-operator"
+//!  admin.rs: /metrics, /healthz
+//! ```
 
-/// Command-line arguments (stub: replaced by the component's real flags).
+pub mod admin;
+pub mod bundle;
+pub mod controller;
+pub mod crdgen;
+pub mod desired;
+pub mod election;
+pub mod lease;
+pub mod metrics;
+pub mod permissions;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::events::{Recorder, Reporter};
+use prometheus::Registry;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::controller::Ctx;
+use crate::desired::{FIELD_MANAGER, OperatorConfig};
+use crate::election::Elector;
+use crate::lease::LeaseLoop;
+use crate::metrics::OperatorMetrics;
+
+/// Default image registry path of kvroute's images.
+pub const IMAGE_REPO: &str = "ghcr.io/kvroute";
+
+/// Command-line flags of `kvroute operator` / `kvroute-operator`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct Args {}
-
-/// Runs the command (stub).
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+pub struct Args {
+    /// Namespace to watch; all namespaces when empty.
+    #[arg(long, env = "KVROUTE_OPERATOR_NAMESPACE", default_value = "")]
+    pub namespace: String,
+    /// Router image.
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_ROUTER_IMAGE",
+        default_value = "ghcr.io/kvroute/kvroute-router:0.1.0"
+    )]
+    pub router_image: String,
+    /// Sidecar image (WorkerSets may override it).
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_SIDECAR_IMAGE",
+        default_value = "ghcr.io/kvroute/kvroute-sidecar:0.1.0"
+    )]
+    pub sidecar_image: String,
+    /// Mock worker image for `engine.mode: mock`.
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_MOCK_IMAGE",
+        default_value = "ghcr.io/kvroute/kvroute-mock-vllm:0.1.0"
+    )]
+    pub mock_image: String,
+    /// Router replicas.
+    #[arg(long, env = "KVROUTE_OPERATOR_ROUTER_REPLICAS", default_value_t = 2)]
+    pub router_replicas: i32,
+    /// Namespace of the router; the lease namespace when empty.
+    #[arg(long, env = "KVROUTE_OPERATOR_ROUTER_NAMESPACE", default_value = "")]
+    pub router_namespace: String,
+    /// Deploy and manage the router (turn off to run the router yourself).
+    #[arg(long, env = "KVROUTE_OPERATOR_MANAGE_ROUTER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub manage_router: bool,
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_LEASE_NAME",
+        default_value = "kvroute-operator"
+    )]
+    pub lease_name: String,
+    /// Namespace of the Lease; the pod's namespace (service account) or the kubeconfig's
+    /// namespace when empty.
+    #[arg(long, env = "KVROUTE_OPERATOR_LEASE_NAMESPACE", default_value = "")]
+    pub lease_namespace: String,
+    /// Lease duration in seconds: a dead leader is replaced after about this long.
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_LEASE_DURATION_SECONDS",
+        default_value_t = 15
+    )]
+    pub lease_duration_seconds: u64,
+    /// Identity in the Lease; the pod name (HOSTNAME) when empty.
+    #[arg(long, env = "KVROUTE_OPERATOR_IDENTITY", default_value = "")]
+    pub identity: String,
+    /// Admin HTTP address (/metrics, /healthz); port 0 picks a free port.
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_ADMIN_ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub admin_addr: SocketAddr,
+    /// Periodic requeue of every resource, in seconds.
+    #[arg(long, env = "KVROUTE_OPERATOR_REQUEUE_SECONDS", default_value_t = 300)]
+    pub requeue_seconds: u64,
 }
 
-pub mod crdgen;
+const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+fn default_identity() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+        })
+        .map(|h| format!("{h}-{}", std::process::id()))
+        .unwrap_or_else(|| format!("kvroute-operator-{}", std::process::id()))
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Runs the operator: admin server, leader election, and (while leading) the controllers.
+/// Reads cluster access from `KUBECONFIG` / `~/.kube/config` or the in-cluster service account.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let Args {
+        namespace,
+        router_image,
+        sidecar_image,
+        mock_image,
+        router_replicas,
+        router_namespace,
+        manage_router,
+        lease_name,
+        lease_namespace,
+        lease_duration_seconds,
+        identity,
+        admin_addr,
+        requeue_seconds,
+    } = args;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .try_init();
+
+    let client = Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
+    let lease_namespace = if !lease_namespace.is_empty() {
+        lease_namespace
+    } else if let Ok(ns) = std::fs::read_to_string(SA_NAMESPACE_FILE) {
+        ns.trim().to_string()
+    } else {
+        client.default_namespace().to_string()
+    };
+    let identity = if identity.is_empty() {
+        default_identity()
+    } else {
+        identity
+    };
+    let cfg = OperatorConfig {
+        sidecar_image,
+        mock_image,
+        router_image,
+        router_replicas,
+        router_namespace: if router_namespace.is_empty() {
+            lease_namespace.clone()
+        } else {
+            router_namespace
+        },
+        watch_namespace: namespace,
+    };
+
+    let registry = Registry::new();
+    let metrics = OperatorMetrics::register(&registry).context("registering metrics")?;
+    let (bound, admin) = admin::bind(admin_addr, registry)
+        .await
+        .with_context(|| format!("binding {admin_addr}"))?;
+    tracing::info!(admin = %bound, identity = %identity, lease = %format!("{lease_namespace}/{lease_name}"),
+        watch = %if cfg.watch_namespace.is_empty() { "all namespaces" } else { cfg.watch_namespace.as_str() },
+        "kvroute-operator starting");
+    let admin = tokio::spawn(admin);
+
+    let shutdown = CancellationToken::new();
+    let (leader_tx, mut leader_rx) = watch::channel(false);
+    let elector = Elector::new(
+        identity.clone(),
+        Duration::from_secs(lease_duration_seconds.max(1)),
+    );
+    let lease_loop = LeaseLoop::new(
+        Api::<Lease>::namespaced(client.clone(), &lease_namespace),
+        lease_name,
+        elector,
+        leader_tx,
+        metrics.clone(),
+    );
+    let lease_task = tokio::spawn(lease_loop.run(shutdown.clone()));
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.to_string(),
+            instance: Some(identity.clone()),
+        },
+    );
+    let ctx = Arc::new(Ctx::new(
+        client.clone(),
+        cfg,
+        metrics,
+        recorder,
+        leader_rx.clone(),
+        Duration::from_secs(requeue_seconds.max(1)),
+    ));
+
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
+    let result = loop {
+        // Standby: wait for leadership (or the end).
+        tokio::select! {
+            _ = &mut signal => break Ok(()),
+            changed = leader_rx.wait_for(|leading| *leading) => {
+                if changed.is_err() { break Err(anyhow::anyhow!("leader election stopped")); }
+            }
+        }
+        tracing::info!(identity = %identity, "leading: starting controllers");
+        let stop = CancellationToken::new();
+        let controllers = async {
+            let router = async {
+                if manage_router {
+                    controller::router::run(ctx.clone(), stop.clone()).await;
+                }
+            };
+            tokio::join!(
+                controller::workerset::run(client.clone(), ctx.clone()),
+                controller::refs::run(client.clone(), ctx.clone()),
+                router,
+            );
+        };
+        tokio::select! {
+            _ = &mut signal => { stop.cancel(); break Ok(()) }
+            _ = leader_rx.wait_for(|leading| !*leading) => {
+                stop.cancel();
+                tracing::warn!(identity = %identity, "lost the lease: controllers stopped, back to standby");
+            }
+            _ = controllers => break Err(anyhow::anyhow!("controllers ended unexpectedly")),
+        }
+    };
+    shutdown.cancel();
+    let _ = lease_task.await;
+    admin.abort();
+    tracing::info!("kvroute-operator stopped");
+    result
+}

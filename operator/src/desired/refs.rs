@@ -1,0 +1,558 @@
+//! Status of the reference-only kinds (InferencePool, InferencePolicy, InferenceProvider,
+//! GatewayBackend): validate the spec, resolve every name it mentions against an
+//! [`Inventory`] of the namespace, and say what is missing in conditions.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kvroute_crds::backend::GatewayBackendSpec;
+use kvroute_crds::condition::{self, Condition, ConditionStatus, READY, RESOLVED_REFS, Time};
+use kvroute_crds::policy::InferencePolicySpec;
+use kvroute_crds::pool::{InferencePoolSpec, ModelTargets, ReadyTarget, TargetKind, TargetRole};
+use kvroute_crds::provider::InferenceProviderSpec;
+use kvroute_crds::validation::{SpecIssue, summary};
+use kvroute_crds::{GatewayBackend, InferencePool, InferenceProvider, InferenceWorkerSet};
+
+/// What exists in one namespace, as far as a resource's references are concerned. Secrets
+/// carry only their key names, never values.
+#[derive(Debug, Default, Clone)]
+pub struct Inventory {
+    /// InferenceWorkerSets.
+    pub worker_sets: Vec<InferenceWorkerSet>,
+    /// InferenceProviders.
+    pub providers: Vec<InferenceProvider>,
+    /// GatewayBackends.
+    pub backends: Vec<GatewayBackend>,
+    /// InferencePools.
+    pub pools: Vec<InferencePool>,
+    /// Secret name -> its keys; only the Secrets a resource references are looked up.
+    pub secrets: BTreeMap<String, BTreeSet<String>>,
+}
+
+fn name_of<K: kube::Resource>(k: &K) -> &str {
+    k.meta().name.as_deref().unwrap_or_default()
+}
+
+impl Inventory {
+    fn worker_set(&self, name: &str) -> Option<&InferenceWorkerSet> {
+        self.worker_sets.iter().find(|w| name_of(*w) == name)
+    }
+    fn provider(&self, name: &str) -> Option<&InferenceProvider> {
+        self.providers.iter().find(|p| name_of(*p) == name)
+    }
+}
+
+/// True when `labels` satisfy `selector` (matchLabels and matchExpressions In, NotIn, Exists,
+/// DoesNotExist; an unknown operator matches nothing).
+pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let by_labels = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let by_exprs = selector.match_expressions.iter().flatten().all(|e| {
+        let value = labels.get(&e.key);
+        let values = e.values.as_deref().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    by_labels && by_exprs
+}
+
+fn is_ready(conditions: Option<&[Condition]>) -> bool {
+    conditions.is_some_and(|c| condition::is_true(c, READY))
+}
+
+/// Conditions shared by the reference kinds: invalid spec, unresolved refs, or ready.
+fn ref_conditions(
+    issues: &[SpecIssue],
+    missing: &[String],
+    not_ready: Option<(&str, String)>,
+    ready_message: String,
+    generation: Option<i64>,
+    previous: &[Condition],
+    now: &Time,
+) -> Vec<Condition> {
+    let cond = |t, s, r: &str, m: String| condition::condition(t, s, r, m, generation, now);
+    let next = if !issues.is_empty() {
+        let msg = summary(issues);
+        vec![
+            cond(
+                RESOLVED_REFS,
+                ConditionStatus::Unknown,
+                "InvalidSpec",
+                "spec rejected before resolving".into(),
+            ),
+            cond(READY, ConditionStatus::False, "InvalidSpec", msg),
+        ]
+    } else if !missing.is_empty() {
+        let msg = missing.join("; ");
+        vec![
+            cond(
+                RESOLVED_REFS,
+                ConditionStatus::False,
+                "RefNotFound",
+                msg.clone(),
+            ),
+            cond(READY, ConditionStatus::False, "RefNotFound", msg),
+        ]
+    } else {
+        let resolved = cond(
+            RESOLVED_REFS,
+            ConditionStatus::True,
+            "Resolved",
+            "all references exist".into(),
+        );
+        match not_ready {
+            Some((reason, msg)) => vec![resolved, cond(READY, ConditionStatus::False, reason, msg)],
+            None => vec![
+                resolved,
+                cond(READY, ConditionStatus::True, "Ready", ready_message),
+            ],
+        }
+    };
+    condition::merge_conditions(previous, next)
+}
+
+/// Pool status: conditions and the ready targets of each model.
+pub fn pool_status(
+    spec: &InferencePoolSpec,
+    generation: Option<i64>,
+    previous: &[Condition],
+    inv: &Inventory,
+    now: &Time,
+) -> (Vec<ModelTargets>, Vec<Condition>) {
+    let issues = spec.validate();
+    let mut missing = Vec::new();
+    let mut models: BTreeMap<String, Vec<ReadyTarget>> = BTreeMap::new();
+    let mut served: BTreeSet<String> = BTreeSet::new();
+    for (i, t) in spec.targets.iter().enumerate() {
+        let mut sets: Vec<&InferenceWorkerSet> = Vec::new();
+        if let Some(name) = &t.worker_set {
+            match inv.worker_set(name) {
+                Some(w) => sets.push(w),
+                None => missing.push(format!(
+                    "targets[{i}]: InferenceWorkerSet {name:?} not found"
+                )),
+            }
+        }
+        if let Some(sel) = &t.worker_set_selector {
+            let matched: Vec<_> = inv
+                .worker_sets
+                .iter()
+                .filter(|w| {
+                    selector_matches(sel, w.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()))
+                })
+                .collect();
+            if matched.is_empty() {
+                missing.push(format!(
+                    "targets[{i}]: workerSetSelector matches no InferenceWorkerSet"
+                ));
+            }
+            sets.extend(matched);
+        }
+        for w in sets {
+            let model = w.spec.model.served().to_string();
+            served.insert(model.clone());
+            let ready = w.status.as_ref().map(|s| s.ready_replicas).unwrap_or(0);
+            if ready > 0 {
+                models.entry(model).or_default().push(ReadyTarget {
+                    kind: TargetKind::InferenceWorkerSet,
+                    name: name_of(w).to_string(),
+                    role: t.role,
+                    ready_replicas: Some(ready),
+                });
+            }
+        }
+        if let Some(name) = &t.provider {
+            match inv.provider(name) {
+                Some(p) => {
+                    served.extend(p.spec.models.iter().cloned());
+                    if is_ready(p.status.as_ref().map(|s| s.conditions.as_slice())) {
+                        for m in &p.spec.models {
+                            models.entry(m.clone()).or_default().push(ReadyTarget {
+                                kind: TargetKind::InferenceProvider,
+                                name: name.clone(),
+                                role: t.role,
+                                ready_replicas: None,
+                            });
+                        }
+                    }
+                }
+                None => missing.push(format!(
+                    "targets[{i}]: InferenceProvider {name:?} not found"
+                )),
+            }
+        }
+    }
+    if missing.is_empty() {
+        for a in &spec.model_aliases {
+            if !served.contains(&a.model) {
+                missing.push(format!(
+                    "modelAliases {:?}: no target serves model {:?}",
+                    a.name, a.model
+                ));
+            }
+        }
+    }
+    let out: Vec<ModelTargets> = models
+        .into_iter()
+        .map(|(model, mut ready_targets)| {
+            ready_targets.sort_by(|a, b| {
+                (a.role == TargetRole::Overflow, a.kind, &a.name).cmp(&(
+                    b.role == TargetRole::Overflow,
+                    b.kind,
+                    &b.name,
+                ))
+            });
+            let aliases = spec
+                .model_aliases
+                .iter()
+                .filter(|a| a.model == model)
+                .map(|a| a.name.clone())
+                .collect();
+            ModelTargets {
+                model,
+                aliases,
+                ready_targets,
+            }
+        })
+        .collect();
+    let primaries = out
+        .iter()
+        .flat_map(|m| &m.ready_targets)
+        .filter(|t| t.role == TargetRole::Primary)
+        .count();
+    let not_ready =
+        (primaries == 0).then(|| ("NoReadyTargets", "no primary target is ready".to_string()));
+    let msg = format!("{primaries} ready primary targets for {} models", out.len());
+    let conditions = ref_conditions(&issues, &missing, not_ready, msg, generation, previous, now);
+    (out, conditions)
+}
+
+/// Policy conditions: its pool, overflow providers and route targets exist.
+pub fn policy_conditions(
+    spec: &InferencePolicySpec,
+    generation: Option<i64>,
+    previous: &[Condition],
+    inv: &Inventory,
+    now: &Time,
+) -> Vec<Condition> {
+    let issues = spec.validate();
+    let mut missing = Vec::new();
+    if let Some(pool) = &spec.pool
+        && !inv.pools.iter().any(|p| name_of(p) == pool)
+    {
+        missing.push(format!("pool: InferencePool {pool:?} not found"));
+    }
+    for p in spec.referenced_providers() {
+        if inv.provider(p).is_none() && !missing.iter().any(|m| m.contains(&format!("{p:?}"))) {
+            missing.push(format!("overflow: InferenceProvider {p:?} not found"));
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for t in spec.referenced_targets() {
+        if seen.insert(t) && inv.worker_set(t).is_none() && inv.provider(t).is_none() {
+            missing.push(format!(
+                "route: no InferenceWorkerSet or InferenceProvider named {t:?}"
+            ));
+        }
+    }
+    let msg = format!("{} rules active", spec.rules.len());
+    ref_conditions(&issues, &missing, None, msg, generation, previous, now)
+}
+
+/// Provider conditions: its GatewayBackend exists and is ready.
+pub fn provider_conditions(
+    spec: &InferenceProviderSpec,
+    generation: Option<i64>,
+    previous: &[Condition],
+    inv: &Inventory,
+    now: &Time,
+) -> Vec<Condition> {
+    let issues = spec.validate();
+    let name = &spec.gateway_backend_ref.name;
+    let backend = inv.backends.iter().find(|b| name_of(*b) == name);
+    let missing: Vec<String> = match backend {
+        None => vec![format!(
+            "gatewayBackendRef: GatewayBackend {name:?} not found"
+        )],
+        Some(_) => Vec::new(),
+    };
+    let not_ready = backend
+        .filter(|b| !is_ready(b.status.as_ref().map(|s| s.conditions.as_slice())))
+        .map(|_| {
+            (
+                "BackendNotReady",
+                format!("GatewayBackend {name:?} is not ready"),
+            )
+        });
+    let msg = format!("{} models via GatewayBackend {name:?}", spec.models.len());
+    ref_conditions(&issues, &missing, not_ready, msg, generation, previous, now)
+}
+
+/// GatewayBackend conditions: each referenced Secret exists and has the named key.
+pub fn backend_conditions(
+    spec: &GatewayBackendSpec,
+    generation: Option<i64>,
+    previous: &[Condition],
+    inv: &Inventory,
+    now: &Time,
+) -> Vec<Condition> {
+    let issues = spec.validate();
+    let mut missing = Vec::new();
+    for (field, r) in spec.secret_refs() {
+        match inv.secrets.get(&r.name) {
+            None => missing.push(format!("{field}: Secret {:?} not found", r.name)),
+            Some(keys) if !keys.contains(&r.key) => missing.push(format!(
+                "{field}: Secret {:?} has no key {:?}",
+                r.name, r.key
+            )),
+            Some(_) => {}
+        }
+    }
+    ref_conditions(
+        &issues,
+        &missing,
+        None,
+        format!("backend {}", spec.url),
+        generation,
+        previous,
+        now,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+    use kvroute_crds::AnyResource;
+
+    fn now() -> Time {
+        Time(Timestamp::from_second(1_700_000_000).expect("valid"))
+    }
+
+    fn inventory(yaml: &str) -> Inventory {
+        let mut inv = Inventory::default();
+        for doc in kvroute_crds::parse_documents(yaml).expect("parses") {
+            match doc {
+                AnyResource::WorkerSet(w) => inv.worker_sets.push(w),
+                AnyResource::Provider(p) => inv.providers.push(p),
+                AnyResource::GatewayBackend(b) => inv.backends.push(b),
+                AnyResource::Pool(p) => inv.pools.push(p),
+                AnyResource::Secret(s) => {
+                    let keys = s.data.iter().flatten().map(|(k, _)| k.clone());
+                    let skeys = s.string_data.iter().flatten().map(|(k, _)| k.clone());
+                    inv.secrets.insert(
+                        s.metadata.name.clone().unwrap_or_default(),
+                        keys.chain(skeys).collect(),
+                    );
+                }
+                AnyResource::Policy(_) => {}
+            }
+        }
+        inv
+    }
+
+    const WORLD: &str = r#"
+apiVersion: kvroute.dev/v1alpha1
+kind: InferenceWorkerSet
+metadata: {name: qwen, labels: {tier: gpu}}
+spec: {model: {name: Qwen/Qwen3-0.6B, servedName: qwen3}}
+status: {replicas: 2, readyReplicas: 2}
+---
+apiVersion: kvroute.dev/v1alpha1
+kind: InferenceWorkerSet
+metadata: {name: cold, labels: {tier: gpu}}
+spec: {model: {name: other}}
+status: {replicas: 1, readyReplicas: 0}
+---
+apiVersion: kvroute.dev/v1alpha1
+kind: InferenceProvider
+metadata: {name: openai}
+spec: {kind: openai, models: [qwen3], gatewayBackendRef: {name: openai}}
+status:
+  conditions: [{type: Ready, status: "True", reason: Ready, message: "", lastTransitionTime: "2024-01-01T00:00:00Z"}]
+---
+apiVersion: kvroute.dev/v1alpha1
+kind: GatewayBackend
+metadata: {name: openai}
+spec: {url: "https://api.openai.com", auth: {secretRef: {name: openai, key: token}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: openai}
+stringData: {token: x}
+"#;
+
+    fn pool(yaml: &str) -> InferencePoolSpec {
+        serde_saphyr::from_str(yaml).expect("pool parses")
+    }
+
+    #[test]
+    fn pool_lists_ready_targets_per_model_primaries_first() {
+        let inv = inventory(WORLD);
+        let spec = pool(
+            "targets: [{provider: openai, role: overflow}, {workerSetSelector: {matchLabels: {tier: gpu}}}]\nmodelAliases: [{name: chat, model: qwen3}]\n",
+        );
+        let (models, conds) = pool_status(&spec, Some(1), &[], &inv, &now());
+        assert_eq!(models.len(), 1, "cold has no ready workers: {models:?}");
+        assert_eq!(models[0].model, "qwen3");
+        assert_eq!(models[0].aliases, vec!["chat"]);
+        let names: Vec<_> = models[0]
+            .ready_targets
+            .iter()
+            .map(|t| (t.name.as_str(), t.role))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("qwen", TargetRole::Primary),
+                ("openai", TargetRole::Overflow)
+            ]
+        );
+        assert!(condition::is_true(&conds, READY));
+        assert!(condition::is_true(&conds, RESOLVED_REFS));
+    }
+
+    #[test]
+    fn pool_pointing_at_nothing_says_so() {
+        let inv = inventory(WORLD);
+        let (models, conds) = pool_status(
+            &pool("targets: [{workerSet: ghost}]\n"),
+            None,
+            &[],
+            &inv,
+            &now(),
+        );
+        assert!(models.is_empty());
+        let r = condition::find(&conds, READY).expect("ready");
+        assert_eq!(
+            (r.status.as_str(), r.reason.as_str()),
+            ("False", "RefNotFound")
+        );
+        assert!(r.message.contains("\"ghost\" not found"));
+        let (_, conds) = pool_status(
+            &pool("targets: [{workerSetSelector: {matchLabels: {tier: tpu}}}]\n"),
+            None,
+            &[],
+            &inv,
+            &now(),
+        );
+        assert!(
+            condition::find(&conds, READY)
+                .expect("ready")
+                .message
+                .contains("matches no")
+        );
+        let (_, conds) = pool_status(
+            &pool("targets: [{workerSet: cold}]\n"),
+            None,
+            &[],
+            &inv,
+            &now(),
+        );
+        assert_eq!(
+            condition::find(&conds, READY).expect("ready").reason,
+            "NoReadyTargets"
+        );
+    }
+
+    #[test]
+    fn backend_secret_must_have_the_key() {
+        let inv = inventory(WORLD);
+        let spec: GatewayBackendSpec = serde_saphyr::from_str(
+            "url: https://x\nauth: {secretRef: {name: openai, key: apiKey}}\n",
+        )
+        .expect("parses");
+        let conds = backend_conditions(&spec, None, &[], &inv, &now());
+        let r = condition::find(&conds, RESOLVED_REFS).expect("refs");
+        assert_eq!(r.status, "False");
+        assert!(r.message.contains("has no key \"apiKey\""), "{}", r.message);
+        let spec: GatewayBackendSpec = serde_saphyr::from_str(
+            "url: https://x\nauth: {secretRef: {name: openai, key: token}}\n",
+        )
+        .expect("parses");
+        assert!(condition::is_true(
+            &backend_conditions(&spec, None, &[], &inv, &now()),
+            READY
+        ));
+        let spec: GatewayBackendSpec =
+            serde_saphyr::from_str("url: https://x\nauth: {secretRef: {name: nope, key: token}}\n")
+                .expect("parses");
+        assert!(
+            condition::find(&backend_conditions(&spec, None, &[], &inv, &now()), READY)
+                .expect("ready")
+                .message
+                .contains("not found")
+        );
+    }
+
+    #[test]
+    fn provider_waits_for_its_backend() {
+        let inv = inventory(WORLD);
+        let spec: InferenceProviderSpec = serde_saphyr::from_str(
+            "kind: openai\nmodels: [m]\ngatewayBackendRef: {name: openai}\n",
+        )
+        .expect("parses");
+        let conds = provider_conditions(&spec, None, &[], &inv, &now());
+        assert!(condition::is_true(&conds, RESOLVED_REFS));
+        assert_eq!(
+            condition::find(&conds, READY).expect("ready").reason,
+            "BackendNotReady"
+        );
+        let spec: InferenceProviderSpec =
+            serde_saphyr::from_str("kind: openai\nmodels: [m]\ngatewayBackendRef: {name: nope}\n")
+                .expect("parses");
+        assert_eq!(
+            condition::find(&provider_conditions(&spec, None, &[], &inv, &now()), READY)
+                .expect("r")
+                .reason,
+            "RefNotFound"
+        );
+    }
+
+    #[test]
+    fn policy_refs_and_invalid_spec() {
+        let inv = inventory(WORLD);
+        let spec: InferencePolicySpec = serde_saphyr::from_str(
+            "pool: chat\nrules: [{name: a, actions: {route: {allowedTargets: [qwen, ghost]}, overflow: {provider: openai, queueThreshold: 4}}}]\n",
+        )
+        .expect("parses");
+        let conds = policy_conditions(&spec, None, &[], &inv, &now());
+        let msg = &condition::find(&conds, RESOLVED_REFS)
+            .expect("refs")
+            .message;
+        assert!(
+            msg.contains("InferencePool \"chat\" not found") && msg.contains("\"ghost\""),
+            "{msg}"
+        );
+        assert!(!msg.contains("openai"));
+        let bad: InferencePolicySpec =
+            serde_saphyr::from_str("rules: [{name: a, actions: {}}]\n").expect("parses");
+        assert_eq!(
+            condition::find(&policy_conditions(&bad, None, &[], &inv, &now()), READY)
+                .expect("r")
+                .reason,
+            "InvalidSpec"
+        );
+    }
+
+    #[test]
+    fn selector_expressions() {
+        let labels = BTreeMap::from([("a".to_string(), "1".to_string())]);
+        let sel: LabelSelector = serde_json::from_value(serde_json::json!({"matchExpressions": [
+            {"key": "a", "operator": "In", "values": ["1", "2"]}, {"key": "b", "operator": "DoesNotExist"}]})).expect("sel");
+        assert!(selector_matches(&sel, &labels));
+        let sel: LabelSelector = serde_json::from_value(
+            serde_json::json!({"matchExpressions": [{"key": "a", "operator": "Bogus"}]}),
+        )
+        .expect("sel");
+        assert!(!selector_matches(&sel, &labels));
+    }
+}

@@ -1,0 +1,1104 @@
+//! InferenceWorkerSet -> Deployment + headless Service, and the WorkerSet's status from what the
+//! Deployment and its pods report.
+//!
+//! Why a Deployment and not a StatefulSet: a worker's only state is its KV cache, which lives in
+//! GPU memory and dies with the process, so a stable pod name or volume buys nothing (the
+//! sidecar reports whatever identity the pod has, and the router learns a new worker in one
+//! snapshot). Deployments roll out in parallel with maxSurge/maxUnavailable, scale without
+//! ordering, and replace a stuck pod without waiting for its predecessors; StatefulSet's ordered,
+//! one-at-a-time rollout would make a model upgrade across dozens of GPUs needlessly slow.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, Pod, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, Service,
+    ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kvroute_crds::condition::{
+    self, Condition, ConditionStatus, DEGRADED, PROGRESSING, READY, Time,
+};
+use kvroute_crds::gpu::{GPU_PRODUCT_LABEL, GPU_RESOURCE};
+use kvroute_crds::validation::{SpecIssue, summary};
+use kvroute_crds::workerset::{
+    DEFAULT_VLLM_IMAGE, EngineMode, InferenceWorkerSet, InferenceWorkerSetSpec,
+    InferenceWorkerSetStatus, WorkerStatus,
+};
+
+use super::{
+    COMPONENT_LABEL, DesiredError, MODEL_ANNOTATION, OperatorConfig, TEMPLATE_HASH_ANNOTATION,
+    WORKER_SET_LABEL, common_labels, owner_ref,
+};
+
+/// Name of the engine container (vLLM or the mock).
+pub const ENGINE_CONTAINER: &str = "engine";
+/// Name of the sidecar container.
+pub const SIDECAR_CONTAINER: &str = "sidecar";
+
+/// Names and labels of one WorkerSet's children.
+#[derive(Debug, Clone)]
+struct Meta {
+    name: String,
+    namespace: String,
+}
+
+fn meta(ws: &InferenceWorkerSet) -> Result<Meta, DesiredError> {
+    Ok(Meta {
+        name: ws
+            .metadata
+            .name
+            .clone()
+            .ok_or(DesiredError::MissingMetadata("name"))?,
+        namespace: ws
+            .metadata
+            .namespace
+            .clone()
+            .ok_or(DesiredError::MissingMetadata("namespace"))?,
+    })
+}
+
+/// Labels selecting the worker pods of a WorkerSet (immutable once the Deployment exists).
+pub fn selector_labels(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(WORKER_SET_LABEL.to_string(), name.to_string())])
+}
+
+/// The selector as the string the scale subresource reports (`status.selector`).
+pub fn selector_string(name: &str) -> String {
+    format!("{WORKER_SET_LABEL}={name}")
+}
+
+fn labels(name: &str) -> BTreeMap<String, String> {
+    let mut l = common_labels("worker", name);
+    l.extend(selector_labels(name));
+    l
+}
+
+/// vLLM's `--kv-events-config`: ZMQ PUB + ROUTER replay bound inside the pod (a `*` host makes
+/// vLLM bind; any other host makes it connect), empty topic, as the sidecar expects.
+pub fn kv_events_config(spec: &InferenceWorkerSetSpec) -> String {
+    serde_json::json!({
+        "enable_kv_cache_events": true,
+        "publisher": "zmq",
+        "endpoint": format!("tcp://*:{}", spec.kv_events.port),
+        "replay_endpoint": format!("tcp://*:{}", spec.kv_events.replay_port),
+        "topic": "",
+    })
+    .to_string()
+}
+
+/// Engine command and arguments: `vllm serve <model> ...` or `kvroute-mock-vllm ...` with the
+/// vLLM-style flags the mock accepts.
+pub fn engine_command(spec: &InferenceWorkerSetSpec) -> (Vec<String>, Vec<String>) {
+    let mut args = Vec::new();
+    let command = match spec.engine.mode {
+        EngineMode::Vllm => {
+            args.push(spec.model.load_from().to_string());
+            vec!["vllm".to_string(), "serve".to_string()]
+        }
+        EngineMode::Mock => vec!["kvroute-mock-vllm".to_string()],
+    };
+    let flag = |args: &mut Vec<String>, k: &str, v: String| {
+        args.push(k.to_string());
+        args.push(v);
+    };
+    flag(
+        &mut args,
+        "--served-model-name",
+        spec.model.served().to_string(),
+    );
+    flag(&mut args, "--host", "0.0.0.0".to_string());
+    flag(&mut args, "--port", spec.engine.port.to_string());
+    flag(&mut args, "--block-size", spec.block_size.to_string());
+    if spec.engine.mode == EngineMode::Vllm {
+        args.push("--enable-prefix-caching".to_string());
+    }
+    flag(&mut args, "--kv-events-config", kv_events_config(spec));
+    args.push("--enable-prompt-tokens-details".to_string());
+    match spec.engine.mode {
+        EngineMode::Vllm if spec.gpu.count > 1 => {
+            flag(
+                &mut args,
+                "--tensor-parallel-size",
+                spec.gpu.count.to_string(),
+            );
+        }
+        EngineMode::Mock => {
+            if let Some(speedup) = spec.engine.speedup {
+                flag(&mut args, "--speedup", speedup.to_string());
+            }
+        }
+        EngineMode::Vllm => {}
+    }
+    args.extend(spec.engine.args.iter().cloned());
+    (command, args)
+}
+
+fn http_probe(path: &str, port: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::String(port.to_string()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: Some(5),
+        ..Default::default()
+    }
+}
+
+fn port(name: &str, port: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.to_string()),
+        container_port: port,
+        protocol: Some("TCP".to_string()),
+        ..Default::default()
+    }
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+fn env_field(name: &str, field_path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: field_path.to_string(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn engine_container(spec: &InferenceWorkerSetSpec, cfg: &OperatorConfig) -> Container {
+    let (command, args) = engine_command(spec);
+    let gpu = spec.engine.mode == EngineMode::Vllm;
+    let image = spec
+        .engine
+        .image
+        .clone()
+        .unwrap_or_else(|| match spec.engine.mode {
+            EngineMode::Vllm => DEFAULT_VLLM_IMAGE.to_string(),
+            EngineMode::Mock => cfg.mock_image.clone(),
+        });
+    let mut resources = spec.resources.clone().unwrap_or_default();
+    if gpu {
+        let count = Quantity(spec.gpu.count.to_string());
+        resources
+            .limits
+            .get_or_insert_with(BTreeMap::new)
+            .insert(GPU_RESOURCE.to_string(), count.clone());
+        resources
+            .requests
+            .get_or_insert_with(BTreeMap::new)
+            .insert(GPU_RESOURCE.to_string(), count);
+    }
+    let resources = (resources != ResourceRequirements::default()).then_some(resources);
+    // Model loading takes minutes on a real GPU: the startup probe allows 30 minutes before the
+    // liveness probe starts counting, so a slow download never ends in a restart loop.
+    let startup_failures = if gpu { 180 } else { 60 };
+    Container {
+        name: ENGINE_CONTAINER.to_string(),
+        image: Some(image),
+        command: Some(command),
+        args: Some(args),
+        ports: Some(vec![
+            port("http", spec.engine.port),
+            port("kv-events", spec.kv_events.port),
+            port("kv-replay", spec.kv_events.replay_port),
+        ]),
+        resources,
+        startup_probe: Some(http_probe("/health", "http", 10, startup_failures)),
+        readiness_probe: Some(http_probe("/health", "http", 5, 3)),
+        liveness_probe: Some(http_probe("/health", "http", 10, 6)),
+        volume_mounts: gpu.then(|| {
+            vec![VolumeMount {
+                name: "dshm".to_string(),
+                mount_path: "/dev/shm".to_string(),
+                ..Default::default()
+            }]
+        }),
+        ..Default::default()
+    }
+}
+
+fn sidecar_container(
+    ws_name: &str,
+    spec: &InferenceWorkerSetSpec,
+    cfg: &OperatorConfig,
+) -> Container {
+    let mut envs = vec![
+        env_field("KVROUTE_SIDECAR_POD_NAME", "metadata.name"),
+        env_field("KVROUTE_SIDECAR_POD_NAMESPACE", "metadata.namespace"),
+        env_field("KVROUTE_SIDECAR_POD_IP", "status.podIP"),
+        env(
+            "KVROUTE_SIDECAR_WORKER_ADDRESS",
+            format!("$(KVROUTE_SIDECAR_POD_IP):{}", spec.engine.port),
+        ),
+        env("KVROUTE_SIDECAR_WORKER_SET", ws_name),
+        env("KVROUTE_SIDECAR_MODEL", spec.model.served()),
+        env("KVROUTE_SIDECAR_BLOCK_SIZE", spec.block_size.to_string()),
+        env(
+            "KVROUTE_SIDECAR_VLLM_URL",
+            format!("http://127.0.0.1:{}", spec.engine.port),
+        ),
+        env(
+            "KVROUTE_SIDECAR_ZMQ_ENDPOINT",
+            format!("tcp://127.0.0.1:{}", spec.kv_events.port),
+        ),
+        env(
+            "KVROUTE_SIDECAR_REPLAY_ENDPOINT",
+            format!("tcp://127.0.0.1:{}", spec.kv_events.replay_port),
+        ),
+        env("KVROUTE_SIDECAR_TOPIC", ""),
+        env(
+            "KVROUTE_SIDECAR_ADMIN_ADDR",
+            format!("0.0.0.0:{}", spec.sidecar.admin_port),
+        ),
+    ];
+    match &spec.sidecar.router_address {
+        Some(addr) => envs.push(env("KVROUTE_SIDECAR_ROUTER", addr.clone())),
+        None => envs.push(env("KVROUTE_SIDECAR_ROUTER_DNS", cfg.router_ingest_dns())),
+    }
+    Container {
+        name: SIDECAR_CONTAINER.to_string(),
+        image: Some(
+            spec.sidecar
+                .image
+                .clone()
+                .unwrap_or_else(|| cfg.sidecar_image.clone()),
+        ),
+        command: Some(vec!["kvroute-sidecar".to_string()]),
+        env: Some(envs),
+        ports: Some(vec![port("admin", spec.sidecar.admin_port)]),
+        readiness_probe: Some(http_probe("/healthz", "admin", 5, 3)),
+        liveness_probe: Some(http_probe("/healthz", "admin", 10, 6)),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("100m".to_string())),
+                ("memory".to_string(), Quantity("128Mi".to_string())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("1Gi".to_string()),
+            )])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn pod_spec(name: &str, spec: &InferenceWorkerSetSpec, cfg: &OperatorConfig) -> PodSpec {
+    let gpu = spec.engine.mode == EngineMode::Vllm;
+    let mut node_selector = spec.node_selector.clone();
+    let mut tolerations = spec.tolerations.clone();
+    if gpu {
+        node_selector.insert(GPU_PRODUCT_LABEL.to_string(), spec.gpu.product.clone());
+        let gpu_taint = |t: &Toleration| t.key.as_deref() == Some(GPU_RESOURCE);
+        if !tolerations.iter().any(gpu_taint) {
+            tolerations.push(Toleration {
+                key: Some(GPU_RESOURCE.to_string()),
+                operator: Some("Exists".to_string()),
+                effect: Some("NoSchedule".to_string()),
+                ..Default::default()
+            });
+        }
+    }
+    PodSpec {
+        containers: vec![
+            engine_container(spec, cfg),
+            sidecar_container(name, spec, cfg),
+        ],
+        node_selector: (!node_selector.is_empty()).then_some(node_selector),
+        tolerations: (!tolerations.is_empty()).then_some(tolerations),
+        // vLLM needs a large /dev/shm for tensor-parallel workers.
+        volumes: gpu.then(|| {
+            vec![Volume {
+                name: "dshm".to_string(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    medium: Some("Memory".to_string()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]
+        }),
+        termination_grace_period_seconds: Some(30),
+        ..Default::default()
+    }
+}
+
+/// Stable 64-bit hash (xxh3) of a pod template, hex encoded.
+pub fn template_hash(template: &PodTemplateSpec) -> String {
+    let bytes = serde_json::to_vec(template).unwrap_or_default();
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))
+}
+
+/// The Deployment running the workers.
+pub fn desired_deployment(
+    ws: &InferenceWorkerSet,
+    cfg: &OperatorConfig,
+) -> Result<Deployment, DesiredError> {
+    let Meta { name, namespace } = meta(ws)?;
+    let spec = &ws.spec;
+    let mut template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels(&name)),
+            annotations: Some(BTreeMap::from([(
+                MODEL_ANNOTATION.to_string(),
+                spec.model.served().to_string(),
+            )])),
+            ..Default::default()
+        }),
+        spec: Some(pod_spec(&name, spec, cfg)),
+    };
+    let hash = template_hash(&template);
+    if let Some(annotations) = template
+        .metadata
+        .as_mut()
+        .and_then(|m| m.annotations.as_mut())
+    {
+        annotations.insert(TEMPLATE_HASH_ANNOTATION.to_string(), hash);
+    }
+    // Spare GPUs are rare: a GPU rollout replaces one pod at a time without surging; mock
+    // workers surge like any stateless app.
+    let (surge, unavailable) = match spec.engine.mode {
+        EngineMode::Vllm => (IntOrString::Int(0), IntOrString::Int(1)),
+        EngineMode::Mock => (IntOrString::String("25%".to_string()), IntOrString::Int(0)),
+    };
+    Ok(Deployment {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(namespace),
+            labels: Some(labels(&name)),
+            annotations: Some(BTreeMap::from([(
+                MODEL_ANNOTATION.to_string(),
+                spec.model.served().to_string(),
+            )])),
+            owner_references: Some(vec![owner_ref(ws)?]),
+            ..Default::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(spec.replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(&name)),
+                ..Default::default()
+            },
+            template,
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_string()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(surge),
+                    max_unavailable: Some(unavailable),
+                }),
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// Headless Service: one DNS record per worker pod, for discovery and for Endpoints readers.
+pub fn desired_service(ws: &InferenceWorkerSet) -> Result<Service, DesiredError> {
+    let Meta { name, namespace } = meta(ws)?;
+    let spec = &ws.spec;
+    let sp = |n: &str, p: i32| ServicePort {
+        name: Some(n.to_string()),
+        port: p,
+        target_port: Some(IntOrString::Int(p)),
+        protocol: Some("TCP".to_string()),
+        ..Default::default()
+    };
+    Ok(Service {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(namespace),
+            labels: Some(labels(&name)),
+            owner_references: Some(vec![owner_ref(ws)?]),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_string()),
+            selector: Some(selector_labels(&name)),
+            // Workers are listed while they load so the router can watch them warm up.
+            publish_not_ready_addresses: Some(true),
+            ports: Some(vec![
+                sp("http", spec.engine.port),
+                sp("sidecar-admin", spec.sidecar.admin_port),
+            ]),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+fn container_ready(pod: &Pod, container: &str) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == container))
+        .is_some_and(|c| c.ready)
+}
+
+/// One status entry per live worker pod, sorted by name.
+pub fn worker_statuses(spec: &InferenceWorkerSetSpec, pods: &[Pod]) -> Vec<WorkerStatus> {
+    let mut workers: Vec<WorkerStatus> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let pod = p.metadata.name.clone()?;
+            let ip = p
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.clone())
+                .unwrap_or_default();
+            let has_sidecar = p
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.containers.iter().any(|c| c.name == SIDECAR_CONTAINER));
+            Some(WorkerStatus {
+                pod,
+                address: if ip.is_empty() {
+                    String::new()
+                } else {
+                    format!("{ip}:{}", spec.engine.port)
+                },
+                ready: container_ready(p, ENGINE_CONTAINER),
+                sidecar_connected: has_sidecar.then(|| container_ready(p, SIDECAR_CONTAINER)),
+            })
+        })
+        .collect();
+    workers.sort_by(|a, b| a.pod.cmp(&b.pod));
+    workers
+}
+
+/// A reason a pod cannot serve, taken from its status (first one found).
+fn pod_trouble(pods: &[Pod]) -> Option<(String, String)> {
+    for p in pods {
+        let name = p.metadata.name.as_deref().unwrap_or("?");
+        let Some(status) = &p.status else { continue };
+        if let Some(c) = status.conditions.iter().flatten().find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        }) {
+            return Some((
+                "WorkerUnschedulable".to_string(),
+                format!(
+                    "pod {name} cannot be scheduled: {}",
+                    c.message.as_deref().unwrap_or("no message")
+                ),
+            ));
+        }
+        for cs in status.container_statuses.iter().flatten() {
+            if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref())
+                && matches!(
+                    w.reason.as_deref(),
+                    Some(
+                        "CrashLoopBackOff"
+                            | "ImagePullBackOff"
+                            | "ErrImagePull"
+                            | "CreateContainerConfigError"
+                    )
+                )
+            {
+                let reason = w.reason.clone().unwrap_or_default();
+                return Some((
+                    format!("Worker{reason}"),
+                    format!("pod {name} container {}: {reason}", cs.name),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// What the Deployment reports, reduced to what status needs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RolloutFacts {
+    /// The Deployment exists.
+    pub exists: bool,
+    /// Its controller has seen its latest spec.
+    pub observed: bool,
+    /// `status.replicas`.
+    pub replicas: i32,
+    /// `status.readyReplicas`.
+    pub ready: i32,
+    /// `status.updatedReplicas`.
+    pub updated: i32,
+    /// A `ReplicaFailure` condition is True (e.g. quota).
+    pub replica_failure: bool,
+}
+
+impl RolloutFacts {
+    /// Reads a Deployment as the API server returned it.
+    pub fn from_deployment(d: Option<&Deployment>) -> Self {
+        let Some(d) = d else { return Self::default() };
+        let st = d.status.clone().unwrap_or_default();
+        Self {
+            exists: true,
+            observed: st.observed_generation.is_some()
+                && st.observed_generation >= d.metadata.generation,
+            replicas: st.replicas.unwrap_or(0),
+            ready: st.ready_replicas.unwrap_or(0),
+            updated: st.updated_replicas.unwrap_or(0),
+            replica_failure: st
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "ReplicaFailure" && c.status == "True"),
+        }
+    }
+}
+
+/// The WorkerSet status. `issues` non-empty means the spec was rejected and no children were
+/// written; `now` stamps condition transitions.
+pub fn desired_status(
+    ws: &InferenceWorkerSet,
+    issues: &[SpecIssue],
+    rollout: RolloutFacts,
+    pods: &[Pod],
+    now: &Time,
+) -> InferenceWorkerSetStatus {
+    let generation = ws.metadata.generation;
+    let name = ws.metadata.name.clone().unwrap_or_default();
+    let previous = ws.status.clone().unwrap_or_default();
+    let cond = |t, s, r: &str, m: String| condition::condition(t, s, r, m, generation, now);
+    let workers = worker_statuses(&ws.spec, pods);
+    let desired = ws.spec.replicas;
+    let conditions = if !issues.is_empty() {
+        let msg = summary(issues);
+        vec![
+            cond(READY, ConditionStatus::False, "InvalidSpec", msg.clone()),
+            cond(
+                PROGRESSING,
+                ConditionStatus::False,
+                "InvalidSpec",
+                "spec rejected; nothing was changed".into(),
+            ),
+            cond(DEGRADED, ConditionStatus::True, "InvalidSpec", msg),
+        ]
+    } else {
+        let ready_msg = format!("{}/{} workers ready", rollout.ready, desired);
+        let ready = if desired == 0 {
+            cond(
+                READY,
+                ConditionStatus::True,
+                "ScaledToZero",
+                "0 workers requested".into(),
+            )
+        } else if rollout.ready >= desired {
+            cond(
+                READY,
+                ConditionStatus::True,
+                "WorkersReady",
+                ready_msg.clone(),
+            )
+        } else {
+            cond(
+                READY,
+                ConditionStatus::False,
+                "WorkersNotReady",
+                ready_msg.clone(),
+            )
+        };
+        let progressing = if !rollout.exists || !rollout.observed {
+            cond(
+                PROGRESSING,
+                ConditionStatus::True,
+                "Reconciling",
+                "deployment update not yet observed".into(),
+            )
+        } else if rollout.updated < desired {
+            cond(
+                PROGRESSING,
+                ConditionStatus::True,
+                "RollingOut",
+                format!("{}/{} workers updated", rollout.updated, desired),
+            )
+        } else if rollout.replicas != desired || rollout.ready < desired {
+            cond(
+                PROGRESSING,
+                ConditionStatus::True,
+                "Scaling",
+                format!(
+                    "{} workers, {} ready, {} requested",
+                    rollout.replicas, rollout.ready, desired
+                ),
+            )
+        } else {
+            cond(
+                PROGRESSING,
+                ConditionStatus::False,
+                "RolloutComplete",
+                ready_msg.clone(),
+            )
+        };
+        let degraded = match pod_trouble(pods) {
+            Some((reason, msg)) => cond(DEGRADED, ConditionStatus::True, &reason, msg),
+            None if rollout.replica_failure => cond(
+                DEGRADED,
+                ConditionStatus::True,
+                "ReplicaFailure",
+                "the deployment cannot create pods (see its ReplicaFailure condition)".into(),
+            ),
+            None => cond(DEGRADED, ConditionStatus::False, "AsExpected", ready_msg),
+        };
+        vec![ready, progressing, degraded]
+    };
+    InferenceWorkerSetStatus {
+        observed_generation: generation,
+        replicas: if rollout.exists { rollout.replicas } else { 0 },
+        ready_replicas: rollout.ready,
+        selector: Some(selector_string(&name)),
+        workers,
+        conditions: condition::merge_conditions(&previous.conditions, conditions),
+    }
+}
+
+/// Severity of an event to publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// Informational.
+    Normal,
+    /// Needs attention.
+    Warning,
+}
+
+/// An event worth publishing: a condition that changed between two statuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notable {
+    /// Normal or Warning.
+    pub severity: Severity,
+    /// PascalCase reason.
+    pub reason: String,
+    /// Human message.
+    pub note: String,
+}
+
+/// Events for transitions from `old` to `new` conditions: becoming ready, losing readiness,
+/// becoming degraded (or invalid), recovering.
+pub fn notable_transitions(old: &[Condition], new: &[Condition]) -> Vec<Notable> {
+    let mut out = Vec::new();
+    let changed = |t: &str| {
+        let n = condition::find(new, t)?;
+        let o = condition::find(old, t);
+        (o.map(|o| (&o.status, &o.reason)) != Some((&n.status, &n.reason))).then_some(n)
+    };
+    if let Some(c) = changed(DEGRADED) {
+        if c.status == "True" {
+            out.push(Notable {
+                severity: Severity::Warning,
+                reason: c.reason.clone(),
+                note: c.message.clone(),
+            });
+        } else if condition::is_true(old, DEGRADED) {
+            out.push(Notable {
+                severity: Severity::Normal,
+                reason: "Recovered".into(),
+                note: c.message.clone(),
+            });
+        }
+    }
+    if let Some(c) = changed(READY)
+        && c.reason != "InvalidSpec"
+    {
+        let severity = if c.status == "True" {
+            Severity::Normal
+        } else {
+            Severity::Warning
+        };
+        out.push(Notable {
+            severity,
+            reason: c.reason.clone(),
+            note: c.message.clone(),
+        });
+    }
+    out
+}
+
+/// Label of a pod: which component (used by tests and the fake kubelet).
+pub fn is_worker_pod(pod: &Pod) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(COMPONENT_LABEL))
+        .is_some_and(|c| c == "worker")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    pub(crate) fn cfg() -> OperatorConfig {
+        OperatorConfig {
+            sidecar_image: "ghcr.io/kvroute/sidecar:test".into(),
+            mock_image: "ghcr.io/kvroute/mock-vllm:test".into(),
+            router_image: "ghcr.io/kvroute/router:test".into(),
+            router_replicas: 2,
+            router_namespace: "kvroute-system".into(),
+            watch_namespace: String::new(),
+        }
+    }
+
+    pub(crate) fn ws(spec_yaml: &str) -> InferenceWorkerSet {
+        let spec: InferenceWorkerSetSpec = serde_saphyr::from_str(spec_yaml).expect("spec parses");
+        let mut ws = InferenceWorkerSet::new("qwen", spec);
+        ws.metadata.namespace = Some("team-a".into());
+        ws.metadata.uid = Some("uid-1".into());
+        ws.metadata.generation = Some(3);
+        ws
+    }
+
+    fn now() -> Time {
+        Time(Timestamp::from_second(1_700_000_000).expect("valid"))
+    }
+
+    fn containers(d: &Deployment) -> Vec<Container> {
+        d.spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .map(|s| s.containers.clone())
+            .unwrap_or_default()
+    }
+
+    fn env_of(c: &Container, name: &str) -> Option<String> {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    }
+
+    #[test]
+    fn gpu_worker_set_gets_vllm_flags_gpus_selector_and_tolerations() {
+        let w = ws(
+            "model: {name: Qwen/Qwen3-32B-FP8, servedName: qwen3}\nreplicas: 3\nblockSize: 32\nengine: {args: [--max-model-len, '8192']}\n",
+        );
+        let d = desired_deployment(&w, &cfg()).expect("builds");
+        let spec = d.spec.as_ref().expect("spec");
+        assert_eq!(spec.replicas, Some(3));
+        let c = containers(&d);
+        assert_eq!(c.len(), 2);
+        let engine = &c[0];
+        assert_eq!(engine.image.as_deref(), Some(DEFAULT_VLLM_IMAGE));
+        assert_eq!(
+            engine.command.as_deref(),
+            Some(&["vllm".to_string(), "serve".to_string()][..])
+        );
+        let args = engine.args.clone().expect("args");
+        assert_eq!(args[0], "Qwen/Qwen3-32B-FP8");
+        let after = |flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .map(|i| args[i + 1].clone())
+        };
+        assert_eq!(after("--served-model-name").as_deref(), Some("qwen3"));
+        assert_eq!(after("--block-size").as_deref(), Some("32"));
+        assert_eq!(after("--port").as_deref(), Some("8000"));
+        assert!(args.contains(&"--enable-prefix-caching".to_string()));
+        assert!(args.contains(&"--enable-prompt-tokens-details".to_string()));
+        assert_eq!(
+            args[args.len() - 2..],
+            ["--max-model-len".to_string(), "8192".to_string()]
+        );
+        let kv: serde_json::Value =
+            serde_json::from_str(&after("--kv-events-config").expect("kv config")).expect("json");
+        assert_eq!(
+            kv,
+            serde_json::json!({"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
+                               "replay_endpoint": "tcp://*:5657", "topic": ""})
+        );
+        let limits = engine
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .expect("limits");
+        assert_eq!(limits.get(GPU_RESOURCE), Some(&Quantity("1".into())));
+        let pod = spec.template.spec.as_ref().expect("pod spec");
+        assert_eq!(
+            pod.node_selector
+                .as_ref()
+                .and_then(|n| n.get(GPU_PRODUCT_LABEL))
+                .map(String::as_str),
+            Some("NVIDIA-L40S")
+        );
+        let tol = &pod.tolerations.as_ref().expect("tolerations")[0];
+        assert_eq!(
+            (tol.key.as_deref(), tol.effect.as_deref()),
+            (Some(GPU_RESOURCE), Some("NoSchedule"))
+        );
+        assert!(engine.readiness_probe.is_some() && engine.startup_probe.is_some());
+        let owner = &d.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("InferenceWorkerSet", Some(true))
+        );
+    }
+
+    #[test]
+    fn sidecar_is_told_identity_model_ports_and_router() {
+        let w = ws(
+            "model: {name: m}\nengine: {mode: mock, port: 8100}\nkvEvents: {port: 6001, replayPort: 6002}\n",
+        );
+        let d = desired_deployment(&w, &cfg()).expect("builds");
+        let sidecar = &containers(&d)[1];
+        assert_eq!(
+            sidecar.command.as_deref(),
+            Some(&["kvroute-sidecar".to_string()][..])
+        );
+        assert_eq!(
+            sidecar.image.as_deref(),
+            Some("ghcr.io/kvroute/sidecar:test")
+        );
+        let pod_name = sidecar
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "KVROUTE_SIDECAR_POD_NAME")
+            .expect("pod name");
+        assert_eq!(
+            pod_name
+                .value_from
+                .as_ref()
+                .and_then(|v| v.field_ref.as_ref())
+                .map(|f| f.field_path.as_str()),
+            Some("metadata.name")
+        );
+        assert_eq!(
+            env_of(sidecar, "KVROUTE_SIDECAR_MODEL").as_deref(),
+            Some("m")
+        );
+        assert_eq!(
+            env_of(sidecar, "KVROUTE_SIDECAR_ZMQ_ENDPOINT").as_deref(),
+            Some("tcp://127.0.0.1:6001")
+        );
+        assert_eq!(
+            env_of(sidecar, "KVROUTE_SIDECAR_REPLAY_ENDPOINT").as_deref(),
+            Some("tcp://127.0.0.1:6002")
+        );
+        assert_eq!(
+            env_of(sidecar, "KVROUTE_SIDECAR_VLLM_URL").as_deref(),
+            Some("http://127.0.0.1:8100")
+        );
+        assert_eq!(
+            env_of(sidecar, "KVROUTE_SIDECAR_WORKER_ADDRESS").as_deref(),
+            Some("$(KVROUTE_SIDECAR_POD_IP):8100")
+        );
+        assert_eq!(
+            env_of(sidecar, "KVROUTE_SIDECAR_ROUTER_DNS").as_deref(),
+            Some("kvroute-router-ingest.kvroute-system.svc:9000")
+        );
+        let w = ws("model: {name: m}\nsidecar: {routerAddress: 'http://10.0.0.1:9000'}\n");
+        let sidecar = &containers(&desired_deployment(&w, &cfg()).expect("builds"))[1];
+        assert_eq!(
+            env_of(sidecar, "KVROUTE_SIDECAR_ROUTER").as_deref(),
+            Some("http://10.0.0.1:9000")
+        );
+        assert_eq!(env_of(sidecar, "KVROUTE_SIDECAR_ROUTER_DNS"), None);
+    }
+
+    #[test]
+    fn mock_engine_has_no_gpu_requests_or_selector_and_gets_speedup() {
+        let w =
+            ws("model: {name: m}\nengine: {mode: mock, speedup: 20}\nnodeSelector: {pool: cpu}\n");
+        let d = desired_deployment(&w, &cfg()).expect("builds");
+        let engine = &containers(&d)[0];
+        assert_eq!(
+            engine.image.as_deref(),
+            Some("ghcr.io/kvroute/mock-vllm:test")
+        );
+        assert_eq!(
+            engine.command.as_deref(),
+            Some(&["kvroute-mock-vllm".to_string()][..])
+        );
+        let args = engine.args.clone().expect("args");
+        assert_eq!(
+            args.iter()
+                .position(|a| a == "--speedup")
+                .map(|i| args[i + 1].as_str()),
+            Some("20")
+        );
+        assert!(!args.contains(&"--enable-prefix-caching".to_string()));
+        assert!(engine.resources.is_none());
+        let pod = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .expect("pod");
+        assert_eq!(
+            pod.node_selector,
+            Some(BTreeMap::from([("pool".to_string(), "cpu".to_string())]))
+        );
+        assert!(pod.tolerations.is_none());
+        assert!(pod.volumes.is_none());
+    }
+
+    #[test]
+    fn user_toleration_for_gpu_taint_is_not_duplicated_and_tp_follows_gpu_count() {
+        let w = ws(
+            "model: {name: m}\ngpu: {count: 4, product: NVIDIA-H100-80GB-HBM3}\ntolerations: [{key: nvidia.com/gpu, operator: Exists}]\n",
+        );
+        let d = desired_deployment(&w, &cfg()).expect("builds");
+        let pod = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .expect("pod");
+        assert_eq!(pod.tolerations.as_ref().map(Vec::len), Some(1));
+        let args = containers(&d)[0].args.clone().expect("args");
+        assert_eq!(
+            args.iter()
+                .position(|a| a == "--tensor-parallel-size")
+                .map(|i| args[i + 1].as_str()),
+            Some("4")
+        );
+    }
+
+    #[test]
+    fn spec_changes_change_the_template_hash_but_scaling_does_not() {
+        let hash = |yaml: &str| {
+            let d = desired_deployment(&ws(yaml), &cfg()).expect("builds");
+            d.spec
+                .and_then(|s| s.template.metadata)
+                .and_then(|m| m.annotations)
+                .and_then(|a| a.get(TEMPLATE_HASH_ANNOTATION).cloned())
+                .expect("hash annotation")
+        };
+        let base = hash("model: {name: m}\n");
+        assert_eq!(base, hash("model: {name: m}\nreplicas: 7\n"));
+        assert_ne!(base, hash("model: {name: m}\nblockSize: 32\n"));
+        assert_ne!(base, hash("model: {name: m}\nengine: {args: [--x]}\n"));
+    }
+
+    #[test]
+    fn headless_service_selects_the_workers() {
+        let s = desired_service(&ws("model: {name: m}\n")).expect("builds");
+        let spec = s.spec.expect("spec");
+        assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+        assert_eq!(spec.selector, Some(selector_labels("qwen")));
+        assert_eq!(spec.ports.expect("ports")[0].port, 8000);
+    }
+
+    #[test]
+    fn missing_metadata_is_an_error_not_a_panic() {
+        let mut w = ws("model: {name: m}\n");
+        w.metadata.uid = None;
+        assert!(desired_deployment(&w, &cfg()).is_err());
+        w.metadata.namespace = None;
+        assert_eq!(
+            desired_service(&w).unwrap_err(),
+            DesiredError::MissingMetadata("namespace")
+        );
+    }
+
+    fn pod(name: &str, ip: Option<&str>, engine_ready: bool, sidecar_ready: bool) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "engine"}, {"name": "sidecar"}]},
+            "status": {"podIP": ip, "containerStatuses": [
+                {"name": "engine", "ready": engine_ready, "restartCount": 0, "image": "i", "imageID": ""},
+                {"name": "sidecar", "ready": sidecar_ready, "restartCount": 0, "image": "i", "imageID": ""}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn status_lists_workers_and_reports_ready() {
+        let w = ws("model: {name: m}\nreplicas: 2\n");
+        let pods = [
+            pod("qwen-b", Some("10.0.0.2"), true, false),
+            pod("qwen-a", Some("10.0.0.1"), true, true),
+        ];
+        let facts = RolloutFacts {
+            exists: true,
+            observed: true,
+            replicas: 2,
+            ready: 2,
+            updated: 2,
+            replica_failure: false,
+        };
+        let st = desired_status(&w, &[], facts, &pods, &now());
+        assert_eq!(st.ready_replicas, 2);
+        assert_eq!(st.selector.as_deref(), Some("kvroute.dev/workerset=qwen"));
+        assert_eq!(st.observed_generation, Some(3));
+        assert_eq!(st.workers[0].pod, "qwen-a");
+        assert_eq!(st.workers[0].address, "10.0.0.1:8000");
+        assert_eq!(st.workers[1].sidecar_connected, Some(false));
+        assert!(condition::is_true(&st.conditions, READY));
+        assert!(!condition::is_true(&st.conditions, PROGRESSING));
+        assert!(!condition::is_true(&st.conditions, DEGRADED));
+    }
+
+    #[test]
+    fn status_while_rolling_and_for_invalid_spec() {
+        let w = ws("model: {name: m}\nreplicas: 3\n");
+        let facts = RolloutFacts {
+            exists: true,
+            observed: true,
+            replicas: 3,
+            ready: 1,
+            updated: 1,
+            replica_failure: false,
+        };
+        let st = desired_status(&w, &[], facts, &[], &now());
+        assert_eq!(
+            condition::find(&st.conditions, PROGRESSING).map(|c| c.reason.as_str()),
+            Some("RollingOut")
+        );
+        assert_eq!(
+            condition::find(&st.conditions, READY).map(|c| c.message.as_str()),
+            Some("1/3 workers ready")
+        );
+        let w = ws("model: {name: m}\ngpu: {product: bogus}\n");
+        let issues = w.spec.validate();
+        let st = desired_status(&w, &issues, RolloutFacts::default(), &[], &now());
+        let degraded = condition::find(&st.conditions, DEGRADED).expect("degraded");
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "InvalidSpec")
+        );
+        assert!(degraded.message.contains("unknown GPU product \"bogus\""));
+    }
+
+    #[test]
+    fn crash_looping_pod_degrades_and_transitions_become_events() {
+        let w = ws("model: {name: m}\n");
+        let crashing: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "qwen-x"},
+            "status": {"containerStatuses": [{"name": "engine", "ready": false, "restartCount": 4, "image": "i", "imageID": "",
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}
+        }))
+        .expect("pod");
+        let facts = RolloutFacts {
+            exists: true,
+            observed: true,
+            replicas: 1,
+            ready: 0,
+            updated: 1,
+            replica_failure: false,
+        };
+        let st = desired_status(&w, &[], facts, &[crashing], &now());
+        let degraded = condition::find(&st.conditions, DEGRADED).expect("degraded");
+        assert_eq!(degraded.reason, "WorkerCrashLoopBackOff");
+        let events = notable_transitions(&[], &st.conditions);
+        assert_eq!(events[0].severity, Severity::Warning);
+        assert_eq!(events[0].reason, "WorkerCrashLoopBackOff");
+        // Same status again: nothing new to say.
+        assert!(notable_transitions(&st.conditions, &st.conditions).is_empty());
+    }
+}
