@@ -1,10 +1,185 @@
-//! `kvroute explain` (stub).
+//! `kvroute explain --router URL FILE.json`: asks a running router where it would send a
+//! request, and why, without sending it (POST /debug/explain on the admin address), then
+//! prints the decision record as a table (`--json` prints it raw).
+//!
+//! ```text
+//! FILE.json --POST URL/debug/explain--> decision record --render--> table on stdout
+//! ```
 
-/// Command-line arguments (stub: replaced by the component's real flags).
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+/// Arguments of `kvroute explain`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ExplainArgs {}
+pub struct ExplainArgs {
+    /// Admin base URL of the router, e.g. http://127.0.0.1:9090.
+    #[arg(
+        long,
+        env = "KVROUTE_EXPLAIN_ROUTER",
+        default_value = "http://127.0.0.1:9090"
+    )]
+    pub router: String,
+    /// Print the raw JSON decision record instead of a table.
+    #[arg(long, env = "KVROUTE_EXPLAIN_JSON")]
+    pub json: bool,
+    /// An OpenAI chat/completions or completions request body (JSON file; `-` for stdin).
+    pub file: PathBuf,
+}
 
-/// Runs the command (stub).
-pub async fn run(_args: ExplainArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+/// Runs the command.
+pub async fn run(args: ExplainArgs) -> anyhow::Result<()> {
+    let ExplainArgs { router, json, file } = args;
+    let body = if file.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("read stdin")?;
+        s
+    } else {
+        std::fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?
+    };
+    let _: Value =
+        serde_json::from_str(&body).with_context(|| format!("{} is not JSON", file.display()))?;
+    let url = format!("{}/debug/explain", router.trim_end_matches('/'));
+    let resp = reqwest::Client::new()
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .with_context(|| format!("POST {url}"))?;
+    let status = resp.status();
+    let text = resp.text().await.context("read the router's answer")?;
+    if !status.is_success() {
+        bail!("router answered {status}: {text}");
+    }
+    let record: Value = serde_json::from_str(&text).context("router answer is not JSON")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&record)?);
+    } else {
+        print!("{}", render(&record));
+    }
+    Ok(())
+}
+
+/// Renders a decision record readably. Tolerant: missing fields print as `-`.
+pub fn render(rec: &Value) -> String {
+    let s = |v: &Value, k: &str| match v.get(k) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => "-".into(),
+        Some(other) => other.to_string(),
+    };
+    let f = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
+    let ms = |x: Option<f64>| {
+        x.filter(|x| x.is_finite())
+            .map_or("-".into(), |x| format!("{:.1}", x * 1e3))
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "model:      {} -> {}",
+        s(rec, "model"),
+        s(rec, "backend_model")
+    );
+    let _ = writeln!(out, "policy:     {}", s(rec, "policy"));
+    let _ = writeln!(
+        out,
+        "chosen:     {} ({})",
+        s(rec, "chosen"),
+        s(rec, "address")
+    );
+    let _ = writeln!(out, "reason:     {}", s(rec, "reason"));
+    let _ = writeln!(
+        out,
+        "predicted:  {} ms TTFT",
+        ms(f(rec, "predicted_ttft_s"))
+    );
+    let _ = writeln!(out, "prompt:     {} tokens", s(rec, "prompt_tokens"));
+    if rec.get("degraded").and_then(Value::as_bool) == Some(true) {
+        let _ = writeln!(
+            out,
+            "DEGRADED:   scored on load only ({})",
+            s(rec, "degraded_reason")
+        );
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "  {:<28} {:>8} {:>9} {:>7} {:>7} {:>8} {:>9} {:>10} {:>9} {:>6}",
+        "worker",
+        "cached",
+        "of blocks",
+        "waiting",
+        "running",
+        "inflight",
+        "queue tok",
+        "pred ms",
+        "score",
+        "stale"
+    );
+    let chosen = s(rec, "chosen");
+    for c in rec
+        .get("candidates")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let mark = if s(c, "worker") == chosen { "*" } else { " " };
+        let _ = writeln!(
+            out,
+            "{mark} {:<28} {:>8} {:>9} {:>7} {:>7} {:>8} {:>9.0} {:>10} {:>9.4} {:>6}",
+            s(c, "worker"),
+            s(c, "cached_blocks"),
+            s(c, "prompt_blocks"),
+            s(c, "waiting"),
+            s(c, "running"),
+            s(c, "inflight"),
+            f(c, "queue_tokens").unwrap_or(0.0),
+            ms(f(c, "predicted_ttft")),
+            f(c, "score").unwrap_or(f64::NAN),
+            s(c, "stale"),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_a_record_and_marks_the_choice() {
+        let rec = serde_json::json!({
+            "model": "chat", "backend_model": "qwen3", "policy": "kvroute", "chosen": "ns/a",
+            "address": "10.0.0.1:8000", "reason": "lowest_predicted_ttft", "degraded": false,
+            "prompt_tokens": 512, "predicted_ttft_s": 0.0123,
+            "candidates": [
+                {"worker": "ns/a", "cached_blocks": 32, "prompt_blocks": 32, "waiting": 0, "running": 1,
+                 "inflight": 0, "queue_tokens": 0.0, "predicted_ttft": 0.0123, "score": 0.0123, "stale": false},
+                {"worker": "ns/b", "cached_blocks": 0, "prompt_blocks": 32, "waiting": 2, "running": 1,
+                 "inflight": 1, "queue_tokens": 900.0, "predicted_ttft": 0.3, "score": 0.3, "stale": true}
+            ]
+        });
+        let text = render(&rec);
+        assert!(text.contains("chosen:     ns/a (10.0.0.1:8000)"), "{text}");
+        assert!(text.contains("predicted:  12.3 ms TTFT"), "{text}");
+        let row = |w: &str| {
+            text.lines()
+                .find(|l| l.trim_start_matches(['*', ' ']).starts_with(w))
+                .map(str::to_owned)
+        };
+        let a = row("ns/a").expect("row a");
+        assert!(a.starts_with('*'), "{a}");
+        let b = row("ns/b").expect("row b");
+        assert!(b.starts_with(' ') && b.contains("true"), "{b}");
+        assert!(!text.contains("DEGRADED"));
+    }
+
+    #[test]
+    fn tolerates_missing_fields() {
+        let text = render(&serde_json::json!({"degraded": true}));
+        assert!(text.contains("DEGRADED"), "{text}");
+        assert!(text.contains("chosen:     - (-)"), "{text}");
+    }
 }
