@@ -1,7 +1,10 @@
 //! The paged KV cache: a fixed pool of blocks, reference counts for blocks in use, a map from
 //! block hash to cached block, and an LRU queue of free blocks (like vLLM's
-//! `FreeKVCacheBlockQueue`): freed blocks join the tail, allocation takes the head and evicts
-//! whatever hash that block still held, and a cache hit on a free block takes it out of the queue.
+//! `FreeKVCacheBlockQueue`): freed cached blocks join the tail, freed blocks without a hash
+//! (partial blocks) join the head since they hold nothing reusable, allocation takes the head
+//! and evicts whatever hash that block still held, and a cache hit on a free block takes it out
+//! of the queue. The head-for-hashless rule is what the real vLLM capture shows
+//! (testdata/vllm-capture: D1 evicts A2, B2, A1 after four partial blocks).
 
 use std::collections::HashMap;
 
@@ -101,13 +104,18 @@ impl BlockPool {
         Some(id)
     }
 
-    /// Drops one reference; a block reaching zero joins the tail of the free queue.
+    /// Drops one reference; a block reaching zero joins the tail of the free queue, or the
+    /// head when it caches nothing.
     pub(crate) fn release(&mut self, id: BlockId) {
         let b = &mut self.blocks[id as usize];
         debug_assert!(b.ref_cnt > 0);
         b.ref_cnt = b.ref_cnt.saturating_sub(1);
         if b.ref_cnt == 0 {
-            self.push_tail(id);
+            if b.hash.is_some() {
+                self.push_tail(id);
+            } else {
+                self.push_head(id);
+            }
         }
     }
 
@@ -151,6 +159,23 @@ impl BlockPool {
         b.next = NIL;
         b.in_free_queue = false;
         self.num_free -= 1;
+    }
+
+    fn push_head(&mut self, id: BlockId) {
+        let head = self.head;
+        {
+            let b = &mut self.blocks[id as usize];
+            b.prev = NIL;
+            b.next = head;
+            b.in_free_queue = true;
+        }
+        if head == NIL {
+            self.tail = id;
+        } else {
+            self.blocks[head as usize].prev = id;
+        }
+        self.head = id;
+        self.num_free += 1;
     }
 
     fn push_tail(&mut self, id: BlockId) {
@@ -197,5 +222,18 @@ mod tests {
         assert_eq!(ev, vec![102, 101]);
         assert!(pool.allocate(&mut ev).is_none());
         assert_eq!(pool.lookup(100), Some(hit));
+    }
+
+    #[test]
+    fn blocks_without_a_hash_are_reused_first() {
+        let mut pool = BlockPool::new(3);
+        let mut ev = Vec::new();
+        let a = pool.allocate(&mut ev).unwrap();
+        let b = pool.allocate(&mut ev).unwrap();
+        pool.cache(a, 1);
+        pool.release(a);
+        pool.release(b); // partial block: goes to the head
+        assert_eq!(pool.allocate(&mut ev), Some(b));
+        assert!(ev.is_empty());
     }
 }

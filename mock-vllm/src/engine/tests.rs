@@ -248,10 +248,11 @@ fn eviction_is_lru_and_tail_blocks_go_first() {
             _ => None,
         })
         .collect();
-    // Request 1 freed its blocks tail first (partial, a2, a1, a0) before request 2 freed its
-    // own, so request 3 takes the partial block (no hash), then a2, then a1.
-    assert_eq!(removed, vec![a[2], a[1]]);
-    assert_eq!(e.cached_prefix_tokens(&prompt(0, 49)), 16);
+    // Request 1 freed a2, a1, a0 to the tail (its partial block to the head); request 2 then
+    // took the head blocks and put its own partial block at the head. Request 3 takes that
+    // partial block, the never-used block, then a2: the least recently freed cached block.
+    assert_eq!(removed, vec![a[2]]);
+    assert_eq!(e.cached_prefix_tokens(&prompt(0, 49)), 32);
 }
 
 #[test]
