@@ -1,0 +1,165 @@
+//! KV events over real ZMQ sockets: a SUB sees `[topic, seq, payload]` with contiguous seqs,
+//! a DEALER replay returns every buffered batch as `["", topic, seq, payload]` and then the end
+//! marker `["", "", ff*8, ""]`, and a restart sends seq back to 0.
+
+use std::time::{Duration, Instant};
+
+use kvroute_mock_vllm::driver::Cmd;
+use kvroute_mock_vllm::{Args, RunningServer, start};
+use serde_json::json;
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+async fn server() -> RunningServer {
+    let args = Args {
+        profile: "tiny".into(),
+        speedup: 100.0,
+        kv_events_config: Some(
+            json!({
+                "enable_kv_cache_events": true,
+                "publisher": "zmq",
+                "endpoint": "tcp://127.0.0.1:0",
+                "replay_endpoint": "tcp://127.0.0.1:0",
+                "topic": "kv",
+            })
+            .to_string(),
+        ),
+        ..Args::default()
+    };
+    start(args).await.unwrap()
+}
+
+async fn complete(base: &str, prompt: &str) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"prompt": prompt, "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+fn seq_of(frame: &[u8]) -> u64 {
+    u64::from_be_bytes(frame[..8].try_into().unwrap())
+}
+
+/// Sends requests until the subscriber sees a message (its subscription has landed).
+async fn first_message(sub: &mut zeromq::SubSocket, base: &str) -> ZmqMessage {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for i in 0.. {
+        assert!(
+            Instant::now() < deadline,
+            "no KV event reached the subscriber"
+        );
+        complete(
+            base,
+            &format!("warm-up prompt number {i} that fills a block or two"),
+        )
+        .await;
+        if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(200), sub.recv()).await {
+            return m;
+        }
+    }
+    unreachable!()
+}
+
+async fn replay(endpoint: &str, from: u64) -> Vec<Vec<Vec<u8>>> {
+    let mut dealer = zeromq::DealerSocket::new();
+    dealer.connect(endpoint).await.unwrap();
+    let req = ZmqMessage::try_from(vec![
+        bytes::Bytes::new(),
+        bytes::Bytes::copy_from_slice(&from.to_be_bytes()),
+    ])
+    .unwrap();
+    dealer.send(req).await.unwrap();
+    let mut replies = Vec::new();
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(10), dealer.recv())
+            .await
+            .expect("replay timed out")
+            .unwrap();
+        let frames: Vec<Vec<u8>> = m.into_vec().into_iter().map(|b| b.to_vec()).collect();
+        let end = frames.get(2).is_some_and(|f| f == &[0xff; 8]);
+        replies.push(frames);
+        if end {
+            return replies;
+        }
+    }
+}
+
+#[tokio::test]
+async fn pub_stream_replay_and_restart() {
+    let s = server().await;
+    let base = format!("http://{}", s.http_addr);
+    let pub_ep = s
+        .endpoints
+        .pub_endpoint
+        .clone()
+        .unwrap()
+        .replace("0.0.0.0", "127.0.0.1");
+    let replay_ep = s
+        .endpoints
+        .replay_endpoint
+        .clone()
+        .unwrap()
+        .replace("0.0.0.0", "127.0.0.1");
+    let mut sub = zeromq::SubSocket::new();
+    sub.subscribe("").await.unwrap();
+    sub.connect(&pub_ep).await.unwrap();
+
+    let first = first_message(&mut sub, &base).await;
+    assert_eq!(first.len(), 3);
+    assert_eq!(first.get(0).unwrap().as_ref(), b"kv");
+    let mut last = seq_of(first.get(1).unwrap());
+    complete(
+        &base,
+        "another prompt that is long enough to fill at least one whole block",
+    )
+    .await;
+    let next = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        seq_of(next.get(1).unwrap()),
+        last + 1,
+        "seqs are contiguous"
+    );
+    last += 1;
+    let payload = rmpv::decode::read_value(&mut next.get(2).unwrap().as_ref()).unwrap();
+    assert_eq!(payload.as_array().unwrap().len(), 3);
+
+    // Replay everything: all batches 0..=last, then the end marker.
+    let replies = replay(&replay_ep, 0).await;
+    let (end, batches) = replies.split_last().unwrap();
+    assert_eq!(end, &vec![vec![], vec![], vec![0xff; 8], vec![]]);
+    let seqs: Vec<u64> = batches.iter().map(|f| seq_of(&f[2])).collect();
+    assert_eq!(seqs, (0..=last).collect::<Vec<_>>());
+    assert!(
+        batches
+            .iter()
+            .all(|f| f.len() == 4 && f[0].is_empty() && f[1] == b"kv")
+    );
+    assert_eq!(
+        batches.last().unwrap()[3],
+        next.get(2).unwrap().to_vec(),
+        "replay = live bytes"
+    );
+    // Past the end: only the end marker.
+    assert_eq!(replay(&replay_ep, last + 100).await.len(), 1);
+
+    // A restart sends seq back to 0.
+    s.cmd.send(Cmd::Restart).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "no event after restart");
+        complete(
+            &base,
+            "a prompt after the restart, long enough to fill a block",
+        )
+        .await;
+        if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), sub.recv()).await {
+            assert_eq!(seq_of(m.get(1).unwrap()), 0);
+            break;
+        }
+    }
+}
