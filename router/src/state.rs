@@ -1400,7 +1400,7 @@ impl crate::gateway::Dispatch for RouterState {
             prompt,
             cache_salt: body.get("cache_salt").and_then(serde_json::Value::as_str),
             lora: None,
-            headers: None,
+            headers: Some(request.headers),
             exclude,
         };
         match RouterState::pick(self, &input, Instant::now()) {

@@ -75,10 +75,10 @@ pub fn build_catalog(
                 for w in set.status.iter().flat_map(|s| s.workers.iter()) {
                     catalog.workers.push(DiscoveredWorker {
                         id: format!("{namespace}/{}", w.pod),
-                        address: w.address.clone(),
+                        address: w.address.clone().unwrap_or_default(),
                         model: model.clone(),
                         worker_set: name.clone(),
-                        ready: w.ready,
+                        ready: w.ready && w.address.is_some(),
                     });
                 }
             }
