@@ -44,7 +44,9 @@ impl ConditionStatus {
     }
 }
 
-/// Builds a condition; `now` is an input so callers (and tests) control time.
+/// Builds a condition; `now` is an input so callers (and tests) control time. An empty message
+/// becomes the reason: Kubernetes requires the field, and some API servers read an empty
+/// string in an apply patch as null.
 pub fn condition(
     type_: &str,
     status: ConditionStatus,
@@ -57,7 +59,9 @@ pub fn condition(
         type_: type_.to_string(),
         status: status.as_str().to_string(),
         reason: reason.to_string(),
-        message: message.into(),
+        message: Some(message.into())
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| reason.to_string()),
         observed_generation,
         last_transition_time: now.clone(),
     }

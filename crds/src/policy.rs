@@ -137,9 +137,9 @@ pub struct RejectAction {
     #[schemars(range(min = 400, max = 599))]
     pub status: i32,
     /// Message returned in the OpenAI-style error body.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
-    pub message: String,
+    pub message: Option<String>,
 }
 
 /// Overflow to a provider when a threshold is crossed.

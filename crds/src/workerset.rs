@@ -294,9 +294,9 @@ pub struct InferenceWorkerSetStatus {
 pub struct WorkerStatus {
     /// Pod name (the worker identity the sidecar reports).
     pub pod: String,
-    /// `podIP:enginePort`, empty until the pod has an IP.
-    #[serde(default)]
-    pub address: String,
+    /// `podIP:enginePort`; absent until the pod has an IP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     /// The engine container is ready.
     #[serde(default)]
     pub ready: bool,

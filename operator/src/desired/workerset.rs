@@ -471,11 +471,7 @@ pub fn worker_statuses(spec: &InferenceWorkerSetSpec, pods: &[Pod]) -> Vec<Worke
                 .is_some_and(|s| s.containers.iter().any(|c| c.name == SIDECAR_CONTAINER));
             Some(WorkerStatus {
                 pod,
-                address: if ip.is_empty() {
-                    String::new()
-                } else {
-                    format!("{ip}:{}", spec.engine.port)
-                },
+                address: (!ip.is_empty()).then(|| format!("{ip}:{}", spec.engine.port)),
                 ready: container_ready(p, ENGINE_CONTAINER),
                 sidecar_connected: has_sidecar.then(|| container_ready(p, SIDECAR_CONTAINER)),
             })
@@ -713,8 +709,10 @@ pub fn notable_transitions(old: &[Condition], new: &[Condition]) -> Vec<Notable>
             });
         }
     }
+    // A new resource starts not ready; only say so once it has been ready or is ready now.
     if let Some(c) = changed(READY)
         && c.reason != "InvalidSpec"
+        && (c.status == "True" || condition::find(old, READY).is_some())
     {
         let severity = if c.status == "True" {
             Severity::Normal
@@ -1037,7 +1035,7 @@ mod tests {
         assert_eq!(st.selector.as_deref(), Some("kvroute.dev/workerset=qwen"));
         assert_eq!(st.observed_generation, Some(3));
         assert_eq!(st.workers[0].pod, "qwen-a");
-        assert_eq!(st.workers[0].address, "10.0.0.1:8000");
+        assert_eq!(st.workers[0].address.as_deref(), Some("10.0.0.1:8000"));
         assert_eq!(st.workers[1].sidecar_connected, Some(false));
         assert!(condition::is_true(&st.conditions, READY));
         assert!(!condition::is_true(&st.conditions, PROGRESSING));
