@@ -56,6 +56,25 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     ]
 }
 
+/// A copy of `crd` without `x-kubernetes-validations` (CEL rules), for API servers older than
+/// 1.25: they refuse the field in server-side apply (and ignore it otherwise). The operator
+/// enforces the same rules through each spec's `validate()`.
+pub fn without_cel(crd: &CustomResourceDefinition) -> CustomResourceDefinition {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                map.remove("x-kubernetes-validations");
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(crd).unwrap_or_default();
+    strip(&mut value);
+    serde_json::from_value(value).unwrap_or_else(|_| crd.clone())
+}
+
 /// File name under `crds/` for a CRD (`<plural>.<group>.yaml`).
 pub fn crd_file_name(crd: &CustomResourceDefinition) -> String {
     format!("{}.yaml", crd.metadata.name.as_deref().unwrap_or("unnamed"))
@@ -127,6 +146,17 @@ mod tests {
         );
         assert_eq!(spec["required"], serde_json::json!(["model"]));
         assert!(spec["x-kubernetes-validations"].is_array());
+    }
+
+    #[test]
+    fn without_cel_strips_every_rule_and_nothing_else() {
+        for crd in crds() {
+            let stripped = without_cel(&crd);
+            let text = serde_json::to_string(&stripped).expect("serializes");
+            assert!(!text.contains("x-kubernetes-validations"));
+            assert_eq!(stripped.spec.names, crd.spec.names);
+            assert!(text.contains("\"required\""), "{}", crd.spec.names.kind);
+        }
     }
 
     #[test]
