@@ -1,15 +1,661 @@
-//! OLM bundle generation (in progress).
+//! The OLM bundle and the plain deploy manifests, generated from the same sources as the CRDs
+//! and the operator's RBAC ([`crate::permissions`]), so they cannot drift apart.
+//!
+//! ```text
+//! kvroute_crds::crds() ----------------------> bundle/manifests/<crd>.yaml (= crds/<crd>.yaml)
+//! permissions::OPERATOR_*_RULES, operator_deployment()
+//!        |--> bundle/manifests/kvroute-operator.clusterserviceversion.yaml (+ examples(), icon)
+//!        '--> deploy/operator.yaml (Namespace, ServiceAccount, RBAC, Deployment)
+//! annotations() --> bundle/metadata/annotations.yaml and the LABELs of bundle/bundle.Dockerfile
+//! ```
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::crdgen::GeneratedFile;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SecurityContext, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::CustomResourceExt;
+use kvroute_crds::{
+    GatewayBackend, InferencePolicy, InferencePool, InferenceProvider, InferenceWorkerSet,
+};
+use serde_json::{Value, json};
 
-/// Bundle files.
-pub fn bundle_files(_dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
-    Ok(Vec::new())
+use crate::crdgen::{GeneratedFile, to_yaml};
+use crate::permissions::{OPERATOR_NAMESPACE_RULES, OPERATOR_RULES, policy_rules};
+
+/// OLM package name.
+pub const PACKAGE: &str = "kvroute-operator";
+/// Bundle channel.
+pub const CHANNEL: &str = "alpha";
+/// Operator version (the workspace version).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Namespace of the plain deploy manifests.
+pub const DEPLOY_NAMESPACE: &str = "kvroute-system";
+/// Name of the operator's Deployment and ServiceAccount.
+pub const OPERATOR_NAME: &str = "kvroute-operator";
+/// Admin port of the operator.
+pub const ADMIN_PORT: i32 = 8080;
+/// Oldest Kubernetes the operator runs on (what the e2e tier tests).
+pub const MIN_KUBE_VERSION: &str = "1.20.0";
+
+/// The operator image of this version.
+pub fn operator_image() -> String {
+    format!("{}/kvroute-operator:{VERSION}", crate::IMAGE_REPO)
 }
 
-/// Plain deploy manifests.
-pub fn deploy_files(_dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
-    Ok(Vec::new())
+/// A small kvroute logo (SVG).
+pub const ICON_SVG: &str = r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 64 64"><rect width="64" height="64" rx="12" fill="#1f3a5f"/><path d="M14 16v32M14 32l14-16M14 32l14 16" stroke="#7fd1ff" stroke-width="5" fill="none" stroke-linecap="round"/><circle cx="44" cy="20" r="5" fill="#ffd166"/><circle cx="44" cy="44" r="5" fill="#ffd166"/><path d="M32 32h6l6-12M38 32l6 12" stroke="#ffd166" stroke-width="3" fill="none"/></svg>"##;
+
+/// Standard base64 (RFC 4648, padded).
+pub fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The bundle's metadata annotations (also the bundle image's labels).
+pub fn annotations() -> BTreeMap<&'static str, &'static str> {
+    BTreeMap::from([
+        (
+            "operators.operatorframework.io.bundle.mediatype.v1",
+            "registry+v1",
+        ),
+        (
+            "operators.operatorframework.io.bundle.manifests.v1",
+            "manifests/",
+        ),
+        (
+            "operators.operatorframework.io.bundle.metadata.v1",
+            "metadata/",
+        ),
+        ("operators.operatorframework.io.bundle.package.v1", PACKAGE),
+        ("operators.operatorframework.io.bundle.channels.v1", CHANNEL),
+        (
+            "operators.operatorframework.io.bundle.channel.default.v1",
+            CHANNEL,
+        ),
+    ])
+}
+
+fn env_field(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.to_string(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The operator's Deployment spec (two replicas: one leads, one stands by). The watch namespace
+/// comes from OLM's `olm.targetNamespaces` annotation (empty = all namespaces); the Lease lives
+/// in the pod's namespace; the identity is the pod name.
+pub fn operator_deployment_spec(image: &str) -> DeploymentSpec {
+    let labels = BTreeMap::from([(
+        "app.kubernetes.io/name".to_string(),
+        OPERATOR_NAME.to_string(),
+    )]);
+    let probe = |path: &str, period: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::String("admin".to_string()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        ..Default::default()
+    };
+    let container = Container {
+        name: "operator".to_string(),
+        image: Some(image.to_string()),
+        command: Some(vec!["kvroute-operator".to_string()]),
+        env: Some(vec![
+            env_field(
+                "KVROUTE_OPERATOR_NAMESPACE",
+                "metadata.annotations['olm.targetNamespaces']",
+            ),
+            env_field("KVROUTE_OPERATOR_LEASE_NAMESPACE", "metadata.namespace"),
+            env_field("KVROUTE_OPERATOR_IDENTITY", "metadata.name"),
+            EnvVar {
+                name: "KVROUTE_OPERATOR_ADMIN_ADDR".to_string(),
+                value: Some(format!("0.0.0.0:{ADMIN_PORT}")),
+                ..Default::default()
+            },
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("admin".to_string()),
+            container_port: ADMIN_PORT,
+            protocol: Some("TCP".to_string()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(probe("/healthz", 10)),
+        liveness_probe: Some(probe("/healthz", 20)),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("50m".to_string())),
+                ("memory".to_string(), Quantity("64Mi".to_string())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("256Mi".to_string()),
+            )])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_string()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    DeploymentSpec {
+        replicas: Some(2),
+        selector: LabelSelector {
+            match_labels: Some(labels.clone()),
+            ..Default::default()
+        },
+        template: PodTemplateSpec {
+            metadata: Some(ObjectMeta {
+                labels: Some(labels),
+                ..Default::default()
+            }),
+            spec: Some(PodSpec {
+                service_account_name: Some(OPERATOR_NAME.to_string()),
+                containers: vec![container],
+                security_context: Some(PodSecurityContext {
+                    run_as_non_root: Some(true),
+                    ..Default::default()
+                }),
+                termination_grace_period_seconds: Some(10),
+                ..Default::default()
+            }),
+        },
+        ..Default::default()
+    }
+}
+
+/// Example resources (CSV `alm-examples`, and a working start for users): a vLLM WorkerSet on
+/// L40S, a pool with a provider for overflow, a policy, the provider and its backend.
+pub fn examples() -> Vec<Value> {
+    vec![
+        json!({
+            "apiVersion": kvroute_crds::API_VERSION, "kind": "InferenceWorkerSet",
+            "metadata": {"name": "qwen3-0-6b"},
+            "spec": {
+                "model": {"name": "Qwen/Qwen3-0.6B", "servedName": "qwen3-0.6b"},
+                "replicas": 2,
+                "blockSize": 16,
+                "engine": {"mode": "vllm", "args": ["--max-model-len", "8192"]},
+                "gpu": {"count": 1, "product": "NVIDIA-L40S"}
+            }
+        }),
+        json!({
+            "apiVersion": kvroute_crds::API_VERSION, "kind": "InferencePool",
+            "metadata": {"name": "chat"},
+            "spec": {
+                "targets": [{"workerSet": "qwen3-0-6b"}, {"provider": "openai", "role": "overflow"}],
+                "modelAliases": [{"name": "chat", "model": "qwen3-0.6b"}]
+            }
+        }),
+        json!({
+            "apiVersion": kvroute_crds::API_VERSION, "kind": "InferencePolicy",
+            "metadata": {"name": "default"},
+            "spec": {
+                "pool": "chat",
+                "rules": [
+                    {"name": "pii-stays-local", "match": {"labels": ["pii"]}, "actions": {"route": {"localOnly": true}}},
+                    {"name": "burst-to-openai", "actions": {"overflow": {"provider": "openai", "ttftThresholdMs": 2000},
+                                                             "limits": {"tokensPerMinute": 200000}}}
+                ]
+            }
+        }),
+        json!({
+            "apiVersion": kvroute_crds::API_VERSION, "kind": "InferenceProvider",
+            "metadata": {"name": "openai"},
+            "spec": {"kind": "openai", "models": ["qwen3-0.6b"], "limits": {"requestsPerMinute": 600},
+                     "gatewayBackendRef": {"name": "openai"}}
+        }),
+        json!({
+            "apiVersion": kvroute_crds::API_VERSION, "kind": "GatewayBackend",
+            "metadata": {"name": "openai"},
+            "spec": {"url": "https://api.openai.com", "tls": {"sni": "api.openai.com"},
+                     "auth": {"secretRef": {"name": "openai-credentials", "key": "apiKey"}, "type": "bearer"}}
+        }),
+    ]
+}
+
+fn descriptor(path: &str, name: &str, description: &str, x: &[&str]) -> Value {
+    json!({"path": path, "displayName": name, "description": description, "x-descriptors": x})
+}
+
+const CONDITIONS: &str = "urn:alm:descriptor:io.kubernetes.conditions";
+const TEXT: &str = "urn:alm:descriptor:com.tectonic.ui:text";
+const NUMBER: &str = "urn:alm:descriptor:com.tectonic.ui:number";
+
+/// Owned CRD entries of the CSV.
+fn owned_crds() -> Vec<Value> {
+    let describe = |crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+                    display: &str,
+                    spec: Vec<Value>,
+                    status: Vec<Value>,
+                    resources: Value| {
+        let description = crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .and_then(|s| s.description.clone())
+            .unwrap_or_default();
+        json!({
+            "name": crd.metadata.name,
+            "version": kvroute_crds::VERSION,
+            "kind": crd.spec.names.kind,
+            "displayName": display,
+            "description": description,
+            "specDescriptors": spec,
+            "statusDescriptors": status,
+            "resources": resources,
+        })
+    };
+    let ready = |what: &str| descriptor("conditions", "Conditions", what, &[CONDITIONS]);
+    vec![
+        describe(
+            InferenceWorkerSet::crd(),
+            "Inference Worker Set",
+            vec![
+                descriptor(
+                    "model.name",
+                    "Model",
+                    "Model to serve, e.g. a Hugging Face repository.",
+                    &[TEXT],
+                ),
+                descriptor(
+                    "replicas",
+                    "Workers",
+                    "Number of worker pods.",
+                    &["urn:alm:descriptor:com.tectonic.ui:podCount"],
+                ),
+                descriptor(
+                    "engine.mode",
+                    "Engine",
+                    "vllm or mock.",
+                    &[
+                        "urn:alm:descriptor:com.tectonic.ui:select:vllm",
+                        "urn:alm:descriptor:com.tectonic.ui:select:mock",
+                    ],
+                ),
+                descriptor(
+                    "gpu.product",
+                    "GPU product",
+                    "Value of the nvidia.com/gpu.product node label.",
+                    &[TEXT],
+                ),
+                descriptor(
+                    "gpu.count",
+                    "GPUs per worker",
+                    "nvidia.com/gpu per pod.",
+                    &[NUMBER],
+                ),
+                descriptor(
+                    "blockSize",
+                    "Block size",
+                    "KV-cache block size in tokens.",
+                    &[NUMBER],
+                ),
+                descriptor(
+                    "resources",
+                    "Resources",
+                    "Engine container resources.",
+                    &["urn:alm:descriptor:com.tectonic.ui:resourceRequirements"],
+                ),
+            ],
+            vec![
+                descriptor(
+                    "readyReplicas",
+                    "Ready workers",
+                    "Worker pods that are ready.",
+                    &["urn:alm:descriptor:com.tectonic.ui:podCount"],
+                ),
+                descriptor(
+                    "workers",
+                    "Workers",
+                    "Worker pods with address and readiness.",
+                    &[],
+                ),
+                ready("Ready, Progressing and Degraded."),
+            ],
+            json!([
+                {"kind": "Deployment", "version": "v1"},
+                {"kind": "Service", "version": "v1"},
+                {"kind": "Pod", "version": "v1"}
+            ]),
+        ),
+        describe(
+            InferencePool::crd(),
+            "Inference Pool",
+            vec![
+                descriptor(
+                    "targets",
+                    "Targets",
+                    "WorkerSets and providers serving the pool's models.",
+                    &[],
+                ),
+                descriptor(
+                    "modelAliases",
+                    "Model aliases",
+                    "Client-facing names for backend models.",
+                    &[],
+                ),
+            ],
+            vec![
+                descriptor("models", "Models", "Ready targets per model.", &[]),
+                ready("Ready and ResolvedRefs."),
+            ],
+            json!([{"kind": "InferenceWorkerSet", "version": kvroute_crds::VERSION}]),
+        ),
+        describe(
+            InferencePolicy::crd(),
+            "Inference Policy",
+            vec![
+                descriptor("pool", "Pool", "InferencePool the rules apply to.", &[TEXT]),
+                descriptor(
+                    "rules",
+                    "Rules",
+                    "Ordered rules; the first match applies.",
+                    &[],
+                ),
+            ],
+            vec![ready("Ready and ResolvedRefs.")],
+            json!([]),
+        ),
+        describe(
+            InferenceProvider::crd(),
+            "Inference Provider",
+            vec![
+                descriptor("kind", "API", "openai or anthropic.", &[TEXT]),
+                descriptor(
+                    "gatewayBackendRef.name",
+                    "Gateway backend",
+                    "GatewayBackend used to reach the provider.",
+                    &[TEXT],
+                ),
+            ],
+            vec![ready("Ready and ResolvedRefs.")],
+            json!([{"kind": "GatewayBackend", "version": kvroute_crds::VERSION}]),
+        ),
+        describe(
+            GatewayBackend::crd(),
+            "Gateway Backend",
+            vec![
+                descriptor("url", "URL", "Base URL of the backend.", &[TEXT]),
+                descriptor(
+                    "auth.secretRef.name",
+                    "Credentials Secret",
+                    "Secret holding the credential.",
+                    &["urn:alm:descriptor:io.kubernetes:Secret"],
+                ),
+            ],
+            vec![ready("Ready and ResolvedRefs.")],
+            json!([{"kind": "Secret", "version": "v1"}]),
+        ),
+    ]
+}
+
+/// The ClusterServiceVersion.
+pub fn cluster_service_version() -> Value {
+    let image = operator_image();
+    let alm = serde_json::to_string_pretty(&examples()).unwrap_or_else(|_| "[]".to_string());
+    json!({
+        "apiVersion": "operators.coreos.com/v1alpha1",
+        "kind": "ClusterServiceVersion",
+        "metadata": {
+            "name": format!("{PACKAGE}.v{VERSION}"),
+            "namespace": "placeholder",
+            "annotations": {
+                "alm-examples": alm,
+                "capabilities": "Basic Install",
+                "categories": "AI/Machine Learning, Networking",
+                "containerImage": image,
+                "description": "KV-cache-aware routing of LLM requests to vLLM workers on Kubernetes.",
+                "operators.operatorframework.io/suggested-namespace": DEPLOY_NAMESPACE,
+                "repository": "https://github.com/kvroute/kvroute",
+                "support": "kvroute"
+            }
+        },
+        "spec": {
+            "displayName": "kvroute",
+            "description": "kvroute runs vLLM workers for your models and a router that sends every request to the worker \
+                            predicted to return its first token soonest, using what each worker holds in its KV cache \
+                            and how busy it is.\n\n\
+                            * **InferenceWorkerSet**: vLLM pods on GPUs (or a mock engine), each with a sidecar streaming \
+                            KV-cache events to the router.\n\
+                            * **InferencePool**: what a model name resolves to (local workers, remote providers).\n\
+                            * **InferencePolicy**: ordered rules: route, reject, overflow, limits.\n\
+                            * **InferenceProvider** and **GatewayBackend**: remote OpenAI/Anthropic-compatible APIs.",
+            "version": VERSION,
+            "minKubeVersion": MIN_KUBE_VERSION,
+            "maturity": "alpha",
+            "provider": {"name": "kvroute", "url": "https://github.com/kvroute/kvroute"},
+            "maintainers": [{"name": "kvroute maintainers", "email": "maintainers@kvroute.dev"}],
+            "links": [
+                {"name": "Source", "url": "https://github.com/kvroute/kvroute"},
+                {"name": "Documentation", "url": "https://github.com/kvroute/kvroute#readme"}
+            ],
+            "keywords": ["llm", "inference", "vllm", "kv-cache", "routing", "gpu"],
+            "icon": [{"base64data": base64_encode(ICON_SVG.as_bytes()), "mediatype": "image/svg+xml"}],
+            "installModes": [
+                {"type": "OwnNamespace", "supported": true},
+                {"type": "SingleNamespace", "supported": true},
+                {"type": "MultiNamespace", "supported": false},
+                {"type": "AllNamespaces", "supported": true}
+            ],
+            "install": {
+                "strategy": "deployment",
+                "spec": {
+                    "clusterPermissions": [{"serviceAccountName": OPERATOR_NAME, "rules": policy_rules(OPERATOR_RULES)}],
+                    "permissions": [{"serviceAccountName": OPERATOR_NAME, "rules": policy_rules(OPERATOR_NAMESPACE_RULES)}],
+                    "deployments": [{
+                        "name": OPERATOR_NAME,
+                        "label": {"app.kubernetes.io/name": OPERATOR_NAME},
+                        "spec": operator_deployment_spec(&image)
+                    }]
+                }
+            },
+            "customresourcedefinitions": {"owned": owned_crds()}
+        }
+    })
+}
+
+/// `bundle.Dockerfile` (labels = annotations).
+pub fn bundle_dockerfile() -> String {
+    let mut out = String::from(
+        "# Generated by `kvroute crdgen`; do not edit.\n# Build: docker build -f bundle/bundle.Dockerfile -t ghcr.io/kvroute/kvroute-operator-bundle:",
+    );
+    out.push_str(VERSION);
+    out.push_str(" bundle/\nFROM scratch\n");
+    for (k, v) in annotations() {
+        out.push_str(&format!("LABEL {k}={v}\n"));
+    }
+    out.push_str("COPY manifests /manifests/\nCOPY metadata /metadata/\n");
+    out
+}
+
+/// Every bundle file under `dir`.
+pub fn bundle_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
+    let manifests = dir.join("manifests");
+    let mut files = crate::crdgen::crd_files(&manifests)?;
+    files.push(GeneratedFile {
+        path: manifests.join(format!("{PACKAGE}.clusterserviceversion.yaml")),
+        content: to_yaml(&cluster_service_version())?,
+    });
+    files.push(GeneratedFile {
+        path: dir.join("metadata").join("annotations.yaml"),
+        content: to_yaml(&json!({ "annotations": annotations() }))?,
+    });
+    files.push(GeneratedFile {
+        path: dir.join("bundle.Dockerfile"),
+        content: bundle_dockerfile(),
+    });
+    Ok(files)
+}
+
+fn meta(name: &str, ns: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: ns.map(str::to_string),
+        labels: Some(BTreeMap::from([(
+            "app.kubernetes.io/name".to_string(),
+            OPERATOR_NAME.to_string(),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// Plain manifests for clusters without OLM: `kubectl apply -f crds/ -f deploy/`.
+pub fn deploy_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
+    let ns = Some(DEPLOY_NAMESPACE);
+    let subject = || Subject {
+        kind: "ServiceAccount".into(),
+        name: OPERATOR_NAME.into(),
+        namespace: Some(DEPLOY_NAMESPACE.into()),
+        ..Default::default()
+    };
+    let mut spec = operator_deployment_spec(&operator_image());
+    // Without OLM there is no olm.targetNamespaces annotation: watch all namespaces.
+    if let Some(c) = spec
+        .template
+        .spec
+        .as_mut()
+        .and_then(|p| p.containers.first_mut())
+        && let Some(env) = c.env.as_mut()
+    {
+        env.retain(|e| e.name != "KVROUTE_OPERATOR_NAMESPACE");
+    }
+    let docs = vec![
+        to_yaml(&Namespace {
+            metadata: meta(DEPLOY_NAMESPACE, None),
+            ..Default::default()
+        })?,
+        to_yaml(&ServiceAccount {
+            metadata: meta(OPERATOR_NAME, ns),
+            ..Default::default()
+        })?,
+        to_yaml(&ClusterRole {
+            metadata: meta(OPERATOR_NAME, None),
+            rules: Some(policy_rules(OPERATOR_RULES)),
+            ..Default::default()
+        })?,
+        to_yaml(&ClusterRoleBinding {
+            metadata: meta(OPERATOR_NAME, None),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: OPERATOR_NAME.into(),
+            },
+            subjects: Some(vec![subject()]),
+        })?,
+        to_yaml(&Role {
+            metadata: meta(OPERATOR_NAME, ns),
+            rules: Some(policy_rules(OPERATOR_NAMESPACE_RULES)),
+        })?,
+        to_yaml(&RoleBinding {
+            metadata: meta(OPERATOR_NAME, ns),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: OPERATOR_NAME.into(),
+            },
+            subjects: Some(vec![subject()]),
+        })?,
+        to_yaml(&Deployment {
+            metadata: meta(OPERATOR_NAME, ns),
+            spec: Some(spec),
+            status: None,
+        })?,
+    ];
+    let examples: Vec<String> = examples()
+        .iter()
+        .map(to_yaml)
+        .collect::<anyhow::Result<_>>()?;
+    Ok(vec![
+        GeneratedFile {
+            path: dir.join("operator.yaml"),
+            content: docs.join("---\n"),
+        },
+        GeneratedFile {
+            path: dir.join("examples.yaml"),
+            content: examples.join("---\n"),
+        },
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc4648_vectors() {
+        for (plain, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64_encode(plain.as_bytes()), encoded);
+        }
+    }
+
+    #[test]
+    fn examples_parse_as_typed_resources_and_validate() {
+        let yaml: Vec<String> = examples()
+            .iter()
+            .map(|e| serde_json::to_string(e).expect("json"))
+            .collect();
+        let docs = kvroute_crds::parse_documents(&yaml.join("\n---\n")).expect("parse");
+        assert_eq!(docs.len(), 5);
+        for d in docs {
+            let issues = match d {
+                kvroute_crds::AnyResource::WorkerSet(w) => w.spec.validate(),
+                kvroute_crds::AnyResource::Pool(p) => p.spec.validate(),
+                kvroute_crds::AnyResource::Policy(p) => p.spec.validate(),
+                kvroute_crds::AnyResource::Provider(p) => p.spec.validate(),
+                kvroute_crds::AnyResource::GatewayBackend(b) => b.spec.validate(),
+                kvroute_crds::AnyResource::Secret(_) => Vec::new(),
+            };
+            assert!(issues.is_empty(), "{issues:?}");
+        }
+    }
 }
