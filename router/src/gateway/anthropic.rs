@@ -89,6 +89,12 @@ pub fn decode_request(bytes: &[u8]) -> Result<AnthropicRequest, GatewayError> {
     for (i, m) in messages.iter().enumerate() {
         translate_message(m, i, &mut out_messages)?;
     }
+    if out_messages.is_empty() {
+        return Err(invalid(
+            "messages",
+            "must contain at least one text, image or tool block",
+        ));
+    }
     chat.insert("messages".into(), Value::Array(out_messages));
     chat.insert("max_tokens".into(), Value::from(max_tokens));
     match body.get("stop_sequences") {
@@ -726,6 +732,7 @@ mod tests {
             json!({"model": "a", "max_tokens": 1, "messages": m, "tools": [{}]}),
             json!({"model": "a", "max_tokens": 1, "messages": m, "stop_sequences": "x"}),
             json!({"model": "a", "max_tokens": 1, "messages": m, "system": 5}),
+            json!({"model": "a", "max_tokens": 1, "messages": [{"role": "user", "content": []}]}),
         ] {
             assert!(
                 matches!(decode(bad.clone()), Err(E::InvalidField { .. })),
