@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::json;
@@ -28,7 +28,8 @@ use crate::procs;
 /// Directory holding `kube-apiserver` and `kube-controller-manager`:
 /// `$KVROUTE_K8S_BIN`, else `/opt/k8s-e2e/bin`.
 pub fn k8s_bin_dir() -> PathBuf {
-    std::env::var_os("KVROUTE_K8S_BIN").map_or_else(|| PathBuf::from("/opt/k8s-e2e/bin"), PathBuf::from)
+    std::env::var_os("KVROUTE_K8S_BIN")
+        .map_or_else(|| PathBuf::from("/opt/k8s-e2e/bin"), PathBuf::from)
 }
 
 /// Fails with the set-up command when a binary the tier needs is missing.
@@ -61,7 +62,8 @@ pub fn check_binaries_in(dir: &Path) -> anyhow::Result<()> {
 }
 
 fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
 }
 
 /// Process groups to kill when the test binary exits (written to `<state>/pgids`, read by the
@@ -104,7 +106,8 @@ impl Cluster {
         // A port found free may be taken before etcd binds it: one retry on fresh ports.
         for _ in 0..2 {
             let n = SEQ.fetch_add(1, Ordering::Relaxed);
-            let dir = std::env::temp_dir().join(format!("kvroute-k8s-e2e-{}-{n}", std::process::id()));
+            let dir =
+                std::env::temp_dir().join(format!("kvroute-k8s-e2e-{}-{n}", std::process::id()));
             let api_port = procs::free_local_port()?;
             let mut cmd = tokio::process::Command::new("bash");
             cmd.arg(&script)
@@ -118,9 +121,15 @@ impl Cluster {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .process_group(0);
-            let child = cmd.spawn().with_context(|| format!("start {}", script.display()))?;
+            let child = cmd
+                .spawn()
+                .with_context(|| format!("start {}", script.display()))?;
             let pgid = child.id().context("k8s-up.sh has no pid")?;
-            let cluster = Self { dir, pgid, api_port };
+            let cluster = Self {
+                dir,
+                pgid,
+                api_port,
+            };
             let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
                 .await
                 .context("k8s-up.sh did not finish within 120 s")??;
@@ -168,13 +177,16 @@ impl Cluster {
 
     /// Registers process groups to kill when the test binary exits.
     pub fn reaper(&self) -> Reaper {
-        Reaper { file: self.dir.join("pgids") }
+        Reaper {
+            file: self.dir.join("pgids"),
+        }
     }
 
     /// A new client. Each tokio runtime (each `#[tokio::test]`) needs its own.
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
         let kc = Kubeconfig::read_from(self.kubeconfig())?;
-        let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
         Ok(kube::Client::try_from(config)?)
     }
 
@@ -184,31 +196,55 @@ impl Cluster {
         let name = format!("{prefix}-{}", SEQ.fetch_add(1, Ordering::Relaxed));
         let api: Api<Namespace> = Api::all(client.clone());
         let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
-        api.patch(&name, &PatchParams::apply("kvroute-e2e").force(), &Patch::Apply(&ns))
-            .await
-            .with_context(|| format!("create namespace {name}"))?;
+        api.patch(
+            &name,
+            &PatchParams::apply("kvroute-e2e").force(),
+            &Patch::Apply(&ns),
+        )
+        .await
+        .with_context(|| format!("create namespace {name}"))?;
+        // Pods are refused until the namespace's default service account has its token.
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), &name);
+        procs::wait_for(
+            &format!("the service account token of namespace {name}"),
+            Duration::from_secs(30),
+            || async {
+                let sa = sas.get_opt("default").await?;
+                Ok(sa
+                    .filter(|sa| sa.secrets.as_ref().is_some_and(|s| !s.is_empty()))
+                    .map(|_| ()))
+            },
+        )
+        .await?;
         Ok(name)
     }
 
     /// The tail of one of the cluster's logs (`etcd`, `kube-apiserver`,
     /// `kube-controller-manager`), for failure messages.
     pub fn log_tail(&self, component: &str, lines: usize) -> String {
-        let text = std::fs::read_to_string(self.dir.join("log").join(format!("{component}.log"))).unwrap_or_default();
+        let text = std::fs::read_to_string(self.dir.join("log").join(format!("{component}.log")))
+            .unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     async fn wait_ready(&self) -> anyhow::Result<()> {
         let client = self.client().await?;
-        procs::wait_for("the default service account token controller", Duration::from_secs(60), || {
-            let client = client.clone();
-            async move {
-                // The controller-manager is up once it has made the default namespace's
-                // service account (needed before any Pod can be created).
-                let api: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client, "default");
-                Ok(api.get_opt("default").await?.map(|_| ()))
-            }
-        })
+        procs::wait_for(
+            "the default service account token controller",
+            Duration::from_secs(60),
+            || {
+                let client = client.clone();
+                async move {
+                    // The controller-manager is up once it has made the default namespace's
+                    // service account (needed before any Pod can be created).
+                    let api: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+                        Api::namespaced(client, "default");
+                    Ok(api.get_opt("default").await?.map(|_| ()))
+                }
+            },
+        )
         .await
         .with_context(|| self.log_tail("kube-controller-manager", 20))
     }
@@ -217,7 +253,11 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let pgids = std::fs::read_to_string(self.dir.join("pgids")).unwrap_or_default();
-        for g in pgids.lines().filter_map(|l| l.trim().parse::<u32>().ok()).chain([self.pgid]) {
+        for g in pgids
+            .lines()
+            .filter_map(|l| l.trim().parse::<u32>().ok())
+            .chain([self.pgid])
+        {
             let _ = std::process::Command::new("kill")
                 .args(["-KILL", "--", &format!("-{g}")])
                 .stdout(Stdio::null())
@@ -245,17 +285,20 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> 
         .collect();
     files.sort();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let pp = PatchParams::apply("kvroute-e2e").force();
     let mut names = Vec::new();
     for file in &files {
-        let text = std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
-        let docs: Vec<serde_json::Value> =
-            serde_saphyr::from_multiple(&text).with_context(|| format!("parse {}", file.display()))?;
-        for doc in docs.into_iter().filter(|d| d["kind"] == "CustomResourceDefinition") {
-            let crd: CustomResourceDefinition =
-                serde_json::from_value(doc).with_context(|| format!("a CRD in {}", file.display()))?;
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text)
+            .with_context(|| format!("parse {}", file.display()))?;
+        for doc in docs
+            .into_iter()
+            .filter(|d| d["kind"] == "CustomResourceDefinition")
+        {
+            let crd: CustomResourceDefinition = serde_json::from_value(doc)
+                .with_context(|| format!("a CRD in {}", file.display()))?;
             let name = crd.metadata.name.clone().context("CRD without a name")?;
-            api.patch(&name, &pp, &Patch::Apply(&crd)).await.with_context(|| format!("apply CRD {name}"))?;
+            create_or_replace(&api, crd).await?;
             names.push(name);
         }
     }
@@ -265,7 +308,7 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> 
         tracing::warn!(dir = %dir.display(), "no CRD YAML found; installing kvroute_crds::crds()");
         for crd in kvroute_crds::crds() {
             let name = crd.metadata.name.clone().context("CRD without a name")?;
-            api.patch(&name, &pp, &Patch::Apply(&crd)).await.with_context(|| format!("apply CRD {name}"))?;
+            create_or_replace(&api, crd).await?;
             names.push(name);
         }
     }
@@ -278,4 +321,28 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> 
         .with_context(|| format!("CRD {name} not established within 30 s"))??;
     }
     Ok(names)
+}
+
+/// Create, or replace at the current resourceVersion. Not server-side apply: the 1.20 API
+/// server's apply schema lacks `x-kubernetes-validations` and refuses CRDs with CEL rules,
+/// while create/update accept them (and drop the rules, which 1.20 cannot evaluate).
+async fn create_or_replace(
+    api: &Api<CustomResourceDefinition>,
+    mut crd: CustomResourceDefinition,
+) -> anyhow::Result<()> {
+    let name = crd.metadata.name.clone().context("CRD without a name")?;
+    match api.get_opt(&name).await? {
+        None => {
+            api.create(&PostParams::default(), &crd)
+                .await
+                .with_context(|| format!("create CRD {name}"))?;
+        }
+        Some(existing) => {
+            crd.metadata.resource_version = existing.metadata.resource_version;
+            api.replace(&name, &PostParams::default(), &crd)
+                .await
+                .with_context(|| format!("replace CRD {name}"))?;
+        }
+    }
+    Ok(())
 }

@@ -186,7 +186,8 @@ impl PodRun {
         }
         let ready_str = if ready { "True" } else { "False" };
         let since = &self.ready_since.1;
-        let containers: Vec<serde_json::Value> = self.containers.iter().map(ContainerRun::status).collect();
+        let containers: Vec<serde_json::Value> =
+            self.containers.iter().map(ContainerRun::status).collect();
         json!({
             "phase": "Running",
             "hostIP": self.ip.to_string(),
@@ -209,7 +210,9 @@ impl ContainerRun {
         let pid = self.child.as_ref().and_then(Child::id).unwrap_or(0);
         let state = match (&self.child, &self.restart_at) {
             (Some(_), _) => json!({"running": {"startedAt": self.started_at}}),
-            (None, Some((_, why, _))) => json!({"waiting": {"reason": "CrashLoopBackOff", "message": why}}),
+            (None, Some((_, why, _))) => {
+                json!({"waiting": {"reason": "CrashLoopBackOff", "message": why}})
+            }
             (None, None) => json!({"waiting": {"reason": "ContainerCreating"}}),
         };
         let mut s = json!({
@@ -223,7 +226,8 @@ impl ContainerRun {
             "state": state,
         });
         if let Some((code, at)) = &self.last_exit {
-            s["lastState"] = json!({"terminated": {"exitCode": code, "reason": "Error", "finishedAt": at}});
+            s["lastState"] =
+                json!({"terminated": {"exitCode": code, "reason": "Error", "finishedAt": at}});
         }
         s
     }
@@ -292,7 +296,8 @@ impl Kubelet {
         self.pending.remove(&uid);
         if let Err(e) = self.start_pod(&pod).await {
             tracing::warn!(pod = %format!("{ns}/{name}"), error = %format!("{e:#}"), "fake kubelet: pod not started; retrying");
-            self.pending.insert(uid, (pod, Instant::now() + Duration::from_secs(1)));
+            self.pending
+                .insert(uid, (pod, Instant::now() + Duration::from_secs(1)));
         }
     }
 
@@ -314,7 +319,10 @@ impl Kubelet {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let dp = DeleteParams {
             grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
             ..DeleteParams::default()
         };
         if let Err(e) = api.delete(name, &dp).await
@@ -351,9 +359,14 @@ impl Kubelet {
             "metadata": {"name": name, "namespace": ns},
             "target": {"apiVersion": "v1", "kind": "Node", "name": self.opts.node_name},
         });
-        api.create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding)
-            .await
-            .with_context(|| format!("bind {ns}/{name} to {}", self.opts.node_name))?;
+        api.create_subresource::<_, serde_json::Value>(
+            "binding",
+            &name,
+            &PostParams::default(),
+            &binding,
+        )
+        .await
+        .with_context(|| format!("bind {ns}/{name} to {}", self.opts.node_name))?;
         let dir = self.opts.log_dir.join(format!("{ns}_{name}"));
         let mut containers = Vec::with_capacity(plan.containers.len());
         for c in plan.containers {
@@ -389,11 +402,16 @@ impl Kubelet {
     fn spawn_container(&self, ns: &str, pod: &str, run: &mut ContainerRun) {
         let mut env = run.plan.env.clone();
         env.extend(self.opts.env.iter().cloned());
-        let opts = SpawnOptions { env, log: Some(run.log.clone()) };
+        let opts = SpawnOptions {
+            env,
+            log: Some(run.log.clone()),
+        };
         let label = format!("{ns}/{pod}/{}", run.plan.name);
         let spawned = match &run.plan.program {
             Program::Kvroute(sub) => procs::spawn_kvroute(&label, sub, &run.plan.args, &opts),
-            Program::Exec(program) => procs::spawn(&label, Path::new(program), &run.plan.args, &opts),
+            Program::Exec(program) => {
+                procs::spawn(&label, Path::new(program), &run.plan.args, &opts)
+            }
         };
         match spawned {
             Ok(child) => {
@@ -431,10 +449,16 @@ impl Kubelet {
             };
             let plan = match podspec::plan_pod(pod, &facts, keys, rewrites) {
                 Ok(p) => p,
-                Err(e @ podspec::PlanError::MissingKey { .. }) => return Err(Unrunnable::NotYet(e.into())),
+                Err(e @ podspec::PlanError::MissingKey { .. }) => {
+                    return Err(Unrunnable::NotYet(e.into()));
+                }
                 Err(e) => return Err(Unrunnable::Never(e.to_string())),
             };
-            match plan.ports.iter().find(|p| TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), **p)).is_err()) {
+            match plan
+                .ports
+                .iter()
+                .find(|p| TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), **p)).is_err())
+            {
                 Some(busy) => last_busy = Some(format!("{ip}:{busy}")),
                 None => return Ok((ip, plan)),
             }
@@ -452,7 +476,10 @@ impl Kubelet {
                 "Secret" => {
                     let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
                     let s = api.get_opt(&r.name).await?;
-                    s.and_then(|s| s.data).and_then(|d| d.get(&r.key).map(|b| String::from_utf8_lossy(&b.0).into_owned()))
+                    s.and_then(|s| s.data).and_then(|d| {
+                        d.get(&r.key)
+                            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                    })
                 }
                 _ => {
                     let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
@@ -469,8 +496,12 @@ impl Kubelet {
 
     async fn on_tick(&mut self) {
         // Retry pods that could not start.
-        let due: Vec<String> =
-            self.pending.iter().filter(|(_, (_, at))| *at <= Instant::now()).map(|(k, _)| k.clone()).collect();
+        let due: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|(_, (_, at))| *at <= Instant::now())
+            .map(|(k, _)| k.clone())
+            .collect();
         for uid in due {
             if let Some((pod, _)) = self.pending.remove(&uid) {
                 self.on_pod(pod).await;
@@ -491,12 +522,17 @@ impl Kubelet {
                     && let Ok(Some(status)) = child.try_wait()
                 {
                     let tail = child.log_tail(15);
-                    let why = format!("{} exited ({status}); log {}:\n{tail}", c.plan.name, c.log.display());
+                    let why = format!(
+                        "{} exited ({status}); log {}:\n{tail}",
+                        c.plan.name,
+                        c.log.display()
+                    );
                     tracing::warn!(pod = %format!("{ns}/{name}"), container = %c.plan.name, %status, "fake kubelet: container exited; restarting with backoff");
                     c.last_exit = Some((status.code().unwrap_or(-1), now()));
                     c.child = None;
                     c.ready = false;
-                    let backoff = Duration::from_millis(250 << c.restarts.clamp(0, 5)).min(MAX_BACKOFF);
+                    let backoff =
+                        Duration::from_millis(250 << c.restarts.clamp(0, 5)).min(MAX_BACKOFF);
                     c.restart_at = Some((Instant::now() + backoff, why, c.restarts + 1));
                 }
                 if c.child.is_none()
@@ -515,31 +551,40 @@ impl Kubelet {
             let pods = lock(&self.state.pods);
             pods.iter()
                 .flat_map(|(uid, p)| {
-                    p.containers.iter().enumerate().filter(|(_, c)| c.child.is_some()).map(move |(i, c)| {
-                        (uid.clone(), i, p.ip, c.plan.readiness.clone())
-                    })
+                    p.containers
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| c.child.is_some())
+                        .map(move |(i, c)| (uid.clone(), i, p.ip, c.plan.readiness.clone()))
                 })
                 .collect()
         };
-        let results = futures::future::join_all(targets.into_iter().map(|(uid, i, ip, r)| async move {
-            let ok = match r {
-                Readiness::Running => true,
-                Readiness::Tcp { port } => {
-                    let addr = SocketAddr::new(IpAddr::V4(ip), port);
-                    matches!(tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await, Ok(Ok(_)))
-                }
-                Readiness::Http { port, path } => {
-                    let url = format!("http://{ip}:{port}{path}");
-                    self.probe
-                        .get(&url)
-                        .send()
-                        .await
-                        .is_ok_and(|r| r.status().is_success() || r.status().is_redirection())
-                }
-            };
-            (uid, i, ok)
-        }))
-        .await;
+        let results =
+            futures::future::join_all(targets.into_iter().map(|(uid, i, ip, r)| async move {
+                let ok =
+                    match r {
+                        Readiness::Running => true,
+                        Readiness::Tcp { port } => {
+                            let addr = SocketAddr::new(IpAddr::V4(ip), port);
+                            matches!(
+                                tokio::time::timeout(
+                                    PROBE_TIMEOUT,
+                                    tokio::net::TcpStream::connect(addr)
+                                )
+                                .await,
+                                Ok(Ok(_))
+                            )
+                        }
+                        Readiness::Http { port, path } => {
+                            let url = format!("http://{ip}:{port}{path}");
+                            self.probe.get(&url).send().await.is_ok_and(|r| {
+                                r.status().is_success() || r.status().is_redirection()
+                            })
+                        }
+                    };
+                (uid, i, ok)
+            }))
+            .await;
         let mut pods = lock(&self.state.pods);
         for (uid, i, ok) in results {
             if let Some(c) = pods.get_mut(&uid).and_then(|p| p.containers.get_mut(i))
@@ -564,14 +609,23 @@ impl Kubelet {
         };
         for (uid, ns, name, status) in changed {
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-            match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await {
+            match api
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"status": status})),
+                )
+                .await
+            {
                 Ok(_) => {
                     if let Some(p) = lock(&self.state.pods).get_mut(&uid) {
                         p.reported = Some(status);
                     }
                 }
                 Err(e) if is_gone(&e) => {}
-                Err(e) => tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "fake kubelet: status patch failed"),
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "fake kubelet: status patch failed")
+                }
             }
         }
     }
@@ -591,7 +645,9 @@ fn is_gone(e: &kube::Error) -> bool {
 /// Now as an RFC 3339 timestamp with whole seconds (what Kubernetes stores).
 fn now() -> String {
     let secs = k8s_openapi::jiff::Timestamp::now().as_second();
-    k8s_openapi::jiff::Timestamp::from_second(secs).map(|t| t.to_string()).unwrap_or_default()
+    k8s_openapi::jiff::Timestamp::from_second(secs)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
 }
 
 /// Next pod address: 127.A.B.C with A derived from the process id, so concurrent test
@@ -614,7 +670,9 @@ async fn ensure_node(client: &kube::Client, name: &str) -> anyhow::Result<()> {
         "metadata": {"name": name, "labels": {
             "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kvroute.dev/fake-kubelet": "true"}},
     });
-    api.patch(name, &pp, &Patch::Apply(&node)).await.with_context(|| format!("create fake node {name}"))?;
+    api.patch(name, &pp, &Patch::Apply(&node))
+        .await
+        .with_context(|| format!("create fake node {name}"))?;
     let t = now();
     let status = json!({"status": {
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",

@@ -25,36 +25,16 @@
 
 mod cluster;
 mod kubelet;
+mod operator;
 pub mod podspec;
 
 use std::time::Duration;
 
-pub use cluster::{Cluster, Reaper, check_binaries, check_binaries_in, crds_dir, install_crds, k8s_bin_dir};
+pub use cluster::{
+    Cluster, Reaper, check_binaries, check_binaries_in, crds_dir, install_crds, k8s_bin_dir,
+};
 pub use kubelet::{FakeKubelet, KubeletOptions, RunningPod};
-
-use crate::procs::{self, Child, SpawnOptions};
-
-/// Starts `kvroute operator <args>` against `cluster` (KUBECONFIG set; `RUST_LOG` defaults to
-/// `info`); its log is `<cluster dir>/log/<name>.log`. Killed when the returned child drops and,
-/// at the latest, when the test binary exits.
-pub fn spawn_operator(
-    cluster: &Cluster,
-    name: &str,
-    args: &[String],
-    env: &[(String, String)],
-) -> anyhow::Result<Child> {
-    let mut all_env = vec![
-        ("KUBECONFIG".to_string(), cluster.kubeconfig().display().to_string()),
-        ("RUST_LOG".to_string(), std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into())),
-    ];
-    all_env.extend(env.iter().cloned());
-    let opts = SpawnOptions { env: all_env, log: Some(cluster.dir().join("log").join(format!("{name}.log"))) };
-    let child = procs::spawn_kvroute(name, "operator", args, &opts)?;
-    if let Some(pid) = child.id() {
-        cluster.reaper().register(pid);
-    }
-    Ok(child)
-}
+pub use operator::{OperatorProcess, shared_operator};
 
 /// Options for a fake kubelet serving one namespace of `cluster`.
 pub fn kubelet_options(cluster: &Cluster, namespace: &str) -> KubeletOptions {
@@ -64,8 +44,14 @@ pub fn kubelet_options(cluster: &Cluster, namespace: &str) -> KubeletOptions {
         node_name: format!("fake-node-{namespace}"),
         log_dir: cluster.dir().join("pods"),
         env: vec![
-            ("KUBECONFIG".to_string(), cluster.kubeconfig().display().to_string()),
-            ("RUST_LOG".to_string(), std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into())),
+            (
+                "KUBECONFIG".to_string(),
+                cluster.kubeconfig().display().to_string(),
+            ),
+            (
+                "RUST_LOG".to_string(),
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            ),
         ],
         rewrites: Vec::new(),
         reaper: Some(cluster.reaper()),
@@ -89,7 +75,11 @@ impl TestNamespace {
         let client = cluster.client().await?;
         let ns = cluster.namespace(&client, prefix).await?;
         let kubelet = FakeKubelet::start(client.clone(), kubelet_options(cluster, &ns)).await?;
-        Ok(Self { client, ns, kubelet })
+        Ok(Self {
+            client,
+            ns,
+            kubelet,
+        })
     }
 
     /// Stops the kubelet's processes gracefully.

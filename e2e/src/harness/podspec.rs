@@ -145,9 +145,20 @@ impl std::fmt::Display for PlanError {
                 f,
                 "container {container:?} (image {image:?}) is not a kvroute mock-vllm/sidecar/router container; the fake kubelet runs only those"
             ),
-            Self::UnknownPort { container, port } => write!(f, "container {container:?}: unknown named port {port:?}"),
-            Self::MissingKey { container, var, kind, name, key } => {
-                write!(f, "container {container:?}: env {var}: {kind} {name:?} has no key {key:?}")
+            Self::UnknownPort { container, port } => {
+                write!(f, "container {container:?}: unknown named port {port:?}")
+            }
+            Self::MissingKey {
+                container,
+                var,
+                kind,
+                name,
+                key,
+            } => {
+                write!(
+                    f,
+                    "container {container:?}: env {var}: {kind} {name:?} has no key {key:?}"
+                )
             }
             Self::NoSpec => write!(f, "pod has no spec"),
         }
@@ -161,12 +172,22 @@ pub fn key_refs(pod: &Pod) -> Vec<KeyRef> {
     let mut out = Vec::new();
     let containers = pod.spec.iter().flat_map(|s| s.containers.iter());
     for var in containers.flat_map(|c| c.env.iter().flatten()) {
-        let Some(from) = &var.value_from else { continue };
+        let Some(from) = &var.value_from else {
+            continue;
+        };
         if let Some(s) = &from.secret_key_ref {
-            out.push(KeyRef { kind: "Secret", name: s.name.clone(), key: s.key.clone() });
+            out.push(KeyRef {
+                kind: "Secret",
+                name: s.name.clone(),
+                key: s.key.clone(),
+            });
         }
         if let Some(c) = &from.config_map_key_ref {
-            out.push(KeyRef { kind: "ConfigMap", name: c.name.clone(), key: c.key.clone() });
+            out.push(KeyRef {
+                kind: "ConfigMap",
+                name: c.name.clone(),
+                key: c.key.clone(),
+            });
         }
     }
     out.sort();
@@ -201,7 +222,13 @@ pub fn plan_pod(
             .map(|(k, v)| (k, rewrite(&rewrite_hosts(&v, facts.ip), rewrites)))
             .collect();
         let readiness = readiness(c, c.readiness_probe.as_ref())?;
-        ports.extend(c.ports.iter().flatten().map(|p| p.container_port).filter_map(|p| u16::try_from(p).ok()));
+        ports.extend(
+            c.ports
+                .iter()
+                .flatten()
+                .map(|p| p.container_port)
+                .filter_map(|p| u16::try_from(p).ok()),
+        );
         if let Readiness::Http { port, .. } | Readiness::Tcp { port } = readiness {
             ports.push(port);
         }
@@ -223,24 +250,40 @@ pub fn plan_pod(
 /// when the container relies on the image's entrypoint.
 fn runnable(c: &Container) -> Option<(Program, Vec<String>)> {
     if c.image.as_deref() == Some(EXEC_IMAGE) {
-        let mut tokens = c.command.iter().flatten().chain(c.args.iter().flatten()).cloned();
+        let mut tokens = c
+            .command
+            .iter()
+            .flatten()
+            .chain(c.args.iter().flatten())
+            .cloned();
         let program = tokens.next()?;
         return Some((Program::Exec(program), tokens.collect()));
     }
     let sub = |s: &str| Program::Kvroute(s.to_string());
-    let tokens: Vec<&String> = c.command.iter().flatten().chain(c.args.iter().flatten()).collect();
+    let tokens: Vec<&String> = c
+        .command
+        .iter()
+        .flatten()
+        .chain(c.args.iter().flatten())
+        .collect();
     for (i, t) in tokens.iter().enumerate() {
         let base = t.rsplit('/').next().unwrap_or(t);
         if base == "kvroute"
             && let Some(next) = tokens.get(i + 1)
             && RUNNABLE.contains(&next.as_str())
         {
-            return Some((sub(next), tokens[i + 2..].iter().map(|s| s.to_string()).collect()));
+            return Some((
+                sub(next),
+                tokens[i + 2..].iter().map(|s| s.to_string()).collect(),
+            ));
         }
         if let Some(name) = base.strip_prefix("kvroute-")
             && RUNNABLE.contains(&name)
         {
-            return Some((sub(name), tokens[i + 1..].iter().map(|s| s.to_string()).collect()));
+            return Some((
+                sub(name),
+                tokens[i + 1..].iter().map(|s| s.to_string()).collect(),
+            ));
         }
     }
     if c.command.as_ref().is_some_and(|cmd| !cmd.is_empty()) {
@@ -262,8 +305,6 @@ fn runnable(c: &Container) -> Option<(Program, Vec<String>)> {
     Some((sub(name), c.args.clone().unwrap_or_default()))
 }
 
-
-
 fn container_env(
     pod: &Pod,
     c: &Container,
@@ -271,7 +312,12 @@ fn container_env(
     keys: &BTreeMap<KeyRef, String>,
 ) -> Result<Vec<(String, String)>, PlanError> {
     let mut env: Vec<(String, String)> = Vec::new();
-    for EnvVar { name, value, value_from } in c.env.iter().flatten() {
+    for EnvVar {
+        name,
+        value,
+        value_from,
+    } in c.env.iter().flatten()
+    {
         let v = match (value, value_from) {
             (Some(v), _) => expand(v, &env),
             (None, None) => String::new(),
@@ -282,13 +328,27 @@ fn container_env(
                     resource_value(pod, c, &r.resource, r.container_name.as_deref())
                 } else {
                     let (kind, name_, key, optional) = if let Some(s) = &from.secret_key_ref {
-                        ("Secret", s.name.clone(), s.key.clone(), s.optional.unwrap_or(false))
+                        (
+                            "Secret",
+                            s.name.clone(),
+                            s.key.clone(),
+                            s.optional.unwrap_or(false),
+                        )
                     } else if let Some(m) = &from.config_map_key_ref {
-                        ("ConfigMap", m.name.clone(), m.key.clone(), m.optional.unwrap_or(false))
+                        (
+                            "ConfigMap",
+                            m.name.clone(),
+                            m.key.clone(),
+                            m.optional.unwrap_or(false),
+                        )
                     } else {
                         continue;
                     };
-                    match keys.get(&KeyRef { kind, name: name_.clone(), key: key.clone() }) {
+                    match keys.get(&KeyRef {
+                        kind,
+                        name: name_.clone(),
+                        key: key.clone(),
+                    }) {
                         Some(v) => v.clone(),
                         None if optional => continue,
                         None => {
@@ -314,7 +374,10 @@ fn container_env(
 fn field_value(pod: &Pod, path: &str, facts: &PodFacts) -> String {
     let meta = &pod.metadata;
     let lookup = |map: &Option<BTreeMap<String, String>>, key: &str| {
-        map.as_ref().and_then(|m| m.get(key)).cloned().unwrap_or_default()
+        map.as_ref()
+            .and_then(|m| m.get(key))
+            .cloned()
+            .unwrap_or_default()
     };
     let bracket = |prefix: &str| {
         path.strip_prefix(prefix)
@@ -326,11 +389,15 @@ fn field_value(pod: &Pod, path: &str, facts: &PodFacts) -> String {
         "metadata.name" => facts.name.clone(),
         "metadata.namespace" => facts.namespace.clone(),
         "metadata.uid" => facts.uid.clone(),
-        "status.podIP" | "status.podIPs" | "status.hostIP" | "status.hostIPs" => facts.ip.to_string(),
-        "spec.nodeName" => facts.node_name.clone(),
-        "spec.serviceAccountName" => {
-            pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into())
+        "status.podIP" | "status.podIPs" | "status.hostIP" | "status.hostIPs" => {
+            facts.ip.to_string()
         }
+        "spec.nodeName" => facts.node_name.clone(),
+        "spec.serviceAccountName" => pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into()),
         _ => {
             if let Some(k) = bracket("metadata.labels") {
                 lookup(&meta.labels, &k)
@@ -346,17 +413,25 @@ fn field_value(pod: &Pod, path: &str, facts: &PodFacts) -> String {
 /// `resourceFieldRef`: the quantity from the (named) container's resources, or "0".
 fn resource_value(pod: &Pod, c: &Container, resource: &str, container: Option<&str>) -> String {
     let target = match container.filter(|n| !n.is_empty()) {
-        Some(n) => pod.spec.as_ref().and_then(|s| s.containers.iter().find(|x| x.name == n)).unwrap_or(c),
+        Some(n) => pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.iter().find(|x| x.name == n))
+            .unwrap_or(c),
         None => c,
     };
-    let Some((kind, name)) = resource.split_once('.') else { return "0".into() };
+    let Some((kind, name)) = resource.split_once('.') else {
+        return "0".into();
+    };
     let res = target.resources.as_ref();
     let map = match kind {
         "limits" => res.and_then(|r| r.limits.as_ref()),
         "requests" => res.and_then(|r| r.requests.as_ref()),
         _ => None,
     };
-    map.and_then(|m| m.get(name)).map(|q| q.0.clone()).unwrap_or_else(|| "0".into())
+    map.and_then(|m| m.get(name))
+        .map(|q| q.0.clone())
+        .unwrap_or_else(|| "0".into())
 }
 
 /// Kubernetes `$(VAR)` expansion: known variables are replaced, `$$` escapes `$`, unknown
@@ -409,24 +484,33 @@ pub fn rewrite_hosts(s: &str, ip: Ipv4Addr) -> String {
 }
 
 fn rewrite(s: &str, rewrites: &[(String, String)]) -> String {
-    rewrites.iter().fold(s.to_string(), |acc, (from, to)| acc.replace(from.as_str(), to))
+    rewrites.iter().fold(s.to_string(), |acc, (from, to)| {
+        acc.replace(from.as_str(), to)
+    })
 }
 
 fn readiness(c: &Container, probe: Option<&Probe>) -> Result<Readiness, PlanError> {
-    let Some(probe) = probe else { return Ok(Readiness::Running) };
+    let Some(probe) = probe else {
+        return Ok(Readiness::Running);
+    };
     if let Some(h) = &probe.http_get {
         let port = resolve_port(c, &h.port)?;
         let path = h.path.clone().unwrap_or_else(|| "/".into());
         return Ok(Readiness::Http { port, path });
     }
     if let Some(t) = &probe.tcp_socket {
-        return Ok(Readiness::Tcp { port: resolve_port(c, &t.port)? });
+        return Ok(Readiness::Tcp {
+            port: resolve_port(c, &t.port)?,
+        });
     }
     Ok(Readiness::Running)
 }
 
 fn resolve_port(c: &Container, port: &IntOrString) -> Result<u16, PlanError> {
-    let unknown = |p: String| PlanError::UnknownPort { container: c.name.clone(), port: p };
+    let unknown = |p: String| PlanError::UnknownPort {
+        container: c.name.clone(),
+        port: p,
+    };
     match port {
         IntOrString::Int(n) => u16::try_from(*n).map_err(|_| unknown(n.to_string())),
         IntOrString::String(name) => {
@@ -487,20 +571,52 @@ mod tests {
 
     #[test]
     fn mock_worker_and_sidecar_become_local_processes() {
-        let keys = BTreeMap::from([(KeyRef { kind: "Secret", name: "s".into(), key: "token".into() }, "t0k".into())]);
-        let rewrites = vec![("kvroute-router.team-a.svc:9000".to_string(), "127.0.0.1:4242".to_string())];
+        let keys = BTreeMap::from([(
+            KeyRef {
+                kind: "Secret",
+                name: "s".into(),
+                key: "token".into(),
+            },
+            "t0k".into(),
+        )]);
+        let rewrites = vec![(
+            "kvroute-router.team-a.svc:9000".to_string(),
+            "127.0.0.1:4242".to_string(),
+        )];
         let plan = plan_pod(&mock_pod(), &facts(), &keys, &rewrites).expect("plan");
-        let [engine, sidecar] = &plan.containers[..] else { panic!("two containers") };
+        let [engine, sidecar] = &plan.containers[..] else {
+            panic!("two containers")
+        };
         assert_eq!(engine.program, Program::Kvroute("mock-vllm".into()));
         assert_eq!(
             engine.args,
-            ["--host", "127.0.0.7", "--port", "8000", "--kv-events-endpoint", "tcp://[::ffff:127.0.0.7]:5557"]
+            [
+                "--host",
+                "127.0.0.7",
+                "--port",
+                "8000",
+                "--kv-events-endpoint",
+                "tcp://[::ffff:127.0.0.7]:5557"
+            ]
         );
-        assert_eq!(engine.readiness, Readiness::Http { port: 8000, path: "/health".into() });
+        assert_eq!(
+            engine.readiness,
+            Readiness::Http {
+                port: 8000,
+                path: "/health".into()
+            }
+        );
         assert_eq!(sidecar.program, Program::Kvroute("sidecar".into()));
         assert_eq!(
             sidecar.args,
-            ["--worker-id", "ws-abc-1", "--vllm-url", "http://127.0.0.7:8000", "--router", "127.0.0.1:4242"]
+            [
+                "--worker-id",
+                "ws-abc-1",
+                "--vllm-url",
+                "http://127.0.0.7:8000",
+                "--router",
+                "127.0.0.1:4242"
+            ]
         );
         let env: BTreeMap<_, _> = sidecar.env.iter().cloned().collect();
         assert_eq!(env["POD_IP"], "127.0.0.7");
@@ -515,10 +631,17 @@ mod tests {
     #[test]
     fn missing_secret_key_is_an_error_unless_optional() {
         let err = plan_pod(&mock_pod(), &facts(), &BTreeMap::new(), &[]).expect_err("missing key");
-        assert!(matches!(err, PlanError::MissingKey { ref key, .. } if key == "token"), "{err}");
+        assert!(
+            matches!(err, PlanError::MissingKey { ref key, .. } if key == "token"),
+            "{err}"
+        );
         assert_eq!(
             key_refs(&mock_pod()),
-            [KeyRef { kind: "Secret", name: "s".into(), key: "token".into() }]
+            [KeyRef {
+                kind: "Secret",
+                name: "s".into(),
+                key: "token".into()
+            }]
         );
     }
 
@@ -528,21 +651,47 @@ mod tests {
             {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": ["--model", "Qwen/Qwen3-8B"]}
         ]}}));
         let err = plan_pod(&p, &facts(), &BTreeMap::new(), &[]).expect_err("unsupported");
-        assert_eq!(err, PlanError::Unsupported { container: "vllm".into(), image: "vllm/vllm-openai:v0.11.0".into() });
+        assert_eq!(
+            err,
+            PlanError::Unsupported {
+                container: "vllm".into(),
+                image: "vllm/vllm-openai:v0.11.0".into()
+            }
+        );
         assert!(err.to_string().contains("vllm/vllm-openai"));
     }
 
     #[test]
     fn command_forms() {
-        let c = |v: serde_json::Value| -> Container { serde_json::from_value(v).expect("container") };
-        let r = runnable(&c(json!({"name": "a", "command": ["kvroute-router"], "args": ["--x"]})));
-        assert_eq!(r, Some((Program::Kvroute("router".into()), vec!["--x".into()])));
-        let r = runnable(&c(json!({"name": "a", "image": "kvroute:1", "args": ["kvroute", "mock-vllm", "--p"]})));
-        assert_eq!(r, Some((Program::Kvroute("mock-vllm".into()), vec!["--p".into()])));
-        assert_eq!(runnable(&c(json!({"name": "a", "image": "busybox", "command": ["sh"]}))), None);
-        let r = runnable(&c(json!({"name": "a", "image": "r.io/kvroute-sidecar@sha256:00"})));
+        let c =
+            |v: serde_json::Value| -> Container { serde_json::from_value(v).expect("container") };
+        let r = runnable(&c(
+            json!({"name": "a", "command": ["kvroute-router"], "args": ["--x"]}),
+        ));
+        assert_eq!(
+            r,
+            Some((Program::Kvroute("router".into()), vec!["--x".into()]))
+        );
+        let r = runnable(&c(
+            json!({"name": "a", "image": "kvroute:1", "args": ["kvroute", "mock-vllm", "--p"]}),
+        ));
+        assert_eq!(
+            r,
+            Some((Program::Kvroute("mock-vllm".into()), vec!["--p".into()]))
+        );
+        assert_eq!(
+            runnable(&c(
+                json!({"name": "a", "image": "busybox", "command": ["sh"]})
+            )),
+            None
+        );
+        let r = runnable(&c(
+            json!({"name": "a", "image": "r.io/kvroute-sidecar@sha256:00"}),
+        ));
         assert_eq!(r, Some((Program::Kvroute("sidecar".into()), vec![])));
-        let r = runnable(&c(json!({"name": "a", "image": EXEC_IMAGE, "command": ["sleep"], "args": ["9"]})));
+        let r = runnable(&c(
+            json!({"name": "a", "image": EXEC_IMAGE, "command": ["sleep"], "args": ["9"]}),
+        ));
         assert_eq!(r, Some((Program::Exec("sleep".into()), vec!["9".into()])));
     }
 
