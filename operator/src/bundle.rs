@@ -562,7 +562,7 @@ pub fn deploy_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
     {
         env.retain(|e| e.name != "KVROUTE_OPERATOR_NAMESPACE");
     }
-    let docs = vec![
+    let docs = [
         to_yaml(&Namespace {
             metadata: meta(DEPLOY_NAMESPACE, None),
             ..Default::default()

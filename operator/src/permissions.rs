@@ -145,9 +145,9 @@ pub fn verb_of(method: &str, named: bool, watch: bool) -> &'static str {
 pub fn parse_path(path: &str) -> Option<(String, String, bool)> {
     let path = path.split('?').next().unwrap_or_default();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (group, rest) = match parts.first()? {
-        &"api" => ("", parts.get(2..)?),
-        &"apis" => (*parts.get(1)?, parts.get(3..)?),
+    let (group, rest) = match *parts.first()? {
+        "api" => ("", parts.get(2..)?),
+        "apis" => (*parts.get(1)?, parts.get(3..)?),
         _ => return None,
     };
     let rest = if rest.first() == Some(&"namespaces") && rest.len() > 2 {
