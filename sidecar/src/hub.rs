@@ -67,6 +67,9 @@ impl RouterQueue {
 struct Inner {
     state: ResidentSet,
     epoch: u64,
+    /// Start time of the vLLM process the current epoch's state came from, when known (from
+    /// vLLM's `process_start_time_seconds`); cleared when the ZMQ side resyncs by itself.
+    vllm_start: Option<f64>,
     routers: HashMap<String, RouterQueue>,
 }
 
@@ -83,6 +86,7 @@ impl Hub {
             inner: Mutex::new(Inner {
                 state,
                 epoch,
+                vllm_start: None,
                 routers: HashMap::new(),
             }),
             queue_cap_blocks,
@@ -119,6 +123,32 @@ impl Hub {
     /// Drops the worker's state and starts a new epoch; every router gets a snapshot.
     pub fn resync(&self) -> u64 {
         let mut g = self.inner.lock();
+        g.vllm_start = None;
+        Self::resync_locked(&mut g)
+    }
+
+    /// Notes the start time of the vLLM process (from its metrics). vLLM publishes nothing
+    /// until its first engine step, so after a restart the event stream alone would keep the
+    /// old process's blocks until the first request; a changed start time resyncs at once.
+    /// Returns true when it resynced. After a resync by the ZMQ side (seq went back) the
+    /// next start time seen is simply adopted, so one restart never drops the state twice.
+    pub fn observe_vllm_start(&self, start: f64) -> bool {
+        let mut g = self.inner.lock();
+        match g.vllm_start {
+            Some(known) if known == start => false,
+            None => {
+                g.vllm_start = Some(start);
+                false
+            }
+            Some(_) => {
+                g.vllm_start = Some(start);
+                Self::resync_locked(&mut g);
+                true
+            }
+        }
+    }
+
+    fn resync_locked(g: &mut Inner) -> u64 {
         g.state.reset();
         g.epoch = g.epoch.wrapping_add(1);
         for q in g.routers.values_mut() {
@@ -134,7 +164,7 @@ impl Hub {
     pub fn set_load(&self, sample: LoadSample) {
         let mut g = self.inner.lock();
         for q in g.routers.values_mut() {
-            q.load = Some(sample.clone());
+            q.load = Some(sample);
             q.notify.notify_one();
         }
     }
@@ -185,6 +215,7 @@ impl Hub {
             state,
             epoch,
             routers,
+            ..
         } = &mut *g;
         let Some(q) = routers.get_mut(key) else {
             return (None, None);
@@ -255,5 +286,78 @@ impl Hub {
 
     pub fn block_size(&self) -> Option<u32> {
         self.inner.lock().state.block_size()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::StateConfig;
+    use crate::wire::BlockStored;
+
+    fn hub() -> Hub {
+        let state = ResidentSet::new(StateConfig {
+            model: "m".into(),
+            default_lora: None,
+            block_size: None,
+            max_blocks: 100,
+        });
+        Hub::new(state, 7, 4)
+    }
+
+    fn store(h: u64) -> KvEvent {
+        KvEvent::Stored(BlockStored {
+            block_hashes: vec![h],
+            token_ids: vec![h as u32, 0],
+            block_size: Some(2),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn vllm_start_time_change_resyncs_once() {
+        let hub = hub();
+        assert!(!hub.observe_vllm_start(100.0));
+        hub.apply_batch(&[store(1)]);
+        assert!(!hub.observe_vllm_start(100.0));
+        assert_eq!(hub.resident_blocks(), 1);
+        assert!(hub.observe_vllm_start(200.0));
+        assert_eq!((hub.resident_blocks(), hub.epoch()), (0, 8));
+        // The ZMQ side saw the next restart first: the new start time is adopted, no 2nd drop.
+        hub.resync();
+        hub.apply_batch(&[store(1)]);
+        assert!(!hub.observe_vllm_start(300.0));
+        assert_eq!((hub.resident_blocks(), hub.epoch()), (1, 9));
+    }
+
+    #[test]
+    fn queue_overflow_turns_into_a_snapshot() {
+        let hub = hub();
+        hub.register("r");
+        assert!(matches!(
+            hub.take("r", 100).0,
+            Some(Outgoing::Snapshot { epoch: 7, .. })
+        ));
+        // The first store teaches the block size: a new identity, so a snapshot again.
+        hub.apply_batch(&[store(1)]);
+        assert!(matches!(
+            hub.take("r", 100).0,
+            Some(Outgoing::Snapshot { block_size: 2, .. })
+        ));
+        hub.apply_batch(&[store(2), store(3)]);
+        assert_eq!(hub.queued_blocks("r"), 2);
+        assert!(matches!(hub.take("r", 100).0, Some(Outgoing::Deltas(d)) if d.len() == 1));
+        for h in 10..20 {
+            hub.apply_batch(&[store(h)]);
+            assert!(hub.queued_blocks("r") <= 4);
+        }
+        assert!(hub.overflows("r") >= 1);
+        let Some(Outgoing::Snapshot {
+            blocks, block_size, ..
+        }) = hub.take("r", 100).0
+        else {
+            panic!("no snapshot")
+        };
+        assert_eq!((blocks.len(), block_size), (13, 2));
     }
 }

@@ -445,6 +445,22 @@ mod tests {
     }
 
     #[test]
+    fn a_delta_costs_at_most_16_bytes_per_block() {
+        use prost::Message as _;
+        // One vLLM step storing 4 blocks and evicting 4: the smallest realistic report.
+        let ops = Ops(vec![
+            Op::Removed((0..4).map(|i| u64::MAX - i).collect()),
+            Op::Stored((0..4).map(|i| i << 60).collect()),
+        ]);
+        let report = WorkerReport {
+            seq: 123_456,
+            body: Some(worker_report::Body::Delta(to_delta(&[ops]))),
+        };
+        let per_block = report.encoded_len() as f64 / 8.0;
+        assert!(per_block <= 16.0, "{per_block} bytes per block");
+    }
+
+    #[test]
     fn delta_merges_same_kind() {
         let d = to_delta(&[
             Ops(vec![Op::Stored(vec![1])]),

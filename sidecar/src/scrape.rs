@@ -26,6 +26,8 @@ pub struct VllmMetrics {
     pub kv_cache_usage: Option<f64>,
     pub block_size: Option<u32>,
     pub hash_algo: Option<String>,
+    /// `process_start_time_seconds` of the vLLM API process: changes when vLLM restarts.
+    pub process_start_time: Option<f64>,
 }
 
 /// Parses the Prometheus text exposition format, tolerating anything it does not know.
@@ -63,6 +65,7 @@ pub fn parse_metrics(text: &str) -> VllmMetrics {
             "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
                 m.kv_cache_usage = Some(m.kv_cache_usage.map_or(value, |u| u.max(value)))
             }
+            "process_start_time_seconds" => m.process_start_time = Some(value),
             "vllm:cache_config_info" => {
                 if let Some(bs) = label(labels, "block_size").and_then(|v| v.parse().ok()) {
                     m.block_size = Some(bs);
@@ -154,6 +157,18 @@ impl Scraper {
                     if let Some(bs) = last.block_size {
                         self.hub.learn_block_size(bs);
                     }
+                    if let Some(start) = last.process_start_time
+                        && self.hub.observe_vllm_start(start)
+                    {
+                        tracing::warn!(
+                            start,
+                            "vLLM process start time changed: vLLM restarted, resyncing"
+                        );
+                        self.metrics
+                            .resyncs
+                            .with_label_values(&["vllm_restart_metrics"])
+                            .inc();
+                    }
                     if !warned_algo && let Some(algo) = &last.hash_algo {
                         warned_algo = true;
                         tracing::info!(hash_algo = %algo, "vLLM prefix-caching hash algorithm (kvroute re-hashes; informational)");
@@ -196,6 +211,7 @@ mod tests {
         assert_eq!(m.waiting, Some(0.0));
         assert_eq!(m.running, Some(0.0));
         assert!(m.kv_cache_usage.is_some());
+        assert_eq!(m.process_start_time, Some(1.79605012132e9));
     }
 
     #[test]

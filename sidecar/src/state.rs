@@ -13,10 +13,38 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use kvroute_hash::{BlockHash, ExtraKey, block_hash, encode_extra, root_hash};
 
 use crate::wire::{BlockRemoved, BlockStored, KvEvent, RawExtraKey};
+
+/// Hasher for maps keyed by block hashes, which are already uniformly distributed digests
+/// (vLLM's sha256/xxhash, kvroute's xxh3): one multiply instead of SipHash. The keys come
+/// from the local vLLM, not from untrusted clients, so flooding is not a concern.
+#[derive(Default, Clone, Copy)]
+pub struct BlockHasher(u64);
+
+impl Hasher for BlockHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        // Multiply, then fold the high bits down: hashbrown uses both the top 7 bits and the
+        // low bits, and small synthetic keys must still spread.
+        let m = (x ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = m ^ (m >> 32);
+    }
+}
+
+type BlockMap<V> = HashMap<u64, V, BuildHasherDefault<BlockHasher>>;
 
 /// A change to the resident set, in the order it happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,9 +135,9 @@ pub struct ResidentSet {
     /// Block size learned from events (or configured).
     block_size: Option<u32>,
     /// vLLM hash -> kvroute hash.
-    by_vllm: HashMap<u64, BlockHash>,
+    by_vllm: BlockMap<BlockHash>,
     /// Resident kvroute hash -> number of vLLM hashes mapping to it.
-    refs: HashMap<BlockHash, u32>,
+    refs: BlockMap<u32>,
     /// Root of the chain without a LoRA adapter (the common case), cached.
     base_root: BlockHash,
     /// Reusable buffer for encoded extra keys.
@@ -122,8 +150,8 @@ impl ResidentSet {
         ResidentSet {
             block_size: config.block_size,
             config,
-            by_vllm: HashMap::new(),
-            refs: HashMap::new(),
+            by_vllm: BlockMap::default(),
+            refs: BlockMap::default(),
             base_root,
             extra_buf: Vec::new(),
         }
@@ -189,7 +217,10 @@ impl ResidentSet {
         if n == 0 {
             return;
         }
-        let inferred = (s.token_ids.len() % n == 0)
+        let inferred = s
+            .token_ids
+            .len()
+            .is_multiple_of(n)
             .then(|| u32::try_from(s.token_ids.len() / n).ok())
             .flatten();
         let Some(bs) = s

@@ -20,6 +20,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
+/// Batches kept for replay, by sequence number.
+type ReplayBuffer = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
+/// Control senders of the open streams.
+type Controls = Arc<Mutex<Vec<mpsc::Sender<Result<IngestControl, tonic::Status>>>>>;
+
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Polls `cond` until it holds or the deadline passes.
@@ -100,7 +105,7 @@ pub struct Publisher {
     pub replay_endpoint: String,
     socket: PubSocket,
     /// Every batch "published", including those deliberately not sent (the replay buffer).
-    buffer: Arc<Mutex<Vec<(u64, Vec<u8>)>>>,
+    buffer: ReplayBuffer,
     next_seq: u64,
     stop: CancellationToken,
 }
@@ -111,7 +116,7 @@ impl Publisher {
         let pub_endpoint = socket.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
         let mut router = RouterSocket::new();
         let replay_endpoint = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
-        let buffer: Arc<Mutex<Vec<(u64, Vec<u8>)>>> = Arc::default();
+        let buffer: ReplayBuffer = Arc::default();
         let stop = CancellationToken::new();
         let (buf, token) = (buffer.clone(), stop.clone());
         tokio::spawn(async move {
@@ -276,7 +281,7 @@ struct Receiver {
     view: Arc<Mutex<View>>,
     /// While false, the receiver does not read its streams (a slow router).
     reading: watch::Receiver<bool>,
-    controls: Arc<Mutex<Vec<mpsc::Sender<Result<IngestControl, tonic::Status>>>>>,
+    controls: Controls,
 }
 
 type ControlStream = Pin<Box<dyn Stream<Item = Result<IngestControl, tonic::Status>> + Send>>;
@@ -326,7 +331,7 @@ pub struct Router {
     pub addr: SocketAddr,
     pub view: Arc<Mutex<View>>,
     reading: watch::Sender<bool>,
-    controls: Arc<Mutex<Vec<mpsc::Sender<Result<IngestControl, tonic::Status>>>>>,
+    controls: Controls,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
