@@ -101,7 +101,12 @@ pub fn engine_command(spec: &InferenceWorkerSetSpec) -> (Vec<String>, Vec<String
             args.push(spec.model.load_from().to_string());
             vec!["vllm".to_string(), "serve".to_string()]
         }
-        EngineMode::Mock => vec!["kvroute-mock-vllm".to_string()],
+        EngineMode::Mock => {
+            // The mock takes vLLM's deprecated `--model` flag rather than a positional.
+            args.push("--model".to_string());
+            args.push(spec.model.load_from().to_string());
+            vec!["kvroute-mock-vllm".to_string()]
+        }
     };
     let flag = |args: &mut Vec<String>, k: &str, v: String| {
         args.push(k.to_string());
@@ -115,9 +120,7 @@ pub fn engine_command(spec: &InferenceWorkerSetSpec) -> (Vec<String>, Vec<String
     flag(&mut args, "--host", "0.0.0.0".to_string());
     flag(&mut args, "--port", spec.engine.port.to_string());
     flag(&mut args, "--block-size", spec.block_size.to_string());
-    if spec.engine.mode == EngineMode::Vllm {
-        args.push("--enable-prefix-caching".to_string());
-    }
+    args.push("--enable-prefix-caching".to_string());
     flag(&mut args, "--kv-events-config", kv_events_config(spec));
     args.push("--enable-prompt-tokens-details".to_string());
     match spec.engine.mode {
@@ -931,7 +934,8 @@ mod tests {
                 .map(|i| args[i + 1].as_str()),
             Some("20")
         );
-        assert!(!args.contains(&"--enable-prefix-caching".to_string()));
+        assert!(args.contains(&"--enable-prefix-caching".to_string()));
+        assert_eq!(args[..2], ["--model".to_string(), "m".to_string()]);
         assert!(engine.resources.is_none());
         let pod = d
             .spec
