@@ -261,8 +261,25 @@ pub struct CandidateRecord {
     /// The policy's score (lower wins).
     pub score: f64,
     /// The core's figures (cache, load, prediction).
+    #[serde(serialize_with = "figures_without_core_id")]
     #[serde(flatten)]
     pub figures: Candidate,
+}
+
+/// Serializes a candidate's figures without its core-internal numeric `worker` id, which
+/// would clash with the record's worker name.
+fn figures_without_core_id<S: serde::Serializer>(c: &Candidate, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::{Error, SerializeMap};
+    let serde_json::Value::Object(mut map) = serde_json::to_value(c).map_err(S::Error::custom)?
+    else {
+        return Err(S::Error::custom("candidate is not an object"));
+    };
+    map.remove("worker");
+    let mut out = s.serialize_map(Some(map.len()))?;
+    for (k, v) in &map {
+        out.serialize_entry(k, v)?;
+    }
+    out.end()
 }
 
 /// A request assigned to a worker. Release it exactly once with [`RouterState::done`] or
@@ -1446,5 +1463,173 @@ impl crate::gateway::Dispatch for RouterState {
 
     fn abort(&self, picked: &crate::gateway::Picked) {
         RouterState::abort(self, DecisionId(picked.assignment), "gateway");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(route_unlisted: bool) -> RouterState {
+        let metrics = RouterMetrics::register(&prometheus::Registry::new()).expect("metrics");
+        let cfg = RouterConfig {
+            route_unlisted,
+            seed: 3,
+            ..RouterConfig::default()
+        };
+        RouterState::new(cfg, metrics).expect("state")
+    }
+
+    fn identity(id: &str, model: &str) -> SidecarIdentity {
+        SidecarIdentity {
+            worker_id: id.into(),
+            address: format!("{id}:8000"),
+            model: model.into(),
+            block_size: 4,
+            epoch: 1,
+            worker_set: "ws".into(),
+        }
+    }
+
+    fn report(s: &RouterState, stream: u64, id: &str, model: &str) {
+        let now = Instant::now();
+        s.sidecar_snapshot_start(stream, &identity(id, model), &[], now)
+            .expect("snapshot");
+        assert!(s.sidecar_snapshot_chunk(stream, id, &[], true, now));
+    }
+
+    fn input<'a>(model: &'a str, tokens: &'a [u32]) -> PickInput<'a> {
+        PickInput {
+            model,
+            prompt: Prompt::Tokens(tokens),
+            cache_salt: None,
+            lora: None,
+            headers: None,
+            exclude: &[],
+        }
+    }
+
+    #[test]
+    fn models_come_from_pools_aliases_and_workers() {
+        let s = state(false);
+        s.set_catalog(Catalog {
+            pools: vec![PoolView {
+                name: "ns/p".into(),
+                models: vec![
+                    ServedModel {
+                        name: "m".into(),
+                        backend_model: "m".into(),
+                    },
+                    ServedModel {
+                        name: "alias".into(),
+                        backend_model: "m".into(),
+                    },
+                ],
+                worker_sets: vec!["ws".into()],
+            }],
+            workers: vec![DiscoveredWorker {
+                id: "w".into(),
+                address: "w:1".into(),
+                model: "other".into(),
+                worker_set: "x".into(),
+                ready: true,
+            }],
+        });
+        let ids: Vec<String> = s.models().into_iter().map(|m| m.id).collect();
+        assert_eq!(ids, vec!["alias", "m", "other"]);
+        assert_eq!(
+            s.resolve_model("alias"),
+            Some(Resolved {
+                backend_model: "m".into(),
+                pool: Some("ns/p".into())
+            })
+        );
+        assert_eq!(s.resolve_model("nope"), None);
+    }
+
+    #[test]
+    fn unlisted_workers_route_only_when_allowed() {
+        let strict = state(false);
+        report(&strict, 1, "w", "m");
+        let tokens = [1, 2, 3, 4];
+        assert_eq!(
+            strict
+                .pick(&input("m", &tokens), Instant::now())
+                .map(|a| a.worker_id),
+            Err(PickError::UnknownModel("m".into()))
+        );
+        let open = state(true);
+        report(&open, 1, "w", "m");
+        let a = open
+            .pick(&input("m", &tokens), Instant::now())
+            .expect("pick");
+        assert_eq!((a.worker_id.as_str(), a.address.as_str()), ("w", "w:8000"));
+        let excluded = PickInput {
+            exclude: &["w".to_string()],
+            ..input("m", &tokens)
+        };
+        assert_eq!(
+            open.pick(&excluded, Instant::now()).map(|a| a.worker_id),
+            Err(PickError::NoReadyWorker("m".into()))
+        );
+    }
+
+    #[test]
+    fn release_happens_once_and_degraded_is_counted() {
+        let s = state(true);
+        report(&s, 1, "w", "m");
+        let a = s
+            .pick(
+                &PickInput {
+                    prompt: Prompt::Unavailable,
+                    ..input("m", &[])
+                },
+                Instant::now(),
+            )
+            .expect("pick");
+        assert!(a.decision.degraded);
+        assert_eq!(a.decision.degraded_reason.as_deref(), Some("no_prompt"));
+        assert_eq!(s.in_flight(), 1);
+        assert!(s.first_token(a.decision_id, Some(0.1), Instant::now()));
+        assert!(!s.first_token(a.decision_id, Some(0.1), Instant::now()));
+        assert!(s.done(a.decision_id, Usage::default()));
+        assert!(!s.done(a.decision_id, Usage::default()));
+        assert!(!s.abort(a.decision_id, "late"));
+        assert_eq!(s.in_flight(), 0);
+        let text = s.metrics().encode();
+        assert!(
+            text.contains(
+                "kvroute_router_degraded_decisions_total{model=\"m\",reason=\"no_prompt\"} 1"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_superseded_stream_cannot_touch_the_worker() {
+        let s = state(true);
+        report(&s, 1, "w", "m");
+        report(&s, 2, "w", "m");
+        let now = Instant::now();
+        assert!(!s.sidecar_delta(1, "w", &[DeltaOp::Stored(&[1])], now));
+        s.sidecar_closed(1, "w");
+        let row = s
+            .workers_report(now)
+            .workers
+            .into_iter()
+            .find(|w| w.id == "w")
+            .expect("row");
+        assert!(row.sidecar_connected && !row.stale, "{row:?}");
+        s.sidecar_closed(2, "w");
+        let row = s
+            .workers_report(now)
+            .workers
+            .into_iter()
+            .find(|w| w.id == "w")
+            .expect("row");
+        assert!(
+            !row.sidecar_connected && row.stale && row.routable,
+            "{row:?}"
+        );
     }
 }

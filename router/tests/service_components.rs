@@ -725,6 +725,7 @@ async fn static_config_aliases_rewrite_and_admin_views() {
     assert_eq!(rec["chosen"], "default/w0");
     assert_eq!(rec["backend_model"], "tiny");
     assert_eq!(rec["candidates"].as_array().map(Vec::len), Some(1));
+    assert_eq!(rec["candidates"][0]["worker"], "default/w0", "{rec}");
     assert_eq!(r.state.in_flight(), 1, "explain assigns nothing");
     let missing = http
         .post(r.admin_url("/debug/explain"))
