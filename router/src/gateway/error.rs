@@ -47,6 +47,9 @@ pub enum GatewayError {
     /// The worker did not answer in time.
     #[error("the upstream worker timed out")]
     UpstreamTimeout,
+    /// A bug on our side (e.g. the routing decision panicked); details are only logged.
+    #[error("internal error")]
+    Internal,
 }
 
 impl GatewayError {
@@ -59,6 +62,7 @@ impl GatewayError {
             Self::Upstream(_) => 502,
             Self::NoReadyWorker(_) => 503,
             Self::UpstreamTimeout => 504,
+            Self::Internal => 500,
         }
     }
 
@@ -73,6 +77,7 @@ impl GatewayError {
             Self::NoReadyWorker(_) => "no_ready_worker",
             Self::Upstream(_) => "upstream_error",
             Self::UpstreamTimeout => "upstream_timeout",
+            Self::Internal => "internal",
         }
     }
 
@@ -103,6 +108,7 @@ impl GatewayError {
             Self::InvalidField { .. } => Value::from("invalid_value"),
             Self::Upstream(_) => Value::from("upstream_error"),
             Self::UpstreamTimeout => Value::from("upstream_timeout"),
+            Self::Internal => Value::from("internal_error"),
         }
     }
 
@@ -173,6 +179,7 @@ mod tests {
             (GatewayError::Upstream("reset".into()), 502),
             (GatewayError::NoReadyWorker("m".into()), 503),
             (GatewayError::UpstreamTimeout, 504),
+            (GatewayError::Internal, 500),
         ];
         for (e, status) in cases {
             assert_eq!(e.status(), status, "{e:?}");

@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::anthropic::{self, StreamTranslator};
 use super::dispatch::{Assignment, Dispatch, PickError, RouteRequest};
@@ -104,36 +104,82 @@ struct Sent {
     sent_at: Instant,
 }
 
+/// The routing-relevant part of a request, owned so the decision can run off the async
+/// threads (tokenizing a long prompt takes milliseconds) and be repeated for retries.
+struct Route {
+    served: String,
+    client_model: String,
+    endpoint: Endpoint,
+    body: Map<String, Value>,
+    headers: HeaderMap,
+}
+
+impl Route {
+    fn request(&self) -> RouteRequest<'_> {
+        RouteRequest {
+            served_model: &self.served,
+            client_model: &self.client_model,
+            endpoint: self.endpoint,
+            body: &self.body,
+            headers: &self.headers,
+        }
+    }
+}
+
 impl Gateway {
+    /// Runs the routing decision on the blocking pool. The assignment guard is made there too:
+    /// if the client goes away meanwhile, the finished decision is dropped and so released.
+    async fn pick(
+        &self,
+        route: &Arc<Route>,
+        exclude: &[String],
+    ) -> Result<Assignment, GatewayError> {
+        let (dispatch, r, exclude) = (self.dispatch.clone(), route.clone(), exclude.to_vec());
+        let decided = tokio::task::spawn_blocking(move || {
+            dispatch
+                .pick(&r.request(), &exclude)
+                .map(|p| Assignment::new(dispatch.clone(), p))
+        })
+        .await;
+        match decided {
+            Ok(Ok(a)) => Ok(a),
+            Ok(Err(PickError::UnknownModel)) => {
+                Err(GatewayError::UnknownModel(route.client_model.clone()))
+            }
+            Ok(Err(PickError::NoReadyWorker)) => {
+                Err(GatewayError::NoReadyWorker(route.client_model.clone()))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "routing decision failed");
+                Err(GatewayError::Internal)
+            }
+        }
+    }
+
     /// Picks a worker and sends; retries on another worker while the request never started.
-    async fn forward(&self, route: &RouteRequest<'_>, body: Bytes) -> Result<Sent, GatewayError> {
+    async fn forward(&self, route: Arc<Route>, body: Bytes) -> Result<Sent, GatewayError> {
         let mut exclude: Vec<String> = Vec::new();
         let mut last_failure: Option<GatewayError> = None;
         for _attempt in 0..=self.max_retries {
-            let picked = match self.dispatch.pick(route, &exclude) {
-                Ok(p) => p,
-                Err(PickError::UnknownModel) => {
-                    return Err(GatewayError::UnknownModel(route.client_model.into()));
+            let assignment = match self.pick(&route, &exclude).await {
+                Ok(a) => a,
+                Err(GatewayError::NoReadyWorker(m)) => {
+                    return Err(last_failure.unwrap_or(GatewayError::NoReadyWorker(m)));
                 }
-                Err(PickError::NoReadyWorker) => {
-                    return Err(last_failure.unwrap_or_else(|| {
-                        GatewayError::NoReadyWorker(route.client_model.into())
-                    }));
-                }
+                Err(e) => return Err(e),
             };
             let url = format!(
                 "{}{}",
-                picked.base_url.trim_end_matches('/'),
+                assignment.picked().base_url.trim_end_matches('/'),
                 route.endpoint.path()
             );
-            let assignment = Assignment::new(self.dispatch.clone(), picked);
             let sent_at = Instant::now();
             match self.upstream.post_json(&url, body.clone()).await {
                 Ok(response) if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
                     tracing::debug!(worker = %assignment.picked().worker, "worker answered 503; trying another");
                     exclude.push(assignment.picked().worker.clone());
                     assignment.abort();
-                    last_failure = Some(GatewayError::NoReadyWorker(route.client_model.into()));
+                    last_failure = Some(GatewayError::NoReadyWorker(route.client_model.clone()));
                 }
                 Ok(response) => {
                     return Ok(Sent {
@@ -241,14 +287,15 @@ async fn openai_request(
         .resolve_model(&request.model)
         .ok_or_else(|| GatewayError::UnknownModel(request.model.clone()))?;
     let body = openai::upstream_body(&request.body, &served, request.stream);
-    let route = RouteRequest {
-        served_model: &served,
-        client_model: &request.model,
+    let (stream, wants_usage) = (request.stream, request.wants_usage);
+    let route = Arc::new(Route {
+        served,
+        client_model: request.model,
         endpoint,
-        body: &request.body,
-        headers: &parts.headers,
-    };
-    let sent = gw.forward(&route, body).await?;
+        body: request.body,
+        headers: parts.headers,
+    });
+    let sent = gw.forward(route, body).await?;
     if !sent.response.status().is_success() {
         return Ok(gw.upstream_error(Flavor::OpenAi, sent).await);
     }
@@ -257,8 +304,7 @@ async fn openai_request(
         response,
         sent_at,
     } = sent;
-    if request.stream {
-        let wants_usage = request.wants_usage;
+    if stream {
         let headers = DecisionHeaders::of(&assignment);
         return Ok(sse_response(relay(
             response,
@@ -284,14 +330,15 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
         .resolve_model(&request.model)
         .ok_or_else(|| GatewayError::UnknownModel(request.model.clone()))?;
     let body = openai::upstream_body(&request.chat, &served, request.stream);
-    let route = RouteRequest {
-        served_model: &served,
-        client_model: &request.model,
+    let (stream, model) = (request.stream, request.model.clone());
+    let route = Arc::new(Route {
+        served,
+        client_model: request.model,
         endpoint: Endpoint::ChatCompletions,
-        body: &request.chat,
-        headers: &parts.headers,
-    };
-    let sent = gw.forward(&route, body).await?;
+        body: request.chat,
+        headers: parts.headers,
+    });
+    let sent = gw.forward(route, body).await?;
     if !sent.response.status().is_success() {
         return Ok(gw.upstream_error(Flavor::Anthropic, sent).await);
     }
@@ -300,9 +347,9 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
         response,
         sent_at,
     } = sent;
-    if request.stream {
+    if stream {
         let sink = AnthropicSink {
-            translator: StreamTranslator::new(request.model.clone()),
+            translator: StreamTranslator::new(model.clone()),
         };
         let headers = DecisionHeaders::of(&assignment);
         return Ok(sse_response(relay(
@@ -312,10 +359,7 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
     let (body, usage) = read_unary(response).await?;
     let chat: Value = serde_json::from_slice(&body)
         .map_err(|_| GatewayError::Upstream("the worker's answer is not valid JSON".into()))?;
-    let mut resp = json_response(
-        StatusCode::OK,
-        &anthropic::message_from_chat(&chat, &request.model),
-    );
+    let mut resp = json_response(StatusCode::OK, &anthropic::message_from_chat(&chat, &model));
     decision_headers(&mut resp, &assignment);
     assignment.done(usage, sent_at.elapsed());
     Ok(resp)
