@@ -55,6 +55,18 @@ fn now() -> Time {
     Time(Timestamp::now())
 }
 
+/// Not-ready resources are re-checked soon: what they wait for (a Secret, a WorkerSet becoming
+/// ready in another controller's time) may not trigger a watch event on them.
+fn requeue_for(ctx: &Ctx, conditions: &[kvroute_crds::condition::Condition]) -> Action {
+    if kvroute_crds::condition::is_true(conditions, kvroute_crds::condition::READY) {
+        Action::requeue(ctx.requeue)
+    } else {
+        Action::requeue(ctx.requeue.min(NOT_READY_RECHECK))
+    }
+}
+
+const NOT_READY_RECHECK: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Events when Ready flips.
 fn ready_events(
     old: &[kvroute_crds::condition::Condition],
@@ -116,7 +128,7 @@ pub async fn reconcile_pool(pool: Arc<InferencePool>, ctx: Arc<Ctx>) -> Result<A
         .await;
     }
     ctx.succeeded(&object_key(pool.as_ref()));
-    Ok(Action::requeue(ctx.requeue))
+    Ok(requeue_for(&ctx, &status.conditions))
 }
 
 /// Reconciles an InferencePolicy.
@@ -159,7 +171,7 @@ pub async fn reconcile_policy(
         .await;
     }
     ctx.succeeded(&object_key(policy.as_ref()));
-    Ok(Action::requeue(ctx.requeue))
+    Ok(requeue_for(&ctx, &status.conditions))
 }
 
 /// Reconciles an InferenceProvider.
@@ -200,7 +212,7 @@ pub async fn reconcile_provider(
         .await;
     }
     ctx.succeeded(&object_key(provider.as_ref()));
-    Ok(Action::requeue(ctx.requeue))
+    Ok(requeue_for(&ctx, &status.conditions))
 }
 
 /// Reconciles a GatewayBackend. Only the Secrets it names are read, and only their key names
@@ -250,7 +262,7 @@ pub async fn reconcile_backend(
         .await;
     }
     ctx.succeeded(&object_key(backend.as_ref()));
-    Ok(Action::requeue(ctx.requeue))
+    Ok(requeue_for(&ctx, &status.conditions))
 }
 
 fn scoped<K>(client: &Client, ns: &str) -> Api<K>
