@@ -34,6 +34,7 @@ mod config;
 mod error;
 mod prompt;
 mod pyjson;
+mod segments;
 mod template;
 mod tokenizer;
 
@@ -41,8 +42,9 @@ pub use chat::ChatRequest;
 pub use config::{SpecialTokens, TokenizerFiles};
 pub use error::TokenizeError;
 pub use prompt::PromptInput;
+pub use segments::SegmentCacheStats;
 pub use template::ContentFormat;
-pub use tokenizer::{ChatEncoding, Tokenizer};
+pub use tokenizer::{ChatEncoding, DEFAULT_SEGMENT_CACHE_BYTES, Tokenizer};
 
 /// The server's local time, for [`Tokenizer::render_chat`]'s `now` (what Python's
 /// `datetime.now()` returns in vLLM). Call it at the edge, never in pure code.

@@ -2,6 +2,7 @@
 
 use crate::chat::{self, ChatRequest};
 use crate::config::{self, SpecialTokens, TokenizerFiles};
+use crate::segments::{SegmentCacheStats, SegmentEncoder};
 use crate::template::{self, ContentFormat, NOW_VAR, TemplateTraits};
 use crate::{PromptInput, TokenizeError};
 use chrono::{DateTime, FixedOffset};
@@ -28,7 +29,14 @@ pub struct Tokenizer {
     eos_token_ids: Vec<u32>,
     bos_token_id: Option<u32>,
     max_token_id: u32,
+    segments: SegmentEncoder,
+    /// The post-processor never adds ids (none, or ByteLevel): piecewise encoding is exact
+    /// with `add_special_tokens = true` too.
+    post_processor_adds_nothing: bool,
 }
+
+/// Default size of the per-tokenizer segment cache (text + ids of recently seen messages).
+pub const DEFAULT_SEGMENT_CACHE_BYTES: usize = 32 << 20;
 
 struct LoadedTemplate {
     /// Name in `env` (the declared name, or `"default"` for a single template).
@@ -155,6 +163,11 @@ impl Tokenizer {
             .bos_token
             .as_deref()
             .and_then(|t| hf.token_to_id(t));
+        let segments = SegmentEncoder::new(&hf, DEFAULT_SEGMENT_CACHE_BYTES);
+        let post_processor_adds_nothing = matches!(
+            hf.get_post_processor(),
+            None | Some(tokenizers::PostProcessorWrapper::ByteLevel(_))
+        );
         Ok(Tokenizer {
             hf,
             special: cfg.special,
@@ -166,7 +179,21 @@ impl Tokenizer {
             eos_token_ids,
             bos_token_id,
             max_token_id,
+            segments,
+            post_processor_adds_nothing,
         })
+    }
+
+    /// Resizes the segment cache (0 disables it). Encoding is exact either way; the cache
+    /// only makes re-encoding text seen before (system prompts, chat history) cheap.
+    pub fn with_segment_cache_bytes(mut self, bytes: usize) -> Self {
+        self.segments = SegmentEncoder::new(&self.hf, bytes);
+        self
+    }
+
+    /// Hits, misses and size of the segment cache.
+    pub fn segment_cache_stats(&self) -> SegmentCacheStats {
+        self.segments.stats()
     }
 
     /// Stop ids: the config's `eos_token` first, then `generation_config.json`'s extra ids.
@@ -298,7 +325,22 @@ impl Tokenizer {
     /// `/v1/completions` and `/tokenize` with `prompt`, false for chat. Whether that adds
     /// anything depends on the tokenizer's post-processor: Qwen3's and the capture's tiny
     /// tokenizer add nothing; Llama-style `TemplateProcessing` adds BOS.
+    ///
+    /// Uses the segment cache when that is exact (see [`Self::with_segment_cache_bytes`]).
     pub fn encode_text(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        if self.segments.enabled() && (!add_special_tokens || self.post_processor_adds_nothing) {
+            return self.segments.encode(&self.hf, text);
+        }
+        self.encode_text_uncached(text, add_special_tokens)
+    }
+
+    /// [`Self::encode_text`] straight through the HuggingFace tokenizer, never the segment
+    /// cache (the reference the cached path is tested against).
+    pub fn encode_text_uncached(
         &self,
         text: &str,
         add_special_tokens: bool,

@@ -328,3 +328,59 @@ fn odd_input_is_an_error_not_a_panic() {
     );
     assert!(matches!(raised, Err(TokenizeError::TemplateRaised(m)) if m == "nope"));
 }
+
+/// The segment cache must never change ids: compare it with the plain HF path on text full of
+/// special tokens, repeated pieces and odd whitespace, cold and warm.
+#[test]
+fn segment_cache_is_exact() {
+    let q = qwen3();
+    let pieces = [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<think>",
+        "</think>",
+        "\n",
+        "  ",
+        " word",
+        "Ünïcödé 中文 ",
+        "1234567",
+        "\r\n\r\n",
+        "<tool_call>",
+        "<|im_start",
+        "|>",
+        "\u{1F600}",
+        "tab\t",
+    ];
+    let mut x: u64 = 42;
+    for round in 0..80 {
+        let mut text = String::new();
+        for _ in 0..(round % 40) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let p = pieces[(x % pieces.len() as u64) as usize];
+            text.push_str(p);
+            if x.is_multiple_of(5) {
+                // A long piece, so the cache path (>= 256 bytes) is exercised.
+                text.push_str(&"the router hashes prefix blocks ".repeat((x % 20) as usize));
+            }
+        }
+        for add in [false, true] {
+            let plain = q.encode_text_uncached(&text, add).expect("plain");
+            assert_eq!(q.encode_text(&text, add).expect("cold"), plain, "{text:?}");
+            assert_eq!(q.encode_text(&text, add).expect("warm"), plain, "{text:?}");
+        }
+    }
+    assert!(q.segment_cache_stats().hits > 0);
+    let off = Tokenizer::from_dir(&testdata("tokenizers/qwen3"))
+        .expect("load")
+        .with_segment_cache_bytes(0);
+    let enc = off
+        .encode_chat(&chat(json!({"messages": capital_messages()})), now())
+        .expect("encode");
+    assert_eq!(enc.token_ids, GOLDEN_26);
+    assert_eq!(
+        off.segment_cache_stats().hits + off.segment_cache_stats().misses,
+        0
+    );
+}

@@ -1,0 +1,128 @@
+//! Cost of turning a request into token ids, the router's per-request tokenization step.
+//!
+//! `cargo bench -p kvroute-tokenization --bench encode`
+//!
+//! Cases: an ~8k-token multi-turn Qwen3 chat (render + encode, and each half alone), the same
+//! text as a completions prompt, and the small reference chat.
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use kvroute_tokenization::{ChatRequest, PromptInput, Tokenizer};
+use serde_json::{Value, json};
+use std::hint::black_box;
+use std::path::PathBuf;
+
+fn tokenizer() -> Tokenizer {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/tokenizers/qwen3");
+    match Tokenizer::from_dir(&dir) {
+        Ok(t) => t,
+        Err(e) => panic!("loading {}: {e}", dir.display()),
+    }
+}
+
+/// A deterministic multi-turn chat of roughly `target_tokens` tokens.
+fn long_chat(t: &Tokenizer, target_tokens: usize) -> ChatRequest {
+    let words = [
+        "router",
+        "prefix",
+        "cache",
+        "block",
+        "worker",
+        "latency",
+        "token",
+        "prefill",
+        "decode",
+        "queue",
+        "the",
+        "of",
+        "and",
+        "to",
+        "a",
+        "is",
+        "for",
+        "with",
+        "on",
+        "GPU",
+        "KV",
+        "hash",
+        "1234",
+        "vLLM",
+        "Kubernetes",
+        "pod",
+        "score",
+        "load",
+        "predict",
+        "first",
+        "time",
+    ];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut sentence = |n: usize| -> String {
+        let mut s = String::new();
+        for i in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let w = words[(x % words.len() as u64) as usize];
+            if i > 0 {
+                s.push(' ');
+            }
+            s.push_str(w);
+        }
+        s.push('.');
+        s
+    };
+    let mut messages: Vec<Value> = vec![json!({"role": "system", "content": sentence(400)})];
+    let mut req = ChatRequest::new(messages.clone());
+    loop {
+        let n = match t.encode_chat(&req, chrono::DateTime::UNIX_EPOCH.fixed_offset()) {
+            Ok(e) => e.token_ids.len(),
+            Err(e) => panic!("{e}"),
+        };
+        if n >= target_tokens {
+            return req;
+        }
+        messages.push(json!({"role": "user", "content": sentence(150)}));
+        messages.push(json!({"role": "assistant", "content": sentence(250)}));
+        messages.push(json!({"role": "user", "content": sentence(60)}));
+        req = ChatRequest::new(messages.clone());
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let t = tokenizer();
+    let now = chrono::DateTime::UNIX_EPOCH.fixed_offset();
+    let chat = long_chat(&t, 8192);
+    let prompt = match t.render_chat(&chat, now) {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    };
+    let n_tokens = t.encode_text(&prompt, false).map(|v| v.len()).unwrap_or(0);
+    eprintln!(
+        "long chat: {} messages, {} chars, {n_tokens} tokens",
+        chat.messages.len(),
+        prompt.len()
+    );
+
+    c.bench_function("chat_8k/render_and_encode", |b| {
+        b.iter(|| t.encode_chat(black_box(&chat), now))
+    });
+    c.bench_function("chat_8k/render_only", |b| {
+        b.iter(|| t.render_chat(black_box(&chat), now))
+    });
+    c.bench_function("chat_8k/encode_only", |b| {
+        b.iter(|| t.encode_text(black_box(&prompt), false))
+    });
+    let completion = PromptInput::Text(prompt.clone());
+    c.bench_function("completion_8k/encode", |b| {
+        b.iter(|| t.encode_prompt(black_box(&completion), true))
+    });
+    let small = ChatRequest::new(vec![
+        json!({"role": "system", "content": "You are a helpful assistant."}),
+        json!({"role": "user", "content": "What is the capital of France?"}),
+    ]);
+    c.bench_function("chat_small/render_and_encode", |b| {
+        b.iter(|| t.encode_chat(black_box(&small), now))
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

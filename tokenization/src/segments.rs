@@ -1,0 +1,191 @@
+//! Encoding by segments, with a cache.
+//!
+//! The HuggingFace tokenizer first cuts the text at added tokens (`<|im_start|>`, ...), then
+//! normalises, pre-tokenises and runs BPE on each piece separately. So when every added token
+//! is matched verbatim (not normalised, no lstrip/rstrip/single-word rules), the ids of a text
+//! are the ids of its pieces, concatenated. A chat prompt's pieces are its messages, and the
+//! router sees the same system prompt and conversation history again and again: caching a
+//! piece's ids turns re-tokenising a long multi-turn chat into hashing it.
+//!
+//! The cache is bounded (two generations, bytes of text + ids counted) and shared by all
+//! threads; a lookup holds the lock only to clone an `Arc`.
+
+use crate::TokenizeError;
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use xxhash_rust::xxh3::Xxh3DefaultBuilder;
+
+/// Pieces shorter than this are encoded directly: caching them costs more than it saves.
+const MIN_CACHED_BYTES: usize = 256;
+
+type Map = HashMap<Box<str>, Arc<[u32]>, Xxh3DefaultBuilder>;
+
+/// Hit and miss counts of the segment cache (for metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SegmentCacheStats {
+    /// Pieces found in the cache.
+    pub hits: u64,
+    /// Pieces encoded and inserted.
+    pub misses: u64,
+    /// Bytes currently held (text + ids), both generations.
+    pub bytes: usize,
+}
+
+#[derive(Default)]
+struct Generations {
+    current: Map,
+    previous: Map,
+    current_bytes: usize,
+    previous_bytes: usize,
+}
+
+pub(crate) struct SegmentEncoder {
+    /// Added tokens, matched like the tokenizer does (leftmost-longest); `None` when some added
+    /// token has matching rules that make piecewise encoding unsafe.
+    matcher: Option<(AhoCorasick, Vec<u32>)>,
+    cache: Mutex<Generations>,
+    capacity_bytes: usize,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+fn entry_bytes(piece: &str, ids: &[u32]) -> usize {
+    piece.len() + ids.len() * 4 + 64
+}
+
+impl SegmentEncoder {
+    pub(crate) fn new(hf: &tokenizers::Tokenizer, capacity_bytes: usize) -> Self {
+        let decoder = hf.get_added_tokens_decoder();
+        let mut tokens: Vec<(u32, String)> = Vec::with_capacity(decoder.len());
+        let mut safe = true;
+        for (id, token) in decoder.iter() {
+            if token.normalized || token.lstrip || token.rstrip || token.single_word {
+                safe = false;
+            }
+            tokens.push((*id, token.content.clone()));
+        }
+        tokens.sort();
+        let matcher = if safe {
+            AhoCorasickBuilder::new()
+                .match_kind(MatchKind::LeftmostLongest)
+                .build(tokens.iter().map(|(_, c)| c.as_str()))
+                .ok()
+                .map(|ac| (ac, tokens.iter().map(|(id, _)| *id).collect()))
+        } else {
+            None
+        };
+        SegmentEncoder {
+            matcher,
+            cache: Mutex::new(Generations::default()),
+            capacity_bytes,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether piecewise (cached) encoding is exact for this tokenizer.
+    pub(crate) fn enabled(&self) -> bool {
+        self.matcher.is_some() && self.capacity_bytes > 0
+    }
+
+    pub(crate) fn stats(&self) -> SegmentCacheStats {
+        let g = self.cache.lock();
+        SegmentCacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            bytes: g.current_bytes + g.previous_bytes,
+        }
+    }
+
+    /// Encodes `text` piece by piece (callers check [`Self::enabled`] and that the
+    /// post-processor adds no ids).
+    pub(crate) fn encode(
+        &self,
+        hf: &tokenizers::Tokenizer,
+        text: &str,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        let Some((matcher, ids)) = &self.matcher else {
+            return encode_plain(hf, text);
+        };
+        let mut out = Vec::with_capacity(text.len() / 3);
+        let mut last = 0;
+        for m in matcher.find_iter(text) {
+            self.encode_piece(hf, &text[last..m.start()], &mut out)?;
+            if let Some(id) = ids.get(m.pattern().as_usize()) {
+                out.push(*id);
+            }
+            last = m.end();
+        }
+        self.encode_piece(hf, &text[last..], &mut out)?;
+        Ok(out)
+    }
+
+    fn encode_piece(
+        &self,
+        hf: &tokenizers::Tokenizer,
+        piece: &str,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizeError> {
+        if piece.is_empty() {
+            return Ok(());
+        }
+        if piece.len() < MIN_CACHED_BYTES {
+            out.extend(encode_plain(hf, piece)?);
+            return Ok(());
+        }
+        if let Some(ids) = self.lookup(piece) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            out.extend_from_slice(&ids);
+            return Ok(());
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let ids: Arc<[u32]> = encode_plain(hf, piece)?.into();
+        out.extend_from_slice(&ids);
+        self.insert(piece, ids);
+        Ok(())
+    }
+
+    fn lookup(&self, piece: &str) -> Option<Arc<[u32]>> {
+        let mut g = self.cache.lock();
+        if let Some(ids) = g.current.get(piece) {
+            return Some(ids.clone());
+        }
+        let (key, ids) = g.previous.remove_entry(piece)?;
+        let bytes = entry_bytes(&key, &ids);
+        g.previous_bytes = g.previous_bytes.saturating_sub(bytes);
+        g.current_bytes += bytes;
+        g.current.insert(key, ids.clone());
+        Some(ids)
+    }
+
+    fn insert(&self, piece: &str, ids: Arc<[u32]>) {
+        let bytes = entry_bytes(piece, &ids);
+        let half = self.capacity_bytes / 2;
+        if bytes > half {
+            return;
+        }
+        let mut g = self.cache.lock();
+        if g.current_bytes + bytes > half {
+            let current = std::mem::take(&mut g.current);
+            g.previous = current;
+            g.previous_bytes = g.current_bytes;
+            g.current_bytes = 0;
+        }
+        if g.current.insert(piece.into(), ids).is_none() {
+            g.current_bytes += bytes;
+        }
+    }
+}
+
+pub(crate) fn encode_plain(
+    hf: &tokenizers::Tokenizer,
+    text: &str,
+) -> Result<Vec<u32>, TokenizeError> {
+    let encoding = hf
+        .encode_fast(text, false)
+        .map_err(|e| TokenizeError::Encode(e.to_string()))?;
+    Ok(encoding.get_ids().to_vec())
+}
