@@ -111,7 +111,7 @@ pub struct KvIndex {
     /// Mixed into every key so that bucket positions depend on a per-process seed.
     seed: u64,
     blocks: BlockMap,
-    sets: Vec<Vec<u32>>,
+    sets: Vec<HolderSet>,
     free_sets: Vec<u32>,
     workers: Vec<WorkerState>,
     by_key: HashMap<String, WorkerId>,
@@ -331,25 +331,30 @@ impl KvIndex {
         let Some(&p) = self.blocks.get(&(first ^ self.seed)) else {
             return;
         };
-        for_each_holder(p, &self.sets, |w| out.push((WorkerId(w), 1)));
+        for_each_holder(p, &self.sets, |w| out.push((WorkerId(w), 0)));
         let mut live = out.len();
-        for (i, &h) in rest.iter().enumerate() {
+        let mut live_fp = summary(p, &self.sets).1;
+        let mut dropped = Vec::new();
+        // Blocks matched so far by every worker still live.
+        let mut depth = 1;
+        for &h in rest {
             let Some(&p) = self.blocks.get(&(h ^ self.seed)) else {
                 break;
             };
-            let mut j = 0;
-            while j < live {
-                if holds(p, out[j].0.0, &self.sets) {
-                    out[j].1 = i + 2;
-                    j += 1;
-                } else {
-                    live -= 1;
-                    out.swap(j, live);
+            // Along a chain the holder set rarely changes from one block to the next; an
+            // equal (size, fingerprint) pair means the same set, so the step costs O(1).
+            let (len, fp) = summary(p, &self.sets);
+            if len != live || fp != live_fp {
+                live = retain_holders(p, &self.sets, out, live, depth, &mut dropped);
+                live_fp = dropped.iter().fold(live_fp, |acc, &w| acc ^ member_fp(w));
+                if live == 0 {
+                    break;
                 }
             }
-            if live == 0 {
-                break;
-            }
+            depth += 1;
+        }
+        for e in &mut out[..live] {
+            e.1 = depth;
         }
     }
 
@@ -390,16 +395,86 @@ impl KvIndex {
         let sets: usize = self
             .sets
             .iter()
-            .map(|s| s.capacity() * 4 + std::mem::size_of::<Vec<u32>>())
+            .map(|s| s.members.capacity() * 4 + std::mem::size_of::<HolderSet>())
             .sum();
         map + sets + self.free_sets.capacity() * 4
     }
 }
 
-fn for_each_holder(p: Packed, sets: &[Vec<u32>], mut f: impl FnMut(u32)) {
+/// Holders of a block held by three or more workers: sorted ids and the XOR of their
+/// [`member_fp`]s (kept in step), so that lookups compare sets in O(1).
+#[derive(Default)]
+struct HolderSet {
+    fp: u64,
+    members: Vec<u32>,
+}
+
+/// A worker's contribution to a set fingerprint.
+fn member_fp(w: u32) -> u64 {
+    fold(u64::from(w) ^ 0xA076_1D64_78BD_642F)
+}
+
+/// (number of holders, fingerprint) of a block.
+fn summary(p: Packed, sets: &[HolderSet]) -> (usize, u64) {
+    if p.lo() == NONE {
+        sets.get(p.hi() as usize)
+            .map_or((0, 0), |s| (s.members.len(), s.fp))
+    } else if p.hi() == NONE {
+        (1, member_fp(p.lo()))
+    } else {
+        (2, member_fp(p.lo()) ^ member_fp(p.hi()))
+    }
+}
+
+/// Keeps, in `out[..live]` (sorted by worker), the workers that also hold block `p`; the
+/// others get `depth` as their match and move behind the live ones. Returns the new live
+/// count. One merge pass over the live workers and the block's holder set.
+fn retain_holders(
+    p: Packed,
+    sets: &[HolderSet],
+    out: &mut [(WorkerId, usize)],
+    live: usize,
+    depth: usize,
+    dropped: &mut Vec<u32>,
+) -> usize {
+    dropped.clear();
+    let mut kept = 0;
+    if p.lo() == NONE {
+        let members: &[u32] = sets.get(p.hi() as usize).map_or(&[], |s| &s.members);
+        let mut m = 0;
+        for j in 0..live {
+            let w = out[j].0.0;
+            while m < members.len() && members[m] < w {
+                m += 1;
+            }
+            if m < members.len() && members[m] == w {
+                out[kept] = out[j];
+                kept += 1;
+            } else {
+                dropped.push(w);
+            }
+        }
+    } else {
+        for j in 0..live {
+            let w = out[j].0.0;
+            if w == p.lo() || w == p.hi() {
+                out[kept] = out[j];
+                kept += 1;
+            } else {
+                dropped.push(w);
+            }
+        }
+    }
+    for (slot, &w) in out[kept..live].iter_mut().zip(dropped.iter()) {
+        *slot = (WorkerId(w), depth);
+    }
+    kept
+}
+
+fn for_each_holder(p: Packed, sets: &[HolderSet], mut f: impl FnMut(u32)) {
     if p.lo() == NONE {
         if let Some(s) = sets.get(p.hi() as usize) {
-            s.iter().for_each(|&w| f(w));
+            s.members.iter().for_each(|&w| f(w));
         }
     } else {
         f(p.lo());
@@ -409,17 +484,17 @@ fn for_each_holder(p: Packed, sets: &[Vec<u32>], mut f: impl FnMut(u32)) {
     }
 }
 
-fn holds(p: Packed, w: u32, sets: &[Vec<u32>]) -> bool {
+fn holds(p: Packed, w: u32, sets: &[HolderSet]) -> bool {
     if p.lo() == NONE {
         sets.get(p.hi() as usize)
-            .is_some_and(|s| s.binary_search(&w).is_ok())
+            .is_some_and(|s| s.members.binary_search(&w).is_ok())
     } else {
         p.lo() == w || p.hi() == w
     }
 }
 
 /// Adds `w`; returns whether it was new.
-fn insert_holder(p: &mut Packed, w: u32, sets: &mut Vec<Vec<u32>>, free: &mut Vec<u32>) -> bool {
+fn insert_holder(p: &mut Packed, w: u32, sets: &mut Vec<HolderSet>, free: &mut Vec<u32>) -> bool {
     let (lo, hi) = (p.lo(), p.hi());
     if lo != NONE {
         if lo == w || hi == w {
@@ -429,15 +504,19 @@ fn insert_holder(p: &mut Packed, w: u32, sets: &mut Vec<Vec<u32>>, free: &mut Ve
             *p = Packed::two(lo, w);
             return true;
         }
-        let mut v = vec![lo, hi, w];
-        v.sort_unstable();
+        let mut members = vec![lo, hi, w];
+        members.sort_unstable();
+        let set = HolderSet {
+            fp: member_fp(lo) ^ member_fp(hi) ^ member_fp(w),
+            members,
+        };
         let i = match free.pop() {
             Some(i) => {
-                sets[i as usize] = v;
+                sets[i as usize] = set;
                 i
             }
             None => {
-                sets.push(v);
+                sets.push(set);
                 (sets.len() - 1) as u32
             }
         };
@@ -447,10 +526,11 @@ fn insert_holder(p: &mut Packed, w: u32, sets: &mut Vec<Vec<u32>>, free: &mut Ve
     let Some(s) = sets.get_mut(hi as usize) else {
         return false;
     };
-    match s.binary_search(&w) {
+    match s.members.binary_search(&w) {
         Ok(_) => false,
         Err(pos) => {
-            s.insert(pos, w);
+            s.members.insert(pos, w);
+            s.fp ^= member_fp(w);
             true
         }
     }
@@ -460,7 +540,7 @@ fn insert_holder(p: &mut Packed, w: u32, sets: &mut Vec<Vec<u32>>, free: &mut Ve
 fn remove_holder(
     p: &mut Packed,
     w: u32,
-    sets: &mut [Vec<u32>],
+    sets: &mut [HolderSet],
     free: &mut Vec<u32>,
 ) -> (bool, bool) {
     let (lo, hi) = (p.lo(), p.hi());
@@ -481,13 +561,14 @@ fn remove_holder(
     let Some(s) = sets.get_mut(hi as usize) else {
         return (false, false);
     };
-    let Ok(pos) = s.binary_search(&w) else {
+    let Ok(pos) = s.members.binary_search(&w) else {
         return (false, false);
     };
-    s.remove(pos);
-    if s.len() <= 2 {
-        *p = Packed::two(s[0], s[1]);
-        *s = Vec::new();
+    s.members.remove(pos);
+    s.fp ^= member_fp(w);
+    if let [a, b] = s.members[..] {
+        *p = Packed::two(a, b);
+        *s = HolderSet::default();
         free.push(hi);
     }
     (true, false)
@@ -620,6 +701,64 @@ mod tests {
         ix.apply_snapshot(WorkerId(3), 1, &[1], 0.0);
         ix.remove_worker(WorkerId(3));
         assert_eq!(ix.distinct_blocks(), 0);
+    }
+
+    #[test]
+    fn random_operations_match_a_naive_model() {
+        use std::collections::HashSet;
+        let mut state = 0x5eed_u64;
+        let mut next = |n: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % n
+        };
+        let mut ix = KvIndex::new(11);
+        let ws: Vec<WorkerId> = (0..7)
+            .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
+            .collect();
+        let mut naive: Vec<HashSet<u64>> = vec![HashSet::new(); ws.len()];
+        let chain: Vec<u64> = (100..140).collect();
+        for step in 0..3_000 {
+            let w = next(ws.len() as u64) as usize;
+            match next(10) {
+                0..=4 => {
+                    // store a prefix of the chain, sometimes starting mid-chain (a gap)
+                    let from = if next(4) == 0 { next(20) as usize } else { 0 };
+                    let to = from + next(20) as usize;
+                    ix.apply_stored(ws[w], &chain[from..to], 0.0);
+                    naive[w].extend(&chain[from..to]);
+                }
+                5..=7 => {
+                    let h = chain[next(40) as usize];
+                    ix.apply_removed(ws[w], &[h], 0.0);
+                    naive[w].remove(&h);
+                }
+                8 => {
+                    if next(8) == 0 {
+                        ix.clear(ws[w], 0.0);
+                        naive[w].clear();
+                    }
+                }
+                _ => {
+                    let blocks: Vec<u64> = (0..next(5)).map(|_| chain[next(40) as usize]).collect();
+                    ix.apply_snapshot(ws[w], step, &blocks, 0.0);
+                    naive[w] = blocks.into_iter().collect();
+                }
+            }
+            let start = next(3) as usize;
+            let query = &chain[start..];
+            let mut want: Vec<(WorkerId, usize)> = ws
+                .iter()
+                .zip(&naive)
+                .map(|(&w, set)| (w, query.iter().take_while(|h| set.contains(h)).count()))
+                .filter(|&(_, n)| n > 0)
+                .collect();
+            want.sort();
+            assert_eq!(matches(&ix, query), want, "step {step}");
+            let pairs: usize = naive.iter().map(HashSet::len).sum();
+            assert_eq!(ix.pairs(), pairs as u64);
+        }
     }
 
     #[test]

@@ -1,0 +1,443 @@
+//! `cargo run --release` (in bench/dynamo-compare): feeds one synthetic KV event stream and
+//! one query set to kvroute's `KvIndex` and to `dynamo_kv_router::RadixTree`, and prints
+//! events/s, lookups/s, memory and the ratios.
+//!
+//! ```text
+//! workload: W workers x C conversations x L blocks (a P-block system prefix shared by all)
+//!   stores: BlockStored batches of 16 (parent = previous block), then removals leaf-first
+//!   queries: 512- and 2,048-block chains that workers hold to various depths
+//! ```
+//!
+//! Both indexes see the same blocks: kvroute keys by the chained hash (what vLLM's event and
+//! kvroute's sidecar carry), Dynamo's tree by the per-block token hash under the chained
+//! parent, exactly as their APIs take them. Single thread, wall-clock timing, best of 3.
+#![allow(unsafe_code)] // the counting global allocator
+
+#[path = "../../../router/src/routing/index.rs"]
+#[allow(dead_code)]
+mod index;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::Instant;
+
+use dynamo_kv_router::RadixTree;
+use dynamo_kv_router::protocols::{
+    ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
+    KvCacheStoredBlockData, LocalBlockHash, RouterEvent,
+};
+
+struct Counting;
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: caller's contract.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: caller's contract.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        LIVE.fetch_add(n as isize - l.size() as isize, Ordering::Relaxed);
+        // SAFETY: caller's contract.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// One block: its token-content hash and its chained hash.
+#[derive(Clone, Copy)]
+struct Block {
+    local: u64,
+    chained: u64,
+}
+
+/// A chain: block i's content is `mix(content_seed + i)` for i < shared, else private.
+fn chain(shared_prefix: usize, private_seed: u64, len: usize) -> Vec<Block> {
+    let mut parent = 0x1234_5678u64;
+    (0..len)
+        .map(|i| {
+            let local = if i < shared_prefix {
+                mix(i as u64)
+            } else {
+                mix(private_seed.wrapping_mul(1 << 20) + i as u64)
+            };
+            parent = mix(parent ^ local);
+            Block {
+                local,
+                chained: parent,
+            }
+        })
+        .collect()
+}
+
+/// One worker's store batch or removal.
+enum Event {
+    Store {
+        worker: u32,
+        parent: Option<u64>,
+        blocks: Vec<Block>,
+    },
+    Remove {
+        worker: u32,
+        blocks: Vec<u64>,
+    },
+}
+
+struct Workload {
+    workers: u32,
+    events: Vec<Event>,
+    block_events: u64,
+    queries: Vec<Vec<Block>>,
+}
+
+/// `spread`: worker w holds the query to depth `(w * 37) % (query_len + 1)` (every worker a
+/// different depth: the radix tree's best case); otherwise two workers hold all of it and
+/// the rest only the shared system prefix (a typical multi-turn pool).
+fn workload(
+    workers: u32,
+    convs: u32,
+    len: usize,
+    prefix: usize,
+    query_len: usize,
+    spread: bool,
+) -> Workload {
+    let mut events = Vec::new();
+    let mut block_events = 0;
+    let query = chain(prefix, u64::MAX / 3, query_len);
+    for w in 0..workers {
+        let mut chains: Vec<Vec<Block>> = (0..convs)
+            .map(|c| chain(prefix, u64::from(w) * 1_000 + u64::from(c), len))
+            .collect();
+        // Worker w also holds the query chain to depth (w * 37) % (query_len + 1).
+        let depth = if spread {
+            (w as usize * 37) % (query_len + 1)
+        } else if w % 500 == 7 {
+            query_len
+        } else {
+            prefix
+        };
+        chains.push(query[..depth].to_vec());
+        for ch in &chains {
+            let mut parent = None;
+            for batch in ch.chunks(16) {
+                events.push(Event::Store {
+                    worker: w,
+                    parent,
+                    blocks: batch.to_vec(),
+                });
+                block_events += batch.len() as u64;
+                parent = batch.last().map(|b| b.chained);
+            }
+        }
+        {
+            // Evict the private tail of the first conversation, leaf first.
+            if let Some(ch) = chains.first() {
+                for b in ch[prefix.min(ch.len())..].iter().rev() {
+                    events.push(Event::Remove {
+                        worker: w,
+                        blocks: vec![b.chained],
+                    });
+                    block_events += 1;
+                }
+            }
+        }
+    }
+    let queries = vec![query.clone(), query[..query_len / 4].to_vec()];
+    Workload {
+        workers,
+        events,
+        block_events,
+        queries,
+    }
+}
+
+trait Indexer {
+    fn apply(&mut self, e: &Event);
+    /// Returns the number of matching workers.
+    fn lookup(&mut self, q: &[Block]) -> usize;
+    fn max_depth(&mut self, q: &[Block]) -> usize;
+}
+
+struct Kvroute {
+    ix: index::KvIndex,
+    ids: Vec<index::WorkerId>,
+    hashes: Vec<Vec<u64>>,
+    out: Vec<(index::WorkerId, usize)>,
+    scratch: Vec<u64>,
+}
+
+impl Kvroute {
+    fn new(workers: u32) -> Self {
+        let mut ix = index::KvIndex::new(1);
+        let ids = (0..workers)
+            .map(|w| ix.upsert_worker(&format!("w{w}"), 16))
+            .collect();
+        Self {
+            ix,
+            ids,
+            hashes: Vec::new(),
+            out: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+}
+
+impl Indexer for Kvroute {
+    fn apply(&mut self, e: &Event) {
+        match e {
+            Event::Store { worker, blocks, .. } => {
+                self.scratch.clear();
+                self.scratch.extend(blocks.iter().map(|b| b.chained));
+                self.ix
+                    .apply_stored(self.ids[*worker as usize], &self.scratch, 0.0);
+            }
+            Event::Remove { worker, blocks } => {
+                self.ix
+                    .apply_removed(self.ids[*worker as usize], blocks, 0.0);
+            }
+        }
+    }
+    fn lookup(&mut self, q: &[Block]) -> usize {
+        // The router hashes the prompt once per request; the chain is the lookup's input.
+        let pos = q.first().map(|b| b.chained);
+        let cached = self
+            .hashes
+            .iter()
+            .position(|h| h.first().copied() == pos && h.len() == q.len());
+        let i = match cached {
+            Some(i) => i,
+            None => {
+                self.hashes.push(q.iter().map(|b| b.chained).collect());
+                self.hashes.len() - 1
+            }
+        };
+        self.ix.match_prefix(&self.hashes[i], &mut self.out);
+        self.out.len()
+    }
+    fn max_depth(&mut self, q: &[Block]) -> usize {
+        self.lookup(q);
+        self.out.iter().map(|(_, n)| *n).max().unwrap_or(0)
+    }
+}
+
+struct Dynamo {
+    tree: RadixTree,
+    next_id: u64,
+}
+
+impl Indexer for Dynamo {
+    fn apply(&mut self, e: &Event) {
+        self.next_id += 1;
+        let (worker, data) = match e {
+            Event::Store {
+                worker,
+                parent,
+                blocks,
+            } => (
+                *worker,
+                KvCacheEventData::Stored(KvCacheStoreData {
+                    parent_hash: parent.map(ExternalSequenceBlockHash),
+                    start_position: None,
+                    blocks: blocks
+                        .iter()
+                        .map(|b| KvCacheStoredBlockData {
+                            block_hash: ExternalSequenceBlockHash(b.chained),
+                            tokens_hash: LocalBlockHash(b.local),
+                            mm_extra_info: None,
+                        })
+                        .collect(),
+                }),
+            ),
+            Event::Remove { worker, blocks } => (
+                *worker,
+                KvCacheEventData::Removed(KvCacheRemoveData {
+                    block_hashes: blocks
+                        .iter()
+                        .map(|&h| ExternalSequenceBlockHash(h))
+                        .collect(),
+                }),
+            ),
+        };
+        let ev = RouterEvent::new(
+            u64::from(worker),
+            KvCacheEvent {
+                event_id: self.next_id,
+                data,
+                dp_rank: 0,
+            },
+        );
+        let _ = self.tree.apply_event(ev);
+    }
+    fn lookup(&mut self, q: &[Block]) -> usize {
+        let seq: Vec<LocalBlockHash> = q.iter().map(|b| LocalBlockHash(b.local)).collect();
+        self.tree.find_matches(seq, false).scores.len()
+    }
+    fn max_depth(&mut self, q: &[Block]) -> usize {
+        let seq: Vec<LocalBlockHash> = q.iter().map(|b| LocalBlockHash(b.local)).collect();
+        self.tree
+            .find_matches(seq, false)
+            .scores
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0) as usize
+    }
+}
+
+struct Figures {
+    events_per_s: f64,
+    lookups_per_s: Vec<f64>,
+    bytes: f64,
+    matches: Vec<(usize, usize)>,
+}
+
+fn measure(make: &dyn Fn() -> Box<dyn Indexer>, wl: &Workload) -> Figures {
+    let mut best_ingest = f64::INFINITY;
+    let mut bytes = 0.0;
+    let mut ix = make();
+    for _ in 0..3 {
+        drop(ix);
+        let before = LIVE.load(Ordering::Relaxed);
+        ix = make();
+        let t = Instant::now();
+        for e in &wl.events {
+            ix.apply(e);
+        }
+        best_ingest = best_ingest.min(t.elapsed().as_secs_f64());
+        bytes = (LIVE.load(Ordering::Relaxed) - before) as f64;
+    }
+    let mut lookups_per_s = Vec::new();
+    let mut matches = Vec::new();
+    for q in &wl.queries {
+        matches.push((ix.lookup(q), ix.max_depth(q)));
+        let n = 2_000;
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t = Instant::now();
+            for _ in 0..n {
+                black_box(ix.lookup(black_box(q)));
+            }
+            best = best.min(t.elapsed().as_secs_f64() / f64::from(n));
+        }
+        lookups_per_s.push(1.0 / best);
+    }
+    Figures {
+        events_per_s: wl.block_events as f64 / best_ingest,
+        lookups_per_s,
+        bytes,
+        matches,
+    }
+}
+
+fn main() {
+    let scenarios = [
+        (
+            "8 workers, 64 convs x 256 blocks, 2k-block query, spread depths",
+            8u32,
+            64u32,
+            256usize,
+            64usize,
+            2_048usize,
+            true,
+        ),
+        (
+            "8 workers, 64 convs x 256 blocks, 2k-block query, 2 warm",
+            8,
+            64,
+            256,
+            64,
+            2_048,
+            false,
+        ),
+        (
+            "1000 workers, 4 convs x 256 blocks, 512-block query, spread depths",
+            1_000,
+            4,
+            256,
+            64,
+            512,
+            true,
+        ),
+        (
+            "1000 workers, 4 convs x 256 blocks, 512-block query, 2 warm",
+            1_000,
+            4,
+            256,
+            64,
+            512,
+            false,
+        ),
+        (
+            "1000 workers, 4 convs x 256 blocks, 2k-block query, spread depths",
+            1_000,
+            4,
+            256,
+            64,
+            2_048,
+            true,
+        ),
+        (
+            "1000 workers, 4 convs x 256 blocks, 2k-block query, 2 warm",
+            1_000,
+            4,
+            256,
+            64,
+            2_048,
+            false,
+        ),
+    ];
+    for (label, workers, convs, len, prefix, qlen, spread) in scenarios {
+        let wl = workload(workers, convs, len, prefix, qlen, spread);
+        println!(
+            "== {label}: {} block events, {} workers",
+            wl.block_events, wl.workers
+        );
+        let ours = measure(&|| Box::new(Kvroute::new(workers)), &wl);
+        let theirs = measure(
+            &|| {
+                Box::new(Dynamo {
+                    tree: RadixTree::new(),
+                    next_id: 0,
+                })
+            },
+            &wl,
+        );
+        assert_eq!(
+            ours.matches, theirs.matches,
+            "both indexes must agree on (matching workers, deepest match)"
+        );
+        for (name, f) in [("kvroute KvIndex", &ours), ("dynamo RadixTree", &theirs)] {
+            println!(
+                "  {name:18} ingest {:>7.2} M block events/s | lookup full {:>9.0}/s, quarter {:>9.0}/s | heap {:.1} MiB | matches {:?}",
+                f.events_per_s / 1e6,
+                f.lookups_per_s[0],
+                f.lookups_per_s[1],
+                f.bytes / (1 << 20) as f64,
+                f.matches
+            );
+        }
+        println!(
+            "  ratio kvroute/dynamo: ingest {:.2}x, lookup full {:.2}x, quarter {:.2}x, memory {:.2}x",
+            ours.events_per_s / theirs.events_per_s,
+            ours.lookups_per_s[0] / theirs.lookups_per_s[0],
+            ours.lookups_per_s[1] / theirs.lookups_per_s[1],
+            ours.bytes / theirs.bytes
+        );
+    }
+}
