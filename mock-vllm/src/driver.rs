@@ -173,6 +173,7 @@ impl Driver {
             self.publish_snapshot();
             let end = out.end();
             let deadline = self.clock.wall_at(end);
+            let restarts = self.restarts;
             loop {
                 tokio::select! {
                     biased;
@@ -183,7 +184,10 @@ impl Driver {
                     _ = tokio::time::sleep_until(deadline) => break,
                 }
             }
-            self.deliver(out.events, end);
+            // A restart during the step discarded the engine that produced these events.
+            if self.restarts == restarts {
+                self.deliver(out.events, end);
+            }
             self.publish_snapshot();
         }
     }

@@ -330,11 +330,11 @@ fn rescue_known_flags(args: Args) -> Args {
     }
     let argv: Vec<String> = std::env::args().collect();
     // `kvroute mock-vllm ...` or `kvroute-mock-vllm ...`: the tokens after the command name.
-    let start = argv
-        .iter()
-        .position(|a| a == "mock-vllm")
-        .map(|p| p + 1)
-        .unwrap_or(1);
+    let start = if argv.get(1).is_some_and(|a| a == "mock-vllm") {
+        2
+    } else {
+        1
+    };
     let known: Vec<String> = Reparse::command()
         .get_arguments()
         .filter_map(|a| a.get_long().map(str::to_string))
