@@ -76,6 +76,9 @@ struct Inner {
 /// Shared between the ZMQ loop, the scraper and the pushers.
 pub struct Hub {
     inner: Mutex<Inner>,
+    /// Raised when vLLM's metrics show a new process: the ZMQ side reconnects at once
+    /// instead of waiting for the socket's own reconnect backoff (up to 30 s).
+    restarted: Notify,
     /// Most blocks a router queue may hold before it is coalesced into a snapshot.
     queue_cap_blocks: usize,
 }
@@ -83,6 +86,7 @@ pub struct Hub {
 impl Hub {
     pub fn new(state: ResidentSet, epoch: u64, queue_cap_blocks: usize) -> Self {
         Hub {
+            restarted: Notify::new(),
             inner: Mutex::new(Inner {
                 state,
                 epoch,
@@ -143,9 +147,15 @@ impl Hub {
             Some(_) => {
                 g.vllm_start = Some(start);
                 Self::resync_locked(&mut g);
+                self.restarted.notify_one();
                 true
             }
         }
+    }
+
+    /// Completes after [`Hub::observe_vllm_start`] saw a vLLM restart.
+    pub async fn vllm_restarted(&self) {
+        self.restarted.notified().await
     }
 
     fn resync_locked(g: &mut Inner) -> u64 {

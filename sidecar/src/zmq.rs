@@ -82,10 +82,25 @@ impl Subscriber {
             }
         }
         let mut tracker = SeqTracker::new();
+        self.catch_up(&mut tracker).await;
         loop {
             let msg = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
+                _ = self.hub.vllm_restarted(), if connect => {
+                    // The hub already dropped the state: start over on a fresh socket.
+                    tracing::info!("vLLM restarted: reconnecting the SUB socket");
+                    drop(sub);
+                    sub = self.open().await?.0;
+                    tokio::select! {
+                        biased;
+                        _ = shutdown.cancelled() => return Ok(()),
+                        r = sub.connect(&self.config.endpoint) => r?,
+                    }
+                    tracker = SeqTracker::new();
+                    self.catch_up(&mut tracker).await;
+                    continue;
+                }
                 m = sub.recv() => m,
             };
             match msg {
@@ -97,6 +112,18 @@ impl Subscriber {
                 }
             }
         }
+    }
+
+    /// Replays everything vLLM still buffers (from seq 0), so a sidecar that starts after
+    /// vLLM knows the cache at once instead of at the next live message. Live messages that
+    /// the replay already covered are then dropped as duplicates.
+    async fn catch_up(&self, tracker: &mut SeqTracker) {
+        if self.config.replay_endpoint.is_none() {
+            return;
+        }
+        let complete = self.replay(tracker, 0).await;
+        tracker.finish_replay(0);
+        tracing::info!(complete, next_seq = ?tracker.expected(), "initial replay done");
     }
 
     async fn on_live(&self, tracker: &mut SeqTracker, frames: Vec<Bytes>) {
