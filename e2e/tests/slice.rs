@@ -260,6 +260,11 @@ async fn run(slice: Slice) -> anyhow::Result<()> {
     })
     .await?;
 
+    // A warm-up request: if a sidecar's subscription was not in place yet, its events are
+    // lost, and the next batch's sequence jump makes the sidecar replay them.
+    let warm: Vec<u32> = (0..64).map(|i| 1 + (i % 50)).collect();
+    slice.complete(&warm).await?;
+
     // 1. A request with prefix P lands somewhere: X.
     // Without a tokenizer the mock's vocabulary is the 256 byte values.
     let p: Vec<u32> = (0..512).map(|i| 100 + (i % 150)).collect();
