@@ -384,3 +384,23 @@ fn segment_cache_is_exact() {
         0
     );
 }
+
+/// HF template features the Qwen3 template does not use: `tojson(indent=...)`, `strftime_now`
+/// (from the injected now), `{% generation %}` blocks, special-token variables, tools shaped
+/// like vLLM's pydantic dump, and a request template overriding the tokenizer's.
+#[test]
+fn inline_template_features() {
+    let template = "{{ strftime_now('%d %b %Y') }}|{{ tools | tojson(indent=2) }}|\
+{% for m in messages %}{% generation %}{{ m.role }}:{{ m.content }};{% endgeneration %}{% endfor %}|\
+{{ eos_token }}|{{ bos_token is defined }}|{{ 'x' if documents is none else documents | length }}";
+    let out = render(
+        qwen3(),
+        json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"function": {"name": "f"}, "type": "function", "extra": 1}],
+            "chat_template": template
+        }),
+    );
+    let expected = "30 Nov 2026|[\n  {\n    \"type\": \"function\",\n    \"function\": {\n      \"name\": \"f\",\n      \"description\": null,\n      \"parameters\": null\n    }\n  }\n]|user:hi;|<|im_end|>|False|x";
+    assert_eq!(out, expected);
+}
