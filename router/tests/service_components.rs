@@ -743,3 +743,60 @@ async fn static_config_aliases_rewrite_and_admin_views() {
     assert_eq!(bad.status(), 400);
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn chat_requests_are_tokenized_and_failures_degrade_visibly() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tokenizers/qwen3");
+    let r = Router::start(|a| a.tokenizer = vec![dir.to_string()]).await;
+    let mut sc = Sidecar::connect(
+        &r.grpc_url(),
+        snapshot(
+            0,
+            Some(identity("w", "127.0.0.1:31", 1)),
+            vec![],
+            true,
+            true,
+        ),
+    )
+    .await
+    .expect("sidecar");
+    sc.expect_ack(0).await;
+    let mut client = PickerClient::connect(r.grpc_url()).await.expect("picker");
+    let chat = |body: serde_json::Value| PickRequest {
+        path: "/v1/chat/completions".into(),
+        headers: Default::default(),
+        body: serde_json::to_vec(&body).expect("json"),
+    };
+    let ok = client
+        .pick(chat(serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": "Hello there"}]})))
+        .await
+        .expect("pick")
+        .into_inner();
+    assert!(!ok.degraded, "{ok:?}");
+    assert_ne!(ok.reason, "degraded_load_only");
+    let bad = client
+        .pick(chat(
+            serde_json::json!({"model": MODEL, "messages": "not a list"}),
+        ))
+        .await
+        .expect("a bad prompt still routes, on load")
+        .into_inner();
+    assert!(bad.degraded);
+    let metrics = reqwest::get(r.admin_url("/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        metrics.contains("kvroute_router_tokenization_failures_total{model=\"tiny\",reason=\"invalid_request\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "kvroute_router_degraded_decisions_total{model=\"tiny\",reason=\"invalid_request\"} 1"
+        ),
+        "{metrics}"
+    );
+    r.shutdown().await;
+}
