@@ -119,17 +119,29 @@ pub struct Args {
 }
 
 impl Default for Args {
+    /// The flag defaults (environment variables are not read).
     fn default() -> Self {
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct P {
-            #[command(flatten)]
-            args: Args,
+        let addr = |port: u16| SocketAddr::from(([0, 0, 0, 0], port));
+        Self {
+            http_addr: addr(8080),
+            grpc_addr: addr(9000),
+            admin_addr: addr(9090),
+            config: None,
+            kubernetes: false,
+            namespace: None,
+            tokenizer: Vec::new(),
+            policy: "kvroute".into(),
+            tie_margin: 0.02,
+            seed: None,
+            assignment_ttl_s: 600.0,
+            stale_after_s: 10.0,
+            max_body_bytes: 16 << 20,
+            route_unlisted: false,
+            max_retries: 2,
+            upstream_connect_timeout_s: 2.0,
+            upstream_read_timeout_s: 300.0,
+            shutdown_grace_s: 10.0,
         }
-        // Every flag has a default or is optional, so parsing no arguments cannot fail.
-        P::try_parse_from(["kvroute-router"])
-            .map(|p| p.args)
-            .unwrap_or_else(|e| unreachable!("{e}"))
     }
 }
 
@@ -456,4 +468,31 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
     shutdown.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn default_matches_the_flag_defaults() {
+        let parsed = Cli::try_parse_from(["kvroute-router"]).expect("parse").args;
+        assert_eq!(format!("{parsed:?}"), format!("{:?}", Args::default()));
+    }
+
+    #[test]
+    fn tokenizer_flags() {
+        let dirs = tokenizer_dirs(&["/t".into(), "m=/m".into()]).expect("dirs");
+        assert_eq!(dirs.default, Some(PathBuf::from("/t")));
+        assert_eq!(dirs.per_model.get("m"), Some(&PathBuf::from("/m")));
+        assert!(tokenizer_dirs(&["/a".into(), "/b".into()]).is_err());
+        assert!(tokenizer_dirs(&["=x".into()]).is_err());
+    }
 }
