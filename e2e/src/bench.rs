@@ -1,10 +1,350 @@
-//! `kvroute bench` (stub).
+//! `kvroute bench`: routing policies compared side by side on identical request streams.
+//!
+//! ```text
+//! workload::generate(seed) --> sessions --+--> sim::run(policy) x 8 policies  (virtual time)
+//!                                         +--> live (real processes on loopback, see live.rs)
+//! runs --> stats::summarize / sweep --> report: JSON, Markdown table, SVG charts
+//! ```
+//!
+//! `--mode sim` drives the mock worker's engine model and the router core's real decision
+//! code in a discrete-event simulation (thousands of requests in seconds, deterministic under
+//! a seed). Every figure is in simulated seconds of the L40S profile.
 
-/// Command-line arguments (stub: replaced by the component's real flags).
+pub mod report;
+pub mod sim;
+pub mod stats;
+pub mod workload;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+
+use sim::{Arrivals, SimConfig, SimPolicy};
+use stats::{Summary, SweepPoint, peak_goodput, summarize};
+use workload::{WorkloadKind, WorkloadSpec};
+
+/// Every policy the benchmark compares, in table order.
+pub const POLICIES: [&str; 8] = [
+    "random",
+    "round-robin",
+    "least-loaded",
+    "max-prefix",
+    "dynamo-cost",
+    "sglang-cache-aware",
+    "kvroute",
+    "oracle",
+];
+
+/// Flags of `kvroute bench`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    /// `sim` (discrete-event simulation in virtual time) or `live` (real processes).
+    #[arg(long, env = "KVROUTE_BENCH_MODE", default_value = "sim")]
+    pub mode: String,
+    /// shared-prefix, multi-turn, independent, mixed, or all.
+    #[arg(long, env = "KVROUTE_BENCH_WORKLOAD", default_value = "all")]
+    pub workload: String,
+    /// Comma-separated policies (default: all, see POLICIES).
+    #[arg(long, env = "KVROUTE_BENCH_POLICIES", default_value = "all")]
+    pub policies: String,
+    /// Workers in the pool.
+    #[arg(long, env = "KVROUTE_BENCH_WORKERS", default_value_t = 3)]
+    pub workers: usize,
+    /// Seed of the workloads, arrivals and tie-breaks.
+    #[arg(long, env = "KVROUTE_BENCH_SEED", default_value_t = 42)]
+    pub seed: u64,
+    /// Closed-loop clients of the headline run.
+    #[arg(long, env = "KVROUTE_BENCH_CONCURRENCY", default_value_t = 32)]
+    pub concurrency: usize,
+    /// Concurrency levels of the goodput sweep.
+    #[arg(
+        long,
+        env = "KVROUTE_BENCH_SWEEP",
+        default_value = "4,8,16,24,32,40,48,64"
+    )]
+    pub concurrency_sweep: String,
+    /// Open-loop Poisson arrival rate (sessions per second) for the headline run instead of
+    /// the closed loop.
+    #[arg(long, env = "KVROUTE_BENCH_RATE")]
+    pub rate: Option<f64>,
+    /// Sessions per run (default: the workload's own).
+    #[arg(long, env = "KVROUTE_BENCH_SESSIONS")]
+    pub sessions: Option<usize>,
+    /// Override the shared-prefix prefix count / length, question and output lengths.
+    #[arg(long)]
+    pub prefixes: Option<usize>,
+    #[arg(long)]
+    pub prefix_tokens: Option<usize>,
+    #[arg(long)]
+    pub question_tokens: Option<usize>,
+    #[arg(long)]
+    pub output_tokens: Option<u32>,
+    #[arg(long)]
+    pub turns: Option<usize>,
+    /// Delay between a worker event and the router seeing it (sidecar + network), ms.
+    #[arg(long, env = "KVROUTE_BENCH_REPORT_DELAY_MS", default_value_t = 50.0)]
+    pub report_delay_ms: f64,
+    /// Sidecar load-scrape interval, ms.
+    #[arg(long, env = "KVROUTE_BENCH_SCRAPE_MS", default_value_t = 250.0)]
+    pub scrape_interval_ms: f64,
+    /// Worker profile: a built-in name or a JSON file.
+    #[arg(
+        long,
+        env = "KVROUTE_BENCH_PROFILE",
+        default_value = "l40s-qwen3-32b-fp8"
+    )]
+    pub profile: String,
+    /// Write the figures as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the Markdown table.
+    #[arg(long)]
+    pub markdown: Option<PathBuf>,
+    /// Write SVG charts (TTFT CDF and goodput per workload) into this directory.
+    #[arg(long)]
+    pub svg_dir: Option<PathBuf>,
+    /// A small, fast run (CI smoke test).
+    #[arg(long)]
+    pub quick: bool,
+}
 
-/// Runs the command (stub).
-pub async fn run(_args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+/// Everything one benchmark run produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct SuiteResult {
+    pub config: SuiteConfig,
+    /// workload -> policy -> figures, in run order.
+    pub workloads: Vec<WorkloadResult>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SuiteConfig {
+    pub mode: String,
+    pub workers: usize,
+    pub seed: u64,
+    pub concurrency: usize,
+    pub sweep: Vec<usize>,
+    pub rate: Option<f64>,
+    pub report_delay_ms: f64,
+    pub scrape_interval_ms: f64,
+    pub profile: String,
+    pub quick: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadResult {
+    pub spec: WorkloadSpec,
+    pub policies: Vec<PolicyResult>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyResult {
+    pub policy: String,
+    pub summary: Summary,
+    pub peak_goodput_rpm: f64,
+    pub peak_goodput_interactive_rpm: f64,
+    pub sweep: Vec<SweepPoint>,
+    /// TTFTs of the headline run (for the CDF chart).
+    #[serde(skip)]
+    pub ttfts: Vec<f64>,
+}
+
+/// `kvroute bench`.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.mode.as_str() {
+        "sim" => {
+            let result = tokio::task::spawn_blocking(move || {
+                let r = run_sim(&args);
+                r.map(|r| (r, args))
+            })
+            .await
+            .context("the simulation thread failed")??;
+            let (result, args) = result;
+            write_outputs(&result, &args)
+        }
+        "live" => bail!("--mode live: not implemented in this build; use --mode sim"),
+        other => bail!("unknown --mode {other:?}: expected sim or live"),
+    }
+}
+
+fn parse_list(s: &str) -> anyhow::Result<Vec<usize>> {
+    s.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .with_context(|| format!("bad number {x:?} in {s:?}"))
+        })
+        .collect()
+}
+
+/// The workloads and policies the flags select.
+pub fn selection(args: &BenchArgs) -> anyhow::Result<(Vec<WorkloadSpec>, Vec<String>)> {
+    let kinds: Vec<WorkloadKind> = if args.workload == "all" {
+        WorkloadKind::ALL.to_vec()
+    } else {
+        args.workload
+            .split(',')
+            .map(|w| {
+                WorkloadKind::parse(w.trim()).with_context(|| {
+                    format!("unknown workload {w:?}: expected shared-prefix, multi-turn, independent, mixed or all")
+                })
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    let specs = kinds
+        .into_iter()
+        .map(|k| {
+            let mut s = WorkloadSpec::default_for(k);
+            if args.quick {
+                s = s.quick();
+            }
+            if let Some(v) = args.sessions {
+                s.sessions = v;
+            }
+            if let Some(v) = args.prefixes {
+                s.prefixes = v;
+            }
+            if let Some(v) = args.prefix_tokens {
+                s.prefix_tokens = v;
+            }
+            if let Some(v) = args.question_tokens {
+                s.question_tokens = v;
+            }
+            if let Some(v) = args.output_tokens {
+                s.output_tokens = v;
+            }
+            if let Some(v) = args.turns {
+                s.turns = v;
+            }
+            s
+        })
+        .collect();
+    let policies: Vec<String> = if args.policies == "all" {
+        POLICIES.iter().map(|p| p.to_string()).collect()
+    } else {
+        let list: Vec<String> = args
+            .policies
+            .split(',')
+            .map(|p| p.trim().to_string())
+            .collect();
+        for p in &list {
+            if !POLICIES.contains(&p.as_str()) {
+                bail!(
+                    "unknown policy {p:?}: expected one of {}",
+                    POLICIES.join(", ")
+                );
+            }
+        }
+        list
+    };
+    Ok((specs, policies))
+}
+
+/// Runs the simulated suite (blocking; CPU-bound).
+pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
+    let (specs, policies) = selection(args)?;
+    let mut sweep = parse_list(&args.concurrency_sweep)?;
+    if args.quick {
+        sweep.retain(|&c| c <= 8);
+        if sweep.is_empty() {
+            sweep = vec![2, 4];
+        }
+    }
+    if args.workers == 0 {
+        bail!("--workers must be at least 1");
+    }
+    let base = SimConfig {
+        workers: args.workers,
+        profile: args.profile.clone(),
+        report_delay_s: args.report_delay_ms / 1e3,
+        scrape_interval_s: (args.scrape_interval_ms / 1e3).max(1e-3),
+        arrivals: match args.rate {
+            Some(r) => Arrivals::Poisson { rate_per_s: r },
+            None => Arrivals::Closed {
+                users: args.concurrency.max(1),
+            },
+        },
+        seed: args.seed,
+    };
+    let mut workloads = Vec::new();
+    for spec in specs {
+        let sessions = workload::generate(&spec, args.seed);
+        let mut results = Vec::new();
+        for name in &policies {
+            let headline = sim::run(&base, &sessions, SimPolicy::by_name(name, args.seed)?)?;
+            let summary = summarize(&headline, args.workers);
+            let mut points = Vec::new();
+            for &c in &sweep {
+                // Enough sessions to reach a steady state at this level, never more than the
+                // workload has.
+                let n = (c * 6).max(24).min(sessions.len());
+                let cfg = SimConfig {
+                    arrivals: Arrivals::Closed { users: c },
+                    ..base.clone()
+                };
+                let r = sim::run(&cfg, &sessions[..n], SimPolicy::by_name(name, args.seed)?)?;
+                points.push(SweepPoint::of(c, &r));
+            }
+            eprintln!(
+                "{:<14} {:<19} ttft p50 {:>7.3}s p90 {:>7.3}s  hit {:>5.1}%  goodput {:>6.1} rpm",
+                spec.kind.name(),
+                name,
+                summary.ttft_p50_s,
+                summary.ttft_p90_s,
+                summary.cache_hit_rate * 100.0,
+                peak_goodput(&points, false)
+            );
+            results.push(PolicyResult {
+                policy: name.clone(),
+                peak_goodput_rpm: peak_goodput(&points, false),
+                peak_goodput_interactive_rpm: peak_goodput(&points, true),
+                ttfts: headline.records.iter().map(|r| r.ttft).collect(),
+                summary,
+                sweep: points,
+            });
+        }
+        workloads.push(WorkloadResult {
+            spec,
+            policies: results,
+        });
+    }
+    Ok(SuiteResult {
+        config: SuiteConfig {
+            mode: "sim".into(),
+            workers: args.workers,
+            seed: args.seed,
+            concurrency: args.concurrency,
+            sweep,
+            rate: args.rate,
+            report_delay_ms: args.report_delay_ms,
+            scrape_interval_ms: args.scrape_interval_ms,
+            profile: args.profile.clone(),
+            quick: args.quick,
+        },
+        workloads,
+    })
+}
+
+pub fn write_outputs(result: &SuiteResult, args: &BenchArgs) -> anyhow::Result<()> {
+    let table = report::markdown(result);
+    println!("{table}");
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report::json(result))?;
+        std::fs::write(path, json + "\n").with_context(|| format!("write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &table).with_context(|| format!("write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(dir) = &args.svg_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        for (name, svg) in report::charts(result) {
+            let path = dir.join(name);
+            std::fs::write(&path, svg).with_context(|| format!("write {}", path.display()))?;
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
 }

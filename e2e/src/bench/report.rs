@@ -1,0 +1,477 @@
+//! Outputs of `kvroute bench`: the JSON figures, a Markdown table with the goals checked,
+//! and SVG charts (TTFT CDF per policy; goodput vs concurrency), written by hand.
+
+use std::fmt::Write as _;
+
+use serde_json::{Map, Value, json};
+
+use super::{PolicyResult, SuiteResult, WorkloadResult};
+
+/// `{"workloads": {"<workload>": {"<policy>": {...}}}, "config": {...}, "goals": [...]}`.
+pub fn json(r: &SuiteResult) -> Value {
+    let mut workloads = Map::new();
+    for w in &r.workloads {
+        let mut policies = Map::new();
+        for p in &w.policies {
+            let s = &p.summary;
+            policies.insert(
+                p.policy.clone(),
+                json!({
+                    "ttft_p50_s": num(s.ttft_p50_s),
+                    "ttft_p90_s": num(s.ttft_p90_s),
+                    "ttft_p99_s": num(s.ttft_p99_s),
+                    "e2e_p50_s": num(s.e2e_p50_s),
+                    "cache_hit_rate": num(s.cache_hit_rate),
+                    "peak_goodput_rpm": num(p.peak_goodput_rpm),
+                    "peak_goodput_interactive_rpm": num(p.peak_goodput_interactive_rpm),
+                    "throughput_rpm": num(s.throughput_rpm),
+                    "requests": s.requests,
+                    "rejected": s.rejected,
+                    "requests_per_worker": s.requests_per_worker,
+                    "prediction_error_rel": num(s.prediction_error_rel),
+                    "sweep": p.sweep,
+                }),
+            );
+        }
+        workloads.insert(w.spec.kind.name().to_string(), Value::Object(policies));
+    }
+    let specs: Map<String, Value> = r
+        .workloads
+        .iter()
+        .map(|w| {
+            (
+                w.spec.kind.name().to_string(),
+                serde_json::to_value(&w.spec).unwrap_or(Value::Null),
+            )
+        })
+        .collect();
+    json!({
+        "workloads": workloads,
+        "workload_specs": specs,
+        "config": r.config,
+        "goals": goals(r).iter().map(|g| json!({
+            "goal": g.goal, "value": num(g.value), "target": g.target, "met": g.met
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Non-finite numbers become null (JSON has no NaN).
+fn num(x: f64) -> Value {
+    if x.is_finite() { json!(x) } else { Value::Null }
+}
+
+/// One of the issue's goals, checked against the figures.
+pub struct Goal {
+    pub goal: String,
+    pub value: f64,
+    pub target: String,
+    pub met: bool,
+}
+
+fn find<'a>(r: &'a SuiteResult, workload: &str) -> Option<&'a WorkloadResult> {
+    r.workloads.iter().find(|w| w.spec.kind.name() == workload)
+}
+
+fn pol<'a>(w: &'a WorkloadResult, name: &str) -> Option<&'a PolicyResult> {
+    w.policies.iter().find(|p| p.policy == name)
+}
+
+/// The goals of issue 6 for the policies and workloads present in `r`.
+pub fn goals(r: &SuiteResult) -> Vec<Goal> {
+    let mut out = Vec::new();
+    let mut ratio = |goal: String, value: f64, min: f64| {
+        out.push(Goal {
+            goal,
+            value,
+            target: format!(">= {min}"),
+            met: value >= min,
+        });
+    };
+    if let Some(w) = find(r, "shared-prefix")
+        && let (Some(k), Some(rnd)) = (pol(w, "kvroute"), pol(w, "random"))
+    {
+        ratio(
+            "shared-prefix: random / kvroute median TTFT".into(),
+            rnd.summary.ttft_p50_s / k.summary.ttft_p50_s,
+            20.0,
+        );
+        ratio(
+            "shared-prefix: kvroute / random peak goodput".into(),
+            k.peak_goodput_rpm / rnd.peak_goodput_rpm,
+            7.4,
+        );
+    }
+    if let Some(w) = find(r, "multi-turn")
+        && let (Some(k), Some(rnd)) = (pol(w, "kvroute"), pol(w, "random"))
+    {
+        ratio(
+            "multi-turn: random / kvroute median TTFT".into(),
+            rnd.summary.ttft_p50_s / k.summary.ttft_p50_s,
+            2.9,
+        );
+    }
+    if let Some(w) = find(r, "independent")
+        && let (Some(k), Some(ll)) = (pol(w, "kvroute"), pol(w, "least-loaded"))
+    {
+        let v = k.summary.ttft_p50_s / ll.summary.ttft_p50_s;
+        out.push(Goal {
+            goal: "independent: kvroute / least-loaded median TTFT".into(),
+            value: v,
+            target: "<= 1.03".into(),
+            met: v <= 1.03,
+        });
+    }
+    for name in ["shared-prefix", "multi-turn"] {
+        let Some(w) = find(r, name) else { continue };
+        let Some(k) = pol(w, "kvroute") else { continue };
+        let others = w
+            .policies
+            .iter()
+            .filter(|p| p.policy != "kvroute" && p.policy != "oracle");
+        let best_goodput = others
+            .clone()
+            .map(|p| p.peak_goodput_rpm)
+            .fold(0.0, f64::max);
+        let best_p90 = others
+            .map(|p| p.summary.ttft_p90_s)
+            .fold(f64::INFINITY, f64::min);
+        if best_goodput > 0.0 || k.peak_goodput_rpm > 0.0 {
+            let v = k.peak_goodput_rpm / best_goodput;
+            out.push(Goal {
+                goal: format!("{name}: kvroute / best other peak goodput"),
+                value: v,
+                target: ">= 1.2".into(),
+                met: v >= 1.2,
+            });
+        }
+        if best_p90.is_finite() {
+            let v = k.summary.ttft_p90_s / best_p90;
+            out.push(Goal {
+                goal: format!("{name}: kvroute / best other p90 TTFT"),
+                value: v,
+                target: "< 1".into(),
+                met: v < 1.0,
+            });
+        }
+    }
+    for w in &r.workloads {
+        if let (Some(k), Some(o)) = (pol(w, "kvroute"), pol(w, "oracle")) {
+            let v = k.summary.ttft_p50_s / o.summary.ttft_p50_s;
+            out.push(Goal {
+                goal: format!("{}: kvroute / oracle median TTFT", w.spec.kind.name()),
+                value: v,
+                target: "<= 1.1".into(),
+                met: v <= 1.1,
+            });
+        }
+    }
+    out
+}
+
+/// The Markdown table (one section per workload) and the goals.
+pub fn markdown(r: &SuiteResult) -> String {
+    let mut s = String::new();
+    let c = &r.config;
+    let _ = writeln!(
+        s,
+        "kvroute bench --mode {}: {} workers ({}), seed {}, headline at {}, report delay {} ms. Times in simulated seconds.\n",
+        c.mode,
+        c.workers,
+        c.profile,
+        c.seed,
+        match c.rate {
+            Some(rate) => format!("Poisson {rate}/s"),
+            None => format!("concurrency {}", c.concurrency),
+        },
+        c.report_delay_ms
+    );
+    for w in &r.workloads {
+        let _ = writeln!(s, "### {}\n", w.spec.kind.name());
+        let _ = writeln!(
+            s,
+            "| policy | TTFT p50 (s) | TTFT p90 (s) | TTFT p99 (s) | e2e p50 (s) | cache hit | peak goodput, p90<=8s (req/min) | peak goodput, p90<=1s (req/min) | requests per worker |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---|");
+        for p in &w.policies {
+            let m = &p.summary;
+            let _ = writeln!(
+                s,
+                "| {} | {:.3} | {:.3} | {:.3} | {:.2} | {:.1}% | {:.1} | {:.1} | {} |",
+                p.policy,
+                m.ttft_p50_s,
+                m.ttft_p90_s,
+                m.ttft_p99_s,
+                m.e2e_p50_s,
+                m.cache_hit_rate * 100.0,
+                p.peak_goodput_rpm,
+                p.peak_goodput_interactive_rpm,
+                m.requests_per_worker
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            );
+        }
+        let _ = writeln!(s);
+    }
+    let g = goals(r);
+    if !g.is_empty() {
+        let _ = writeln!(
+            s,
+            "### goals\n\n| goal | value | target | met |\n|---|---:|---|---|"
+        );
+        for goal in g {
+            let _ = writeln!(
+                s,
+                "| {} | {:.3} | {} | {} |",
+                goal.goal,
+                goal.value,
+                goal.target,
+                if goal.met { "yes" } else { "**no**" }
+            );
+        }
+    }
+    s
+}
+
+const COLORS: [&str; 8] = [
+    "#888888", "#b07aa1", "#59a14f", "#edc948", "#76b7b2", "#f28e2b", "#e15759", "#4e79a7",
+];
+
+/// `(file name, SVG)` for every chart.
+pub fn charts(r: &SuiteResult) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for w in &r.workloads {
+        let name = w.spec.kind.name();
+        let cdf: Vec<Series> = w
+            .policies
+            .iter()
+            .map(|p| {
+                let mut v: Vec<f64> = p
+                    .ttfts
+                    .iter()
+                    .copied()
+                    .filter(|x| x.is_finite() && *x > 0.0)
+                    .collect();
+                v.sort_by(f64::total_cmp);
+                let n = v.len().max(1) as f64;
+                Series {
+                    name: p.policy.clone(),
+                    points: v
+                        .iter()
+                        .enumerate()
+                        .map(|(i, x)| (*x, (i + 1) as f64 / n))
+                        .collect(),
+                }
+            })
+            .collect();
+        out.push((
+            format!("{name}-ttft-cdf.svg"),
+            line_chart(
+                &format!("{name}: TTFT CDF (simulated s, log scale)"),
+                "TTFT (s)",
+                "fraction of requests",
+                &cdf,
+                true,
+            ),
+        ));
+        let goodput: Vec<Series> = w
+            .policies
+            .iter()
+            .map(|p| Series {
+                name: p.policy.clone(),
+                points: p
+                    .sweep
+                    .iter()
+                    .map(|pt| {
+                        // Throughput counts only where the level meets the 8 s SLO.
+                        let y = if pt.attainment_batch >= 0.9 {
+                            pt.throughput_rpm
+                        } else {
+                            0.0
+                        };
+                        (pt.concurrency as f64, y)
+                    })
+                    .collect(),
+            })
+            .collect();
+        out.push((
+            format!("{name}-goodput.svg"),
+            line_chart(
+                &format!("{name}: goodput vs concurrency (90% TTFT <= 8 s)"),
+                "concurrent clients",
+                "goodput (requests/min)",
+                &goodput,
+                false,
+            ),
+        ));
+    }
+    out
+}
+
+/// One line of a chart.
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A small SVG line chart with axes, ticks and a legend.
+pub fn line_chart(
+    title: &str,
+    xlabel: &str,
+    ylabel: &str,
+    series: &[Series],
+    log_x: bool,
+) -> String {
+    let (w, h, left, right, top, bottom) = (760.0, 440.0, 70.0, 190.0, 40.0, 50.0);
+    let pw = w - left - right;
+    let ph = h - top - bottom;
+    let xs = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .filter(|x| x.is_finite() && (!log_x || *x > 0.0));
+    let ys = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .filter(|y| y.is_finite());
+    let (mut x0, mut x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+        (a.min(x), b.max(x))
+    });
+    let y1 = ys.fold(0.0_f64, f64::max).max(1e-9) * 1.05;
+    if !x0.is_finite() {
+        (x0, x1) = (1.0, 10.0);
+    }
+    let tx = |x: f64| -> f64 {
+        if log_x {
+            let (a, b) = (
+                x0.log10().floor(),
+                x1.log10().ceil().max(x0.log10().floor() + 1.0),
+            );
+            left + (x.max(1e-12).log10() - a) / (b - a) * pw
+        } else {
+            let span = (x1 - x0).max(1e-9);
+            left + (x - x0) / span * pw
+        }
+    };
+    let ty = |y: f64| -> f64 { top + ph - y / y1 * ph };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="22" font-size="15" font-weight="bold">{}</text>"#,
+        left,
+        esc(title)
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>"##
+    );
+    // x ticks
+    let xticks: Vec<f64> = if log_x {
+        let (a, b) = (
+            x0.log10().floor() as i32,
+            x1.log10().ceil().max(x0.log10().floor() + 1.0) as i32,
+        );
+        (a..=b).map(|e| 10f64.powi(e)).collect()
+    } else {
+        (0..=5).map(|i| x0 + (x1 - x0) * i as f64 / 5.0).collect()
+    };
+    for x in xticks {
+        let px = tx(x);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{px:.1}" y1="{top}" x2="{px:.1}" y2="{:.1}" stroke="#ddd"/>"##,
+            top + ph
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            top + ph + 16.0,
+            fmt_tick(x)
+        );
+    }
+    for i in 0..=5 {
+        let y = y1 * i as f64 / 5.0;
+        let py = ty(y);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#eee"/>"##,
+            left + pw
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+            left - 6.0,
+            py + 4.0,
+            fmt_tick(y)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        left + pw / 2.0,
+        h - 12.0,
+        esc(xlabel)
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="16" y="{:.1}" text-anchor="middle" transform="rotate(-90 16 {:.1})">{}</text>"#,
+        top + ph / 2.0,
+        top + ph / 2.0,
+        esc(ylabel)
+    );
+    for (i, se) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let pts: Vec<String> = se
+            .points
+            .iter()
+            .filter(|(x, y)| x.is_finite() && y.is_finite() && (!log_x || *x > 0.0))
+            .map(|&(x, y)| format!("{:.1},{:.1}", tx(x), ty(y)))
+            .collect();
+        if !pts.is_empty() {
+            let _ = writeln!(
+                s,
+                r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+                pts.join(" ")
+            );
+        }
+        let ly = top + 14.0 + 18.0 * i as f64;
+        let lx = left + pw + 14.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="3"/>"#,
+            lx + 20.0
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}">{}</text>"#,
+            lx + 26.0,
+            ly + 4.0,
+            esc(&se.name)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn fmt_tick(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else if x.abs() >= 100.0 {
+        format!("{x:.0}")
+    } else if x.abs() >= 1.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}

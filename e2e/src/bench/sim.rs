@@ -1,0 +1,649 @@
+//! Discrete-event simulation of a pool of vLLM workers behind a router, in virtual time.
+//!
+//! ```text
+//! users (closed loop) / Poisson arrivals
+//!     | turn k of a session (history + new tokens)
+//!     v
+//! RoutingCore::decide(policy)  <-- index updates and load samples, `report_delay_s` late
+//!     |                                           ^
+//!     v submit                                    | ResidentSet::apply (the sidecar's re-hash)
+//! Engine (mock vLLM, one per worker) --step--> KV events, first tokens, finishes
+//!     first token -> RoutingCore::first_token (the gateway sees it at once)
+//!     finished    -> RoutingCore::finish, the session's next turn
+//! ```
+//!
+//! Everything is the real code: the mock worker's engine model, the sidecar's re-hashing of
+//! vLLM events into kvroute hashes, the router's index, predictor, assignments and policies.
+//! Only sockets are replaced by a delay. The oracle does not use the router: it clones every
+//! worker's engine, runs the request on each clone until its first token, and picks the
+//! fastest (perfect, instantaneous knowledge of cache and queue).
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use anyhow::{Context, bail};
+use kvroute_mock_vllm::engine::{
+    Engine, EngineConfig, EngineEvent, EngineRequest, KvEvent as EngineKv, Profile,
+};
+use kvroute_router::routing::{
+    AssignmentId, CoreConfig, LoadSample, Policy, RouteRequest, RoutingCore, WorkerId,
+    policy_by_name,
+};
+use kvroute_sidecar::state::{ApplyStats, Op, Ops, ResidentSet, StateConfig};
+use kvroute_sidecar::wire::{BlockRemoved, BlockStored, KvEvent as WireKv, RawExtraKey};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::workload::Session;
+
+/// The model name workers serve in the simulation (part of the kvroute hash root).
+const MODEL: &str = "Qwen/Qwen3-32B-FP8";
+
+/// How requests arrive.
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Arrivals {
+    /// `users` clients, each sending its next turn as soon as the previous one finished.
+    Closed { users: usize },
+    /// New sessions start at Poisson times (`rate_per_s`); a session's turns follow each
+    /// other as in the closed loop.
+    Poisson { rate_per_s: f64 },
+}
+
+/// Settings of one simulated run.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimConfig {
+    pub workers: usize,
+    pub profile: String,
+    /// Delay between a KV event / load sample on a worker and the router applying it.
+    pub report_delay_s: f64,
+    /// How often the sidecar scrapes the worker's load.
+    pub scrape_interval_s: f64,
+    pub arrivals: Arrivals,
+    pub seed: u64,
+}
+
+/// What happened to one request.
+#[derive(Clone, Debug, Serialize)]
+pub struct RequestRecord {
+    pub worker: usize,
+    pub arrival: f64,
+    pub ttft: f64,
+    pub e2e: f64,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    /// Predicted TTFT of the chosen worker (NaN for the oracle / policies without one).
+    pub predicted_ttft: f64,
+}
+
+/// The outcome of one run.
+#[derive(Clone, Debug, Default)]
+pub struct RunResult {
+    pub records: Vec<RequestRecord>,
+    /// Requests the engine refused (prompt longer than the model or the cache).
+    pub rejected: usize,
+    /// Simulated seconds from the first arrival to the last completion.
+    pub makespan: f64,
+}
+
+/// A policy of the benchmark: one of the router's, or the oracle.
+pub enum SimPolicy {
+    Router(Box<dyn Policy>),
+    Oracle,
+}
+
+impl SimPolicy {
+    /// `oracle` or any name `policy_by_name` accepts.
+    pub fn by_name(name: &str, seed: u64) -> anyhow::Result<Self> {
+        if name == "oracle" {
+            return Ok(SimPolicy::Oracle);
+        }
+        Ok(SimPolicy::Router(
+            policy_by_name(name, seed).map_err(|e| anyhow::anyhow!("{e}"))?,
+        ))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Time(f64);
+
+impl Eq for Time {}
+impl PartialOrd for Time {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Time {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+#[derive(Debug)]
+enum Event {
+    /// A user (closed loop) or a new session (open loop) is ready to send its next turn.
+    NextTurn { slot: usize },
+    /// Poisson: start the next session.
+    SessionArrival,
+    /// A worker's step ends; its output becomes visible.
+    StepEnd { worker: usize },
+    /// Index changes from a worker's sidecar reach the router.
+    DeliverOps { worker: usize, ops: Ops },
+    /// A load sample reaches the router.
+    DeliverLoad { worker: usize, sample: LoadSample },
+    /// The sidecar scrapes a worker's load.
+    Scrape { worker: usize },
+}
+
+struct Pending(Time, u64, Event);
+impl PartialEq for Pending {
+    fn eq(&self, o: &Self) -> bool {
+        self.0 == o.0 && self.1 == o.1
+    }
+}
+impl Eq for Pending {}
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Pending {
+    // Min-heap on (time, insertion order).
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.0.cmp(&self.0).then(o.1.cmp(&self.1))
+    }
+}
+
+struct Worker {
+    engine: Engine,
+    resident: ResidentSet,
+    id: WorkerId,
+    stepping: bool,
+    output: Option<kvroute_mock_vllm::engine::StepOutput>,
+}
+
+/// A request in flight.
+struct Live {
+    slot: usize,
+    worker: usize,
+    arrival: f64,
+    first_token: Option<f64>,
+    assignment: Option<AssignmentId>,
+    prompt: Vec<u32>,
+    generated: Vec<u32>,
+    predicted_ttft: f64,
+}
+
+/// Where a session stands: its next turn and its history so far.
+struct SlotState {
+    session: Option<usize>,
+    turn: usize,
+    history: Vec<u32>,
+}
+
+/// Runs `sessions` through a simulated pool routed by `policy`.
+pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::Result<RunResult> {
+    let profile =
+        Profile::load(&cfg.profile).with_context(|| format!("profile {}", cfg.profile))?;
+    if cfg.workers == 0 {
+        bail!("the pool needs at least one worker");
+    }
+    let mut core = RoutingCore::new(CoreConfig::default());
+    let mut workers = Vec::with_capacity(cfg.workers);
+    for i in 0..cfg.workers {
+        let mut ec = EngineConfig::from_profile(&profile);
+        // One seed for all workers: a request generates the same tokens wherever it runs,
+        // so multi-turn histories do not depend on the policy.
+        ec.seed = cfg.seed;
+        let block_size = ec.block_size;
+        let id = core.upsert_worker(&format!("worker-{i}"), block_size);
+        workers.push(Worker {
+            engine: Engine::new(profile.clone(), ec),
+            resident: ResidentSet::new(StateConfig {
+                model: MODEL.to_string(),
+                default_lora: None,
+                block_size: Some(block_size as u32),
+                max_blocks: 1 << 22,
+            }),
+            id,
+            stepping: false,
+            output: None,
+        });
+        core.index.apply_snapshot(id, 1, &[], 0.0);
+    }
+    let by_id: HashMap<WorkerId, usize> =
+        workers.iter().enumerate().map(|(i, w)| (w.id, i)).collect();
+    let allowed: Vec<WorkerId> = workers.iter().map(|w| w.id).collect();
+    let mut sim = Sim {
+        now: 0.0,
+        seq: 0,
+        queue: BinaryHeap::new(),
+        cfg: cfg.clone(),
+        core,
+        workers,
+        by_id,
+        allowed,
+        policy,
+        sessions,
+        next_session: 0,
+        slots: Vec::new(),
+        live: HashMap::new(),
+        next_request_id: 1,
+        result: RunResult::default(),
+        arrivals_rng: ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x6172_7269_7661_6c73),
+        active_sessions: 0,
+        first_arrival: None,
+        last_finish: 0.0,
+    };
+    sim.start();
+    sim.run_to_end();
+    let Sim {
+        mut result,
+        first_arrival,
+        last_finish,
+        ..
+    } = sim;
+    result.makespan = (last_finish - first_arrival.unwrap_or(0.0)).max(0.0);
+    Ok(result)
+}
+
+struct Sim<'a> {
+    now: f64,
+    seq: u64,
+    queue: BinaryHeap<Pending>,
+    cfg: SimConfig,
+    core: RoutingCore,
+    workers: Vec<Worker>,
+    by_id: HashMap<WorkerId, usize>,
+    allowed: Vec<WorkerId>,
+    policy: SimPolicy,
+    sessions: &'a [Session],
+    next_session: usize,
+    slots: Vec<SlotState>,
+    live: HashMap<u64, Live>,
+    next_request_id: u64,
+    result: RunResult,
+    arrivals_rng: ChaCha8Rng,
+    active_sessions: usize,
+    first_arrival: Option<f64>,
+    last_finish: f64,
+}
+
+impl Sim<'_> {
+    fn push(&mut self, at: f64, ev: Event) {
+        self.seq += 1;
+        self.queue.push(Pending(Time(at), self.seq, ev));
+    }
+
+    fn start(&mut self) {
+        match self.cfg.arrivals {
+            Arrivals::Closed { users } => {
+                for _ in 0..users.max(1) {
+                    let slot = self.new_slot();
+                    self.push(0.0, Event::NextTurn { slot });
+                }
+            }
+            Arrivals::Poisson { .. } => self.push(0.0, Event::SessionArrival),
+        }
+        for w in 0..self.workers.len() {
+            // Stagger scrapes like independent sidecars would be.
+            let offset = self.cfg.scrape_interval_s * w as f64 / self.workers.len() as f64;
+            self.push(offset, Event::Scrape { worker: w });
+        }
+    }
+
+    fn new_slot(&mut self) -> usize {
+        self.slots.push(SlotState {
+            session: None,
+            turn: 0,
+            history: Vec::new(),
+        });
+        self.slots.len() - 1
+    }
+
+    fn done(&self) -> bool {
+        self.next_session >= self.sessions.len()
+            && self.live.is_empty()
+            && self.active_sessions == 0
+    }
+
+    fn run_to_end(&mut self) {
+        while let Some(Pending(Time(t), _, ev)) = self.queue.pop() {
+            self.now = t;
+            match ev {
+                Event::NextTurn { slot } => self.next_turn(slot),
+                Event::SessionArrival => self.session_arrival(),
+                Event::StepEnd { worker } => self.step_end(worker),
+                Event::DeliverOps { worker, ops } => self.deliver_ops(worker, ops),
+                Event::DeliverLoad { worker, sample } => {
+                    let id = self.workers[worker].id;
+                    self.core.set_load(id, sample, self.now);
+                }
+                Event::Scrape { worker } => {
+                    if self.done() {
+                        continue;
+                    }
+                    let l = self.workers[worker].engine.load();
+                    let sample = LoadSample {
+                        waiting: l.waiting as u32,
+                        running: l.running as u32,
+                        kv_usage: l.kv_cache_usage as f32,
+                    };
+                    self.push(
+                        self.now + self.cfg.report_delay_s,
+                        Event::DeliverLoad { worker, sample },
+                    );
+                    self.push(
+                        self.now + self.cfg.scrape_interval_s,
+                        Event::Scrape { worker },
+                    );
+                }
+            }
+        }
+    }
+
+    fn session_arrival(&mut self) {
+        if self.next_session >= self.sessions.len() {
+            return;
+        }
+        let slot = self.new_slot();
+        self.next_turn(slot);
+        if let Arrivals::Poisson { rate_per_s } = self.cfg.arrivals {
+            let u: f64 = self.arrivals_rng.random::<f64>().max(1e-12);
+            let gap = -u.ln() / rate_per_s.max(1e-9);
+            self.push(self.now + gap, Event::SessionArrival);
+        }
+    }
+
+    /// Sends the slot's next turn, taking a new session when the current one is finished.
+    fn next_turn(&mut self, slot: usize) {
+        let needs_session = match self.slots[slot].session {
+            None => true,
+            Some(s) => self.slots[slot].turn >= self.sessions[s].turns.len(),
+        };
+        if needs_session {
+            if self.slots[slot].session.take().is_some() {
+                self.active_sessions -= 1;
+            }
+            // Open loop: a slot serves exactly one session.
+            let reuse =
+                matches!(self.cfg.arrivals, Arrivals::Closed { .. }) || self.slots[slot].turn == 0;
+            if !reuse || self.next_session >= self.sessions.len() {
+                return;
+            }
+            let st = &mut self.slots[slot];
+            st.session = Some(self.next_session);
+            st.turn = 0;
+            st.history.clear();
+            self.next_session += 1;
+            self.active_sessions += 1;
+        }
+        let Some(s) = self.slots[slot].session else {
+            return;
+        };
+        let session = &self.sessions[s];
+        let turn = &session.turns[self.slots[slot].turn];
+        let mut prompt = std::mem::take(&mut self.slots[slot].history);
+        prompt.extend_from_slice(&turn.new_tokens);
+        self.slots[slot].turn += 1;
+        let id = self.next_request_id;
+        self.next_request_id += 1;
+        self.first_arrival.get_or_insert(self.now);
+        let salt = session.cache_salt.clone();
+        let (worker, assignment, predicted) =
+            self.route(&prompt, salt.as_deref(), turn.max_tokens, id);
+        let req = EngineRequest {
+            id,
+            prompt: prompt.clone(),
+            max_tokens: turn.max_tokens,
+            ignore_eos: true,
+            cache_salt: salt,
+            lora_name: None,
+        };
+        if self.workers[worker].engine.submit(req, self.now).is_err() {
+            self.result.rejected += 1;
+            if let Some(a) = assignment {
+                self.core.abort(a);
+            }
+            // Skip the rest of the session: its history can only grow.
+            self.slots[slot].turn = usize::MAX;
+            let now = self.now;
+            self.push(now, Event::NextTurn { slot });
+            return;
+        }
+        self.live.insert(
+            id,
+            Live {
+                slot,
+                worker,
+                arrival: self.now,
+                first_token: None,
+                assignment,
+                prompt,
+                generated: Vec::new(),
+                predicted_ttft: predicted,
+            },
+        );
+        self.kick(worker);
+    }
+
+    /// Chooses a worker: the router core with the policy, or the oracle.
+    fn route(
+        &mut self,
+        prompt: &[u32],
+        salt: Option<&str>,
+        max_tokens: u32,
+        id: u64,
+    ) -> (usize, Option<AssignmentId>, f64) {
+        match &mut self.policy {
+            SimPolicy::Router(policy) => {
+                let req = RouteRequest {
+                    tokens: Some(prompt),
+                    model: MODEL,
+                    lora: None,
+                    cache_salt: salt,
+                };
+                let Some(decision) =
+                    self.core
+                        .decide(policy.as_mut(), &req, &self.allowed, self.now)
+                else {
+                    return (0, None, f64::NAN);
+                };
+                let worker = self.by_id.get(&decision.chosen).copied().unwrap_or(0);
+                let predicted = decision.predicted_ttft();
+                let a = self.core.assign(&decision, self.now);
+                (worker, Some(a), predicted)
+            }
+            SimPolicy::Oracle => {
+                let mut best = (0, f64::INFINITY);
+                for (i, w) in self.workers.iter().enumerate() {
+                    let ttft = true_ttft(&w.engine, prompt, salt, max_tokens, id, self.now);
+                    if ttft < best.1 {
+                        best = (i, ttft);
+                    }
+                }
+                (best.0, None, best.1)
+            }
+        }
+    }
+
+    /// Starts a step on an idle worker that has work.
+    fn kick(&mut self, worker: usize) {
+        let now = self.now;
+        let w = &mut self.workers[worker];
+        if w.stepping || !w.engine.has_work() {
+            return;
+        }
+        if let Some(out) = w.engine.step(now) {
+            let end = out.end();
+            w.output = Some(out);
+            w.stepping = true;
+            self.push(end, Event::StepEnd { worker });
+        }
+    }
+
+    fn step_end(&mut self, worker: usize) {
+        let Some(out) = self.workers[worker].output.take() else {
+            return;
+        };
+        self.workers[worker].stepping = false;
+        let mut kv: Vec<WireKv> = Vec::new();
+        for ev in out.events {
+            match ev {
+                EngineEvent::Kv(e) => kv.push(to_wire(e)),
+                EngineEvent::FirstToken { id, at } => {
+                    if let Some(l) = self.live.get_mut(&id) {
+                        l.first_token = Some(at);
+                        if let Some(a) = l.assignment {
+                            self.core.first_token(a, at, None);
+                        }
+                    }
+                }
+                EngineEvent::Token { id, token } => {
+                    if let Some(l) = self.live.get_mut(&id) {
+                        l.generated.push(token);
+                    }
+                }
+                EngineEvent::Finished { id, usage, .. } => {
+                    if let Some(l) = self.live.remove(&id) {
+                        self.finish(l, usage.cached_tokens);
+                    }
+                }
+            }
+        }
+        if !kv.is_empty() {
+            let w = &mut self.workers[worker];
+            let mut ops = Ops::default();
+            let mut stats = ApplyStats::default();
+            for e in &kv {
+                w.resident.apply(e, &mut ops, &mut stats);
+            }
+            if !ops.is_empty() {
+                self.push(
+                    self.now + self.cfg.report_delay_s,
+                    Event::DeliverOps { worker, ops },
+                );
+            }
+        }
+        self.kick(worker);
+    }
+
+    fn finish(&mut self, l: Live, cached_tokens: usize) {
+        if let Some(a) = l.assignment {
+            self.core.finish(a);
+        }
+        let first = l.first_token.unwrap_or(self.now);
+        self.result.records.push(RequestRecord {
+            worker: l.worker,
+            arrival: l.arrival,
+            ttft: first - l.arrival,
+            e2e: self.now - l.arrival,
+            prompt_tokens: l.prompt.len(),
+            cached_tokens,
+            predicted_ttft: l.predicted_ttft,
+        });
+        self.last_finish = self.last_finish.max(self.now);
+        // The next turn's history: this prompt and the model's reply.
+        let st = &mut self.slots[l.slot];
+        let mut history = l.prompt;
+        history.extend_from_slice(&l.generated);
+        st.history = history;
+        let now = self.now;
+        self.push(now, Event::NextTurn { slot: l.slot });
+    }
+
+    fn deliver_ops(&mut self, worker: usize, ops: Ops) {
+        let id = self.workers[worker].id;
+        let now = self.now;
+        for op in ops.0 {
+            match op {
+                Op::Stored(h) => {
+                    self.core.index.apply_stored(id, &h, now);
+                }
+                Op::Removed(h) => {
+                    self.core.index.apply_removed(id, &h, now);
+                }
+                Op::Cleared => self.core.index.clear(id, now),
+            }
+        }
+    }
+}
+
+/// The TTFT a request would really get on this engine if it arrived now: run a copy of the
+/// engine until the request's first token.
+fn true_ttft(
+    engine: &Engine,
+    prompt: &[u32],
+    salt: Option<&str>,
+    max_tokens: u32,
+    id: u64,
+    now: f64,
+) -> f64 {
+    let mut e = engine.clone();
+    let req = EngineRequest {
+        id,
+        prompt: prompt.to_vec(),
+        max_tokens,
+        ignore_eos: true,
+        cache_salt: salt.map(str::to_owned),
+        lora_name: None,
+    };
+    if e.submit(req, now).is_err() {
+        return f64::INFINITY;
+    }
+    let mut t = now;
+    for _ in 0..100_000 {
+        let Some(out) = e.step(t) else {
+            return f64::INFINITY;
+        };
+        for ev in &out.events {
+            if let EngineEvent::FirstToken { id: got, at } = ev
+                && *got == id
+            {
+                return at - now;
+            }
+        }
+        t = out.end();
+    }
+    f64::INFINITY
+}
+
+/// The mock engine's event as the sidecar decodes it from vLLM's wire format.
+fn to_wire(e: EngineKv) -> WireKv {
+    match e {
+        EngineKv::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            lora_name,
+            extra_keys,
+        } => WireKv::Stored(BlockStored {
+            block_hashes,
+            parent: parent_block_hash,
+            token_ids,
+            block_size: u32::try_from(block_size).ok(),
+            lora_name,
+            extra_keys: extra_keys
+                .into_iter()
+                .map(|k| {
+                    k.unwrap_or_default()
+                        .into_iter()
+                        .map(RawExtraKey::Str)
+                        .collect()
+                })
+                .collect(),
+        }),
+        EngineKv::BlockRemoved { block_hashes } => WireKv::Removed(BlockRemoved { block_hashes }),
+        EngineKv::AllBlocksCleared => WireKv::Cleared,
+    }
+}
+
+/// Requests finished per simulated minute.
+pub fn throughput_rpm(r: &RunResult) -> f64 {
+    if r.makespan <= 0.0 {
+        return 0.0;
+    }
+    r.records.len() as f64 / r.makespan * 60.0
+}
