@@ -73,11 +73,12 @@ fn cond<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
 }
 
 async fn ready_workerset(
-    api: &Api<InferenceWorkerSet>,
+    env: &TestNamespace,
     name: &str,
     replicas: i32,
 ) -> anyhow::Result<InferenceWorkerSet> {
-    wait_for(
+    let api: Api<InferenceWorkerSet> = Api::namespaced(env.client.clone(), &env.ns);
+    let result = wait_for(
         &format!("WorkerSet {name} Ready with {replicas} ready workers"),
         WAIT,
         || async {
@@ -92,7 +93,11 @@ async fn ready_workerset(
             Ok((ready && st.ready_replicas == replicas && workers_ready && current).then_some(ws))
         },
     )
-    .await
+    .await;
+    match result {
+        Ok(ws) => Ok(ws),
+        Err(e) => Err(e.context(env.describe().await)),
+    }
 }
 
 async fn live_pods(api: &Api<Pod>, ws: &str) -> anyhow::Result<Vec<Pod>> {
@@ -176,7 +181,7 @@ async fn mock_workerset_runs_with_sidecars_and_becomes_ready() -> anyhow::Result
         "headless"
     );
 
-    let ws = ready_workerset(&api, "mock", 2).await?;
+    let ws = ready_workerset(&env, "mock", 2).await?;
     let st = ws.status.expect("status");
     assert_eq!(st.replicas, 2);
     let running = env.kubelet.running();
@@ -185,13 +190,19 @@ async fn mock_workerset_runs_with_sidecars_and_becomes_ready() -> anyhow::Result
             .iter()
             .find(|p| p.name == w.pod)
             .unwrap_or_else(|| panic!("{} not run: {running:?}", w.pod));
-        assert_eq!(w.address, format!("{}:8000", pod.ip));
+        assert_eq!(
+            w.address.as_deref(),
+            Some(format!("{}:8000", pod.ip).as_str())
+        );
         assert_eq!(w.sidecar_connected, Some(true));
         // The worker really serves: the mock's OpenAI API on the pod's own address.
-        let models: serde_json::Value = reqwest::get(format!("http://{}/v1/models", w.address))
-            .await?
-            .json()
-            .await?;
+        let models: serde_json::Value = reqwest::get(format!(
+            "http://{}/v1/models",
+            w.address.as_deref().unwrap_or_default()
+        ))
+        .await?
+        .json()
+        .await?;
         assert!(models.to_string().contains("qwen3"), "{models}");
     }
     env.stop().await;
@@ -282,17 +293,20 @@ async fn gpu_workerset_requests_gpus_on_the_product_with_vllm_kv_flags() -> anyh
     );
 
     // No GPU node here: the pod stays Pending and the WorkerSet says why, without crashing.
-    let ws = wait_for("h100 reports its unschedulable worker", WAIT, || async {
+    let result = wait_for("h100 reports its unschedulable worker", WAIT, || async {
         let ws = api.get("h100").await?;
-        let conds = ws
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
-        let ready = cond(&conds, "Ready").cloned();
-        Ok(ready.filter(|c| c.status == "False" && c.message.contains("cannot be scheduled")))
+        let conds = ws.status.map(|s| s.conditions).unwrap_or_default();
+        let not_ready = cond(&conds, "Ready").is_some_and(|c| c.status == "False");
+        let why = conds
+            .into_iter()
+            .find(|c| c.message.contains("cannot be scheduled"));
+        Ok(why.filter(|_| not_ready))
     })
-    .await?;
+    .await;
+    let ws = match result {
+        Ok(c) => c,
+        Err(e) => return Err(e.context(env.describe().await)),
+    };
     assert!(ws.message.contains("fake kubelet"), "{}", ws.message);
     env.stop().await;
     Ok(())
@@ -306,7 +320,7 @@ async fn scaling_and_spec_changes_roll_the_pods() -> anyhow::Result<()> {
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
     api.create(&PostParams::default(), &workerset("roll", mock_spec(1)))
         .await?;
-    ready_workerset(&api, "roll", 1).await?;
+    ready_workerset(&env, "roll", 1).await?;
 
     // `kubectl scale iws/roll --replicas=3` patches the scale subresource.
     api.patch_scale(
@@ -317,7 +331,7 @@ async fn scaling_and_spec_changes_roll_the_pods() -> anyhow::Result<()> {
     .await?;
     let scale = api.get_scale("roll").await?;
     assert_eq!(scale.spec.and_then(|s| s.replicas), Some(3));
-    let ws = ready_workerset(&api, "roll", 3).await?;
+    let ws = ready_workerset(&env, "roll", 3).await?;
     assert_eq!(
         ws.status.and_then(|s| s.selector).as_deref(),
         Some("kvroute.dev/workerset=roll")
@@ -404,7 +418,7 @@ async fn deleting_the_workerset_removes_its_children() -> anyhow::Result<()> {
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
     api.create(&PostParams::default(), &workerset("gone", mock_spec(1)))
         .await?;
-    ready_workerset(&api, "gone", 1).await?;
+    ready_workerset(&env, "gone", 1).await?;
     assert!(services.get_opt("gone").await?.is_some());
 
     api.delete("gone", &DeleteParams::background()).await?;
@@ -505,7 +519,7 @@ async fn bad_specs_become_conditions_and_the_operator_stays_up() -> anyhow::Resu
     shared_operator().await?.1.lock().await.check_up().await?;
     api.create(&PostParams::default(), &workerset("good", mock_spec(1)))
         .await?;
-    ready_workerset(&api, "good", 1).await?;
+    ready_workerset(&env, "good", 1).await?;
     env.stop().await;
     Ok(())
 }

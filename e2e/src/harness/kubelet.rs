@@ -79,6 +79,8 @@ impl FakeKubelet {
         ensure_node(&client, &opts.node_name).await?;
         let state = Arc::new(State {
             pods: Mutex::new(HashMap::new()),
+            problems: Mutex::new(BTreeMap::new()),
+            journal: Mutex::new(std::collections::VecDeque::new()),
             rewrites: Mutex::new(opts.rewrites.clone()),
         });
         let kubelet = Kubelet {
@@ -113,6 +115,16 @@ impl FakeKubelet {
         out
     }
 
+    /// Pods that could not start, with the last reason (`namespace/name` -> error).
+    pub fn problems(&self) -> BTreeMap<String, String> {
+        lock(&self.state.problems).clone()
+    }
+
+    /// The last events handled (pods seen, started, stopped), oldest first.
+    pub fn journal(&self) -> Vec<String> {
+        lock(&self.state.journal).iter().cloned().collect()
+    }
+
     /// Stops watching and stops every process (SIGTERM, then SIGKILL after `grace`).
     pub async fn stop(self, grace: Duration) {
         self.task.abort();
@@ -133,7 +145,21 @@ impl Drop for FakeKubelet {
 
 struct State {
     pods: Mutex<HashMap<String, PodRun>>,
+    /// Why pods could not start (namespace/name -> last error), for failure messages.
+    problems: Mutex<BTreeMap<String, String>>,
+    /// The last events the kubelet handled, for failure messages.
+    journal: Mutex<std::collections::VecDeque<String>>,
     rewrites: Mutex<Vec<(String, String)>>,
+}
+
+impl State {
+    fn note(&self, line: String) {
+        let mut j = lock(&self.journal);
+        if j.len() >= 200 {
+            j.pop_front();
+        }
+        j.push_back(line);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -264,6 +290,7 @@ impl Kubelet {
                     Some(Ok(_)) => {}
                     Some(Err(e)) => {
                         tracing::warn!(error = %e, "fake kubelet: pod watch failed; retrying");
+                        lock(&self.state.problems).insert("(pod watch)".into(), format!("{e:#}"));
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
                     None => return,
@@ -279,6 +306,11 @@ impl Kubelet {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         let ours = lock(&self.state.pods).contains_key(&uid);
+        self.state.note(format!(
+            "pod {ns}/{name}: node {node:?}, phase {:?}, deleting {}, ours {ours}",
+            pod.status.as_ref().and_then(|s| s.phase.clone()),
+            pod.metadata.deletion_timestamp.is_some()
+        ));
         if pod.metadata.deletion_timestamp.is_some() {
             self.pending.remove(&uid);
             if ours || node.as_deref() == Some(self.opts.node_name.as_str()) {
@@ -386,6 +418,7 @@ impl Kubelet {
         }
         let started = now();
         tracing::info!(pod = %format!("{ns}/{name}"), %ip, "fake kubelet: pod started");
+        self.state.note(format!("pod {ns}/{name}: started on {ip}"));
         let run = PodRun {
             namespace: ns,
             name,

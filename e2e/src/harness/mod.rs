@@ -87,3 +87,52 @@ impl TestNamespace {
         self.kubelet.stop(Duration::from_secs(2)).await;
     }
 }
+
+impl TestNamespace {
+    /// A readable dump of the namespace for failure messages: kvroute resources' status,
+    /// Deployments, pods (phase, conditions, container states) and the fake kubelet's view.
+    pub async fn describe(&self) -> String {
+        use k8s_openapi::api::apps::v1::Deployment;
+        use k8s_openapi::api::core::v1::Pod;
+        use kube::api::{Api, ListParams};
+        let mut out = format!("--- namespace {} ---\n", self.ns);
+        let lp = ListParams::default();
+        let sets: Api<kvroute_crds::workerset::InferenceWorkerSet> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        match sets.list(&lp).await {
+            Ok(list) => {
+                for ws in list.items {
+                    let status = serde_json::to_string(&ws.status).unwrap_or_default();
+                    out += &format!(
+                        "iws/{}: gen {:?} status {status}\n",
+                        ws.metadata.name.unwrap_or_default(),
+                        ws.metadata.generation
+                    );
+                }
+            }
+            Err(e) => out += &format!("list WorkerSets: {e}\n"),
+        }
+        let deploys: Api<Deployment> = Api::namespaced(self.client.clone(), &self.ns);
+        if let Ok(list) = deploys.list(&lp).await {
+            for d in list.items {
+                let status = serde_json::to_string(&d.status).unwrap_or_default();
+                out += &format!("deploy/{}: {status}\n", d.metadata.name.unwrap_or_default());
+            }
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        if let Ok(list) = pods.list(&lp).await {
+            for p in list.items {
+                let status = serde_json::to_string(&p.status).unwrap_or_default();
+                out += &format!("pod/{}: {status}\n", p.metadata.name.unwrap_or_default());
+            }
+        }
+        out += &format!("fake kubelet: running {:?}\n", self.kubelet.running());
+        for line in self.kubelet.journal() {
+            out += &format!("fake kubelet: {line}\n");
+        }
+        for (pod, why) in self.kubelet.problems() {
+            out += &format!("fake kubelet: {pod} not started: {why}\n");
+        }
+        out
+    }
+}
