@@ -16,6 +16,8 @@
 //!    (an early call is treated as starting at `end`).
 //! 3. `next_step_at` is `None` when there is nothing to run; submit more work to wake it.
 //!
+//! [`Engine::run_until`] does 2. for every step that starts before a given time.
+//!
 //! The engine is `Clone`, so a policy can fork it to ask "what if".
 
 mod blocks;
@@ -462,6 +464,24 @@ impl Engine {
             prefill_tokens,
             decode_seqs,
         })
+    }
+
+    /// Runs every step that starts before `until` (each at the end of the previous one, or at
+    /// `from` when idle): what a simulation calls before delivering an arrival at `until`.
+    /// The last step may end after `until`; its events carry their own end time.
+    pub fn run_until(&mut self, from: f64, until: f64) -> Vec<StepOutput> {
+        let mut outs = Vec::new();
+        while let Some(t) = self.next_step_at() {
+            let start = t.max(from);
+            if start >= until {
+                break;
+            }
+            match self.step(start) {
+                Some(out) => outs.push(out),
+                None => break,
+            }
+        }
+        outs
     }
 
     /// Current load.

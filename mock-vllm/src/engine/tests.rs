@@ -405,3 +405,22 @@ fn clones_evolve_independently() {
     let b = drain(&mut fork, 0.0);
     assert_eq!(tokens_of(&a, 1), tokens_of(&b, 1));
 }
+
+#[test]
+fn run_until_stops_before_the_next_arrival() {
+    let p = l40s();
+    let mut e = engine(p.clone(), |_| {});
+    e.submit(req(1, prompt(0, 100), 10), 0.0).unwrap();
+    let outs = e.run_until(0.0, 0.2);
+    // Steps of ~53 ms: those starting at 0, .05x, .10x, .16x run; the next would start after 0.2.
+    assert!(!outs.is_empty());
+    assert!(outs.iter().all(|o| o.start < 0.2));
+    assert!(e.next_step_at().unwrap() >= 0.2);
+    let mut t = 0.0;
+    for o in &outs {
+        assert!(o.start >= t);
+        t = o.end();
+    }
+    assert!(e.run_until(0.0, 100.0).len() < 10);
+    assert_eq!(e.next_step_at(), None);
+}
