@@ -10,6 +10,7 @@
 //! code in a discrete-event simulation (thousands of requests in seconds, deterministic under
 //! a seed). Every figure is in simulated seconds of the L40S profile.
 
+pub mod live;
 pub mod report;
 pub mod sim;
 pub mod stats;
@@ -162,7 +163,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let (result, args) = result;
             write_outputs(&result, &args)
         }
-        "live" => bail!("--mode live: not implemented in this build; use --mode sim"),
+        "live" => {
+            let cfg = live::LiveConfig::from_env()?;
+            let result = live::run_live(&args, &cfg).await?;
+            write_outputs(&result, &args)
+        }
         other => bail!("unknown --mode {other:?}: expected sim or live"),
     }
 }

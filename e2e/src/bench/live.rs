@@ -1,0 +1,926 @@
+//! `kvroute bench --mode live`: the same workloads and figures as the simulation, measured on
+//! real processes on loopback with a built-in OpenAI streaming load generator.
+//!
+//! ```text
+//! for workload, for policy (oracle skipped: it exists only in virtual time):
+//!   fresh deployment: N x `kvroute mock-vllm --speedup K` --ZMQ--> N x `kvroute sidecar`
+//!                     --gRPC--> `kvroute router --policy P` (gateway)
+//!   headline run, then each sweep level (worker caches reset in between):
+//!     load generator --POST /v1/completions (token ids, stream, include_usage)--> gateway
+//!     per request: TTFT, e2e at the client (wall clock x K = simulated seconds),
+//!                  cached tokens (usage.prompt_tokens_details), worker (x-kvroute-worker)
+//! external routers (peers): the same load against their URL, caches reset on the workers
+//! stats::summarize / sweep --> report (same JSON / Markdown / SVG as sim)
+//! ```
+//!
+//! Settings the shared `BenchArgs` has no flag for are read from the environment:
+//! `KVROUTE_BENCH_SPEEDUP` (worker clock speed-up, default 10),
+//! `KVROUTE_BENCH_TOKENIZER` (tokenizer directory, default the repository's Qwen3),
+//! `KVROUTE_BENCH_LOG_DIR` (keep the processes' logs there),
+//! `KVROUTE_BENCH_EXTERNAL_ROUTERS` (`name=URL,...`: already running routers to measure too) and
+//! `KVROUTE_BENCH_EXTERNAL_WORKERS` (`URL,...`: the workers behind them, reset between runs).
+//! `KVROUTE_BENCH_POLICIES=none` measures only the external routers.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use super::sim::{Arrivals, RequestRecord, RunResult};
+use super::stats::{SweepPoint, peak_goodput, summarize};
+use super::workload::{self, Session};
+use super::{BenchArgs, PolicyResult, SuiteConfig, SuiteResult, WorkloadResult, parse_list};
+use crate::procs::{self, Child, SpawnOptions};
+
+/// Served model name of the mock workers (requests name it).
+pub const MODEL: &str = "qwen3-32b";
+const NAMESPACE: &str = "bench";
+/// KV block size of the L40S profile (the sidecar must know it before the first event).
+const BLOCK_SIZE: u32 = 16;
+/// The Qwen3 tokenizer in the repository's test data.
+const DEFAULT_TOKENIZER: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tokenizers/qwen3");
+
+/// Live settings beyond `BenchArgs` (from the environment, see the module doc).
+#[derive(Clone, Debug)]
+pub struct LiveConfig {
+    pub speedup: f64,
+    pub tokenizer: PathBuf,
+    pub log_dir: Option<PathBuf>,
+    /// (name, gateway URL) of routers started by someone else.
+    pub external_routers: Vec<(String, String)>,
+    /// Base URLs of the workers behind the external routers.
+    pub external_workers: Vec<String>,
+}
+
+impl LiveConfig {
+    /// Reads the `KVROUTE_BENCH_*` variables of the module doc.
+    pub fn from_env() -> anyhow::Result<Self> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let speedup = match var("KVROUTE_BENCH_SPEEDUP") {
+            Some(s) => s
+                .trim()
+                .parse::<f64>()
+                .with_context(|| format!("KVROUTE_BENCH_SPEEDUP={s:?} is not a number"))?,
+            None => 10.0,
+        };
+        let external_routers = match var("KVROUTE_BENCH_EXTERNAL_ROUTERS") {
+            Some(s) => parse_named_urls(&s)?,
+            None => Vec::new(),
+        };
+        let external_workers = var("KVROUTE_BENCH_EXTERNAL_WORKERS")
+            .map(|s| {
+                s.split(',')
+                    .map(|u| u.trim().trim_end_matches('/').to_string())
+                    .filter(|u| !u.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Self {
+            speedup,
+            tokenizer: var("KVROUTE_BENCH_TOKENIZER")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_TOKENIZER)),
+            log_dir: var("KVROUTE_BENCH_LOG_DIR").map(PathBuf::from),
+            external_routers,
+            external_workers,
+        })
+    }
+}
+
+/// Parses `name=URL,name=URL`.
+pub fn parse_named_urls(s: &str) -> anyhow::Result<Vec<(String, String)>> {
+    s.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| {
+            let (name, url) = x
+                .split_once('=')
+                .with_context(|| format!("{x:?} is not name=URL"))?;
+            let (name, url) = (name.trim(), url.trim().trim_end_matches('/'));
+            if name.is_empty() || !(url.starts_with("http://") || url.starts_with("https://")) {
+                bail!("{x:?} is not name=http://host:port");
+            }
+            Ok((name.to_string(), url.to_string()))
+        })
+        .collect()
+}
+
+// ------------------------------------------------------------------------------------------
+// Requests (pure)
+// ------------------------------------------------------------------------------------------
+
+/// The `/v1/completions` body of one turn: token-id prompt, streamed, usage included, the
+/// generated ids returned (they extend the session's history), EOS ignored.
+pub fn request_body(model: &str, prompt: &[u32], max_tokens: u32, salt: Option<&str>) -> Value {
+    let mut v = json!({
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "ignore_eos": true,
+        "return_token_ids": true,
+    });
+    if let Some(s) = salt {
+        v["cache_salt"] = json!(s);
+    }
+    v
+}
+
+/// Index of the worker a `x-kvroute-worker` value names: the exact id, else the pod name
+/// (`worker-<i>`) at its end.
+pub fn worker_index(header: &str, ids: &[String]) -> Option<usize> {
+    if let Some(i) = ids.iter().position(|w| w == header) {
+        return Some(i);
+    }
+    let tail = header.rsplit('/').next().unwrap_or(header);
+    tail.strip_prefix("worker-")
+        .and_then(|n| n.parse::<usize>().ok())
+        .filter(|&i| i < ids.len())
+}
+
+/// Generated token ids in a streamed completion chunk (`choices[].token_ids`).
+fn chunk_token_ids(chunk: &Value, out: &mut Vec<u32>) {
+    let Some(choices) = chunk.get("choices").and_then(Value::as_array) else {
+        return;
+    };
+    for c in choices {
+        if let Some(ids) = c.get("token_ids").and_then(Value::as_array) {
+            out.extend(
+                ids.iter()
+                    .filter_map(Value::as_u64)
+                    .filter_map(|i| u32::try_from(i).ok()),
+            );
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Load generator
+// ------------------------------------------------------------------------------------------
+
+/// One measured request, in wall-clock seconds since the run's start.
+struct Measured {
+    start: f64,
+    ttft: f64,
+    end: f64,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    worker: Option<usize>,
+    predicted_ms: Option<f64>,
+    generated: Vec<u32>,
+}
+
+async fn send_turn(
+    client: &reqwest::Client,
+    url: &str,
+    body: &Value,
+    t0: Instant,
+    worker_ids: &[String],
+) -> anyhow::Result<Measured> {
+    use kvroute_router::gateway::openai::{StreamItem, inspect_chunk};
+    use kvroute_router::gateway::sse::SseParser;
+    use kvroute_router::gateway::{PREDICTED_TTFT_HEADER, WORKER_HEADER};
+    let start = t0.elapsed().as_secs_f64();
+    let resp = client.post(url).json(body).send().await.context("send")?;
+    let status = resp.status();
+    let header = |h: &str| {
+        resp.headers()
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let worker = header(WORKER_HEADER).and_then(|w| worker_index(&w, worker_ids));
+    let predicted_ms = header(PREDICTED_TTFT_HEADER).and_then(|p| p.parse::<f64>().ok());
+    if !status.is_success() {
+        let text = resp.text().await.unwrap_or_default();
+        bail!(
+            "status {status}: {}",
+            text.chars().take(300).collect::<String>()
+        );
+    }
+    let mut stream = resp.bytes_stream();
+    let mut parser = SseParser::default();
+    let mut events = Vec::new();
+    let mut ttft = None;
+    let mut usage = None;
+    let mut generated = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.context("stream broke off")?;
+        parser.push(&chunk, &mut events)?;
+        for e in events.drain(..) {
+            if let StreamItem::Chunk {
+                content,
+                usage: u,
+                json,
+                ..
+            } = inspect_chunk(&e.data)
+            {
+                if content && ttft.is_none() {
+                    ttft = Some(t0.elapsed().as_secs_f64());
+                }
+                chunk_token_ids(&json, &mut generated);
+                if u.is_some() {
+                    usage = u;
+                }
+            }
+        }
+    }
+    let end = t0.elapsed().as_secs_f64();
+    let usage = usage.context("no usage in the stream")?;
+    Ok(Measured {
+        start,
+        ttft: ttft.unwrap_or(end) - start,
+        end,
+        prompt_tokens: usize::try_from(usage.prompt_tokens).unwrap_or(usize::MAX),
+        cached_tokens: usize::try_from(usage.cached_tokens).unwrap_or(usize::MAX),
+        worker,
+        predicted_ms,
+        generated,
+    })
+}
+
+/// Where a run's results go.
+#[derive(Default)]
+struct Sink {
+    measured: Vec<Measured>,
+    errors: Vec<String>,
+}
+
+/// Sends a session's turns one after another, growing its history.
+async fn run_session(
+    client: &reqwest::Client,
+    url: &str,
+    session: &Session,
+    t0: Instant,
+    worker_ids: &[String],
+    sink: &Mutex<Sink>,
+) {
+    let mut history: Vec<u32> = Vec::new();
+    for turn in &session.turns {
+        let mut prompt = std::mem::take(&mut history);
+        prompt.extend_from_slice(&turn.new_tokens);
+        let body = request_body(
+            MODEL,
+            &prompt,
+            turn.max_tokens,
+            session.cache_salt.as_deref(),
+        );
+        match send_turn(client, url, &body, t0, worker_ids).await {
+            Ok(mut m) => {
+                prompt.append(&mut m.generated);
+                history = prompt;
+                sink.lock().await.measured.push(m);
+            }
+            Err(e) => {
+                // The rest of the session depends on this turn's reply: skip it.
+                sink.lock().await.errors.push(format!("{e:#}"));
+                return;
+            }
+        }
+    }
+}
+
+/// Replays `sessions` against `gateway` and returns the run in simulated seconds
+/// (wall clock x `speedup`) plus the failures.
+async fn replay(
+    gateway: &str,
+    sessions: Arc<Vec<Session>>,
+    arrivals: Arrivals,
+    speedup: f64,
+    seed: u64,
+    worker_ids: Arc<Vec<String>>,
+) -> (RunResult, Vec<String>) {
+    let parallel = match arrivals {
+        Arrivals::Closed { users } => users.max(1),
+        Arrivals::Poisson { .. } => sessions.len().max(1),
+    };
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(parallel.min(256))
+        .build()
+        .unwrap_or_default();
+    let url = format!("{gateway}/v1/completions");
+    let sink = Arc::new(Mutex::new(Sink::default()));
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    match arrivals {
+        Arrivals::Closed { users } => {
+            let next = Arc::new(AtomicUsize::new(0));
+            for _ in 0..users.max(1) {
+                let (client, url, next, sessions, ids, sink) = (
+                    client.clone(),
+                    url.clone(),
+                    next.clone(),
+                    sessions.clone(),
+                    worker_ids.clone(),
+                    sink.clone(),
+                );
+                tasks.spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(s) = sessions.get(i) else { break };
+                        run_session(&client, &url, s, t0, &ids, &sink).await;
+                    }
+                });
+            }
+        }
+        Arrivals::Poisson { rate_per_s } => {
+            // Arrival times in simulated seconds, paced in wall time (/ speedup).
+            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6172_7269_7661_6c73);
+            let wall_rate = (rate_per_s * speedup).max(1e-9);
+            let mut at = 0.0f64;
+            for i in 0..sessions.len() {
+                let u: f64 = rng.random_range(f64::EPSILON..1.0);
+                at += -u.ln() / wall_rate;
+                let (client, url, sessions, ids, sink) = (
+                    client.clone(),
+                    url.clone(),
+                    sessions.clone(),
+                    worker_ids.clone(),
+                    sink.clone(),
+                );
+                tasks.spawn(async move {
+                    tokio::time::sleep_until((t0 + Duration::from_secs_f64(at)).into()).await;
+                    if let Some(s) = sessions.get(i) {
+                        run_session(&client, &url, s, t0, &ids, &sink).await;
+                    }
+                });
+            }
+        }
+    }
+    let mut errors = Vec::new();
+    while let Some(res) = tasks.join_next().await {
+        if let Err(e) = res {
+            errors.push(format!("client task failed: {e}"));
+        }
+    }
+    let sink = std::mem::take(&mut *sink.lock().await);
+    errors.extend(sink.errors);
+    (
+        to_run_result(sink.measured, speedup, worker_ids.len()),
+        errors,
+    )
+}
+
+/// Wall-clock measurements -> a run in simulated seconds, in arrival order.
+fn to_run_result(mut m: Vec<Measured>, speedup: f64, workers: usize) -> RunResult {
+    m.sort_by(|a, b| a.start.total_cmp(&b.start));
+    let first = m.first().map_or(0.0, |x| x.start);
+    let last = m.iter().map(|x| x.end).fold(first, f64::max);
+    let records = m
+        .iter()
+        .map(|x| RequestRecord {
+            // Unknown worker (external routers): an index no worker has.
+            worker: x.worker.unwrap_or(workers),
+            arrival: (x.start - first) * speedup,
+            ttft: x.ttft * speedup,
+            e2e: (x.end - x.start) * speedup,
+            prompt_tokens: x.prompt_tokens,
+            cached_tokens: x.cached_tokens,
+            // The router predicts in the workers' (simulated) time.
+            predicted_ttft: x.predicted_ms.map_or(f64::NAN, |p| p / 1e3),
+        })
+        .collect();
+    RunResult {
+        records,
+        rejected: 0,
+        makespan: (last - first) * speedup,
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Processes
+// ------------------------------------------------------------------------------------------
+
+/// N workers, N sidecars, one router (this duplicates the private `Deployment` of demo.rs,
+/// with the bench's namespace and cache reset added).
+struct Deployment {
+    workers: Vec<Child>,
+    sidecars: Vec<Child>,
+    router: Child,
+    gateway: String,
+    worker_urls: Vec<String>,
+    worker_ids: Vec<String>,
+}
+
+fn static_config(worker_ports: &[u16]) -> String {
+    let mut workers = String::new();
+    for (i, port) in worker_ports.iter().enumerate() {
+        let _ = writeln!(
+            workers,
+            "    - {{pod: worker-{i}, address: \"127.0.0.1:{port}\", ready: true}}"
+        );
+    }
+    format!(
+        "apiVersion: kvroute.dev/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{name: bench, namespace: {NAMESPACE}}}
+spec:
+  model: {{name: Qwen/Qwen3-32B-FP8, servedName: {MODEL}}}
+  replicas: {n}
+  engine: {{mode: mock}}
+status:
+  replicas: {n}
+  readyReplicas: {n}
+  workers:
+{workers}",
+        n = worker_ports.len()
+    )
+}
+
+struct DeployConfig<'a> {
+    workers: usize,
+    speedup: f64,
+    profile: &'a str,
+    tokenizer: &'a Path,
+    log_dir: &'a Path,
+}
+
+impl Deployment {
+    /// Router, then sidecars (they bind the event sockets), then workers; ready when the
+    /// router reports every worker routable.
+    async fn start(cfg: &DeployConfig<'_>, policy: &str) -> anyhow::Result<Self> {
+        let dir = cfg.log_dir.join(policy);
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let log = |name: &str| SpawnOptions {
+            env: vec![("RUST_LOG".into(), "warn".into())],
+            log: Some(dir.join(format!("{name}.log"))),
+        };
+        let tokenizer = cfg.tokenizer.display().to_string();
+        let mut ports = Vec::new();
+        for _ in 0..cfg.workers {
+            ports.push((
+                procs::free_local_port()?,
+                procs::free_local_port()?,
+                procs::free_local_port()?,
+            ));
+        }
+        let http_ports: Vec<u16> = ports.iter().map(|p| p.0).collect();
+        let config_path = dir.join("workers.yaml");
+        std::fs::write(&config_path, static_config(&http_ports))
+            .context("write the router's worker file")?;
+        let (gw_port, grpc_port, admin_port) = (
+            procs::free_local_port()?,
+            procs::free_local_port()?,
+            procs::free_local_port()?,
+        );
+        let router_args: Vec<String> = vec![
+            "--http-addr".into(),
+            format!("127.0.0.1:{gw_port}"),
+            "--grpc-addr".into(),
+            format!("127.0.0.1:{grpc_port}"),
+            "--admin-addr".into(),
+            format!("127.0.0.1:{admin_port}"),
+            "--config".into(),
+            config_path.display().to_string(),
+            "--policy".into(),
+            policy.into(),
+            "--tokenizer".into(),
+            tokenizer.clone(),
+        ];
+        let mut router = procs::spawn_kvroute("router", "router", &router_args, &log("router"))?;
+        let admin = format!("http://127.0.0.1:{admin_port}");
+        procs::wait_http_ok(
+            &format!("{admin}/healthz"),
+            Duration::from_secs(60),
+            Some(&mut router),
+        )
+        .await
+        .context("the router did not start")?;
+
+        let mut sidecars = Vec::new();
+        let mut worker_ids = Vec::new();
+        for (i, (port, pub_port, replay_port)) in ports.iter().enumerate() {
+            let id = format!("{NAMESPACE}/worker-{i}");
+            let args: Vec<String> = vec![
+                "--zmq-endpoint".into(),
+                format!("tcp://127.0.0.1:{pub_port}"),
+                "--zmq-bind".into(),
+                "--replay-endpoint".into(),
+                format!("tcp://127.0.0.1:{replay_port}"),
+                "--vllm-url".into(),
+                format!("http://127.0.0.1:{port}"),
+                "--router".into(),
+                format!("http://127.0.0.1:{grpc_port}"),
+                "--worker-id".into(),
+                id.clone(),
+                "--worker-address".into(),
+                format!("127.0.0.1:{port}"),
+                "--model".into(),
+                MODEL.into(),
+                "--block-size".into(),
+                BLOCK_SIZE.to_string(),
+                "--worker-set".into(),
+                "bench".into(),
+                "--admin-addr".into(),
+                "127.0.0.1:0".into(),
+                "--scrape-interval-ms".into(),
+                "100".into(),
+                "--no-gpu".into(),
+            ];
+            let name = format!("sidecar-{i}");
+            sidecars.push(procs::spawn_kvroute(&name, "sidecar", &args, &log(&name))?);
+            worker_ids.push(id);
+        }
+
+        let mut workers = Vec::new();
+        for (i, (port, pub_port, replay_port)) in ports.iter().enumerate() {
+            let events = json!({"enable_kv_cache_events": true, "publisher": "zmq",
+                "endpoint": format!("tcp://127.0.0.1:{pub_port}"),
+                "replay_endpoint": format!("tcp://127.0.0.1:{replay_port}"), "topic": ""});
+            let args: Vec<String> = vec![
+                "--host".into(),
+                "127.0.0.1".into(),
+                "--port".into(),
+                port.to_string(),
+                "--model".into(),
+                "Qwen/Qwen3-32B-FP8".into(),
+                "--served-model-name".into(),
+                MODEL.into(),
+                "--tokenizer".into(),
+                tokenizer.clone(),
+                "--profile".into(),
+                cfg.profile.into(),
+                "--speedup".into(),
+                cfg.speedup.to_string(),
+                "--seed".into(),
+                i.to_string(),
+                "--enable-prompt-tokens-details".into(),
+                "--kv-events-config".into(),
+                events.to_string(),
+            ];
+            let name = format!("worker-{i}");
+            workers.push(procs::spawn_kvroute(
+                &name,
+                "mock-vllm",
+                &args,
+                &log(&name),
+            )?);
+        }
+        let worker_urls: Vec<String> = http_ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect();
+        for (i, (url, w)) in worker_urls.iter().zip(workers.iter_mut()).enumerate() {
+            procs::wait_http_ok(&format!("{url}/health"), Duration::from_secs(60), Some(w))
+                .await
+                .with_context(|| format!("worker-{i} did not start"))?;
+        }
+        let client = reqwest::Client::new();
+        let want = cfg.workers;
+        let url = format!("{admin}/debug/workers");
+        procs::wait_for("every worker routable", Duration::from_secs(60), || {
+            let (client, url) = (client.clone(), url.clone());
+            async move { Ok((routable_workers(&client, &url).await? >= want).then_some(())) }
+        })
+        .await?;
+        Ok(Self {
+            workers,
+            sidecars,
+            router,
+            gateway: format!("http://127.0.0.1:{gw_port}"),
+            worker_urls,
+            worker_ids,
+        })
+    }
+
+    async fn stop(self) {
+        let grace = Duration::from_secs(3);
+        let _ = self.router.stop(grace).await;
+        for c in self.sidecars {
+            let _ = c.stop(grace).await;
+        }
+        for c in self.workers {
+            let _ = c.stop(grace).await;
+        }
+    }
+}
+
+async fn routable_workers(client: &reqwest::Client, url: &str) -> anyhow::Result<usize> {
+    let v: Value = client
+        .get(url)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let list = v
+        .get("workers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    Ok(list
+        .iter()
+        .filter(|w| w.get("routable").and_then(Value::as_bool) == Some(true))
+        .count())
+}
+
+/// Empties every worker's prefix cache (`POST /reset_prefix_cache`), retrying while blocks
+/// are still in use (a request finishing), so that each run starts cold.
+async fn reset_caches(worker_urls: &[String]) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    for w in worker_urls {
+        let url = format!("{w}/reset_prefix_cache");
+        procs::wait_for(
+            &format!("{url} to succeed"),
+            Duration::from_secs(30),
+            || {
+                let (client, url) = (client.clone(), url.clone());
+                async move {
+                    let resp = client.post(&url).send().await?.error_for_status()?;
+                    let v: Value = resp.json().await.unwrap_or(Value::Null);
+                    // vLLM answers 200 with no body; the mock says whether it succeeded.
+                    Ok((v.get("success").and_then(Value::as_bool) != Some(false)).then_some(()))
+                }
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Suite
+// ------------------------------------------------------------------------------------------
+
+/// What one policy (or external router) gets measured on: a gateway and its workers.
+struct Target<'a> {
+    name: &'a str,
+    gateway: &'a str,
+    worker_urls: &'a [String],
+    worker_ids: Arc<Vec<String>>,
+}
+
+struct RunPlan<'a> {
+    sessions: &'a Arc<Vec<Session>>,
+    headline: Arrivals,
+    sweep: &'a [usize],
+    speedup: f64,
+    seed: u64,
+    workers: usize,
+}
+
+async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<PolicyResult> {
+    reset_caches(target.worker_urls).await?;
+    let (headline, errors) = replay(
+        target.gateway,
+        plan.sessions.clone(),
+        plan.headline,
+        plan.speedup,
+        plan.seed,
+        target.worker_ids.clone(),
+    )
+    .await;
+    let mut failed = errors.len();
+    for e in errors.iter().take(3) {
+        eprintln!("{}: {e}", target.name);
+    }
+    let mut points = Vec::new();
+    for &c in plan.sweep {
+        reset_caches(target.worker_urls).await?;
+        let n = (c * 6).max(24).min(plan.sessions.len());
+        let subset = Arc::new(plan.sessions[..n].to_vec());
+        let (r, errors) = replay(
+            target.gateway,
+            subset,
+            Arrivals::Closed { users: c },
+            plan.speedup,
+            plan.seed,
+            target.worker_ids.clone(),
+        )
+        .await;
+        failed += errors.len();
+        points.push(SweepPoint::of(c, &r));
+    }
+    let mut summary = summarize(&headline, plan.workers);
+    summary.rejected = failed;
+    Ok(PolicyResult {
+        policy: target.name.to_string(),
+        peak_goodput_rpm: peak_goodput(&points, false),
+        peak_goodput_interactive_rpm: peak_goodput(&points, true),
+        ttfts: headline.records.iter().map(|r| r.ttft).collect(),
+        summary,
+        sweep: points,
+    })
+}
+
+/// Runs the live suite: every selected workload x policy (oracle skipped) on fresh local
+/// deployments, plus the external routers of `live`.
+pub async fn run_live(args: &BenchArgs, live: &LiveConfig) -> anyhow::Result<SuiteResult> {
+    let only_external = args.policies == "none";
+    let mut selection_args = args.clone();
+    if only_external {
+        selection_args.policies = "all".into();
+    }
+    let (specs, policies) = super::selection(&selection_args)?;
+    let policies: Vec<String> = if only_external {
+        Vec::new()
+    } else {
+        policies.into_iter().filter(|p| p != "oracle").collect()
+    };
+    if policies.is_empty() && live.external_routers.is_empty() {
+        bail!("nothing to measure: no live policy (oracle is sim-only) and no external router");
+    }
+    if !live.external_routers.is_empty() && live.external_workers.is_empty() {
+        bail!("KVROUTE_BENCH_EXTERNAL_WORKERS must list the workers behind the external routers");
+    }
+    if args.workers == 0 {
+        bail!("--workers must be at least 1");
+    }
+    if !(live.speedup.is_finite() && live.speedup > 0.0) {
+        bail!("the speed-up must be a positive number");
+    }
+    if !policies.is_empty() && !live.tokenizer.join("tokenizer.json").is_file() {
+        bail!(
+            "no tokenizer.json in {} (set KVROUTE_BENCH_TOKENIZER)",
+            live.tokenizer.display()
+        );
+    }
+    let mut sweep = parse_list(&args.concurrency_sweep)?;
+    if args.quick {
+        sweep.retain(|&c| c <= 8);
+        if sweep.is_empty() {
+            sweep = vec![2, 4];
+        }
+    }
+    let headline = match args.rate {
+        Some(r) if r.is_finite() && r > 0.0 => Arrivals::Poisson { rate_per_s: r },
+        Some(r) => bail!("--rate {r} must be a positive number"),
+        None => Arrivals::Closed {
+            users: args.concurrency.max(1),
+        },
+    };
+    let (log_dir, remove_logs) = match &live.log_dir {
+        Some(d) => (d.clone(), false),
+        None => {
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            let d = std::env::temp_dir().join(format!(
+                "kvroute-bench-{}-{}",
+                std::process::id(),
+                stamp.as_millis()
+            ));
+            (d, true)
+        }
+    };
+    let mut workloads = Vec::new();
+    for spec in specs {
+        let sessions = Arc::new(workload::generate(&spec, args.seed));
+        let plan = RunPlan {
+            sessions: &sessions,
+            headline,
+            sweep: &sweep,
+            speedup: live.speedup,
+            seed: args.seed,
+            workers: args.workers,
+        };
+        let mut results = Vec::new();
+        for policy in &policies {
+            let cfg = DeployConfig {
+                workers: args.workers,
+                speedup: live.speedup,
+                profile: &args.profile,
+                tokenizer: &live.tokenizer,
+                log_dir: &log_dir.join(spec.kind.name()),
+            };
+            let d = Deployment::start(&cfg, policy).await.with_context(|| {
+                format!(
+                    "start the deployment for policy {policy} (logs in {})",
+                    log_dir.display()
+                )
+            })?;
+            let target = Target {
+                name: policy,
+                gateway: &d.gateway,
+                worker_urls: &d.worker_urls,
+                worker_ids: Arc::new(d.worker_ids.clone()),
+            };
+            let r = measure(&target, &plan).await;
+            d.stop().await;
+            let r = r?;
+            log_line(spec.kind.name(), &r);
+            results.push(r);
+        }
+        for (name, url) in &live.external_routers {
+            let target = Target {
+                name,
+                gateway: url,
+                worker_urls: &live.external_workers,
+                worker_ids: Arc::new(Vec::new()),
+            };
+            let r = measure(&target, &plan).await?;
+            log_line(spec.kind.name(), &r);
+            results.push(r);
+        }
+        workloads.push(WorkloadResult {
+            spec,
+            policies: results,
+        });
+    }
+    if remove_logs {
+        let _ = std::fs::remove_dir_all(&log_dir);
+    }
+    Ok(SuiteResult {
+        config: SuiteConfig {
+            mode: "live".into(),
+            workers: args.workers,
+            seed: args.seed,
+            concurrency: args.concurrency,
+            sweep,
+            rate: args.rate,
+            report_delay_ms: f64::NAN,
+            scrape_interval_ms: 100.0,
+            profile: format!("{} (mock-vllm, speedup x{})", args.profile, live.speedup),
+            quick: args.quick,
+        },
+        workloads,
+    })
+}
+
+fn log_line(workload: &str, r: &PolicyResult) {
+    eprintln!(
+        "{:<14} {:<19} ttft p50 {:>7.3}s p90 {:>7.3}s  hit {:>5.1}%  goodput {:>6.1} rpm  failed {}",
+        workload,
+        r.policy,
+        r.summary.ttft_p50_s,
+        r.summary.ttft_p90_s,
+        r.summary.cache_hit_rate * 100.0,
+        r.peak_goodput_rpm,
+        r.summary.rejected
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_stream_token_ids_with_usage() {
+        let b = request_body("m", &[1, 2, 3], 8, Some("t"));
+        assert_eq!(b["prompt"], json!([1, 2, 3]));
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["stream_options"]["include_usage"], true);
+        assert_eq!(b["cache_salt"], "t");
+        assert!(request_body("m", &[], 1, None).get("cache_salt").is_none());
+    }
+
+    #[test]
+    fn worker_headers_map_to_indices() {
+        let ids = vec!["bench/worker-0".to_string(), "bench/worker-1".to_string()];
+        assert_eq!(worker_index("bench/worker-1", &ids), Some(1));
+        assert_eq!(worker_index("other/worker-0", &ids), Some(0));
+        assert_eq!(worker_index("worker-7", &ids), None);
+        assert_eq!(worker_index("garbage", &ids), None);
+        assert_eq!(worker_index("", &[]), None);
+    }
+
+    #[test]
+    fn named_urls_parse_and_reject_garbage() {
+        let v = parse_named_urls("sglang=http://127.0.0.1:1/, vllm=http://h:2").expect("ok");
+        assert_eq!(v[0], ("sglang".into(), "http://127.0.0.1:1".into()));
+        assert_eq!(v[1].0, "vllm");
+        assert!(parse_named_urls("nourl").is_err());
+        assert!(parse_named_urls("x=ftp://a").is_err());
+        assert!(parse_named_urls("=http://a").is_err());
+    }
+
+    #[test]
+    fn chunk_token_ids_ignore_bad_values() {
+        let mut out = Vec::new();
+        chunk_token_ids(
+            &json!({"choices": [{"token_ids": [5, -1, "x", 4294967296u64, 7]}]}),
+            &mut out,
+        );
+        chunk_token_ids(&json!({"choices": "nope"}), &mut out);
+        assert_eq!(out, vec![5, 7]);
+    }
+
+    #[test]
+    fn wall_clock_becomes_simulated_time() {
+        let m = |start: f64, ttft: f64, end: f64| Measured {
+            start,
+            ttft,
+            end,
+            prompt_tokens: 10,
+            cached_tokens: 5,
+            worker: Some(0),
+            predicted_ms: Some(250.0),
+            generated: Vec::new(),
+        };
+        let r = to_run_result(vec![m(2.0, 0.1, 3.0), m(1.0, 0.2, 1.5)], 10.0, 2);
+        assert_eq!(r.records.len(), 2);
+        assert!((r.records[0].ttft - 2.0).abs() < 1e-9);
+        assert!((r.records[1].arrival - 10.0).abs() < 1e-9);
+        assert!((r.makespan - 20.0).abs() < 1e-9);
+        assert!((r.records[0].predicted_ttft - 0.25).abs() < 1e-12);
+    }
+}
