@@ -343,7 +343,7 @@ async fn scaling_and_spec_changes_roll_the_pods() -> anyhow::Result<()> {
     let before: Vec<String> = live_pods(&pods, "roll")
         .await?
         .iter()
-        .filter_map(|p| pod_hash(p))
+        .filter_map(pod_hash)
         .collect();
     assert_eq!(before.len(), 3);
 
