@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Shared by e2e/guidellm/run.sh and e2e/peers/run.sh (source it): starts a local kvroute
+# deployment on loopback with fixed ports, the same way `kvroute bench --mode live` does.
+#   start_workers N            N x `kvroute mock-vllm` (L40S profile, clock x $SPEEDUP)
+#   start_kvroute POLICY N     N sidecars + `kvroute router --policy POLICY` (gateway :$GW_PORT)
+#   stop_all                   stops everything this shell started
+# Worker i: HTTP 127.0.0.1:$((WORKER_BASE+i)), KV events PUB $((PUB_BASE+i)), replay $((REPLAY_BASE+i)).
+
+: "${ROOT:?set ROOT to the repository root}"
+KVROUTE=${KVROUTE:-$ROOT/target/debug/kvroute}
+TOKENIZER=${TOKENIZER:-$ROOT/testdata/tokenizers/qwen3}
+PROFILE=${PROFILE:-l40s-qwen3-32b-fp8}
+SPEEDUP=${SPEEDUP:-10}
+MODEL=${MODEL:-qwen3-32b}
+LOGS=${LOGS:-$(mktemp -d -t kvroute-peers-XXXX)}
+WORKER_BASE=${WORKER_BASE:-18100}
+PUB_BASE=${PUB_BASE:-18200}
+REPLAY_BASE=${REPLAY_BASE:-18300}
+GW_PORT=${GW_PORT:-18080}
+GRPC_PORT=${GRPC_PORT:-18081}
+ADMIN_PORT=${ADMIN_PORT:-18082}
+PIDS=()
+
+wait_url() { # URL [seconds]
+  local url=$1 deadline=$((SECONDS + ${2:-60}))
+  until curl -fsS -o /dev/null "$url"; do
+    if ((SECONDS > deadline)); then echo "timeout waiting for $url (logs: $LOGS)" >&2; return 1; fi
+    sleep 0.5
+  done
+}
+
+worker_urls() { # N -> space-separated base URLs
+  local i out=()
+  for ((i = 0; i < $1; i++)); do out+=("http://127.0.0.1:$((WORKER_BASE + i))"); done
+  echo "${out[*]}"
+}
+
+# Workers publish KV events to their sidecar's bound socket (started by start_kvroute) and
+# serve /health, /server_info (model_path = the local tokenizer dir, so that sglang-router
+# loads it instead of downloading one), /model_info, /get_load, /reset_prefix_cache.
+start_workers() {
+  local n=$1 i
+  for ((i = 0; i < n; i++)); do
+    local events
+    events=$(printf '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:%d","replay_endpoint":"tcp://127.0.0.1:%d","topic":""}' \
+      $((PUB_BASE + i)) $((REPLAY_BASE + i)))
+    RUST_LOG=warn "$KVROUTE" mock-vllm --host 127.0.0.1 --port $((WORKER_BASE + i)) \
+      --model "$TOKENIZER" --served-model-name "$MODEL" --tokenizer "$TOKENIZER" \
+      --profile "$PROFILE" --speedup "$SPEEDUP" --seed "$i" --enable-prompt-tokens-details \
+      --kv-events-config "$events" >"$LOGS/worker-$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  for ((i = 0; i < n; i++)); do wait_url "http://127.0.0.1:$((WORKER_BASE + i))/health"; done
+}
+
+start_kvroute() {
+  local policy=$1 n=$2 i yaml=$LOGS/workers.yaml
+  {
+    echo "apiVersion: kvroute.dev/v1alpha1"
+    echo "kind: InferenceWorkerSet"
+    echo "metadata: {name: bench, namespace: bench}"
+    echo "spec:"
+    echo "  model: {name: Qwen/Qwen3-32B-FP8, servedName: $MODEL}"
+    echo "  replicas: $n"
+    echo "  engine: {mode: mock}"
+    echo "status:"
+    echo "  replicas: $n"
+    echo "  readyReplicas: $n"
+    echo "  workers:"
+    for ((i = 0; i < n; i++)); do
+      echo "    - {pod: worker-$i, address: \"127.0.0.1:$((WORKER_BASE + i))\", ready: true}"
+    done
+  } >"$yaml"
+  RUST_LOG=warn "$KVROUTE" router --http-addr 127.0.0.1:$GW_PORT --grpc-addr 127.0.0.1:$GRPC_PORT \
+    --admin-addr 127.0.0.1:$ADMIN_PORT --config "$yaml" --policy "$policy" \
+    --tokenizer "$TOKENIZER" >"$LOGS/router-$policy.log" 2>&1 &
+  PIDS+=($!)
+  wait_url "http://127.0.0.1:$ADMIN_PORT/healthz"
+  for ((i = 0; i < n; i++)); do
+    RUST_LOG=warn "$KVROUTE" sidecar --zmq-endpoint tcp://127.0.0.1:$((PUB_BASE + i)) --zmq-bind \
+      --replay-endpoint tcp://127.0.0.1:$((REPLAY_BASE + i)) \
+      --vllm-url http://127.0.0.1:$((WORKER_BASE + i)) --router http://127.0.0.1:$GRPC_PORT \
+      --worker-id bench/worker-$i --worker-address 127.0.0.1:$((WORKER_BASE + i)) \
+      --model "$MODEL" --block-size 16 --worker-set bench --admin-addr 127.0.0.1:0 \
+      --scrape-interval-ms 100 --no-gpu >"$LOGS/sidecar-$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  local deadline=$((SECONDS + 60))
+  until [ "$(curl -fsS "http://127.0.0.1:$ADMIN_PORT/debug/workers" | grep -o '"routable":true' | wc -l)" -ge "$n" ]; do
+    if ((SECONDS > deadline)); then echo "workers never became routable (logs: $LOGS)" >&2; return 1; fi
+    sleep 0.5
+  done
+}
+
+stop_all() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  PIDS=()
+}

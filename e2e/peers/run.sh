@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# sglang-router 0.3.2 and vllm-router 0.1.17 (published wheels, cache_aware policy) against
+# live mock workers, measured by kvroute's own load generator next to kvroute's policies on
+# the same workload, in one table (not CI).
+#   e2e/peers/run.sh                        # --quick shared-prefix
+#   BENCH_ARGS="--workload shared-prefix,multi-turn --sessions 48" e2e/peers/run.sh
+# Needs: python3 with venv, curl, a built `kvroute` (cargo build -p kvroute-cli).
+# Writes $OUT/peers.json, $OUT/peers.md, $OUT/svg/.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+VENV=${VENV:-$HERE/.venv}
+OUT=${OUT:-$HERE/out}
+WORKERS=${WORKERS:-3}
+POLICIES=${POLICIES:-random,least-loaded,sglang-cache-aware,kvroute}
+BENCH_ARGS=${BENCH_ARGS:---quick --workload shared-prefix}
+SGLANG_PORT=${SGLANG_PORT:-30000}
+VLLM_ROUTER_PORT=${VLLM_ROUTER_PORT:-30010}
+source "$ROOT/e2e/guidellm/deploy.sh"
+mkdir -p "$OUT"
+
+if [ ! -x "$VENV/bin/vllm-router" ]; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet sglang-router==0.3.2 vllm-router==0.1.17
+fi
+[ -x "$KVROUTE" ] || { echo "build kvroute first: cargo build -p kvroute-cli" >&2; exit 1; }
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+trap stop_all EXIT
+
+# The peers' workers: same binary, profile and speed-up as the ones `kvroute bench` starts for
+# its own policies (no sidecars: these routers do not read KV events).
+start_workers "$WORKERS"
+read -r -a urls <<<"$(worker_urls "$WORKERS")"
+"$VENV/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port "$SGLANG_PORT" \
+  --worker-urls "${urls[@]}" --policy cache_aware \
+  --prometheus-host 127.0.0.1 --prometheus-port 29000 >"$LOGS/sglang-router.log" 2>&1 &
+PIDS+=($!)
+"$VENV/bin/vllm-router" --host 127.0.0.1 --port "$VLLM_ROUTER_PORT" \
+  --worker-urls "${urls[@]}" --policy cache_aware \
+  --prometheus-port 29010 >"$LOGS/vllm-router.log" 2>&1 &
+PIDS+=($!)
+wait_url "http://127.0.0.1:$SGLANG_PORT/health" 120
+wait_url "http://127.0.0.1:$VLLM_ROUTER_PORT/health" 120
+
+# kvroute's policies run on fresh deployments of their own; the peers on the workers above,
+# whose caches the bench resets before each run.
+KVROUTE_BENCH_SPEEDUP=$SPEEDUP \
+KVROUTE_BENCH_EXTERNAL_ROUTERS="sglang-router-cache-aware=http://127.0.0.1:$SGLANG_PORT,vllm-router-cache-aware=http://127.0.0.1:$VLLM_ROUTER_PORT" \
+KVROUTE_BENCH_EXTERNAL_WORKERS="$(echo "${urls[*]}" | tr ' ' ',')" \
+  "$KVROUTE" bench --mode live --workers "$WORKERS" --policies "$POLICIES" $BENCH_ARGS \
+  --json "$OUT/peers.json" --markdown "$OUT/peers.md" --svg-dir "$OUT/svg"
+echo "logs: $LOGS"
