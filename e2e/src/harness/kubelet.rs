@@ -90,7 +90,22 @@ impl FakeKubelet {
             probe: reqwest::Client::builder().timeout(PROBE_TIMEOUT).build()?,
             pending: HashMap::new(),
         };
-        let task = tokio::spawn(kubelet.run());
+        let shared = Arc::clone(&state);
+        let task = tokio::spawn(async move {
+            // A bug here must show in failure messages, not as pods that silently stay Pending.
+            use futures::FutureExt;
+            if let Err(panic) = std::panic::AssertUnwindSafe(kubelet.run())
+                .catch_unwind()
+                .await
+            {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                lock(&shared.problems).insert("(fake kubelet)".into(), format!("panicked: {what}"));
+            }
+        });
         Ok(Self { state, task })
     }
 

@@ -20,6 +20,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Reaching a process outside the cluster from a pod (e.g. a router started by the test): the
+//! fake kubelet rewrites wildcard and loopback hosts in args/env to the pod's own address, so
+//! name the target by its Service DNS name (the operator's default for sidecars is
+//! `kvroute-router-ingest.<router namespace>.svc:<port>`) and map it before the pods start:
+//! `env.kubelet.rewrite("kvroute-router-ingest.default.svc:9000", "127.0.0.1:<router port>")`
+//! (rewrites apply after the loopback rewriting). Pods are found by the router through their
+//! `status.podIP` (127.A.B.C) and the container ports of the spec, which the processes bind.
+//!
 //! Everything started here dies with the test: children are killed on drop (also when a test
 //! panics), and the shared cluster's watchdog kills what remains when the test binary exits.
 
