@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec, PodTemplateSpec,
-    Probe, Service, ServiceAccount, ServicePort, ServiceSpec, TCPSocketAction,
+    Container, ContainerPort, EnvVar, PodSpec, PodTemplateSpec, Probe, Service, ServiceAccount,
+    ServicePort, ServiceSpec, TCPSocketAction,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
@@ -28,10 +28,11 @@ pub const ROUTER_NAME: &str = "kvroute-router";
 pub const INGEST_SERVICE: &str = "kvroute-router-ingest";
 /// OpenAI/Anthropic HTTP gateway port.
 pub const HTTP_PORT: i32 = 8080;
-/// gRPC ingest port the sidecars stream to.
+/// The router's one gRPC server: the Ingest service the sidecars stream to, the Pick API
+/// for external gateways and grpc.health.v1 (`kvroute-router --grpc-addr`).
 pub const INGEST_PORT: i32 = 9000;
-/// gRPC Pick API port for external gateways.
-pub const PICK_PORT: i32 = 9001;
+/// The Pick API is served by the same gRPC server as ingest.
+pub const PICK_PORT: i32 = INGEST_PORT;
 /// Admin port (`/metrics`, `/healthz`).
 pub const ADMIN_PORT: i32 = 9091;
 
@@ -146,31 +147,11 @@ pub fn desired_router(cfg: &OperatorConfig) -> RouterObjects {
         name: "router".to_string(),
         image: Some(cfg.router_image.clone()),
         command: Some(vec!["kvroute-router".to_string()]),
-        env: Some(vec![
-            EnvVar {
-                name: "KVROUTE_ROUTER_POD_NAME".to_string(),
-                value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path: "metadata.name".into(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            env("KVROUTE_ROUTER_NAMESPACE", cfg.watch_namespace.clone()),
-            env("KVROUTE_ROUTER_HTTP_ADDR", format!("0.0.0.0:{HTTP_PORT}")),
-            env(
-                "KVROUTE_ROUTER_INGEST_ADDR",
-                format!("0.0.0.0:{INGEST_PORT}"),
-            ),
-            env("KVROUTE_ROUTER_GRPC_ADDR", format!("0.0.0.0:{PICK_PORT}")),
-            env("KVROUTE_ROUTER_ADMIN_ADDR", format!("0.0.0.0:{ADMIN_PORT}")),
-        ]),
+        // Flags of `kvroute-router` (router/src/lib.rs), by their env names.
+        env: Some(router_env(cfg)),
         ports: Some(vec![
             port("http", HTTP_PORT),
-            port("ingest", INGEST_PORT),
-            port("pick", PICK_PORT),
+            port("grpc", INGEST_PORT),
             port("admin", ADMIN_PORT),
         ]),
         readiness_probe: Some(Probe {
@@ -221,7 +202,7 @@ pub fn desired_router(cfg: &OperatorConfig) -> RouterObjects {
             selector: Some(selector()),
             ports: Some(vec![
                 svc_port("http", HTTP_PORT),
-                svc_port("pick", PICK_PORT),
+                svc_port("grpc", PICK_PORT),
             ]),
             ..Default::default()
         }),
@@ -232,7 +213,7 @@ pub fn desired_router(cfg: &OperatorConfig) -> RouterObjects {
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_string()),
             selector: Some(selector()),
-            ports: Some(vec![svc_port("ingest", INGEST_PORT)]),
+            ports: Some(vec![svc_port("grpc", INGEST_PORT)]),
             ..Default::default()
         }),
         status: None,
@@ -248,6 +229,21 @@ pub fn desired_router(cfg: &OperatorConfig) -> RouterObjects {
         service,
         ingest_service,
     }
+}
+
+/// The router's settings: discover workers from Kubernetes (in the watched namespace, all
+/// when empty), and the ports the Services point at.
+fn router_env(cfg: &OperatorConfig) -> Vec<EnvVar> {
+    let mut vars = vec![
+        env("KVROUTE_ROUTER_KUBERNETES", "true".to_string()),
+        env("KVROUTE_ROUTER_HTTP_ADDR", format!("0.0.0.0:{HTTP_PORT}")),
+        env("KVROUTE_ROUTER_GRPC_ADDR", format!("0.0.0.0:{INGEST_PORT}")),
+        env("KVROUTE_ROUTER_ADMIN_ADDR", format!("0.0.0.0:{ADMIN_PORT}")),
+    ];
+    if !cfg.watch_namespace.is_empty() {
+        vars.push(env("KVROUTE_ROUTER_NAMESPACE", cfg.watch_namespace.clone()));
+    }
+    vars
 }
 
 #[cfg(test)]
