@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Shared by e2e/guidellm/run.sh and e2e/peers/run.sh (source it): starts a local kvroute
 # deployment on loopback with fixed ports, the same way `kvroute bench --mode live` does.
-#   start_workers N            N x `kvroute mock-vllm` (L40S profile, clock x $SPEEDUP)
-#   start_kvroute POLICY N     N sidecars + `kvroute router --policy POLICY` (gateway :$GW_PORT)
+#   start_kvroute POLICY N     `kvroute router --policy POLICY` (gateway :$GW_PORT) + N sidecars
+#   start_workers N            N x `kvroute mock-vllm` (L40S profile, clock x $SPEEDUP); with
+#                              KV_EVENTS=1 (default) they publish to the sidecars, which must
+#                              be started first (they bind the sockets)
+#   wait_routable N            until the router lists N routable workers
 #   stop_all                   stops everything this shell started
 # Worker i: HTTP 127.0.0.1:$((WORKER_BASE+i)), KV events PUB $((PUB_BASE+i)), replay $((REPLAY_BASE+i)).
 
@@ -41,13 +44,14 @@ worker_urls() { # N -> space-separated base URLs
 start_workers() {
   local n=$1 i
   for ((i = 0; i < n; i++)); do
-    local events
-    events=$(printf '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:%d","replay_endpoint":"tcp://127.0.0.1:%d","topic":""}' \
+    local events=() spec
+    spec=$(printf '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:%d","replay_endpoint":"tcp://127.0.0.1:%d","topic":""}' \
       $((PUB_BASE + i)) $((REPLAY_BASE + i)))
+    if [ "${KV_EVENTS:-1}" = 1 ]; then events=(--kv-events-config "$spec"); fi
     RUST_LOG=warn "$KVROUTE" mock-vllm --host 127.0.0.1 --port $((WORKER_BASE + i)) \
       --model "$TOKENIZER" --served-model-name "$MODEL" --tokenizer "$TOKENIZER" \
       --profile "$PROFILE" --speedup "$SPEEDUP" --seed "$i" --enable-prompt-tokens-details \
-      --kv-events-config "$events" >"$LOGS/worker-$i.log" 2>&1 &
+      "${events[@]}" >"$LOGS/worker-$i.log" 2>&1 &
     PIDS+=($!)
   done
   for ((i = 0; i < n; i++)); do wait_url "http://127.0.0.1:$((WORKER_BASE + i))/health"; done
@@ -85,7 +89,10 @@ start_kvroute() {
       --scrape-interval-ms 100 --no-gpu >"$LOGS/sidecar-$i.log" 2>&1 &
     PIDS+=($!)
   done
-  local deadline=$((SECONDS + 60))
+}
+
+wait_routable() {
+  local n=$1 deadline=$((SECONDS + 60))
   until [ "$(curl -fsS "http://127.0.0.1:$ADMIN_PORT/debug/workers" | grep -o '"routable":true' | wc -l)" -ge "$n" ]; do
     if ((SECONDS > deadline)); then echo "workers never became routable (logs: $LOGS)" >&2; return 1; fi
     sleep 0.5

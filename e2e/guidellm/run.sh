@@ -28,8 +28,9 @@ trap stop_all EXIT
 
 for policy in $POLICIES; do
   echo "== $policy: $WORKERS mock workers (x$SPEEDUP), sidecars, router; logs in $LOGS"
-  start_workers "$WORKERS"
   start_kvroute "$policy" "$WORKERS"
+  start_workers "$WORKERS"
+  wait_routable "$WORKERS"
   "$VENV/bin/guidellm" run \
     --backend "kind=openai_http,target=http://127.0.0.1:$GW_PORT,model=$MODEL" \
     --tokenizer "kind=huggingface_auto,model=$TOKENIZER" \

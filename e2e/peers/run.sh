@@ -29,7 +29,7 @@ trap stop_all EXIT
 
 # The peers' workers: same binary, profile and speed-up as the ones `kvroute bench` starts for
 # its own policies (no sidecars: these routers do not read KV events).
-start_workers "$WORKERS"
+KV_EVENTS=0 start_workers "$WORKERS"
 read -r -a urls <<<"$(worker_urls "$WORKERS")"
 "$VENV/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port "$SGLANG_PORT" \
   --worker-urls "${urls[@]}" --policy cache_aware \
@@ -43,8 +43,9 @@ wait_url "http://127.0.0.1:$SGLANG_PORT/health" 120
 wait_url "http://127.0.0.1:$VLLM_ROUTER_PORT/health" 120
 
 # kvroute's policies run on fresh deployments of their own; the peers on the workers above,
-# whose caches the bench resets before each run.
-KVROUTE_BENCH_SPEEDUP=$SPEEDUP \
+# whose caches the bench resets before each run. Prompts go as text (the workload's token ids
+# decoded): sglang-router rejects token-id prompts; every row gets the same text.
+KVROUTE_BENCH_SPEEDUP=$SPEEDUP KVROUTE_BENCH_PROMPT=text \
 KVROUTE_BENCH_EXTERNAL_ROUTERS="sglang-router-cache-aware=http://127.0.0.1:$SGLANG_PORT,vllm-router-cache-aware=http://127.0.0.1:$VLLM_ROUTER_PORT" \
 KVROUTE_BENCH_EXTERNAL_WORKERS="$(echo "${urls[*]}" | tr ' ' ',')" \
   "$KVROUTE" bench --mode live --workers "$WORKERS" --policies "$POLICIES" $BENCH_ARGS \

@@ -54,6 +54,7 @@ async fn tiny_live_bench_writes_the_sim_json_shape() {
         log_dir: Some(dir.path().join("logs")),
         external_routers: Vec::new(),
         external_workers: Vec::new(),
+        text_prompts: false,
     };
     let result = run_live(&cli.args, &live).await.expect("live bench runs");
     write_outputs(&result, &cli.args).expect("outputs written");

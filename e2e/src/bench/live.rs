@@ -18,7 +18,9 @@
 //! `KVROUTE_BENCH_TOKENIZER` (tokenizer directory, default the repository's Qwen3),
 //! `KVROUTE_BENCH_LOG_DIR` (keep the processes' logs there),
 //! `KVROUTE_BENCH_EXTERNAL_ROUTERS` (`name=URL,...`: already running routers to measure too) and
-//! `KVROUTE_BENCH_EXTERNAL_WORKERS` (`URL,...`: the workers behind them, reset between runs).
+//! `KVROUTE_BENCH_EXTERNAL_WORKERS` (`URL,...`: the workers behind them, reset between runs),
+//! `KVROUTE_BENCH_PROMPT` (`ids`, the default: token-id prompts; `text`: the ids decoded with
+//! the tokenizer and sent as a string, for routers that accept no token ids).
 //! `KVROUTE_BENCH_POLICIES=none` measures only the external routers.
 
 use std::fmt::Write as _;
@@ -39,6 +41,7 @@ use super::stats::{SweepPoint, peak_goodput, summarize};
 use super::workload::{self, Session};
 use super::{BenchArgs, PolicyResult, SuiteConfig, SuiteResult, WorkloadResult, parse_list};
 use crate::procs::{self, Child, SpawnOptions};
+use kvroute_tokenization::Tokenizer;
 
 /// Served model name of the mock workers (requests name it).
 pub const MODEL: &str = "qwen3-32b";
@@ -59,6 +62,8 @@ pub struct LiveConfig {
     pub external_routers: Vec<(String, String)>,
     /// Base URLs of the workers behind the external routers.
     pub external_workers: Vec<String>,
+    /// Send prompts as text (decoded ids) instead of token ids.
+    pub text_prompts: bool,
 }
 
 impl LiveConfig {
@@ -84,7 +89,13 @@ impl LiveConfig {
                     .collect()
             })
             .unwrap_or_default();
+        let text_prompts = match var("KVROUTE_BENCH_PROMPT").as_deref().map(str::trim) {
+            None | Some("ids") => false,
+            Some("text") => true,
+            Some(other) => bail!("KVROUTE_BENCH_PROMPT={other:?}: expected ids or text"),
+        };
         Ok(Self {
+            text_prompts,
             speedup,
             tokenizer: var("KVROUTE_BENCH_TOKENIZER")
                 .map(PathBuf::from)
@@ -119,7 +130,7 @@ pub fn parse_named_urls(s: &str) -> anyhow::Result<Vec<(String, String)>> {
 
 /// The `/v1/completions` body of one turn: token-id prompt, streamed, usage included, the
 /// generated ids returned (they extend the session's history), EOS ignored.
-pub fn request_body(model: &str, prompt: &[u32], max_tokens: u32, salt: Option<&str>) -> Value {
+pub fn request_body(model: &str, prompt: Value, max_tokens: u32, salt: Option<&str>) -> Value {
     let mut v = json!({
         "model": model,
         "prompt": prompt,
@@ -263,14 +274,28 @@ async fn run_session(
     t0: Instant,
     worker_ids: &[String],
     sink: &Mutex<Sink>,
+    text: Option<&Tokenizer>,
 ) {
     let mut history: Vec<u32> = Vec::new();
     for turn in &session.turns {
         let mut prompt = std::mem::take(&mut history);
         prompt.extend_from_slice(&turn.new_tokens);
+        let prompt_value = match text {
+            Some(t) => match t.decode(&prompt, true) {
+                Ok(s) => json!(s),
+                Err(e) => {
+                    sink.lock()
+                        .await
+                        .errors
+                        .push(format!("decode the prompt: {e}"));
+                    return;
+                }
+            },
+            None => json!(prompt),
+        };
         let body = request_body(
             MODEL,
-            &prompt,
+            prompt_value,
             turn.max_tokens,
             session.cache_salt.as_deref(),
         );
@@ -298,6 +323,7 @@ async fn replay(
     speedup: f64,
     seed: u64,
     worker_ids: Arc<Vec<String>>,
+    text: Option<Arc<Tokenizer>>,
 ) -> (RunResult, Vec<String>) {
     let parallel = match arrivals {
         Arrivals::Closed { users } => users.max(1),
@@ -315,19 +341,20 @@ async fn replay(
         Arrivals::Closed { users } => {
             let next = Arc::new(AtomicUsize::new(0));
             for _ in 0..users.max(1) {
-                let (client, url, next, sessions, ids, sink) = (
+                let (client, url, next, sessions, ids, sink, text) = (
                     client.clone(),
                     url.clone(),
                     next.clone(),
                     sessions.clone(),
                     worker_ids.clone(),
                     sink.clone(),
+                    text.clone(),
                 );
                 tasks.spawn(async move {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(s) = sessions.get(i) else { break };
-                        run_session(&client, &url, s, t0, &ids, &sink).await;
+                        run_session(&client, &url, s, t0, &ids, &sink, text.as_deref()).await;
                     }
                 });
             }
@@ -340,17 +367,18 @@ async fn replay(
             for i in 0..sessions.len() {
                 let u: f64 = rng.random_range(f64::EPSILON..1.0);
                 at += -u.ln() / wall_rate;
-                let (client, url, sessions, ids, sink) = (
+                let (client, url, sessions, ids, sink, text) = (
                     client.clone(),
                     url.clone(),
                     sessions.clone(),
                     worker_ids.clone(),
                     sink.clone(),
+                    text.clone(),
                 );
                 tasks.spawn(async move {
                     tokio::time::sleep_until((t0 + Duration::from_secs_f64(at)).into()).await;
                     if let Some(s) = sessions.get(i) {
-                        run_session(&client, &url, s, t0, &ids, &sink).await;
+                        run_session(&client, &url, s, t0, &ids, &sink, text.as_deref()).await;
                     }
                 });
             }
@@ -364,14 +392,11 @@ async fn replay(
     }
     let sink = std::mem::take(&mut *sink.lock().await);
     errors.extend(sink.errors);
-    (
-        to_run_result(sink.measured, speedup, worker_ids.len()),
-        errors,
-    )
+    (to_run_result(sink.measured, speedup), errors)
 }
 
 /// Wall-clock measurements -> a run in simulated seconds, in arrival order.
-fn to_run_result(mut m: Vec<Measured>, speedup: f64, workers: usize) -> RunResult {
+fn to_run_result(mut m: Vec<Measured>, speedup: f64) -> RunResult {
     m.sort_by(|a, b| a.start.total_cmp(&b.start));
     let first = m.first().map_or(0.0, |x| x.start);
     let last = m.iter().map(|x| x.end).fold(first, f64::max);
@@ -379,7 +404,7 @@ fn to_run_result(mut m: Vec<Measured>, speedup: f64, workers: usize) -> RunResul
         .iter()
         .map(|x| RequestRecord {
             // Unknown worker (external routers): an index no worker has.
-            worker: x.worker.unwrap_or(workers),
+            worker: x.worker.unwrap_or(usize::MAX),
             arrival: (x.start - first) * speedup,
             ttft: x.ttft * speedup,
             e2e: (x.end - x.start) * speedup,
@@ -666,6 +691,7 @@ struct RunPlan<'a> {
     speedup: f64,
     seed: u64,
     workers: usize,
+    text: Option<Arc<Tokenizer>>,
 }
 
 async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<PolicyResult> {
@@ -677,6 +703,7 @@ async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<Poli
         plan.speedup,
         plan.seed,
         target.worker_ids.clone(),
+        plan.text.clone(),
     )
     .await;
     let mut failed = errors.len();
@@ -695,6 +722,7 @@ async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<Poli
             plan.speedup,
             plan.seed,
             target.worker_ids.clone(),
+            plan.text.clone(),
         )
         .await;
         failed += errors.len();
@@ -772,6 +800,13 @@ pub async fn run_live(args: &BenchArgs, live: &LiveConfig) -> anyhow::Result<Sui
             (d, true)
         }
     };
+    let text = if live.text_prompts {
+        let t = Tokenizer::from_dir(&live.tokenizer)
+            .with_context(|| format!("load the tokenizer in {}", live.tokenizer.display()))?;
+        Some(Arc::new(t))
+    } else {
+        None
+    };
     let mut workloads = Vec::new();
     for spec in specs {
         let sessions = Arc::new(workload::generate(&spec, args.seed));
@@ -782,6 +817,7 @@ pub async fn run_live(args: &BenchArgs, live: &LiveConfig) -> anyhow::Result<Sui
             speedup: live.speedup,
             seed: args.seed,
             workers: args.workers,
+            text: text.clone(),
         };
         let mut results = Vec::new();
         for policy in &policies {
@@ -865,12 +901,16 @@ mod tests {
 
     #[test]
     fn bodies_stream_token_ids_with_usage() {
-        let b = request_body("m", &[1, 2, 3], 8, Some("t"));
+        let b = request_body("m", json!([1, 2, 3]), 8, Some("t"));
         assert_eq!(b["prompt"], json!([1, 2, 3]));
         assert_eq!(b["stream"], true);
         assert_eq!(b["stream_options"]["include_usage"], true);
         assert_eq!(b["cache_salt"], "t");
-        assert!(request_body("m", &[], 1, None).get("cache_salt").is_none());
+        assert!(
+            request_body("m", json!("hi"), 1, None)
+                .get("cache_salt")
+                .is_none()
+        );
     }
 
     #[test]
@@ -916,7 +956,7 @@ mod tests {
             predicted_ms: Some(250.0),
             generated: Vec::new(),
         };
-        let r = to_run_result(vec![m(2.0, 0.1, 3.0), m(1.0, 0.2, 1.5)], 10.0, 2);
+        let r = to_run_result(vec![m(2.0, 0.1, 3.0), m(1.0, 0.2, 1.5)], 10.0);
         assert_eq!(r.records.len(), 2);
         assert!((r.records[0].ttft - 2.0).abs() < 1e-9);
         assert!((r.records[1].arrival - 10.0).abs() < 1e-9);
