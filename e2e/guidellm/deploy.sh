@@ -23,6 +23,7 @@ GW_PORT=${GW_PORT:-18080}
 GRPC_PORT=${GRPC_PORT:-18081}
 ADMIN_PORT=${ADMIN_PORT:-18082}
 PIDS=()
+mkdir -p "$LOGS"
 
 wait_url() { # URL [seconds]
   local url=$1 deadline=$((SECONDS + ${2:-60}))

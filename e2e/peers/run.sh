@@ -14,6 +14,9 @@ OUT=${OUT:-$HERE/out}
 WORKERS=${WORKERS:-3}
 POLICIES=${POLICIES:-random,least-loaded,sglang-cache-aware,kvroute}
 BENCH_ARGS=${BENCH_ARGS:---quick --workload shared-prefix}
+# The binary that runs the bench (load generator); its components are $KVROUTE (deploy.sh),
+# e.g. KVROUTE=target/release/kvroute BENCH_EXE=target/debug/kvroute.
+BENCH_EXE=${BENCH_EXE:-}
 SGLANG_PORT=${SGLANG_PORT:-30000}
 VLLM_ROUTER_PORT=${VLLM_ROUTER_PORT:-30010}
 source "$ROOT/e2e/guidellm/deploy.sh"
@@ -45,9 +48,9 @@ wait_url "http://127.0.0.1:$VLLM_ROUTER_PORT/health" 120
 # kvroute's policies run on fresh deployments of their own; the peers on the workers above,
 # whose caches the bench resets before each run. Prompts go as text (the workload's token ids
 # decoded): sglang-router rejects token-id prompts; every row gets the same text.
-KVROUTE_BENCH_SPEEDUP=$SPEEDUP KVROUTE_BENCH_PROMPT=text \
+KVROUTE_EXE=$KVROUTE KVROUTE_BENCH_SPEEDUP=$SPEEDUP KVROUTE_BENCH_PROMPT=text \
 KVROUTE_BENCH_EXTERNAL_ROUTERS="sglang-router-cache-aware=http://127.0.0.1:$SGLANG_PORT,vllm-router-cache-aware=http://127.0.0.1:$VLLM_ROUTER_PORT" \
 KVROUTE_BENCH_EXTERNAL_WORKERS="$(echo "${urls[*]}" | tr ' ' ',')" \
-  "$KVROUTE" bench --mode live --workers "$WORKERS" --policies "$POLICIES" $BENCH_ARGS \
+  "${BENCH_EXE:-$KVROUTE}" bench --mode live --workers "$WORKERS" --policies "$POLICIES" $BENCH_ARGS \
   --json "$OUT/peers.json" --markdown "$OUT/peers.md" --svg-dir "$OUT/svg"
 echo "logs: $LOGS"
