@@ -2,8 +2,9 @@
 //!
 //! `cargo bench -p kvroute-tokenization --bench encode`
 //!
-//! Cases: an ~8k-token multi-turn Qwen3 chat (render + encode, and each half alone), the same
-//! text as a completions prompt, and the small reference chat.
+//! Cases: an ~8k-token multi-turn Qwen3 chat (render + encode with a warm segment cache, with
+//! no cache, with a new final message each time, and render / encode alone), the same text as
+//! a completions prompt, and the small reference chat.
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kvroute_tokenization::{ChatRequest, PromptInput, Tokenizer};
@@ -104,6 +105,28 @@ fn bench(c: &mut Criterion) {
 
     c.bench_function("chat_8k/render_and_encode", |b| {
         b.iter(|| t.encode_chat(black_box(&chat), now))
+    });
+    // Cold: no segment cache, every piece goes through the HF tokenizer.
+    let cold = tokenizer().with_segment_cache_bytes(0);
+    c.bench_function("chat_8k/render_and_encode_no_cache", |b| {
+        b.iter(|| cold.encode_chat(black_box(&chat), now))
+    });
+    // Realistic multi-turn: history seen before, a new final user message each time.
+    let mut turn = 0u64;
+    c.bench_function("chat_8k/new_last_turn", |b| {
+        b.iter_batched(
+            || {
+                turn += 1;
+                let mut next = chat.clone();
+                next.messages.push(json!({"role": "user", "content": format!(
+                    "Question {turn}: which worker holds the longest cached prefix for this conversation, \
+                     and how long will its prefill take given the current queue of waiting requests?"
+                )}));
+                next
+            },
+            |req| t.encode_chat(&req, now),
+            criterion::BatchSize::SmallInput,
+        )
     });
     c.bench_function("chat_8k/render_only", |b| {
         b.iter(|| t.render_chat(black_box(&chat), now))
