@@ -22,7 +22,7 @@ async fn tiny_live_bench_writes_the_sim_json_shape() {
         "--mode",
         "live",
         "--workload",
-        "shared-prefix,multi-turn",
+        "multi-turn",
         "--policies",
         "random,kvroute,oracle",
         "--workers",
@@ -63,7 +63,8 @@ async fn tiny_live_bench_writes_the_sim_json_shape() {
         serde_json::from_str(&std::fs::read_to_string(&json_path).expect("json written"))
             .expect("valid JSON");
     assert_eq!(v["config"]["mode"], "live");
-    for (workload, requests) in [("shared-prefix", 4), ("multi-turn", 8)] {
+    // Multi-turn: each second turn carries the first turn and the tokens generated for it.
+    for (workload, requests) in [("multi-turn", 8)] {
         let w = v["workloads"][workload]
             .as_object()
             .unwrap_or_else(|| panic!("{workload} missing: {v}"));
