@@ -331,10 +331,15 @@ impl KvIndex {
         let Some(&p) = self.blocks.get(&(first ^ self.seed)) else {
             return;
         };
-        for_each_holder(p, &self.sets, |w| out.push((WorkerId(w), 0)));
-        let mut live = out.len();
-        let mut live_fp = summary(p, &self.sets).1;
-        let mut dropped = Vec::new();
+        let words = self.workers.len() / 32 + 1;
+        let (len, fp) = summary(p, &self.sets);
+        let mut live = Live {
+            bits: vec![0; words],
+            next: vec![0; words],
+            len,
+            fp,
+        };
+        for_each_holder(p, &self.sets, |w| set_bit(&mut live.bits, w));
         // Blocks matched so far by every worker still live.
         let mut depth = 1;
         for &h in rest {
@@ -343,19 +348,18 @@ impl KvIndex {
             };
             // Along a chain the holder set rarely changes from one block to the next; an
             // equal (size, fingerprint) pair means the same set, so the step costs O(1).
+            // Otherwise the live set narrows by whole bitset words, and only the workers
+            // that drop out cost anything more: O(prompt + workers), not their product.
             let (len, fp) = summary(p, &self.sets);
-            if len != live || fp != live_fp {
-                live = retain_holders(p, &self.sets, out, live, depth, &mut dropped);
-                live_fp = dropped.iter().fold(live_fp, |acc, &w| acc ^ member_fp(w));
-                if live == 0 {
+            if len != live.len || fp != live.fp {
+                live.narrow(p, &self.sets, depth, out);
+                if live.len == 0 {
                     break;
                 }
             }
             depth += 1;
         }
-        for e in &mut out[..live] {
-            e.1 = depth;
-        }
+        for_each_bit(&live.bits, |w| out.push((WorkerId(w), depth)));
     }
 
     /// Leading blocks of `hashes` that one worker holds.
@@ -395,18 +399,153 @@ impl KvIndex {
         let sets: usize = self
             .sets
             .iter()
-            .map(|s| s.members.capacity() * 4 + std::mem::size_of::<HolderSet>())
+            .map(|s| s.data.capacity() * 4 + std::mem::size_of::<HolderSet>())
             .sum();
         map + sets + self.free_sets.capacity() * 4
     }
 }
 
-/// Holders of a block held by three or more workers: sorted ids and the XOR of their
-/// [`member_fp`]s (kept in step), so that lookups compare sets in O(1).
+/// Holders of a block held by three or more workers, with the XOR of their [`member_fp`]s
+/// (kept in step, so that lookups compare sets in O(1)). Small sets are sorted ids; once ids
+/// would take more room than a bitset over the ids seen, the set becomes a bitset (so a block
+/// held by most of 1,000 workers costs 128 bytes, and lookups narrow by whole words).
 #[derive(Default)]
 struct HolderSet {
     fp: u64,
-    members: Vec<u32>,
+    len: u32,
+    bits: bool,
+    /// Sorted worker ids, or (when `bits`) a bitset in 32-bit words.
+    data: Vec<u32>,
+}
+
+impl HolderSet {
+    fn from_three(a: u32, b: u32, c: u32) -> Self {
+        let mut data = vec![a, b, c];
+        data.sort_unstable();
+        HolderSet {
+            fp: member_fp(a) ^ member_fp(b) ^ member_fp(c),
+            len: 3,
+            bits: false,
+            data,
+        }
+    }
+
+    fn contains(&self, w: u32) -> bool {
+        if self.bits {
+            test_bit(&self.data, w)
+        } else {
+            self.data.binary_search(&w).is_ok()
+        }
+    }
+
+    fn for_each(&self, mut f: impl FnMut(u32)) {
+        if self.bits {
+            for_each_bit(&self.data, f);
+        } else {
+            self.data.iter().for_each(|&w| f(w));
+        }
+    }
+
+    /// Adds `w`; returns whether it was new.
+    fn insert(&mut self, w: u32) -> bool {
+        if self.bits {
+            let word = (w / 32) as usize;
+            if word >= self.data.len() {
+                self.data.resize(word + 1, 0);
+            }
+            let mask = 1u32 << (w % 32);
+            if self.data[word] & mask != 0 {
+                return false;
+            }
+            self.data[word] |= mask;
+        } else {
+            let Err(pos) = self.data.binary_search(&w) else {
+                return false;
+            };
+            self.data.insert(pos, w);
+            let max = self.data.last().copied().unwrap_or(0);
+            if self.data.len() > words_for(max) {
+                let mut bits = vec![0u32; words_for(max)];
+                for &m in &self.data {
+                    bits[(m / 32) as usize] |= 1 << (m % 32);
+                }
+                self.data = bits;
+                self.bits = true;
+            }
+        }
+        self.len += 1;
+        self.fp ^= member_fp(w);
+        true
+    }
+
+    /// Removes `w`; returns whether it was there.
+    fn remove(&mut self, w: u32) -> bool {
+        if self.bits {
+            let mask = 1u32 << (w % 32);
+            match self.data.get_mut((w / 32) as usize) {
+                Some(word) if *word & mask != 0 => *word &= !mask,
+                _ => return false,
+            }
+            self.len -= 1;
+            if (self.len as usize) * 2 < self.data.len() {
+                let mut ids = Vec::with_capacity(self.len as usize);
+                for_each_bit(&self.data, |m| ids.push(m));
+                self.data = ids;
+                self.bits = false;
+            }
+        } else {
+            let Ok(pos) = self.data.binary_search(&w) else {
+                return false;
+            };
+            self.data.remove(pos);
+            self.len -= 1;
+        }
+        self.fp ^= member_fp(w);
+        true
+    }
+
+    /// The two members of a two-member set.
+    fn pair(&self) -> Option<(u32, u32)> {
+        if self.len != 2 {
+            return None;
+        }
+        let mut it = [NONE; 2];
+        let mut n = 0;
+        self.for_each(|m| {
+            if n < 2 {
+                it[n] = m;
+            }
+            n += 1;
+        });
+        Some((it[0], it[1]))
+    }
+}
+
+/// 32-bit words of a bitset holding ids up to `max`.
+fn words_for(max: u32) -> usize {
+    (max / 32) as usize + 1
+}
+
+fn test_bit(words: &[u32], w: u32) -> bool {
+    words
+        .get((w / 32) as usize)
+        .is_some_and(|x| x & (1 << (w % 32)) != 0)
+}
+
+fn set_bit(words: &mut [u32], w: u32) {
+    if let Some(x) = words.get_mut((w / 32) as usize) {
+        *x |= 1 << (w % 32);
+    }
+}
+
+fn for_each_bit(words: &[u32], mut f: impl FnMut(u32)) {
+    for (i, &word) in words.iter().enumerate() {
+        let mut x = word;
+        while x != 0 {
+            f(i as u32 * 32 + x.trailing_zeros());
+            x &= x - 1;
+        }
+    }
 }
 
 /// A worker's contribution to a set fingerprint.
@@ -418,7 +557,7 @@ fn member_fp(w: u32) -> u64 {
 fn summary(p: Packed, sets: &[HolderSet]) -> (usize, u64) {
     if p.lo() == NONE {
         sets.get(p.hi() as usize)
-            .map_or((0, 0), |s| (s.members.len(), s.fp))
+            .map_or((0, 0), |s| (s.len as usize, s.fp))
     } else if p.hi() == NONE {
         (1, member_fp(p.lo()))
     } else {
@@ -426,55 +565,74 @@ fn summary(p: Packed, sets: &[HolderSet]) -> (usize, u64) {
     }
 }
 
-/// Keeps, in `out[..live]` (sorted by worker), the workers that also hold block `p`; the
-/// others get `depth` as their match and move behind the live ones. Returns the new live
-/// count. One merge pass over the live workers and the block's holder set.
-fn retain_holders(
-    p: Packed,
-    sets: &[HolderSet],
-    out: &mut [(WorkerId, usize)],
-    live: usize,
-    depth: usize,
-    dropped: &mut Vec<u32>,
-) -> usize {
-    dropped.clear();
-    let mut kept = 0;
-    if p.lo() == NONE {
-        let members: &[u32] = sets.get(p.hi() as usize).map_or(&[], |s| &s.members);
-        let mut m = 0;
-        for j in 0..live {
-            let w = out[j].0.0;
-            while m < members.len() && members[m] < w {
-                m += 1;
+/// The workers still matching a chain, as a bitset over worker ids, with their count and
+/// fingerprint; `next` is scratch of the same width.
+struct Live {
+    bits: Vec<u32>,
+    next: Vec<u32>,
+    len: usize,
+    fp: u64,
+}
+
+impl Live {
+    /// Keeps the live workers that also hold block `p`; the others are written to `out`
+    /// with `depth` as their match. Cost: O(bitset words + holders of `p` if a list + dropped).
+    fn narrow(
+        &mut self,
+        p: Packed,
+        sets: &[HolderSet],
+        depth: usize,
+        out: &mut Vec<(WorkerId, usize)>,
+    ) {
+        let next = &mut self.next;
+        match (p.lo() == NONE)
+            .then(|| sets.get(p.hi() as usize))
+            .flatten()
+        {
+            Some(s) if s.bits => {
+                for (i, n) in next.iter_mut().enumerate() {
+                    *n = self.bits[i] & s.data.get(i).copied().unwrap_or(0);
+                }
             }
-            if m < members.len() && members[m] == w {
-                out[kept] = out[j];
-                kept += 1;
-            } else {
-                dropped.push(w);
+            set => {
+                next.fill(0);
+                let mut keep = |w: u32| {
+                    if test_bit(&self.bits, w) {
+                        set_bit(next, w);
+                    }
+                };
+                match set {
+                    Some(s) => s.data.iter().for_each(|&w| keep(w)),
+                    None if p.lo() == NONE => {}
+                    None => {
+                        keep(p.lo());
+                        if p.hi() != NONE {
+                            keep(p.hi());
+                        }
+                    }
+                }
             }
         }
-    } else {
-        for j in 0..live {
-            let w = out[j].0.0;
-            if w == p.lo() || w == p.hi() {
-                out[kept] = out[j];
-                kept += 1;
-            } else {
-                dropped.push(w);
+        let mut len = 0;
+        for (i, (&was, &now)) in self.bits.iter().zip(next.iter()).enumerate() {
+            len += now.count_ones() as usize;
+            let mut gone = was & !now;
+            while gone != 0 {
+                let w = i as u32 * 32 + gone.trailing_zeros();
+                out.push((WorkerId(w), depth));
+                self.fp ^= member_fp(w);
+                gone &= gone - 1;
             }
         }
+        self.len = len;
+        std::mem::swap(&mut self.bits, &mut self.next);
     }
-    for (slot, &w) in out[kept..live].iter_mut().zip(dropped.iter()) {
-        *slot = (WorkerId(w), depth);
-    }
-    kept
 }
 
 fn for_each_holder(p: Packed, sets: &[HolderSet], mut f: impl FnMut(u32)) {
     if p.lo() == NONE {
         if let Some(s) = sets.get(p.hi() as usize) {
-            s.members.iter().for_each(|&w| f(w));
+            s.for_each(f);
         }
     } else {
         f(p.lo());
@@ -486,8 +644,7 @@ fn for_each_holder(p: Packed, sets: &[HolderSet], mut f: impl FnMut(u32)) {
 
 fn holds(p: Packed, w: u32, sets: &[HolderSet]) -> bool {
     if p.lo() == NONE {
-        sets.get(p.hi() as usize)
-            .is_some_and(|s| s.members.binary_search(&w).is_ok())
+        sets.get(p.hi() as usize).is_some_and(|s| s.contains(w))
     } else {
         p.lo() == w || p.hi() == w
     }
@@ -504,12 +661,7 @@ fn insert_holder(p: &mut Packed, w: u32, sets: &mut Vec<HolderSet>, free: &mut V
             *p = Packed::two(lo, w);
             return true;
         }
-        let mut members = vec![lo, hi, w];
-        members.sort_unstable();
-        let set = HolderSet {
-            fp: member_fp(lo) ^ member_fp(hi) ^ member_fp(w),
-            members,
-        };
+        let set = HolderSet::from_three(lo, hi, w);
         let i = match free.pop() {
             Some(i) => {
                 sets[i as usize] = set;
@@ -523,17 +675,7 @@ fn insert_holder(p: &mut Packed, w: u32, sets: &mut Vec<HolderSet>, free: &mut V
         *p = Packed::set(i);
         return true;
     }
-    let Some(s) = sets.get_mut(hi as usize) else {
-        return false;
-    };
-    match s.members.binary_search(&w) {
-        Ok(_) => false,
-        Err(pos) => {
-            s.members.insert(pos, w);
-            s.fp ^= member_fp(w);
-            true
-        }
-    }
+    sets.get_mut(hi as usize).is_some_and(|s| s.insert(w))
 }
 
 /// Removes `w`; returns (whether it was there, whether the block has no holder left).
@@ -561,12 +703,10 @@ fn remove_holder(
     let Some(s) = sets.get_mut(hi as usize) else {
         return (false, false);
     };
-    let Ok(pos) = s.members.binary_search(&w) else {
+    if !s.remove(w) {
         return (false, false);
-    };
-    s.members.remove(pos);
-    s.fp ^= member_fp(w);
-    if let [a, b] = s.members[..] {
+    }
+    if let Some((a, b)) = s.pair() {
         *p = Packed::two(a, b);
         *s = HolderSet::default();
         free.push(hi);
@@ -703,23 +843,25 @@ mod tests {
         assert_eq!(ix.distinct_blocks(), 0);
     }
 
-    #[test]
-    fn random_operations_match_a_naive_model() {
+    /// Random stores, removals, clears and snapshots over `active` workers (of `total`
+    /// registered), checking every lookup and count against per-worker hash sets.
+    fn random_against_naive(seed: u64, total: usize, active: &[usize], steps: u64) {
         use std::collections::HashSet;
-        let mut state = 0x5eed_u64;
+        let mut state = seed;
         let mut next = |n: u64| {
             state = state
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             (state >> 33) % n
         };
-        let mut ix = KvIndex::new(11);
-        let ws: Vec<WorkerId> = (0..7)
+        let mut ix = KvIndex::new(seed ^ 11);
+        let all: Vec<WorkerId> = (0..total)
             .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
             .collect();
+        let ws: Vec<WorkerId> = active.iter().map(|&i| all[i]).collect();
         let mut naive: Vec<HashSet<u64>> = vec![HashSet::new(); ws.len()];
         let chain: Vec<u64> = (100..140).collect();
-        for step in 0..3_000 {
+        for step in 0..steps {
             let w = next(ws.len() as u64) as usize;
             match next(10) {
                 0..=4 => {
@@ -748,17 +890,40 @@ mod tests {
             }
             let start = next(3) as usize;
             let query = &chain[start..];
+            let depth = |set: &HashSet<u64>| query.iter().take_while(|h| set.contains(h)).count();
             let mut want: Vec<(WorkerId, usize)> = ws
                 .iter()
                 .zip(&naive)
-                .map(|(&w, set)| (w, query.iter().take_while(|h| set.contains(h)).count()))
+                .map(|(&w, set)| (w, depth(set)))
                 .filter(|&(_, n)| n > 0)
                 .collect();
             want.sort();
             assert_eq!(matches(&ix, query), want, "step {step}");
+            let probe = next(ws.len() as u64) as usize;
+            assert_eq!(ix.matched_blocks(ws[probe], query), depth(&naive[probe]));
             let pairs: usize = naive.iter().map(HashSet::len).sum();
             assert_eq!(ix.pairs(), pairs as u64);
         }
+    }
+
+    #[test]
+    fn random_operations_match_a_naive_model() {
+        // few workers: every set of 3+ is a bitset
+        random_against_naive(0x5eed, 7, &[0, 1, 2, 3, 4, 5, 6], 3_000);
+    }
+
+    #[test]
+    fn random_operations_match_a_naive_model_with_sparse_ids() {
+        // high, sparse ids: sets start as sorted lists and switch to bitsets past 8 members
+        let active: Vec<usize> = (0..24).map(|i| i * 11 + 3).collect();
+        random_against_naive(0xfeed, 300, &active, 3_000);
+    }
+
+    #[test]
+    fn random_operations_match_a_naive_model_many_workers() {
+        // wide bitsets (several words) narrowing word by word
+        let active: Vec<usize> = (0..90).collect();
+        random_against_naive(0xbeef, 90, &active, 2_000);
     }
 
     #[test]
