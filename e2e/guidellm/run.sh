@@ -31,8 +31,10 @@ for policy in $POLICIES; do
   start_kvroute "$policy" "$WORKERS"
   start_workers "$WORKERS"
   wait_routable "$WORKERS"
+  # validate_backend=false: GuideLLM probes GET /health on the target; the kvroute gateway
+  # answers health on its admin port (/healthz), not on the OpenAI port.
   "$VENV/bin/guidellm" run \
-    --backend "kind=openai_http,target=http://127.0.0.1:$GW_PORT,model=$MODEL" \
+    --backend "kind=openai_http,target=http://127.0.0.1:$GW_PORT,model=$MODEL,validate_backend=false" \
     --tokenizer "kind=huggingface_auto,model=$TOKENIZER" \
     --data "$DATA" \
     --profile "kind=concurrent,streams=$STREAMS" \
