@@ -5,7 +5,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Edition 2024 makes set_var unsafe; hand the path to prost-build via its config instead.
         let mut config = tonic_prost_build::Config::new();
         config.protoc_executable(protoc);
-        tonic_prost_build::configure().compile_with_config(config, &["proto/kvroute.proto"], &["proto"])?;
+        tonic_prost_build::configure().compile_with_config(
+            config,
+            &["proto/kvroute.proto"],
+            &["proto"],
+        )?;
     } else {
         tonic_prost_build::configure().compile_protos(&["proto/kvroute.proto"], &["proto"])?;
     }

@@ -10,7 +10,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kvroute", version, about = "KV-cache-aware inference router for Kubernetes")]
+#[command(
+    name = "kvroute",
+    version,
+    about = "KV-cache-aware inference router for Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -109,7 +109,9 @@ impl Child {
 
     /// The last `n` lines of the child's log (for error messages).
     pub fn log_tail(&self, n: usize) -> String {
-        let Some(path) = &self.log else { return String::new() };
+        let Some(path) = &self.log else {
+            return String::new();
+        };
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
@@ -132,7 +134,12 @@ pub struct SpawnOptions {
 }
 
 /// Starts `kvroute <subcommand> <args...>` in its own process group.
-pub fn spawn_kvroute(name: &str, subcommand: &str, args: &[String], opts: &SpawnOptions) -> anyhow::Result<Child> {
+pub fn spawn_kvroute(
+    name: &str,
+    subcommand: &str,
+    args: &[String],
+    opts: &SpawnOptions,
+) -> anyhow::Result<Child> {
     let exe = kvroute_exe()?;
     let mut full = vec![subcommand.to_string()];
     full.extend(args.iter().cloned());
@@ -140,18 +147,28 @@ pub fn spawn_kvroute(name: &str, subcommand: &str, args: &[String], opts: &Spawn
 }
 
 /// Starts `program args...` in its own process group.
-pub fn spawn(name: &str, program: &Path, args: &[String], opts: &SpawnOptions) -> anyhow::Result<Child> {
+pub fn spawn(
+    name: &str,
+    program: &Path,
+    args: &[String],
+    opts: &SpawnOptions,
+) -> anyhow::Result<Child> {
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).stdin(Stdio::null()).kill_on_drop(true).process_group(0);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .process_group(0);
     for (k, v) in &opts.env {
         cmd.env(k, v);
     }
     match &opts.log {
         Some(path) => {
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("create {}", dir.display()))?;
             }
-            let out = std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?;
+            let out = std::fs::File::create(path)
+                .with_context(|| format!("create {}", path.display()))?;
             let err = out.try_clone()?;
             cmd.stdout(out).stderr(err);
         }
@@ -162,12 +179,22 @@ pub fn spawn(name: &str, program: &Path, args: &[String], opts: &SpawnOptions) -
     let inner = cmd
         .spawn()
         .with_context(|| format!("start {name}: {} {}", program.display(), args.join(" ")))?;
-    Ok(Child { name: name.to_string(), inner, log: opts.log.clone() })
+    Ok(Child {
+        name: name.to_string(),
+        inner,
+        log: opts.log.clone(),
+    })
 }
 
 /// Polls `url` until it answers 2xx or `timeout` passes. Fails early if `child` exits.
-pub async fn wait_http_ok(url: &str, timeout: Duration, mut child: Option<&mut Child>) -> anyhow::Result<()> {
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+pub async fn wait_http_ok(
+    url: &str,
+    timeout: Duration,
+    mut child: Option<&mut Child>,
+) -> anyhow::Result<()> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
     let deadline = Instant::now() + timeout;
     loop {
         if let Ok(resp) = client.get(url).send().await
@@ -178,7 +205,11 @@ pub async fn wait_http_ok(url: &str, timeout: Duration, mut child: Option<&mut C
         if let Some(c) = child.as_deref_mut()
             && let Some(status) = c.try_wait()?
         {
-            bail!("{} exited ({status}) before {url} answered:\n{}", c.name(), c.log_tail(30));
+            bail!(
+                "{} exited ({status}) before {url} answered:\n{}",
+                c.name(),
+                c.log_tail(30)
+            );
         }
         if Instant::now() >= deadline {
             let tail = child.map(|c| c.log_tail(30)).unwrap_or_default();

@@ -99,7 +99,12 @@ pub fn block_hash(parent: BlockHash, tokens: &[u32], extra: &[u8]) -> BlockHash 
 ///
 /// # Panics
 /// Never; a `block_size` of 0 yields no hashes.
-pub fn chain(root: BlockHash, tokens: &[u32], block_size: usize, first_block_extra: &[u8]) -> Vec<BlockHash> {
+pub fn chain(
+    root: BlockHash,
+    tokens: &[u32],
+    block_size: usize,
+    first_block_extra: &[u8],
+) -> Vec<BlockHash> {
     let mut out = Vec::new();
     chain_into(root, tokens, block_size, first_block_extra, &mut out);
     out

@@ -11,17 +11,26 @@ const QWEN_BLOCK: [u32; 16] = [
 #[test]
 fn roots() {
     assert_eq!(root_hash("Qwen/Qwen3-32B", None), 7770013301073698641);
-    assert_eq!(root_hash("Qwen/Qwen3-32B", Some("sql-adapter")), 17472058095966356115);
+    assert_eq!(
+        root_hash("Qwen/Qwen3-32B", Some("sql-adapter")),
+        17472058095966356115
+    );
     assert_eq!(root_hash("", None), 13847201536796006868);
     // No LoRA and an empty LoRA name are the same adapter.
-    assert_eq!(root_hash("Qwen/Qwen3-32B", Some("")), root_hash("Qwen/Qwen3-32B", None));
+    assert_eq!(
+        root_hash("Qwen/Qwen3-32B", Some("")),
+        root_hash("Qwen/Qwen3-32B", None)
+    );
 }
 
 #[test]
 fn chain_of_two_blocks() {
     let root = root_hash("Qwen/Qwen3-32B", None);
     let tokens: Vec<u32> = (1..=32).collect();
-    assert_eq!(chain(root, &tokens, 16, &[]), vec![1383950059289516083, 9796478666352816998]);
+    assert_eq!(
+        chain(root, &tokens, 16, &[]),
+        vec![1383950059289516083, 9796478666352816998]
+    );
     assert_eq!(block_hash(root, &QWEN_BLOCK, &[]), 9784793283274092817);
 }
 
@@ -29,10 +38,21 @@ fn chain_of_two_blocks() {
 fn extra_keys() {
     let root = root_hash("Qwen/Qwen3-32B", None);
     let salt = encode_extra(&[ExtraKey::CacheSalt("tenant-a".into())]);
-    assert_eq!(salt, [1, 8, 0, 0, 0, b't', b'e', b'n', b'a', b'n', b't', b'-', b'a']);
+    assert_eq!(
+        salt,
+        [
+            1, 8, 0, 0, 0, b't', b'e', b'n', b'a', b'n', b't', b'-', b'a'
+        ]
+    );
     let tokens: Vec<u32> = (1..=32).collect();
-    assert_eq!(chain(root, &tokens, 16, &salt), vec![14311921605482524301, 16272671973880954821]);
-    let mm = encode_extra(&[ExtraKey::Multimodal { id: "img-0".into(), offset: 3 }]);
+    assert_eq!(
+        chain(root, &tokens, 16, &salt),
+        vec![14311921605482524301, 16272671973880954821]
+    );
+    let mm = encode_extra(&[ExtraKey::Multimodal {
+        id: "img-0".into(),
+        offset: 3,
+    }]);
     assert_eq!(block_hash(root, &QWEN_BLOCK, &mm), 17223325254714775897);
 }
 
