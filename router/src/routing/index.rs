@@ -14,7 +14,6 @@
 //! request, and are skipped for a worker that holds nothing.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::Serialize;
 
@@ -79,38 +78,174 @@ impl Packed {
     }
 }
 
-/// Block hashes are already uniform 64-bit values; a keyed multiply-fold spreads both halves
-/// (hashbrown uses the low bits for the bucket and the top 7 for the tag) and keeps crafted
-/// prompts from targeting buckets without knowing the seed.
-#[derive(Default, Clone, Copy)]
-pub struct BlockHasher(u64);
-
-impl Hasher for BlockHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = fold(self.0 ^ u64::from(*b));
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = fold(self.0 ^ v);
-    }
-}
-
+/// Mixes a block key (hash XOR the per-index seed) into a table position: a multiply-fold
+/// spreads every input bit, so crafted prompts cannot target slots without knowing the seed.
 fn fold(v: u64) -> u64 {
     let m = u128::from(v) * 0x9E37_79B9_7F4A_7C15_u128;
     (m as u64) ^ ((m >> 64) as u64)
 }
 
-type BlockMap = HashMap<u64, Packed, BuildHasherDefault<BlockHasher>>;
+/// The block map: open addressing with linear probing over `(key, holders)` slots of 16
+/// bytes, one cache line for most probes. The capacity is not a power of two (the home slot
+/// is a multiply-shift of the keyed [`fold`]), so the table grows by half at 80% load and
+/// stays between 53% and 80% full: at most 30 bytes per block held by one or two workers.
+/// Removal shifts the following slots back (no tombstones). Key 0 marks an empty slot; a
+/// block whose key is 0 lives in `zero`.
+#[derive(Default)]
+struct BlockTable {
+    slots: Vec<(u64, Packed)>,
+    len: usize,
+    zero: Option<Packed>,
+}
+
+const EMPTY: (u64, Packed) = (0, Packed(0));
+
+impl BlockTable {
+    fn len(&self) -> usize {
+        self.len + usize::from(self.zero.is_some())
+    }
+
+    fn home(&self, key: u64) -> usize {
+        ((u128::from(fold(key)) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    /// `Ok(slot)` holding `key`, or `Err(empty slot)` where it would go. Needs a free slot.
+    fn find(&self, key: u64) -> Result<usize, usize> {
+        let cap = self.slots.len();
+        let mut i = self.home(key);
+        loop {
+            let k = self.slots[i].0;
+            if k == key {
+                return Ok(i);
+            }
+            if k == 0 {
+                return Err(i);
+            }
+            i += 1;
+            if i == cap {
+                i = 0;
+            }
+        }
+    }
+
+    fn get(&self, key: u64) -> Option<Packed> {
+        if key == 0 {
+            return self.zero;
+        }
+        if self.slots.is_empty() {
+            return None;
+        }
+        self.find(key).ok().map(|i| self.slots[i].1)
+    }
+
+    fn get_mut(&mut self, key: u64) -> Option<&mut Packed> {
+        if key == 0 {
+            return self.zero.as_mut();
+        }
+        if self.slots.is_empty() {
+            return None;
+        }
+        match self.find(key) {
+            Ok(i) => Some(&mut self.slots[i].1),
+            Err(_) => None,
+        }
+    }
+
+    /// The holders of `key`, inserting `v` first if absent (then `true`).
+    fn get_or_insert(&mut self, key: u64, v: Packed) -> (&mut Packed, bool) {
+        if key == 0 {
+            let new = self.zero.is_none();
+            return (self.zero.get_or_insert(v), new);
+        }
+        if (self.len + 1) * 5 > self.slots.len() * 4 {
+            self.grow();
+        }
+        match self.find(key) {
+            Ok(i) => (&mut self.slots[i].1, false),
+            Err(i) => {
+                self.slots[i] = (key, v);
+                self.len += 1;
+                (&mut self.slots[i].1, true)
+            }
+        }
+    }
+
+    fn grow(&mut self) {
+        let cap = (self.slots.len() * 3 / 2).max(16);
+        let old = std::mem::replace(&mut self.slots, vec![EMPTY; cap]);
+        for (k, v) in old {
+            if k != 0 {
+                if let Err(i) = self.find(k) {
+                    self.slots[i] = (k, v);
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, key: u64) {
+        if key == 0 {
+            self.zero = None;
+        } else if !self.slots.is_empty() {
+            if let Ok(i) = self.find(key) {
+                self.remove_at(i);
+            }
+        }
+    }
+
+    /// Empties slot `hole`, moving back each following slot that may live there.
+    fn remove_at(&mut self, mut hole: usize) {
+        let cap = self.slots.len();
+        let mut j = hole;
+        loop {
+            j = if j + 1 == cap { 0 } else { j + 1 };
+            let k = self.slots[j].0;
+            if k == 0 {
+                break;
+            }
+            let home = self.home(k);
+            // the entry at j may move to the hole iff the hole lies between its home and j
+            if (j + cap - home) % cap >= (j + cap - hole) % cap {
+                self.slots[hole] = self.slots[j];
+                hole = j;
+            }
+        }
+        self.slots[hole] = EMPTY;
+        self.len -= 1;
+    }
+
+    /// Keeps the entries for which `f` returns true, visiting each once: the scan starts after
+    /// an empty slot, and a removal only pulls back entries not yet visited.
+    fn retain(&mut self, mut f: impl FnMut(&mut Packed) -> bool) {
+        if let Some(p) = &mut self.zero {
+            if !f(p) {
+                self.zero = None;
+            }
+        }
+        let cap = self.slots.len();
+        let Some(start) = self.slots.iter().position(|s| s.0 == 0) else {
+            return;
+        };
+        let mut step = 1;
+        while step <= cap {
+            let i = (start + step) % cap;
+            if self.slots[i].0 != 0 && !f(&mut self.slots[i].1) {
+                self.remove_at(i);
+                continue;
+            }
+            step += 1;
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<(u64, Packed)>()
+    }
+}
 
 /// Per-worker resident block sets for many workers, with leading-prefix lookup.
 pub struct KvIndex {
     /// Mixed into every key so that bucket positions depend on a per-process seed.
     seed: u64,
-    blocks: BlockMap,
+    blocks: BlockTable,
     sets: Vec<HolderSet>,
     free_sets: Vec<u32>,
     workers: Vec<WorkerState>,
@@ -129,7 +264,7 @@ impl KvIndex {
     pub fn new(seed: u64) -> Self {
         Self {
             seed,
-            blocks: BlockMap::default(),
+            blocks: BlockTable::default(),
             sets: Vec::new(),
             free_sets: Vec::new(),
             workers: Vec::new(),
@@ -248,12 +383,9 @@ impl KvIndex {
         let mut added = 0;
         for &h in blocks {
             let key = h ^ self.seed;
-            let new = match self.blocks.get_mut(&key) {
-                None => {
-                    self.blocks.insert(key, Packed::one(wid));
-                    true
-                }
-                Some(p) => insert_holder(p, wid, &mut self.sets, &mut self.free_sets),
+            let new = match self.blocks.get_or_insert(key, Packed::one(wid)) {
+                (_, true) => true,
+                (p, false) => insert_holder(p, wid, &mut self.sets, &mut self.free_sets),
             };
             added += usize::from(new);
         }
@@ -272,12 +404,12 @@ impl KvIndex {
         let mut removed = 0;
         for &h in blocks {
             let key = h ^ self.seed;
-            let Some(p) = self.blocks.get_mut(&key) else {
+            let Some(p) = self.blocks.get_mut(key) else {
                 continue;
             };
             let (was, empty) = remove_holder(p, w.0, &mut self.sets, &mut self.free_sets);
             if empty {
-                self.blocks.remove(&key);
+                self.blocks.remove(key);
             }
             removed += usize::from(was);
         }
@@ -314,8 +446,7 @@ impl KvIndex {
         st.blocks = 0;
         let sets = &mut self.sets;
         let free = &mut self.free_sets;
-        self.blocks
-            .retain(|_, p| !remove_holder(p, w.0, sets, free).1);
+        self.blocks.retain(|p| !remove_holder(p, w.0, sets, free).1);
         self.pairs -= dropped;
     }
 
@@ -328,7 +459,7 @@ impl KvIndex {
         let Some((&first, rest)) = hashes.split_first() else {
             return;
         };
-        let Some(&p) = self.blocks.get(&(first ^ self.seed)) else {
+        let Some(p) = self.blocks.get(first ^ self.seed) else {
             return;
         };
         let words = self.workers.len() / 32 + 1;
@@ -343,7 +474,7 @@ impl KvIndex {
         // Blocks matched so far by every worker still live.
         let mut depth = 1;
         for &h in rest {
-            let Some(&p) = self.blocks.get(&(h ^ self.seed)) else {
+            let Some(p) = self.blocks.get(h ^ self.seed) else {
                 break;
             };
             // Along a chain the holder set rarely changes from one block to the next; an
@@ -368,8 +499,8 @@ impl KvIndex {
             .iter()
             .take_while(|&&h| {
                 self.blocks
-                    .get(&(h ^ self.seed))
-                    .is_some_and(|&p| holds(p, w.0, &self.sets))
+                    .get(h ^ self.seed)
+                    .is_some_and(|p| holds(p, w.0, &self.sets))
             })
             .count()
     }
@@ -384,24 +515,14 @@ impl KvIndex {
         self.pairs
     }
 
-    /// Estimated heap bytes of the block structures (map buckets + holder sets). The map
-    /// estimate follows hashbrown's layout: a power-of-two bucket count at most 7/8 full, one
-    /// control byte per bucket plus 16 for the group tail.
+    /// Heap bytes of the block structures (block table slots + holder sets), computed from
+    /// their capacities.
     pub fn memory_bytes(&self) -> usize {
-        let cap = self.blocks.capacity();
-        let buckets = if cap == 0 {
-            0
-        } else {
-            (cap * 8 / 7).next_power_of_two()
-        };
-        let entry = std::mem::size_of::<(u64, Packed)>();
-        let map = buckets * (entry + 1) + if buckets > 0 { 16 } else { 0 };
-        let sets: usize = self
-            .sets
-            .iter()
-            .map(|s| s.data.capacity() * 4 + std::mem::size_of::<HolderSet>())
-            .sum();
-        map + sets + self.free_sets.capacity() * 4
+        let sets: usize = self.sets.iter().map(|s| s.data.capacity() * 4).sum();
+        self.blocks.heap_bytes()
+            + self.sets.capacity() * std::mem::size_of::<HolderSet>()
+            + sets
+            + self.free_sets.capacity() * 4
     }
 }
 
@@ -924,6 +1045,49 @@ mod tests {
         // wide bitsets (several words) narrowing word by word
         let active: Vec<usize> = (0..90).collect();
         random_against_naive(0xbeef, 90, &active, 2_000);
+    }
+
+    #[test]
+    fn block_table_matches_a_hash_map() {
+        use std::collections::HashMap;
+        let mut state = 0x7ab1e_u64;
+        let mut next = |n: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % n
+        };
+        let mut t = BlockTable::default();
+        let mut m: HashMap<u64, u64> = HashMap::new();
+        for step in 0..20_000u64 {
+            // few distinct keys (0 included) so that clusters form, wrap and shrink
+            let key = next(300);
+            match next(8) {
+                0..=3 => {
+                    let (p, new) = t.get_or_insert(key, Packed(step));
+                    assert_eq!(new, !m.contains_key(&key));
+                    if !new {
+                        p.0 = step;
+                    }
+                    m.insert(key, step);
+                }
+                4..=6 => {
+                    t.remove(key);
+                    m.remove(&key);
+                }
+                _ => {
+                    let cut = next(300);
+                    t.retain(|p| p.0 % 300 < cut);
+                    m.retain(|_, v| *v % 300 < cut);
+                }
+            }
+            assert_eq!(t.len(), m.len(), "step {step}");
+            let probe = next(300);
+            assert_eq!(t.get(probe).map(|p| p.0), m.get(&probe).copied());
+        }
+        for (k, v) in &m {
+            assert_eq!(t.get(*k).map(|p| p.0), Some(*v));
+        }
     }
 
     #[test]
