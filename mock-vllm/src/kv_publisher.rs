@@ -107,6 +107,7 @@ impl Publisher {
     pub async fn start(config: &KvEventsConfig, dp_rank: u32) -> anyhow::Result<Self> {
         use anyhow::Context as _;
         let mut pub_socket = zeromq::PubSocket::new();
+        let mut connect_to = None;
         let pub_endpoint = if pub_should_bind(&config.endpoint) {
             let ep = pub_socket
                 .bind(&bind_address(&config.endpoint))
@@ -114,10 +115,10 @@ impl Publisher {
                 .with_context(|| format!("binding KV event PUB socket {}", config.endpoint))?;
             Some(ep.to_string())
         } else {
-            pub_socket
-                .connect(&config.endpoint)
-                .await
-                .with_context(|| format!("connecting KV event PUB socket {}", config.endpoint))?;
+            // vLLM connects when a subscriber binds; the subscriber may come up later (or go
+            // away), so connecting happens in the publishing task, retried until it succeeds,
+            // instead of failing start-up after the zeromq crate's connect timeout.
+            connect_to = Some(config.endpoint.clone());
             Some(config.endpoint.clone())
         };
         let buffer: ReplayBuffer = Arc::new(Mutex::new(VecDeque::new()));
@@ -141,6 +142,7 @@ impl Publisher {
         let (tx, rx) = mpsc::channel(config.max_queue_size.max(1));
         let task = PublishLoop {
             socket: pub_socket,
+            connect_to,
             rx,
             buffer,
             buffer_steps: config.buffer_steps.max(1),
@@ -161,6 +163,8 @@ impl Publisher {
 
 struct PublishLoop {
     socket: zeromq::PubSocket,
+    /// Endpoint to connect to before publishing (connect mode).
+    connect_to: Option<String>,
     rx: mpsc::Receiver<PublisherMsg>,
     buffer: ReplayBuffer,
     buffer_steps: usize,
@@ -171,6 +175,15 @@ struct PublishLoop {
 
 impl PublishLoop {
     async fn run(mut self) {
+        if let Some(ep) = self.connect_to.take() {
+            let mut delay = std::time::Duration::from_millis(100);
+            while let Err(e) = self.socket.connect(&ep).await {
+                warn!(endpoint = %ep, error = %e, "KV event PUB socket cannot connect yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+            info!(endpoint = %ep, "KV event PUB socket connected");
+        }
         while let Some(msg) = self.rx.recv().await {
             match msg {
                 PublisherMsg::Restart => {
