@@ -108,6 +108,34 @@ pub struct BenchArgs {
     /// A small, fast run (CI smoke test).
     #[arg(long)]
     pub quick: bool,
+    /// Live: clock speed-up of the mock workers (figures stay in simulated seconds).
+    #[arg(long, env = "KVROUTE_BENCH_SPEEDUP", default_value_t = 10.0)]
+    pub speedup: f64,
+    /// Live: tokenizer directory for the workers and the router (default: the repository's
+    /// Qwen3 tokenizer).
+    #[arg(long, env = "KVROUTE_BENCH_TOKENIZER")]
+    pub tokenizer: Option<PathBuf>,
+    /// Live: keep the processes' logs in this directory.
+    #[arg(long, env = "KVROUTE_BENCH_LOG_DIR")]
+    pub log_dir: Option<PathBuf>,
+    /// Live: already running routers to measure too, `name=URL` (repeatable or comma-separated).
+    #[arg(
+        long = "external-router",
+        env = "KVROUTE_BENCH_EXTERNAL_ROUTERS",
+        value_delimiter = ','
+    )]
+    pub external_routers: Vec<String>,
+    /// Live: the workers behind the external routers (their caches are reset between runs).
+    #[arg(
+        long = "external-worker",
+        env = "KVROUTE_BENCH_EXTERNAL_WORKERS",
+        value_delimiter = ','
+    )]
+    pub external_workers: Vec<String>,
+    /// Live: send prompts as token ids (`ids`) or as the ids decoded to text (`text`, for
+    /// routers that refuse token-id prompts).
+    #[arg(long, env = "KVROUTE_BENCH_PROMPT", default_value = "ids")]
+    pub prompt_format: String,
 }
 
 /// Everything one benchmark run produced.
@@ -164,7 +192,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             write_outputs(&result, &args)
         }
         "live" => {
-            let cfg = live::LiveConfig::from_env()?;
+            let cfg = live::LiveConfig::from_args(&args)?;
             let result = live::run_live(&args, &cfg).await?;
             write_outputs(&result, &args)
         }

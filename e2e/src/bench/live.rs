@@ -13,15 +13,12 @@
 //! stats::summarize / sweep --> report (same JSON / Markdown / SVG as sim)
 //! ```
 //!
-//! Settings the shared `BenchArgs` has no flag for are read from the environment:
-//! `KVROUTE_BENCH_SPEEDUP` (worker clock speed-up, default 10),
-//! `KVROUTE_BENCH_TOKENIZER` (tokenizer directory, default the repository's Qwen3),
-//! `KVROUTE_BENCH_LOG_DIR` (keep the processes' logs there),
-//! `KVROUTE_BENCH_EXTERNAL_ROUTERS` (`name=URL,...`: already running routers to measure too) and
-//! `KVROUTE_BENCH_EXTERNAL_WORKERS` (`URL,...`: the workers behind them, reset between runs),
-//! `KVROUTE_BENCH_PROMPT` (`ids`, the default: token-id prompts; `text`: the ids decoded with
-//! the tokenizer and sent as a string, for routers that accept no token ids).
-//! `KVROUTE_BENCH_POLICIES=none` measures only the external routers.
+//! Live-only flags: `--speedup` (worker clock speed-up, default 10), `--tokenizer`,
+//! `--log-dir` (keep the processes' logs), `--external-router name=URL` (already running
+//! routers to measure too) with `--external-worker URL` (the workers behind them, reset between
+//! runs), `--prompt-format ids|text` (text: the ids decoded with the tokenizer, for routers that
+//! accept no token ids); each also reads its `KVROUTE_BENCH_*` environment variable.
+//! `--policies none` measures only the external routers.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -68,39 +65,30 @@ pub struct LiveConfig {
 
 impl LiveConfig {
     /// Reads the `KVROUTE_BENCH_*` variables of the module doc.
-    pub fn from_env() -> anyhow::Result<Self> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let speedup = match var("KVROUTE_BENCH_SPEEDUP") {
-            Some(s) => s
-                .trim()
-                .parse::<f64>()
-                .with_context(|| format!("KVROUTE_BENCH_SPEEDUP={s:?} is not a number"))?,
-            None => 10.0,
-        };
-        let external_routers = match var("KVROUTE_BENCH_EXTERNAL_ROUTERS") {
-            Some(s) => parse_named_urls(&s)?,
-            None => Vec::new(),
-        };
-        let external_workers = var("KVROUTE_BENCH_EXTERNAL_WORKERS")
-            .map(|s| {
-                s.split(',')
-                    .map(|u| u.trim().trim_end_matches('/').to_string())
-                    .filter(|u| !u.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let text_prompts = match var("KVROUTE_BENCH_PROMPT").as_deref().map(str::trim) {
-            None | Some("ids") => false,
-            Some("text") => true,
-            Some(other) => bail!("KVROUTE_BENCH_PROMPT={other:?}: expected ids or text"),
+    pub fn from_args(args: &super::BenchArgs) -> anyhow::Result<Self> {
+        if !(args.speedup.is_finite() && args.speedup > 0.0) {
+            bail!("--speedup {} must be a positive number", args.speedup);
+        }
+        let external_routers = parse_named_urls(&args.external_routers.join(","))?;
+        let external_workers = args
+            .external_workers
+            .iter()
+            .map(|u| u.trim().trim_end_matches('/').to_string())
+            .filter(|u| !u.is_empty())
+            .collect();
+        let text_prompts = match args.prompt_format.trim() {
+            "ids" => false,
+            "text" => true,
+            other => bail!("--prompt-format {other:?}: expected ids or text"),
         };
         Ok(Self {
             text_prompts,
-            speedup,
-            tokenizer: var("KVROUTE_BENCH_TOKENIZER")
-                .map(PathBuf::from)
+            speedup: args.speedup,
+            tokenizer: args
+                .tokenizer
+                .clone()
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_TOKENIZER)),
-            log_dir: var("KVROUTE_BENCH_LOG_DIR").map(PathBuf::from),
+            log_dir: args.log_dir.clone(),
             external_routers,
             external_workers,
         })
