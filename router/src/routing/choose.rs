@@ -29,7 +29,11 @@ pub struct Candidate {
     pub cached_blocks: usize,
     /// `cached_blocks * block_size`.
     pub cached_tokens: usize,
-    /// Cached tokens the prediction assumes: `cached_tokens`, discounted when stale.
+    /// Leading prompt blocks of the router's own recent placements on it (requests it sent
+    /// there whose blocks the reports may not show yet; see `CoreConfig::pending_grace_s`).
+    pub pending_blocks: usize,
+    /// Cached tokens the prediction assumes: `cached_tokens`, discounted when stale, or the
+    /// pending placements' tokens when larger.
     pub expected_cached_tokens: f64,
     /// Its reports stopped or are too old: cache and load figures are not trusted as is.
     pub stale: bool,
@@ -249,6 +253,13 @@ pub struct PredictedTtftConfig {
     pub tie_margin_s: f64,
     /// ... or within this fraction of the best.
     pub tie_margin_rel: f64,
+    /// Cache affinity: a candidate holding fewer of the prompt's leading tokens than the
+    /// best-cached candidate is charged this many times the time to recompute the
+    /// difference at its rate, on top of its prediction. Recomputing a prefix another worker
+    /// already holds duplicates it and evicts other prefixes, so later requests pay for it
+    /// again; the charge keeps prefixes on one worker unless another is clearly faster.
+    /// 0 disables it.
+    pub cache_affinity: f64,
 }
 
 impl Default for PredictedTtftConfig {
@@ -256,6 +267,7 @@ impl Default for PredictedTtftConfig {
         Self {
             tie_margin_s: 0.02,
             tie_margin_rel: 0.05,
+            cache_affinity: 1.0,
         }
     }
 }
@@ -283,18 +295,36 @@ impl PredictedTtft {
     }
 }
 
+impl PredictedTtft {
+    /// Seconds charged to `c` for holding fewer leading tokens than the best-cached
+    /// candidate (`best_cached` expected cached tokens): `cache_affinity` times the time to
+    /// recompute the difference at `c`'s rate.
+    pub fn affinity_penalty(&self, c: &Candidate, best_cached: f64) -> f64 {
+        let missing = (best_cached - c.expected_cached_tokens).max(0.0);
+        if self.cfg.cache_affinity <= 0.0 || missing <= 0.0 || c.prefill_rate <= 0.0 {
+            return 0.0;
+        }
+        self.cfg.cache_affinity * missing / c.prefill_rate
+    }
+}
+
 impl Policy for PredictedTtft {
     fn name(&self) -> &'static str {
         "kvroute"
     }
 
     fn choose(&mut self, ctx: &ChoiceContext, _now: f64) -> Option<Decision> {
+        let best_cached = ctx
+            .candidates
+            .iter()
+            .map(|c| c.expected_cached_tokens)
+            .fold(0.0, f64::max);
         let scores: Vec<f64> = ctx
             .candidates
             .iter()
             .map(|c| {
                 if c.predicted_ttft.is_finite() {
-                    c.predicted_ttft
+                    c.predicted_ttft + self.affinity_penalty(c, best_cached)
                 } else {
                     f64::MAX
                 }
@@ -449,5 +479,61 @@ mod tests {
         );
         ctx.candidates.clear();
         assert!(p.choose(&ctx, 0.0).is_none());
+    }
+
+    #[test]
+    fn cache_affinity_charges_recomputing_what_another_worker_holds() {
+        let warm = Candidate {
+            worker: WorkerId(0),
+            expected_cached_tokens: 2_048.0,
+            prefill_rate: 4_800.0,
+            predicted_ttft: 0.5,
+            ..Candidate::default()
+        };
+        let cold = Candidate {
+            worker: WorkerId(1),
+            expected_cached_tokens: 0.0,
+            prefill_rate: 4_800.0,
+            predicted_ttft: 0.45,
+            ..Candidate::default()
+        };
+        let ctx = ChoiceContext {
+            prompt_tokens: 2_304,
+            degraded: false,
+            candidates: vec![warm.clone(), cold.clone()],
+        };
+        // Cold predicts slightly faster, but would recompute 2,048 tokens warm holds.
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        let d = p.choose(&ctx, 0.0).expect("decision");
+        assert_eq!(d.chosen, WorkerId(0));
+        assert_eq!(d.reason, Reason::LowestPredictedTtft);
+        let charged = d.candidates[1].score - 0.45;
+        assert!((charged - 2_048.0 / 4_800.0).abs() < 1e-9, "{charged}");
+        assert!((d.candidates[0].score - 0.5).abs() < 1e-12);
+        // Disabled: the raw prediction wins.
+        let cfg = PredictedTtftConfig {
+            cache_affinity: 0.0,
+            ..PredictedTtftConfig::default()
+        };
+        let d = PredictedTtft::new(cfg, 1)
+            .choose(&ctx, 0.0)
+            .expect("decision");
+        assert_eq!(d.chosen, WorkerId(1));
+        // A much faster cold worker still wins despite the charge.
+        let mut fast = cold;
+        fast.predicted_ttft = 0.0;
+        let ctx = ChoiceContext {
+            prompt_tokens: 2_304,
+            degraded: false,
+            candidates: vec![
+                Candidate {
+                    predicted_ttft: 3.0,
+                    ..warm
+                },
+                fast,
+            ],
+        };
+        let d = p.choose(&ctx, 0.0).expect("decision");
+        assert_eq!(d.chosen, WorkerId(1));
     }
 }

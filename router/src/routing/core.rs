@@ -9,6 +9,9 @@
 //!      first_token --> predictor.observe       finish / abort / expire --> release
 //! ```
 
+use std::collections::HashMap;
+
+use kvroute_hash::BlockHash;
 use serde::Serialize;
 
 use super::assign::{Assignment, AssignmentId, Assignments, FirstToken};
@@ -34,6 +37,12 @@ pub struct CoreConfig {
     pub prior_tokens_per_waiting: f64,
     /// Keys the index's block hasher.
     pub index_seed: u64,
+    /// Pending overlay: the blocks of a prompt the router sent to a worker count as cached
+    /// there (for kvroute's prediction only) until that request's first token plus this many
+    /// seconds, covering the reporting delay. Without it a burst of requests sharing a new
+    /// prefix, all routed before the first report lands, is spread over every worker.
+    /// 0 disables the overlay.
+    pub pending_grace_s: f64,
 }
 
 impl Default for CoreConfig {
@@ -45,6 +54,7 @@ impl Default for CoreConfig {
             stale_penalty_s: 0.1,
             prior_tokens_per_waiting: 1_024.0,
             index_seed: 0x006b_7672_6f75_7465,
+            pending_grace_s: 1.0,
         }
     }
 }
@@ -89,6 +99,91 @@ pub struct RoutingCore {
     mean_uncached: f64,
     matches: Vec<(WorkerId, usize)>,
     dense: Vec<u32>,
+    /// The router's own placements the index may not show yet.
+    pending: Overlay,
+    /// Hash chains (per block size) of the last `context` call, for `assign`.
+    last_chains: Vec<(usize, Vec<BlockHash>)>,
+    last_prompt_tokens: usize,
+}
+
+/// One block the router placed on a worker itself.
+#[derive(Clone, Copy, Debug)]
+struct OverlayEntry {
+    /// Placed requests still waiting for their first token that hold it.
+    holders: u32,
+    /// Valid until then once no holder is left (seconds).
+    until: f64,
+}
+
+/// The router's own recent placements per worker: a short-lived speculative view of blocks
+/// that will be (or just were) computed there, consulted next to the index.
+#[derive(Debug, Default)]
+struct Overlay {
+    per_worker: Vec<HashMap<BlockHash, OverlayEntry>>,
+    by_assignment: HashMap<AssignmentId, (WorkerId, Vec<BlockHash>)>,
+    settled: u32,
+}
+
+impl Overlay {
+    fn add(&mut self, id: AssignmentId, w: WorkerId, chain: Vec<BlockHash>) {
+        let i = w.index();
+        if self.per_worker.len() <= i {
+            self.per_worker.resize_with(i + 1, HashMap::new);
+        }
+        let m = &mut self.per_worker[i];
+        for &h in &chain {
+            m.entry(h)
+                .and_modify(|e| e.holders += 1)
+                .or_insert(OverlayEntry {
+                    holders: 1,
+                    until: f64::NEG_INFINITY,
+                });
+        }
+        self.by_assignment.insert(id, (w, chain));
+    }
+
+    /// The assignment got its first token or ended: its blocks stay `grace` seconds more.
+    fn settle(&mut self, id: AssignmentId, now: f64, grace: f64) {
+        let Some((w, chain)) = self.by_assignment.remove(&id) else {
+            return;
+        };
+        if let Some(m) = self.per_worker.get_mut(w.index()) {
+            for h in chain {
+                if let Some(e) = m.get_mut(&h) {
+                    e.holders = e.holders.saturating_sub(1);
+                    e.until = e.until.max(now + grace);
+                }
+            }
+        }
+        self.settled += 1;
+        if self.settled >= 256 {
+            self.settled = 0;
+            for m in &mut self.per_worker {
+                m.retain(|_, e| e.holders > 0 || e.until > now);
+            }
+        }
+    }
+
+    /// Leading blocks of `chain` the router placed on `w` and still counts as there.
+    fn leading(&self, w: WorkerId, chain: &[BlockHash], now: f64) -> usize {
+        let Some(m) = self.per_worker.get(w.index()) else {
+            return 0;
+        };
+        if m.is_empty() {
+            return 0;
+        }
+        chain
+            .iter()
+            .take_while(|h| m.get(h).is_some_and(|e| e.holders > 0 || e.until > now))
+            .count()
+    }
+
+    fn drop_worker(&mut self, w: WorkerId) {
+        if let Some(m) = self.per_worker.get_mut(w.index()) {
+            m.clear();
+        }
+        self.by_assignment.retain(|_, (aw, _)| *aw != w);
+    }
 }
 
 impl RoutingCore {
@@ -103,6 +198,9 @@ impl RoutingCore {
             mean_uncached: cfg.prior_tokens_per_waiting,
             matches: Vec::new(),
             dense: Vec::new(),
+            pending: Overlay::default(),
+            last_chains: Vec::new(),
+            last_prompt_tokens: 0,
             cfg,
         }
     }
@@ -123,6 +221,7 @@ impl RoutingCore {
         if let Some(l) = self.loads.get_mut(w.index()) {
             *l = LoadSample::default();
         }
+        self.pending.drop_worker(w);
         self.assignments.release_worker(w)
     }
 
@@ -190,16 +289,24 @@ impl RoutingCore {
                 }
             }
             let cached_blocks = self.dense[w.index()] as usize;
+            let pending_blocks = match prompt.as_mut() {
+                Some(p) if self.cfg.pending_grace_s > 0.0 => {
+                    self.pending.leading(w, p.chain(block_size), now)
+                }
+                _ => 0,
+            };
             let prompt_blocks = prompt_tokens.checked_div(block_size).unwrap_or(0);
             let stale = self.index.is_stale(w, now, self.cfg.stale_after_s);
             let load = self.load(w);
             let own = self.assignments.inflight(w);
             let cached_tokens = cached_blocks * block_size;
-            let expected_cached_tokens = if stale {
+            let indexed_tokens = if stale {
                 cached_tokens as f64 * self.cfg.stale_cache_trust
             } else {
                 cached_tokens as f64
             };
+            // The router's own placements are trusted as they are: it sent them there.
+            let expected_cached_tokens = indexed_tokens.max((pending_blocks * block_size) as f64);
             let queue_tokens = (own.waiting_prefill_tokens as f64)
                 .max(f64::from(load.waiting) * self.mean_uncached);
             let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
@@ -214,6 +321,7 @@ impl RoutingCore {
                 prompt_blocks,
                 cached_blocks,
                 cached_tokens,
+                pending_blocks,
                 expected_cached_tokens,
                 stale,
                 waiting: load.waiting,
@@ -232,6 +340,12 @@ impl RoutingCore {
         }
         for i in touched {
             self.dense[i] = 0;
+        }
+        self.last_chains.clear();
+        self.last_prompt_tokens = prompt_tokens;
+        if let Some(p) = &prompt {
+            self.last_chains
+                .extend(p.chains().map(|(bs, c)| (bs, c.to_vec())));
         }
         ChoiceContext {
             prompt_tokens,
@@ -260,7 +374,16 @@ impl RoutingCore {
             let n = self.routed.min(1_000) as f64;
             self.mean_uncached += (a.uncached_tokens as f64 - self.mean_uncached) / n;
         }
-        self.assignments.assign(a, now)
+        let id = self.assignments.assign(a, now);
+        if !decision.degraded
+            && self.cfg.pending_grace_s > 0.0
+            && decision.prompt_tokens == self.last_prompt_tokens
+            && let Some(c) = decision.chosen_candidate()
+            && let Some((_, chain)) = self.last_chains.iter().find(|(bs, _)| *bs == c.block_size)
+        {
+            self.pending.add(id, decision.chosen, chain.clone());
+        }
+        id
     }
 
     /// First token of an assignment: moves it to decoding and teaches the TTFT model.
@@ -272,6 +395,7 @@ impl RoutingCore {
         observed_ttft: Option<f64>,
     ) -> Option<FirstToken> {
         let ft = self.assignments.first_token(id, now, observed_ttft)?;
+        self.pending.settle(id, now, self.cfg.pending_grace_s);
         let a = &ft.assignment;
         if a.predicted_ttft.is_finite() {
             self.predictor.observe(
@@ -287,17 +411,23 @@ impl RoutingCore {
 
     /// Releases a completed assignment (once).
     pub fn finish(&mut self, id: AssignmentId) -> Option<Assignment> {
+        self.pending.settle(id, f64::NEG_INFINITY, 0.0);
         self.assignments.finish(id)
     }
 
     /// Releases an aborted assignment (once).
     pub fn abort(&mut self, id: AssignmentId) -> Option<Assignment> {
+        self.pending.settle(id, f64::NEG_INFINITY, 0.0);
         self.assignments.abort(id)
     }
 
     /// Releases assignments older than `ttl` seconds.
     pub fn expire(&mut self, now: f64, ttl: f64) -> Vec<(AssignmentId, Assignment)> {
-        self.assignments.expire(now, ttl)
+        let gone = self.assignments.expire(now, ttl);
+        for (id, _) in &gone {
+            self.pending.settle(*id, f64::NEG_INFINITY, 0.0);
+        }
+        gone
     }
 }
 
@@ -493,5 +623,97 @@ mod tests {
         assert_eq!(core.remove_worker(cold).len(), 1);
         assert!(core.finish(id2).is_none());
         let _ = warm;
+    }
+
+    #[test]
+    fn own_placements_count_as_cached_until_first_token_plus_grace() {
+        let mut core = RoutingCore::new(CoreConfig::default());
+        let a = core.upsert_worker("a", 16);
+        let b = core.upsert_worker("b", 16);
+        let tokens: Vec<u32> = (0..4_096).collect();
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        // Nothing reported anywhere; send the prompt to `b` (the only one allowed).
+        let d = core
+            .decide(&mut p, &req(&tokens), &[b], 0.0)
+            .expect("decision");
+        let id = core.assign(&d, 0.0);
+        let ctx = core.context(&req(&tokens), &[a, b], 0.1);
+        let (ca, cb) = (&ctx.candidates[0], &ctx.candidates[1]);
+        assert_eq!((ca.pending_blocks, cb.pending_blocks), (0, 256));
+        assert_eq!(cb.cached_blocks, 0, "the index itself is untouched");
+        assert!((cb.expected_cached_tokens - 4_096.0).abs() < 1e-9);
+        // A longer prompt sharing the prefix matches the placed blocks only.
+        let longer: Vec<u32> = (0..4_096).chain(90_000..90_512).collect();
+        let ctx = core.context(&req(&longer), &[b], 0.1);
+        assert_eq!(ctx.candidates[0].pending_blocks, 256);
+        // Still pending after the first token, within the grace period; gone after it.
+        core.first_token(id, 2.0, None);
+        let ctx = core.context(&req(&tokens), &[b], 2.9);
+        assert_eq!(ctx.candidates[0].pending_blocks, 256);
+        let ctx = core.context(&req(&tokens), &[b], 3.1);
+        assert_eq!(ctx.candidates[0].pending_blocks, 0);
+        // An aborted placement is forgotten at once.
+        let d = core
+            .decide(&mut p, &req(&tokens), &[a], 4.0)
+            .expect("decision");
+        let id = core.assign(&d, 4.0);
+        assert_eq!(
+            core.context(&req(&tokens), &[a], 4.0).candidates[0].pending_blocks,
+            256
+        );
+        core.abort(id);
+        assert_eq!(
+            core.context(&req(&tokens), &[a], 4.0).candidates[0].pending_blocks,
+            0
+        );
+    }
+
+    #[test]
+    fn a_burst_with_a_new_prefix_stays_on_one_worker_before_reports() {
+        let mut core = RoutingCore::new(CoreConfig::default());
+        let ws: Vec<WorkerId> = (0..3)
+            .map(|i| core.upsert_worker(&format!("w{i}"), 16))
+            .collect();
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 7);
+        let mut chosen = std::collections::HashSet::new();
+        for q in 0..3u32 {
+            let tokens: Vec<u32> = (0..2_048)
+                .chain(50_000 + q * 256..50_256 + q * 256)
+                .collect();
+            let d = core
+                .decide(&mut p, &req(&tokens), &ws, 0.01 * f64::from(q))
+                .expect("decision");
+            core.assign(&d, 0.01 * f64::from(q));
+            chosen.insert(d.chosen);
+        }
+        assert_eq!(chosen.len(), 1, "the burst was spread: {chosen:?}");
+        // Without the overlay the same burst spreads (each looks like an idle cold worker).
+        let mut core = RoutingCore::new(CoreConfig {
+            pending_grace_s: 0.0,
+            ..CoreConfig::default()
+        });
+        let ws: Vec<WorkerId> = (0..3)
+            .map(|i| core.upsert_worker(&format!("w{i}"), 16))
+            .collect();
+        let mut chosen = std::collections::HashSet::new();
+        for q in 0..3u32 {
+            let tokens: Vec<u32> = (0..2_048)
+                .chain(50_000 + q * 256..50_256 + q * 256)
+                .collect();
+            let d = core
+                .decide(&mut p, &req(&tokens), &ws, 0.0)
+                .expect("decision");
+            assert_eq!(
+                core.context(&req(&tokens), &ws, 0.0)
+                    .candidates
+                    .iter()
+                    .map(|c| c.pending_blocks)
+                    .sum::<usize>(),
+                0
+            );
+            core.assign(&d, 0.0);
+            chosen.insert(d.chosen);
+        }
+        assert!(chosen.len() > 1, "{chosen:?}");
     }
 }
