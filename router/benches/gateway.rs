@@ -94,6 +94,10 @@ async fn serve(app: Router) -> String {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
+    // Small SSE writes must not wait for Nagle's algorithm.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
