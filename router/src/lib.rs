@@ -333,6 +333,13 @@ impl Server {
         let stop = shutdown.clone();
         tasks.spawn(
             async move {
+                // TCP_NODELAY: SSE writes are small; with Nagle's algorithm each token waits
+                // for the previous segment's ACK (measured: routed p99 TTFT 47 ms -> 0.4 ms).
+                let http = axum::serve::ListenerExt::tap_io(http, |tcp| {
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(error = %e, "TCP_NODELAY not set");
+                    }
+                });
                 let r = axum::serve(http, gw)
                     .with_graceful_shutdown(stop.cancelled_owned())
                     .await;

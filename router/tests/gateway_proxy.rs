@@ -472,6 +472,17 @@ async fn completions_and_models() {
         .collect();
     assert_eq!(ids, ["alias", "served"]);
     assert_eq!(models["object"], "list");
+    let health = s
+        .client
+        .get(format!("{}/health", s.base))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(
+        health.status(),
+        200,
+        "GET /health on the API port, as vLLM serves it"
+    );
 }
 
 #[tokio::test]
