@@ -473,10 +473,18 @@ impl KvIndex {
         for_each_holder(p, &self.sets, |w| set_bit(&mut live.bits, w));
         // Blocks matched so far by every worker still live.
         let mut depth = 1;
+        let mut prev = p;
         for &h in rest {
             let Some(p) = self.blocks.get(h ^ self.seed) else {
                 break;
             };
+            // The same holder word as the previous block (same inline workers or the same
+            // set slot, read at one moment) is the same set: nothing to compare.
+            if p.0 == prev.0 {
+                depth += 1;
+                continue;
+            }
+            prev = p;
             // Along a chain the holder set rarely changes from one block to the next; an
             // equal (size, fingerprint) pair means the same set, so the step costs O(1).
             // Otherwise the live set narrows by whole bitset words, and only the workers
