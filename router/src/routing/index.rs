@@ -174,10 +174,10 @@ impl BlockTable {
         let cap = (self.slots.len() * 3 / 2).max(16);
         let old = std::mem::replace(&mut self.slots, vec![EMPTY; cap]);
         for (k, v) in old {
-            if k != 0 {
-                if let Err(i) = self.find(k) {
-                    self.slots[i] = (k, v);
-                }
+            if k != 0
+                && let Err(i) = self.find(k)
+            {
+                self.slots[i] = (k, v);
             }
         }
     }
@@ -185,10 +185,10 @@ impl BlockTable {
     fn remove(&mut self, key: u64) {
         if key == 0 {
             self.zero = None;
-        } else if !self.slots.is_empty() {
-            if let Ok(i) = self.find(key) {
-                self.remove_at(i);
-            }
+        } else if !self.slots.is_empty()
+            && let Ok(i) = self.find(key)
+        {
+            self.remove_at(i);
         }
     }
 
@@ -216,10 +216,10 @@ impl BlockTable {
     /// Keeps the entries for which `f` returns true, visiting each once: the scan starts after
     /// an empty slot, and a removal only pulls back entries not yet visited.
     fn retain(&mut self, mut f: impl FnMut(&mut Packed) -> bool) {
-        if let Some(p) = &mut self.zero {
-            if !f(p) {
-                self.zero = None;
-            }
+        if let Some(p) = &mut self.zero
+            && !f(p)
+        {
+            self.zero = None;
         }
         let cap = self.slots.len();
         let Some(start) = self.slots.iter().position(|s| s.0 == 0) else {
