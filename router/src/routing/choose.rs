@@ -260,6 +260,10 @@ pub struct PredictedTtftConfig {
     /// again; the charge keeps prefixes on one worker unless another is clearly faster.
     /// 0 disables it.
     pub cache_affinity: f64,
+    /// A worker reporting waiting requests at this KV usage or above is saturated: new
+    /// requests wait there for decodes to free KV, so its cache does not anchor the
+    /// affinity charge (others are not charged for not holding what it holds).
+    pub saturated_kv_usage: f32,
 }
 
 impl Default for PredictedTtftConfig {
@@ -268,6 +272,7 @@ impl Default for PredictedTtftConfig {
             tie_margin_s: 0.02,
             tie_margin_rel: 0.05,
             cache_affinity: 1.0,
+            saturated_kv_usage: 0.9,
         }
     }
 }
@@ -298,7 +303,8 @@ impl PredictedTtft {
 impl PredictedTtft {
     /// Seconds charged to `c` for holding fewer leading tokens than the best-cached
     /// candidate (`best_cached` expected cached tokens): `cache_affinity` times the time to
-    /// recompute the difference at `c`'s rate.
+    /// recompute the difference at `c`'s rate. `best_cached` is taken over the candidates
+    /// that are not saturated (see `saturated_kv_usage`).
     pub fn affinity_penalty(&self, c: &Candidate, best_cached: f64) -> f64 {
         let missing = (best_cached - c.expected_cached_tokens).max(0.0);
         if self.cfg.cache_affinity <= 0.0 || missing <= 0.0 || c.prefill_rate <= 0.0 {
@@ -317,6 +323,7 @@ impl Policy for PredictedTtft {
         let best_cached = ctx
             .candidates
             .iter()
+            .filter(|c| !(c.waiting > 0 && c.kv_usage >= self.cfg.saturated_kv_usage))
             .map(|c| c.expected_cached_tokens)
             .fold(0.0, f64::max);
         let scores: Vec<f64> = ctx
@@ -535,5 +542,24 @@ mod tests {
         };
         let d = p.choose(&ctx, 0.0).expect("decision");
         assert_eq!(d.chosen, WorkerId(1));
+        // A saturated warm worker (KV full, requests waiting) anchors no charge.
+        let ctx = ChoiceContext {
+            prompt_tokens: 2_304,
+            degraded: false,
+            candidates: vec![
+                Candidate {
+                    waiting: 2,
+                    kv_usage: 0.97,
+                    ..warm
+                },
+                Candidate {
+                    predicted_ttft: 0.45,
+                    ..fast
+                },
+            ],
+        };
+        let d = p.choose(&ctx, 0.0).expect("decision");
+        assert_eq!(d.chosen, WorkerId(1));
+        assert!((d.candidates[1].score - 0.45).abs() < 1e-12);
     }
 }
