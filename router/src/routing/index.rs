@@ -714,13 +714,29 @@ impl Live {
         out: &mut Vec<(WorkerId, usize)>,
     ) {
         let next = &mut self.next;
-        match (p.lo() == NONE)
+        let set = (p.lo() == NONE)
             .then(|| sets.get(p.hi() as usize))
-            .flatten()
-        {
+            .flatten();
+        let mut len = 0;
+        let mut drop_word = |i: usize, was: u32, now: u32| {
+            len += now.count_ones() as usize;
+            let mut gone = was & !now;
+            while gone != 0 {
+                let w = i as u32 * 32 + gone.trailing_zeros();
+                out.push((WorkerId(w), depth));
+                self.fp ^= member_fp(w);
+                gone &= gone - 1;
+            }
+        };
+        match set {
             Some(s) if s.bits => {
-                for (i, n) in next.iter_mut().enumerate() {
-                    *n = self.bits[i] & s.data.get(i).copied().unwrap_or(0);
+                // one pass: intersect word by word, emitting the workers that drop out
+                let held = s.data.iter().copied().chain(std::iter::repeat(0));
+                for (i, ((n, &was), h)) in next.iter_mut().zip(&self.bits).zip(held).enumerate() {
+                    *n = was & h;
+                    if was != 0 {
+                        drop_word(i, was, *n);
+                    }
                 }
             }
             set => {
@@ -740,17 +756,11 @@ impl Live {
                         }
                     }
                 }
-            }
-        }
-        let mut len = 0;
-        for (i, (&was, &now)) in self.bits.iter().zip(next.iter()).enumerate() {
-            len += now.count_ones() as usize;
-            let mut gone = was & !now;
-            while gone != 0 {
-                let w = i as u32 * 32 + gone.trailing_zeros();
-                out.push((WorkerId(w), depth));
-                self.fp ^= member_fp(w);
-                gone &= gone - 1;
+                for (i, (&was, &now)) in self.bits.iter().zip(next.iter()).enumerate() {
+                    if was != 0 {
+                        drop_word(i, was, now);
+                    }
+                }
             }
         }
         self.len = len;
