@@ -2,7 +2,8 @@
 //! prompt each worker holds.
 //!
 //! ```text
-//! blocks: block hash --> holders (1-2 workers packed inline in 8 bytes, or a sorted set)
+//! blocks: block hash --> holders (1-2 workers inline in 8 bytes, else a sorted id list or
+//!         a bitset, whichever is smaller), in an open-addressing table of 16-byte slots
 //! workers[WorkerId]  --> key, block size, epoch, last update, block count, stale flag
 //! ```
 //!
