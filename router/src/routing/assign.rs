@@ -88,6 +88,9 @@ pub struct WorkerInflight {
     /// Prompt tokens of every outstanding assignment (waiting and decoding): the KV
     /// footprint the router itself put there.
     pub active_tokens: u64,
+    /// Uncached prompt tokens of every outstanding assignment: the KV the router's requests
+    /// add beyond blocks the worker already held (shared prefixes are stored once).
+    pub active_uncached_tokens: u64,
 }
 
 impl WorkerInflight {
@@ -119,6 +122,7 @@ impl Assignments {
         w.waiting += 1;
         w.waiting_prefill_tokens += a.uncached_tokens;
         w.active_tokens += a.prompt_tokens;
+        w.active_uncached_tokens += a.uncached_tokens;
         self.live.insert(
             id,
             Assignment {
@@ -227,6 +231,7 @@ impl Assignments {
             AssignmentState::Decoding => w.decoding = w.decoding.saturating_sub(1),
         }
         w.active_tokens = w.active_tokens.saturating_sub(a.prompt_tokens);
+        w.active_uncached_tokens = w.active_uncached_tokens.saturating_sub(a.uncached_tokens);
         Some(a)
     }
 
@@ -280,6 +285,7 @@ mod tests {
             ),
             (2, 1_100, 0, 1_500)
         );
+        assert_eq!(w.active_uncached_tokens, 1_100);
 
         let ft = a.first_token(x, 0.4, None).expect("first token");
         assert!((ft.observed_ttft - 0.4).abs() < 1e-12);

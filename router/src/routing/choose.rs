@@ -51,6 +51,8 @@ pub struct Candidate {
     pub decoding: u32,
     /// Prompt tokens of all the router's outstanding assignments on it.
     pub active_tokens: u64,
+    /// Uncached prompt tokens of those (the KV they add beyond blocks already held).
+    pub active_uncached_tokens: u64,
     /// Blocks it holds in total (its cache footprint in the index).
     pub index_blocks: u64,
     /// Prefill tokens estimated to be ahead of this request.
@@ -264,6 +266,11 @@ pub struct PredictedTtftConfig {
     /// requests wait there for decodes to free KV, so its cache does not anchor the
     /// affinity charge (others are not charged for not holding what it holds).
     pub saturated_kv_usage: f32,
+    /// KV balance: each uncached prompt token the router has outstanding on a candidate beyond the
+    /// least-occupied candidate is charged as this fraction of a prefill token. Prefill
+    /// queues drain in well under a second, but a worker whose KV fills makes new requests
+    /// wait for whole decodes; its outstanding tokens are the early sign. 0 disables it.
+    pub kv_balance: f64,
 }
 
 impl Default for PredictedTtftConfig {
@@ -273,6 +280,7 @@ impl Default for PredictedTtftConfig {
             tie_margin_rel: 0.05,
             cache_affinity: 1.0,
             saturated_kv_usage: 0.9,
+            kv_balance: 0.5,
         }
     }
 }
@@ -314,6 +322,18 @@ impl PredictedTtft {
     }
 }
 
+impl PredictedTtft {
+    /// Seconds charged to `c` for the router's outstanding uncached prompt tokens on it beyond
+    /// the least-occupied candidate's (`least_active`): `kv_balance` times their prefill time.
+    pub fn kv_balance_penalty(&self, c: &Candidate, least_active: u64) -> f64 {
+        let extra = c.active_uncached_tokens.saturating_sub(least_active) as f64;
+        if self.cfg.kv_balance <= 0.0 || extra <= 0.0 || c.prefill_rate <= 0.0 {
+            return 0.0;
+        }
+        self.cfg.kv_balance * extra / c.prefill_rate
+    }
+}
+
 impl Policy for PredictedTtft {
     fn name(&self) -> &'static str {
         "kvroute"
@@ -326,12 +346,20 @@ impl Policy for PredictedTtft {
             .filter(|c| !(c.waiting > 0 && c.kv_usage >= self.cfg.saturated_kv_usage))
             .map(|c| c.expected_cached_tokens)
             .fold(0.0, f64::max);
+        let least_active = ctx
+            .candidates
+            .iter()
+            .map(|c| c.active_uncached_tokens)
+            .min()
+            .unwrap_or(0);
         let scores: Vec<f64> = ctx
             .candidates
             .iter()
             .map(|c| {
                 if c.predicted_ttft.is_finite() {
-                    c.predicted_ttft + self.affinity_penalty(c, best_cached)
+                    c.predicted_ttft
+                        + self.affinity_penalty(c, best_cached)
+                        + self.kv_balance_penalty(c, least_active)
                 } else {
                     f64::MAX
                 }
@@ -535,9 +563,9 @@ mod tests {
             candidates: vec![
                 Candidate {
                     predicted_ttft: 3.0,
-                    ..warm
+                    ..warm.clone()
                 },
-                fast,
+                fast.clone(),
             ],
         };
         let d = p.choose(&ctx, 0.0).expect("decision");
@@ -561,5 +589,44 @@ mod tests {
         let d = p.choose(&ctx, 0.0).expect("decision");
         assert_eq!(d.chosen, WorkerId(1));
         assert!((d.candidates[1].score - 0.45).abs() < 1e-12);
+    }
+
+    #[test]
+    fn kv_balance_charges_outstanding_uncached_tokens_beyond_the_least() {
+        let busy = Candidate {
+            worker: WorkerId(0),
+            prefill_rate: 4_000.0,
+            predicted_ttft: 0.30,
+            active_tokens: 20_000,
+            active_uncached_tokens: 8_000,
+            ..Candidate::default()
+        };
+        let idle = Candidate {
+            worker: WorkerId(1),
+            prefill_rate: 4_000.0,
+            predicted_ttft: 0.50,
+            active_tokens: 2_000,
+            active_uncached_tokens: 2_000,
+            ..Candidate::default()
+        };
+        let ctx = ChoiceContext {
+            prompt_tokens: 2_304,
+            degraded: false,
+            candidates: vec![busy, idle],
+        };
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        let d = p.choose(&ctx, 0.0).expect("decision");
+        // busy: 0.30 + 0.5 * 6,000 / 4,000 = 1.05 > idle 0.50.
+        assert_eq!(d.chosen, WorkerId(1));
+        assert!((d.candidates[0].score - 1.05).abs() < 1e-9);
+        assert!((d.candidates[1].score - 0.50).abs() < 1e-12);
+        let cfg = PredictedTtftConfig {
+            kv_balance: 0.0,
+            ..PredictedTtftConfig::default()
+        };
+        let d = PredictedTtft::new(cfg, 1)
+            .choose(&ctx, 0.0)
+            .expect("decision");
+        assert_eq!(d.chosen, WorkerId(0));
     }
 }

@@ -331,6 +331,7 @@ impl RoutingCore {
                 inflight_prefill_tokens: own.waiting_prefill_tokens,
                 decoding: own.decoding,
                 active_tokens: own.active_tokens,
+                active_uncached_tokens: own.active_uncached_tokens,
                 index_blocks: st.blocks,
                 queue_tokens,
                 prefill_rate,
