@@ -33,6 +33,14 @@
 //! - Stale worker (marked stale, or silent for `stale_after_s`): its indexed leading blocks
 //!   count at `stale_cache_trust` (0.5) and `stale_penalty_s` (0.1 s) is added: neither trusted
 //!   warm nor assumed empty.
+//! - Pending overlay: the blocks of a prompt the router sent to a worker count as cached there
+//!   (in `expected_cached_tokens`, shown as `pending_blocks`; `cached_blocks` stays the
+//!   index's) until its first token plus `CoreConfig::pending_grace_s` (1 s): a burst sharing
+//!   a new prefix, routed before the first report lands, is not spread over every worker.
+//! - kvroute's score = predicted TTFT + cache-affinity charge (`cache_affinity` x time to
+//!   recompute the leading tokens the best-cached non-saturated candidate holds) + KV-balance
+//!   charge (`kv_balance` x prefill time of the router's outstanding uncached tokens beyond
+//!   the least-occupied candidate's). Both are in each candidate's `score`.
 //! - Degraded (no tokens): no cache figures, predictions from queue and overhead alone, the
 //!   decision is marked `degraded` with reason `degraded_load_only`.
 
