@@ -16,7 +16,7 @@
 //! inputs and tested below; [`run`] does the process and socket work.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -27,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
 
-use crate::procs::{self, Child, SpawnOptions};
+use crate::local::{DeployConfig, Deployment};
 
 /// Flags of `kvroute demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -97,8 +97,6 @@ pub struct DemoArgs {
 
 const MODEL: &str = "qwen3-32b";
 const NAMESPACE: &str = "demo";
-/// KV block size of the L40S profile (the sidecar must know it before vLLM's first event).
-const BLOCK_SIZE: u32 = 16;
 
 /// The Qwen3 tokenizer in the repository's test data.
 const DEFAULT_TOKENIZER: &str =
@@ -475,232 +473,6 @@ fn xml_escape(s: &str) -> String {
 // Processes and sockets
 // ------------------------------------------------------------------------------------------
 
-/// One running deployment: N workers, N sidecars, one router.
-struct Deployment {
-    workers: Vec<Child>,
-    sidecars: Vec<Child>,
-    router: Child,
-    gateway: String,
-    worker_ids: Vec<String>,
-}
-
-struct DeployConfig<'a> {
-    workers: usize,
-    speedup: f64,
-    profile: &'a str,
-    tokenizer: &'a Path,
-    log_dir: &'a Path,
-}
-
-fn static_config(worker_ports: &[u16]) -> String {
-    let mut workers = String::new();
-    for (i, port) in worker_ports.iter().enumerate() {
-        let _ = writeln!(
-            workers,
-            "    - {{pod: worker-{i}, address: \"127.0.0.1:{port}\", ready: true}}"
-        );
-    }
-    format!(
-        "apiVersion: kvroute.dev/v1alpha1
-kind: InferenceWorkerSet
-metadata: {{name: demo, namespace: {NAMESPACE}}}
-spec:
-  model: {{name: Qwen/Qwen3-32B-FP8, servedName: {MODEL}}}
-  replicas: {n}
-  engine: {{mode: mock}}
-status:
-  replicas: {n}
-  readyReplicas: {n}
-  workers:
-{workers}",
-        n = worker_ports.len()
-    )
-}
-
-impl Deployment {
-    /// Starts the router, then the sidecars (they bind the KV-event sockets on loopback), then
-    /// the workers (they connect to their sidecar, as vLLM does with a non-wildcard endpoint),
-    /// and waits until the router can route to every worker.
-    async fn start(cfg: &DeployConfig<'_>, policy: &str) -> anyhow::Result<Self> {
-        let dir = cfg.log_dir.join(policy);
-        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-        let log = |name: &str| SpawnOptions {
-            env: vec![("RUST_LOG".into(), "warn".into())],
-            log: Some(dir.join(format!("{name}.log"))),
-        };
-        let tokenizer = cfg.tokenizer.display().to_string();
-        let mut ports = Vec::new();
-        for _ in 0..cfg.workers {
-            ports.push((
-                procs::free_local_port()?,
-                procs::free_local_port()?,
-                procs::free_local_port()?,
-            ));
-        }
-        let http_ports: Vec<u16> = ports.iter().map(|p| p.0).collect();
-
-        let config_path = dir.join("workers.yaml");
-        std::fs::write(&config_path, static_config(&http_ports))
-            .context("write the router's worker file")?;
-        let (gw_port, grpc_port, admin_port) = (
-            procs::free_local_port()?,
-            procs::free_local_port()?,
-            procs::free_local_port()?,
-        );
-        let router_args: Vec<String> = vec![
-            "--http-addr".into(),
-            format!("127.0.0.1:{gw_port}"),
-            "--grpc-addr".into(),
-            format!("127.0.0.1:{grpc_port}"),
-            "--admin-addr".into(),
-            format!("127.0.0.1:{admin_port}"),
-            "--config".into(),
-            config_path.display().to_string(),
-            "--policy".into(),
-            policy.into(),
-            "--tokenizer".into(),
-            tokenizer.clone(),
-        ];
-        let mut router = procs::spawn_kvroute("router", "router", &router_args, &log("router"))?;
-        let admin = format!("http://127.0.0.1:{admin_port}");
-        procs::wait_http_ok(
-            &format!("{admin}/healthz"),
-            Duration::from_secs(60),
-            Some(&mut router),
-        )
-        .await
-        .context("the router did not start")?;
-
-        let mut sidecars = Vec::new();
-        let mut worker_ids = Vec::new();
-        for (i, (port, pub_port, replay_port)) in ports.iter().enumerate() {
-            let id = format!("{NAMESPACE}/worker-{i}");
-            let args: Vec<String> = vec![
-                "--zmq-endpoint".into(),
-                format!("tcp://127.0.0.1:{pub_port}"),
-                "--zmq-bind".into(),
-                "--replay-endpoint".into(),
-                format!("tcp://127.0.0.1:{replay_port}"),
-                "--vllm-url".into(),
-                format!("http://127.0.0.1:{port}"),
-                "--router".into(),
-                format!("http://127.0.0.1:{grpc_port}"),
-                "--worker-id".into(),
-                id.clone(),
-                "--worker-address".into(),
-                format!("127.0.0.1:{port}"),
-                "--model".into(),
-                MODEL.into(),
-                "--block-size".into(),
-                BLOCK_SIZE.to_string(),
-                "--worker-set".into(),
-                "demo".into(),
-                "--admin-addr".into(),
-                "127.0.0.1:0".into(),
-                "--scrape-interval-ms".into(),
-                "100".into(),
-                "--no-gpu".into(),
-            ];
-            let name = format!("sidecar-{i}");
-            sidecars.push(procs::spawn_kvroute(&name, "sidecar", &args, &log(&name))?);
-            worker_ids.push(id);
-        }
-
-        let mut workers = Vec::new();
-        for (i, (port, pub_port, replay_port)) in ports.iter().enumerate() {
-            let events = json!({"enable_kv_cache_events": true, "publisher": "zmq",
-                "endpoint": format!("tcp://127.0.0.1:{pub_port}"),
-                "replay_endpoint": format!("tcp://127.0.0.1:{replay_port}"), "topic": ""});
-            let args: Vec<String> = vec![
-                "--host".into(),
-                "127.0.0.1".into(),
-                "--port".into(),
-                port.to_string(),
-                "--model".into(),
-                "Qwen/Qwen3-32B-FP8".into(),
-                "--served-model-name".into(),
-                MODEL.into(),
-                "--tokenizer".into(),
-                tokenizer.clone(),
-                "--profile".into(),
-                cfg.profile.into(),
-                "--speedup".into(),
-                cfg.speedup.to_string(),
-                "--seed".into(),
-                i.to_string(),
-                "--enable-prompt-tokens-details".into(),
-                "--kv-events-config".into(),
-                events.to_string(),
-            ];
-            let name = format!("worker-{i}");
-            workers.push(procs::spawn_kvroute(
-                &name,
-                "mock-vllm",
-                &args,
-                &log(&name),
-            )?);
-        }
-        for (i, (port, w)) in http_ports.iter().zip(workers.iter_mut()).enumerate() {
-            procs::wait_http_ok(
-                &format!("http://127.0.0.1:{port}/health"),
-                Duration::from_secs(60),
-                Some(w),
-            )
-            .await
-            .with_context(|| format!("worker-{i} did not start"))?;
-        }
-
-        // Routable = listed by discovery and reported by its sidecar: wait for all of them.
-        let client = reqwest::Client::new();
-        let want = cfg.workers;
-        let url = format!("{admin}/debug/workers");
-        procs::wait_for("every worker routable", Duration::from_secs(60), || {
-            let (client, url) = (client.clone(), url.clone());
-            async move { Ok((routable_workers(&client, &url).await? >= want).then_some(())) }
-        })
-        .await?;
-        Ok(Self {
-            workers,
-            sidecars,
-            router,
-            gateway: format!("http://127.0.0.1:{gw_port}"),
-            worker_ids,
-        })
-    }
-
-    /// Stops everything: router first (no new work), then sidecars, then workers.
-    async fn stop(self) {
-        let grace = Duration::from_secs(3);
-        let _ = self.router.stop(grace).await;
-        for c in self.sidecars {
-            let _ = c.stop(grace).await;
-        }
-        for c in self.workers {
-            let _ = c.stop(grace).await;
-        }
-    }
-}
-
-/// Number of workers `/debug/workers` says are routable.
-async fn routable_workers(client: &reqwest::Client, url: &str) -> anyhow::Result<usize> {
-    let v: Value = client
-        .get(url)
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let list = v
-        .get("workers")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    Ok(list
-        .iter()
-        .filter(|w| w.get("routable").and_then(Value::as_bool) == Some(true))
-        .count())
-}
-
 /// Sends one streaming request and measures it.
 async fn send_one(client: &reqwest::Client, url: &str, body: &Value) -> anyhow::Result<Outcome> {
     use kvroute_router::gateway::openai::{StreamItem, inspect_chunk};
@@ -909,6 +681,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         pb
     };
     let cfg = DeployConfig {
+        name: NAMESPACE,
+        model: MODEL,
         workers,
         speedup,
         profile: &profile,

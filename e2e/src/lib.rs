@@ -5,4 +5,5 @@
 pub mod bench;
 pub mod demo;
 pub mod harness;
+pub mod local;
 pub mod procs;

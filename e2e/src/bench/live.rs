@@ -20,8 +20,7 @@
 //! accept no token ids); each also reads its `KVROUTE_BENCH_*` environment variable.
 //! `--policies none` measures only the external routers.
 
-use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -37,14 +36,13 @@ use super::sim::{Arrivals, RequestRecord, RunResult};
 use super::stats::{SweepPoint, peak_goodput, summarize};
 use super::workload::{self, Session};
 use super::{BenchArgs, PolicyResult, SuiteConfig, SuiteResult, WorkloadResult, parse_list};
-use crate::procs::{self, Child, SpawnOptions};
+use crate::local::{DeployConfig, Deployment};
+use crate::procs;
 use kvroute_tokenization::Tokenizer;
 
 /// Served model name of the mock workers (requests name it).
 pub const MODEL: &str = "qwen3-32b";
 const NAMESPACE: &str = "bench";
-/// KV block size of the L40S profile (the sidecar must know it before the first event).
-const BLOCK_SIZE: u32 = 16;
 /// The Qwen3 tokenizer in the repository's test data.
 const DEFAULT_TOKENIZER: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tokenizers/qwen3");
@@ -413,229 +411,6 @@ fn to_run_result(mut m: Vec<Measured>, speedup: f64) -> RunResult {
 // Processes
 // ------------------------------------------------------------------------------------------
 
-/// N workers, N sidecars, one router (this duplicates the private `Deployment` of demo.rs,
-/// with the bench's namespace and cache reset added).
-struct Deployment {
-    workers: Vec<Child>,
-    sidecars: Vec<Child>,
-    router: Child,
-    gateway: String,
-    worker_urls: Vec<String>,
-    worker_ids: Vec<String>,
-}
-
-fn static_config(worker_ports: &[u16]) -> String {
-    let mut workers = String::new();
-    for (i, port) in worker_ports.iter().enumerate() {
-        let _ = writeln!(
-            workers,
-            "    - {{pod: worker-{i}, address: \"127.0.0.1:{port}\", ready: true}}"
-        );
-    }
-    format!(
-        "apiVersion: kvroute.dev/v1alpha1
-kind: InferenceWorkerSet
-metadata: {{name: bench, namespace: {NAMESPACE}}}
-spec:
-  model: {{name: Qwen/Qwen3-32B-FP8, servedName: {MODEL}}}
-  replicas: {n}
-  engine: {{mode: mock}}
-status:
-  replicas: {n}
-  readyReplicas: {n}
-  workers:
-{workers}",
-        n = worker_ports.len()
-    )
-}
-
-struct DeployConfig<'a> {
-    workers: usize,
-    speedup: f64,
-    profile: &'a str,
-    tokenizer: &'a Path,
-    log_dir: &'a Path,
-}
-
-impl Deployment {
-    /// Router, then sidecars (they bind the event sockets), then workers; ready when the
-    /// router reports every worker routable.
-    async fn start(cfg: &DeployConfig<'_>, policy: &str) -> anyhow::Result<Self> {
-        let dir = cfg.log_dir.join(policy);
-        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-        let log = |name: &str| SpawnOptions {
-            env: vec![("RUST_LOG".into(), "warn".into())],
-            log: Some(dir.join(format!("{name}.log"))),
-        };
-        let tokenizer = cfg.tokenizer.display().to_string();
-        let mut ports = Vec::new();
-        for _ in 0..cfg.workers {
-            ports.push((
-                procs::free_local_port()?,
-                procs::free_local_port()?,
-                procs::free_local_port()?,
-            ));
-        }
-        let http_ports: Vec<u16> = ports.iter().map(|p| p.0).collect();
-        let config_path = dir.join("workers.yaml");
-        std::fs::write(&config_path, static_config(&http_ports))
-            .context("write the router's worker file")?;
-        let (gw_port, grpc_port, admin_port) = (
-            procs::free_local_port()?,
-            procs::free_local_port()?,
-            procs::free_local_port()?,
-        );
-        let router_args: Vec<String> = vec![
-            "--http-addr".into(),
-            format!("127.0.0.1:{gw_port}"),
-            "--grpc-addr".into(),
-            format!("127.0.0.1:{grpc_port}"),
-            "--admin-addr".into(),
-            format!("127.0.0.1:{admin_port}"),
-            "--config".into(),
-            config_path.display().to_string(),
-            "--policy".into(),
-            policy.into(),
-            "--tokenizer".into(),
-            tokenizer.clone(),
-        ];
-        let mut router = procs::spawn_kvroute("router", "router", &router_args, &log("router"))?;
-        let admin = format!("http://127.0.0.1:{admin_port}");
-        procs::wait_http_ok(
-            &format!("{admin}/healthz"),
-            Duration::from_secs(60),
-            Some(&mut router),
-        )
-        .await
-        .context("the router did not start")?;
-
-        let mut sidecars = Vec::new();
-        let mut worker_ids = Vec::new();
-        for (i, (port, pub_port, replay_port)) in ports.iter().enumerate() {
-            let id = format!("{NAMESPACE}/worker-{i}");
-            let args: Vec<String> = vec![
-                "--zmq-endpoint".into(),
-                format!("tcp://127.0.0.1:{pub_port}"),
-                "--zmq-bind".into(),
-                "--replay-endpoint".into(),
-                format!("tcp://127.0.0.1:{replay_port}"),
-                "--vllm-url".into(),
-                format!("http://127.0.0.1:{port}"),
-                "--router".into(),
-                format!("http://127.0.0.1:{grpc_port}"),
-                "--worker-id".into(),
-                id.clone(),
-                "--worker-address".into(),
-                format!("127.0.0.1:{port}"),
-                "--model".into(),
-                MODEL.into(),
-                "--block-size".into(),
-                BLOCK_SIZE.to_string(),
-                "--worker-set".into(),
-                "bench".into(),
-                "--admin-addr".into(),
-                "127.0.0.1:0".into(),
-                "--scrape-interval-ms".into(),
-                "100".into(),
-                "--no-gpu".into(),
-            ];
-            let name = format!("sidecar-{i}");
-            sidecars.push(procs::spawn_kvroute(&name, "sidecar", &args, &log(&name))?);
-            worker_ids.push(id);
-        }
-
-        let mut workers = Vec::new();
-        for (i, (port, pub_port, replay_port)) in ports.iter().enumerate() {
-            let events = json!({"enable_kv_cache_events": true, "publisher": "zmq",
-                "endpoint": format!("tcp://127.0.0.1:{pub_port}"),
-                "replay_endpoint": format!("tcp://127.0.0.1:{replay_port}"), "topic": ""});
-            let args: Vec<String> = vec![
-                "--host".into(),
-                "127.0.0.1".into(),
-                "--port".into(),
-                port.to_string(),
-                "--model".into(),
-                "Qwen/Qwen3-32B-FP8".into(),
-                "--served-model-name".into(),
-                MODEL.into(),
-                "--tokenizer".into(),
-                tokenizer.clone(),
-                "--profile".into(),
-                cfg.profile.into(),
-                "--speedup".into(),
-                cfg.speedup.to_string(),
-                "--seed".into(),
-                i.to_string(),
-                "--enable-prompt-tokens-details".into(),
-                "--kv-events-config".into(),
-                events.to_string(),
-            ];
-            let name = format!("worker-{i}");
-            workers.push(procs::spawn_kvroute(
-                &name,
-                "mock-vllm",
-                &args,
-                &log(&name),
-            )?);
-        }
-        let worker_urls: Vec<String> = http_ports
-            .iter()
-            .map(|p| format!("http://127.0.0.1:{p}"))
-            .collect();
-        for (i, (url, w)) in worker_urls.iter().zip(workers.iter_mut()).enumerate() {
-            procs::wait_http_ok(&format!("{url}/health"), Duration::from_secs(60), Some(w))
-                .await
-                .with_context(|| format!("worker-{i} did not start"))?;
-        }
-        let client = reqwest::Client::new();
-        let want = cfg.workers;
-        let url = format!("{admin}/debug/workers");
-        procs::wait_for("every worker routable", Duration::from_secs(60), || {
-            let (client, url) = (client.clone(), url.clone());
-            async move { Ok((routable_workers(&client, &url).await? >= want).then_some(())) }
-        })
-        .await?;
-        Ok(Self {
-            workers,
-            sidecars,
-            router,
-            gateway: format!("http://127.0.0.1:{gw_port}"),
-            worker_urls,
-            worker_ids,
-        })
-    }
-
-    async fn stop(self) {
-        let grace = Duration::from_secs(3);
-        let _ = self.router.stop(grace).await;
-        for c in self.sidecars {
-            let _ = c.stop(grace).await;
-        }
-        for c in self.workers {
-            let _ = c.stop(grace).await;
-        }
-    }
-}
-
-async fn routable_workers(client: &reqwest::Client, url: &str) -> anyhow::Result<usize> {
-    let v: Value = client
-        .get(url)
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let list = v
-        .get("workers")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    Ok(list
-        .iter()
-        .filter(|w| w.get("routable").and_then(Value::as_bool) == Some(true))
-        .count())
-}
-
 /// Empties every worker's prefix cache (`POST /reset_prefix_cache`), retrying while blocks
 /// are still in use (a request finishing), so that each run starts cold.
 async fn reset_caches(worker_urls: &[String]) -> anyhow::Result<()> {
@@ -810,6 +585,8 @@ pub async fn run_live(args: &BenchArgs, live: &LiveConfig) -> anyhow::Result<Sui
         let mut results = Vec::new();
         for policy in &policies {
             let cfg = DeployConfig {
+                name: NAMESPACE,
+                model: MODEL,
                 workers: args.workers,
                 speedup: live.speedup,
                 profile: &args.profile,
