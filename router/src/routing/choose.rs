@@ -61,7 +61,12 @@ pub struct Candidate {
     pub prefill_rate: f64,
     /// Learned overhead (seconds).
     pub overhead: f64,
-    /// Predicted TTFT (seconds), stale penalty included.
+    /// Predicted wait for KV space (seconds, included in `predicted_ttft`): on a saturated
+    /// worker (reported KV usage at `CoreConfig::saturated_kv_usage` or above with requests
+    /// waiting) a new request is admitted only once running requests finish; the learned wait
+    /// per queued request times the requests queued there plus this one. 0 otherwise.
+    pub admission_wait: f64,
+    /// Predicted TTFT (seconds), stale penalty and admission wait included.
     pub predicted_ttft: f64,
 }
 

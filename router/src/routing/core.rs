@@ -43,6 +43,10 @@ pub struct CoreConfig {
     /// prefix, all routed before the first report lands, is spread over every worker.
     /// 0 disables the overlay.
     pub pending_grace_s: f64,
+    /// A worker reporting waiting requests at this KV usage or above is saturated: a new
+    /// request waits there for running requests to finish and free KV, which the prefill
+    /// model does not cover; the predictor learns that admission wait separately.
+    pub saturated_kv_usage: f32,
 }
 
 impl Default for CoreConfig {
@@ -55,6 +59,7 @@ impl Default for CoreConfig {
             prior_tokens_per_waiting: 1_024.0,
             index_seed: 0x006b_7672_6f75_7465,
             pending_grace_s: 1.0,
+            saturated_kv_usage: 0.9,
         }
     }
 }
@@ -104,6 +109,9 @@ pub struct RoutingCore {
     /// Hash chains (per block size) of the last `context` call, for `assign`.
     last_chains: Vec<(usize, Vec<BlockHash>)>,
     last_prompt_tokens: usize,
+    /// Assignments sent to a saturated worker: (requests queued there including it,
+    /// prefill-model prediction), for learning the admission wait at their first token.
+    admitted_saturated: HashMap<AssignmentId, (f64, f64)>,
 }
 
 /// One block the router placed on a worker itself.
@@ -201,6 +209,7 @@ impl RoutingCore {
             pending: Overlay::default(),
             last_chains: Vec::new(),
             last_prompt_tokens: 0,
+            admitted_saturated: HashMap::new(),
             cfg,
         }
     }
@@ -222,7 +231,11 @@ impl RoutingCore {
             *l = LoadSample::default();
         }
         self.pending.drop_worker(w);
-        self.assignments.release_worker(w)
+        let gone = self.assignments.release_worker(w);
+        for (id, _) in &gone {
+            self.admitted_saturated.remove(id);
+        }
+        gone
     }
 
     /// Records a load report (it also counts as a sign of life).
@@ -315,6 +328,11 @@ impl RoutingCore {
             if stale {
                 predicted_ttft += self.cfg.stale_penalty_s;
             }
+            let admission_wait = match self.saturated_queue(stale, load, own.waiting) {
+                Some(queued) => self.predictor.admission_wait(w, queued),
+                None => 0.0,
+            };
+            predicted_ttft += admission_wait;
             candidates.push(Candidate {
                 worker: w,
                 block_size,
@@ -336,6 +354,7 @@ impl RoutingCore {
                 queue_tokens,
                 prefill_rate,
                 overhead,
+                admission_wait,
                 predicted_ttft,
             });
         }
@@ -353,6 +372,14 @@ impl RoutingCore {
             degraded: req.tokens.is_none(),
             candidates,
         }
+    }
+
+    /// Requests queued on a saturated worker counting a new one (the larger of its reported
+    /// waiting and the router's own not-yet-started assignments, plus one), or `None` when it
+    /// is not saturated (stale workers never count: their load is unknown).
+    fn saturated_queue(&self, stale: bool, load: LoadSample, own_waiting: u32) -> Option<f64> {
+        (!stale && load.waiting > 0 && load.kv_usage >= self.cfg.saturated_kv_usage)
+            .then(|| f64::from(load.waiting.max(own_waiting)) + 1.0)
     }
 
     /// Builds the context and lets `policy` choose.
@@ -376,6 +403,21 @@ impl RoutingCore {
             self.mean_uncached += (a.uncached_tokens as f64 - self.mean_uncached) / n;
         }
         let id = self.assignments.assign(a, now);
+        if let Some(c) = decision.chosen_candidate()
+            && c.predicted_ttft.is_finite()
+            && let Some(queued) = self.saturated_queue(
+                c.stale,
+                LoadSample {
+                    waiting: c.waiting,
+                    running: c.running,
+                    kv_usage: c.kv_usage,
+                },
+                c.inflight,
+            )
+        {
+            self.admitted_saturated
+                .insert(id, (queued, c.predicted_ttft - c.admission_wait));
+        }
         if !decision.degraded
             && self.cfg.pending_grace_s > 0.0
             && decision.prompt_tokens == self.last_prompt_tokens
@@ -398,7 +440,15 @@ impl RoutingCore {
         let ft = self.assignments.first_token(id, now, observed_ttft)?;
         self.pending.settle(id, now, self.cfg.pending_grace_s);
         let a = &ft.assignment;
-        if a.predicted_ttft.is_finite() {
+        if let Some((queued, base)) = self.admitted_saturated.remove(&id) {
+            self.predictor.observe_admission(
+                a.worker,
+                queued,
+                base,
+                a.predicted_ttft,
+                ft.observed_ttft,
+            );
+        } else if a.predicted_ttft.is_finite() {
             self.predictor.observe(
                 a.worker,
                 a.queue_tokens,
@@ -413,12 +463,14 @@ impl RoutingCore {
     /// Releases a completed assignment (once).
     pub fn finish(&mut self, id: AssignmentId) -> Option<Assignment> {
         self.pending.settle(id, f64::NEG_INFINITY, 0.0);
+        self.admitted_saturated.remove(&id);
         self.assignments.finish(id)
     }
 
     /// Releases an aborted assignment (once).
     pub fn abort(&mut self, id: AssignmentId) -> Option<Assignment> {
         self.pending.settle(id, f64::NEG_INFINITY, 0.0);
+        self.admitted_saturated.remove(&id);
         self.assignments.abort(id)
     }
 
@@ -427,6 +479,7 @@ impl RoutingCore {
         let gone = self.assignments.expire(now, ttl);
         for (id, _) in &gone {
             self.pending.settle(*id, f64::NEG_INFINITY, 0.0);
+            self.admitted_saturated.remove(id);
         }
         gone
     }
@@ -667,6 +720,63 @@ mod tests {
             core.context(&req(&tokens), &[a], 4.0).candidates[0].pending_blocks,
             0
         );
+    }
+
+    #[test]
+    fn a_saturated_worker_learns_an_admission_wait_shown_in_the_prediction() {
+        let (mut core, warm, cold, tokens) = setup();
+        let full = LoadSample {
+            waiting: 2,
+            running: 20,
+            kv_usage: 0.97,
+        };
+        core.set_load(warm, full, 0.0);
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        let rls_before = core.predictor.params(warm);
+        // Requests sent to the full worker wait ~1.5 s for KV beyond the prefill model.
+        for i in 0..40 {
+            let now = f64::from(i) * 10.0;
+            core.set_load(warm, full, now);
+            let mut ctx = core.context(&req(&tokens), &[warm], now);
+            ctx.candidates.truncate(1);
+            let d = p.choose(&ctx, now).expect("decision");
+            let c = d.chosen_candidate().expect("chosen");
+            let base = c.predicted_ttft - c.admission_wait;
+            let id = core.assign(&d, now);
+            core.first_token(id, now + base + 1.5, None);
+            core.finish(id);
+        }
+        assert_eq!(
+            core.predictor.params(warm),
+            rls_before,
+            "prefill model untouched"
+        );
+        core.set_load(warm, full, 500.0);
+        core.set_load(cold, LoadSample::default(), 500.0);
+        let ctx = core.context(&req(&tokens), &[warm, cold], 500.0);
+        let (w, c) = (&ctx.candidates[0], &ctx.candidates[1]);
+        // Queue of 2 reported + this request: 3 x ~0.5 s.
+        assert!(
+            (w.admission_wait - 1.5).abs() < 0.05,
+            "{}",
+            w.admission_wait
+        );
+        assert_eq!(c.admission_wait, 0.0);
+        let base = core.predictor.predict(warm, w.queue_tokens, 0.0);
+        assert!((w.predicted_ttft - base - w.admission_wait).abs() < 1e-9);
+        // The cold worker (4k tokens to recompute, ~0.9 s) now beats waiting for KV.
+        let d = core
+            .decide(&mut p, &req(&tokens), &[warm, cold], 500.0)
+            .expect("decision");
+        assert_eq!(d.chosen, cold);
+        // Once the worker reports free KV the wait is gone and its cache wins again.
+        core.set_load(warm, LoadSample::default(), 501.0);
+        core.set_load(cold, LoadSample::default(), 501.0);
+        let d = core
+            .decide(&mut p, &req(&tokens), &[warm, cold], 501.0)
+            .expect("decision");
+        assert_eq!(d.chosen, warm);
+        assert_eq!(d.chosen_candidate().map(|c| c.admission_wait), Some(0.0));
     }
 
     #[test]

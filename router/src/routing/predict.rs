@@ -34,6 +34,12 @@ pub struct PredictorConfig {
     pub max_rate: f64,
     /// Upper clamp of the learned overhead (seconds); the lower one is 0.
     pub max_overhead: f64,
+    /// Admission wait: weight of each new sample in the running mean of the seconds a
+    /// request assigned to a saturated worker waited beyond the prefill model, per request
+    /// queued at or ahead of it (0 disables learning it; then no wait is predicted).
+    pub admission_learning: f64,
+    /// Upper clamp of the learned admission wait per queued request (seconds).
+    pub max_admission_wait: f64,
 }
 
 impl Default for PredictorConfig {
@@ -47,6 +53,8 @@ impl Default for PredictorConfig {
             min_rate: 100.0,
             max_rate: 1_000_000.0,
             max_overhead: 30.0,
+            admission_learning: 0.1,
+            max_admission_wait: 30.0,
         }
     }
 }
@@ -118,6 +126,10 @@ pub struct WorkerModel {
     pub samples: u64,
     /// Prediction error of this worker's predictions.
     pub error: ErrorStats,
+    /// Learned admission wait per queued request while saturated (seconds).
+    pub admission_wait_per_request: f64,
+    /// Saturated samples that updated it.
+    pub admission_samples: u64,
 }
 
 impl WorkerModel {
@@ -128,6 +140,8 @@ impl WorkerModel {
             p: [[cfg.prior_variance, 0.0], [0.0, cfg.prior_variance]],
             samples: 0,
             error: ErrorStats::default(),
+            admission_wait_per_request: 0.0,
+            admission_samples: 0,
         }
     }
 
@@ -279,6 +293,44 @@ impl Predictor {
     pub fn error(&self) -> &ErrorStats {
         &self.error
     }
+
+    /// Predicted admission wait (seconds) on a saturated worker (KV full, requests waiting):
+    /// the learned wait per queued request times `queued` (the requests at or ahead of this
+    /// one). 0 before any saturated sample.
+    pub fn admission_wait(&self, w: WorkerId, queued: f64) -> f64 {
+        let per = self.model(w).map_or(0.0, |m| m.admission_wait_per_request);
+        (per * queued.max(0.0)).max(0.0)
+    }
+
+    /// Learns from the first token of a request assigned while `w` was saturated. The
+    /// prefill model predicted `base` seconds; what it waited beyond that, per queued request
+    /// (`queued`, at least 1), moves the worker's admission wait toward it. The prefill model
+    /// itself is not updated: the wait for KV space has nothing to do with prefill speed.
+    /// `predicted` (base plus the admission wait) is recorded in the error figures.
+    pub fn observe_admission(
+        &mut self,
+        w: WorkerId,
+        queued: f64,
+        base: f64,
+        predicted: f64,
+        observed: f64,
+    ) {
+        if !observed.is_finite() || observed <= 0.0 || !base.is_finite() || !queued.is_finite() {
+            return;
+        }
+        self.error.record(predicted, observed);
+        let cfg = self.cfg.clone();
+        let m = self.model_mut(w);
+        m.error.record(predicted, observed);
+        if cfg.admission_learning <= 0.0 {
+            return;
+        }
+        let per = ((observed - base) / queued.max(1.0)).max(0.0);
+        let a = cfg.admission_learning.clamp(0.0, 1.0);
+        let next = m.admission_wait_per_request + a * (per - m.admission_wait_per_request);
+        m.admission_wait_per_request = clamp_or(next, 0.0, cfg.max_admission_wait, 0.0);
+        m.admission_samples += 1;
+    }
 }
 
 #[cfg(test)]
@@ -347,6 +399,41 @@ mod tests {
         let (rate, overhead) = p.params(w);
         assert!(rate >= 100.0 && overhead <= 30.0, "{rate} {overhead}");
         assert!(p.predict(w, 0.0, 1.0).is_finite());
+    }
+
+    #[test]
+    fn learns_the_admission_wait_without_touching_the_prefill_model() {
+        let mut p = Predictor::new(PredictorConfig::default());
+        let w = WorkerId(1);
+        assert_eq!(p.admission_wait(w, 3.0), 0.0, "nothing learned yet");
+        let before = p.params(w);
+        // Saturated requests: 3 queued, prefill model says 0.3 s, they take 0.3 + 3 x 0.4 s.
+        for _ in 0..100 {
+            let base = p.predict(w, 1_000.0, 200.0);
+            let predicted = base + p.admission_wait(w, 3.0);
+            p.observe_admission(w, 3.0, base, predicted, base + 1.2);
+        }
+        let per = p.admission_wait(w, 1.0);
+        assert!((per - 0.4).abs() < 1e-3, "{per}");
+        assert!((p.admission_wait(w, 2.0) - 0.8).abs() < 2e-3);
+        assert_eq!(p.params(w), before, "the prefill model is untouched");
+        assert_eq!(p.error().count, 100);
+        // Late predictions include the wait: small error.
+        assert!(p.model(w).is_some_and(|m| m.admission_samples == 100));
+        // Faster than the prefill model alone never makes a negative wait; absurd inputs are
+        // ignored; another worker is unaffected.
+        for _ in 0..200 {
+            p.observe_admission(w, 2.0, 1.0, 1.0, 0.5);
+        }
+        assert!(
+            p.admission_wait(w, 5.0) < 1e-6,
+            "{}",
+            p.admission_wait(w, 5.0)
+        );
+        p.observe_admission(w, 2.0, 1.0, 1.0, f64::NAN);
+        p.observe_admission(w, f64::INFINITY, 1.0, 1.0, 2.0);
+        assert_eq!(p.error().count, 300);
+        assert_eq!(p.admission_wait(WorkerId(0), 5.0), 0.0);
     }
 
     #[test]
