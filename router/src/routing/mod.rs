@@ -30,6 +30,10 @@
 //! - Prediction: `ttft = (queue_tokens + uncached) / rate + overhead`; `queue_tokens` is the
 //!   larger of the router's own not-yet-first-tokened uncached tokens on the worker and its
 //!   reported waiting requests times the mean uncached tokens routed so far.
+//! - Admission wait: on a saturated worker (fresh report, `waiting > 0`, KV usage at or above
+//!   `saturated_kv_usage`) new requests also wait for KV space; the prediction adds a learned
+//!   wait per queued request times the requests queued (`Candidate.admission_wait`), learned
+//!   from first tokens of requests sent while it was saturated (zero until then).
 //! - Stale worker (marked stale, or silent for `stale_after_s`): its indexed leading blocks
 //!   count at `stale_cache_trust` (0.5) and `stale_penalty_s` (0.1 s) is added: neither trusted
 //!   warm nor assumed empty.
