@@ -73,7 +73,8 @@ pub fn body_kind(path: &str, body: &Value) -> BodyKind {
 /// The prompt of a body of `kind`.
 pub fn prompt_of(kind: BodyKind, body: &Value) -> Prompt<'_> {
     match (kind, body.get("prompt")) {
-        (BodyKind::Chat, _) => Prompt::Chat(body),
+        // Callers reject bodies without a string `model`, so a chat body is an object.
+        (BodyKind::Chat, _) => body.as_object().map_or(Prompt::Unavailable, Prompt::Chat),
         (BodyKind::Completion, Some(p)) => Prompt::Completion(p),
         _ => Prompt::Unavailable,
     }

@@ -180,7 +180,7 @@ pub enum Prompt<'a> {
     /// Token ids already computed.
     Tokens(&'a [u32]),
     /// A whole OpenAI chat/completions request body (messages, tools, chat_template_kwargs).
-    Chat(&'a serde_json::Value),
+    Chat(&'a serde_json::Map<String, serde_json::Value>),
     /// The `prompt` field of an OpenAI completions request (a string or token ids).
     Completion(&'a serde_json::Value),
     /// Nothing usable: the decision is degraded (load only).
@@ -1404,10 +1404,9 @@ impl crate::gateway::Dispatch for RouterState {
         exclude: &[String],
     ) -> Result<crate::gateway::Picked, crate::gateway::PickError> {
         use crate::gateway::openai::Endpoint;
-        // The tokenizer reads a JSON value; the gateway holds the body's map.
-        let body = serde_json::Value::Object(request.body.clone());
+        let body = request.body;
         let prompt = match request.endpoint {
-            Endpoint::ChatCompletions => Prompt::Chat(&body),
+            Endpoint::ChatCompletions => Prompt::Chat(body),
             Endpoint::Completions => body
                 .get("prompt")
                 .map_or(Prompt::Unavailable, Prompt::Completion),
