@@ -2,19 +2,35 @@
 //! prompt each worker holds.
 //!
 //! ```text
-//! blocks: block hash --> holders (1-2 workers inline in 8 bytes, else a sorted id list or
-//!         a bitset, whichever is smaller), in an open-addressing table of 16-byte slots
-//! workers[WorkerId]  --> key, block size, epoch, last update, block count, stale flag
+//! runs[r]: hashes [h0 h1 h2 ... hn]     consecutive blocks stored in one stream
+//!          holders (worker, end)         each holder holds hashes[lo..end]: a prefix
+//! table:   block hash --> (run, position)  8-byte slots: tag, probe distance, run, position
+//! workers[WorkerId] --> key, block size, epoch, last update, block count, stale flag
 //! ```
 //!
-//! One global map keyed by block hash, not one map per worker: a lookup walks the prompt's
-//! chain once and narrows the set of workers still matching, so its cost is proportional to
-//! the matched prefix (times the workers matching it), never to the size of the pool. The
-//! price is that dropping all of one worker's blocks (`clear`, a replacing snapshot,
-//! `remove_worker`) scans the whole map; those happen on restarts and reconnects, not per
-//! request, and are skipped for a worker that holds nothing.
+//! Blocks are stored in runs: a worker's newly stored blocks are appended to the run of the
+//! block it stored just before, as long as it holds that run's last block. Every holder of a
+//! run holds a prefix of it (its `end`), so one holder list serves the whole run, however long.
+//! A lookup probes the table once per run it enters, then compares the prompt's hashes with the
+//! run's contiguous hashes (no probe, no set operation per block), and narrows the workers
+//! still matching only where it leaves a run. Holder sets that stop being prefixes (a worker
+//! stores past a gap, or removes a block from the middle) split the run in two, relabelling
+//! the smaller half.
+//!
+//! Runs are a layout, not a claim about the chain: the lookup verifies every hash, so a run
+//! that happens to join two unrelated chains costs an extra probe, never a wrong answer.
+//!
+//! Narrowing at a run boundary: runs held by many workers keep (built on first lookup, dropped
+//! on change) their holders sorted by `end` with prefix fingerprints, so when the workers still
+//! matching are exactly the ones holding the next run's entry point (the common case along one
+//! chain) the step costs a binary search plus the workers that drop out; otherwise one pass
+//! over both sets. Cost: O(prompt + runs entered + matching workers), never the pool.
+//!
+//! Dropping all of one worker's blocks (`clear`, a replacing snapshot, `remove_worker`) visits
+//! every run; those happen on restarts and reconnects, not per request.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use serde::Serialize;
 
@@ -50,34 +66,11 @@ pub struct WorkerState {
     pub removed: bool,
 }
 
-/// Sentinel in the packed holder word: "no second worker" (high half) or "the low half is a
-/// set index" (low half).
-const NONE: u32 = u32::MAX;
+/// Positions in a run fit the slot's 16-bit field.
+const MAX_RUN: usize = 1 << 16;
 
-/// Holders of one block packed in a `u64`: `lo | hi << 32`.
-/// - `lo != NONE`: worker `lo`, plus worker `hi` unless `hi == NONE`.
-/// - `lo == NONE`: `hi` indexes `KvIndex::sets` (a sorted set of 3 or more workers).
-#[derive(Clone, Copy)]
-struct Packed(u64);
-
-impl Packed {
-    fn one(w: u32) -> Self {
-        Packed(u64::from(w) | (u64::from(NONE) << 32))
-    }
-    fn two(a: u32, b: u32) -> Self {
-        let (a, b) = if a < b { (a, b) } else { (b, a) };
-        Packed(u64::from(a) | (u64::from(b) << 32))
-    }
-    fn set(i: u32) -> Self {
-        Packed(u64::from(NONE) | (u64::from(i) << 32))
-    }
-    fn lo(self) -> u32 {
-        self.0 as u32
-    }
-    fn hi(self) -> u32 {
-        (self.0 >> 32) as u32
-    }
-}
+/// Runs with at least this many holders get a by-end summary for lookups.
+const SUMMARY_MIN: usize = 16;
 
 /// Mixes a block key (hash XOR the per-index seed) into a table position: a multiply-fold
 /// spreads every input bit, so crafted prompts cannot target slots without knowing the seed.
@@ -86,170 +79,276 @@ fn fold(v: u64) -> u64 {
     (m as u64) ^ ((m >> 64) as u64)
 }
 
-/// The block map: open addressing with linear probing over `(key, holders)` slots of 16
-/// bytes, one cache line for most probes. The capacity is not a power of two (the home slot
-/// is a multiply-shift of the keyed [`fold`]), so the table grows by half at 80% load and
-/// stays between 53% and 80% full: at most 30 bytes per block held by one or two workers.
-/// Removal shifts the following slots back (no tombstones). Key 0 marks an empty slot; a
-/// block whose key is 0 lives in `zero`.
-#[derive(Default)]
-struct BlockTable {
-    slots: Vec<(u64, Packed)>,
-    len: usize,
-    zero: Option<Packed>,
+/// A worker's contribution to a set fingerprint.
+fn member_fp(w: u32) -> u64 {
+    fold(u64::from(w) ^ 0xA076_1D64_78BD_642F)
 }
 
-const EMPTY: (u64, Packed) = (0, Packed(0));
+/// Longest probe distance; an insert that would go further grows the table instead.
+const MAX_DIST: u64 = 200;
+const DIST_SHIFT: u32 = 48;
+const TAG_SHIFT: u32 = 56;
+/// Run and position bits of a slot.
+const LOC_MASK: u64 = (1 << DIST_SHIFT) - 1;
 
-impl BlockTable {
-    fn len(&self) -> usize {
-        self.len + usize::from(self.zero.is_some())
+/// A table slot: `pos | run << 16 | dist << 48 | tag << 56`, 0 when empty (run 0 is never
+/// issued). `tag` is 8 bits of the folded key and `dist` the distance from the home slot, so
+/// most non-matching slots are passed over without reading the run.
+fn slot(f: u64, dist: u64, run: u32, pos: usize) -> u64 {
+    ((f & 0xFF) << TAG_SHIFT) | (dist << DIST_SHIFT) | (u64::from(run) << 16) | pos as u64
+}
+fn slot_run(s: u64) -> usize {
+    ((s >> 16) & 0xFFFF_FFFF) as usize
+}
+fn slot_pos(s: u64) -> usize {
+    (s & 0xFFFF) as usize
+}
+fn slot_dist(s: u64) -> u64 {
+    (s >> DIST_SHIFT) & 0xFF
+}
+
+/// Where a key is, or where it would be inserted (slot, distance from home).
+enum Probe {
+    Found(usize),
+    Vacant(usize, u64),
+}
+
+/// Block hash -> (run, position): Robin Hood open addressing over 8-byte slots. The full key
+/// lives only in the run (read to confirm a tag match), which halves the table. The capacity
+/// grows by half at 80% load (53%-80% full: 10-15 bytes per block); removal shifts the
+/// following slots back (no tombstones).
+#[derive(Default)]
+struct Table {
+    slots: Vec<u64>,
+    len: usize,
+}
+
+impl Table {
+    fn home(&self, f: u64) -> usize {
+        ((u128::from(f) * self.slots.len() as u128) >> 64) as usize
     }
 
-    fn home(&self, key: u64) -> usize {
-        ((u128::from(fold(key)) * self.slots.len() as u128) >> 64) as usize
+    fn needs_grow(&self) -> bool {
+        (self.len + 1) * 5 > self.slots.len() * 4
     }
 
-    /// `Ok(slot)` holding `key`, or `Err(empty slot)` where it would go. Needs a free slot.
-    fn find(&self, key: u64) -> Result<usize, usize> {
+    /// Finds the slot whose entry satisfies `is_it` among those with `f`'s tag.
+    fn probe(&self, f: u64, mut is_it: impl FnMut(u64) -> bool) -> Probe {
         let cap = self.slots.len();
-        let mut i = self.home(key);
+        if cap == 0 {
+            return Probe::Vacant(0, 0);
+        }
+        let tag = (f & 0xFF) << TAG_SHIFT;
+        let mut j = self.home(f);
+        let mut d = 0;
         loop {
-            let k = self.slots[i].0;
-            if k == key {
-                return Ok(i);
+            let s = self.slots[j];
+            if s == 0 || slot_dist(s) < d || d > MAX_DIST {
+                return Probe::Vacant(j, d);
             }
-            if k == 0 {
-                return Err(i);
+            if slot_dist(s) == d && s & (0xFF << TAG_SHIFT) == tag && is_it(s) {
+                return Probe::Found(j);
             }
-            i += 1;
-            if i == cap {
-                i = 0;
+            d += 1;
+            j += 1;
+            if j == cap {
+                j = 0;
             }
         }
     }
 
-    fn get(&self, key: u64) -> Option<Packed> {
-        if key == 0 {
-            return self.zero;
-        }
-        if self.slots.is_empty() {
-            return None;
-        }
-        self.find(key).ok().map(|i| self.slots[i].1)
-    }
-
-    fn get_mut(&mut self, key: u64) -> Option<&mut Packed> {
-        if key == 0 {
-            return self.zero.as_mut();
-        }
-        if self.slots.is_empty() {
-            return None;
-        }
-        match self.find(key) {
-            Ok(i) => Some(&mut self.slots[i].1),
-            Err(_) => None,
+    /// The slot holding (run, pos) for a key folding to `f`.
+    fn find_loc(&self, f: u64, run: usize, pos: usize) -> Option<usize> {
+        let loc = ((run as u64) << 16) | pos as u64;
+        match self.probe(f, |s| s & LOC_MASK == loc) {
+            Probe::Found(j) => Some(j),
+            Probe::Vacant(..) => None,
         }
     }
 
-    /// The holders of `key`, inserting `v` first if absent (then `true`).
-    fn get_or_insert(&mut self, key: u64, v: Packed) -> (&mut Packed, bool) {
-        if key == 0 {
-            let new = self.zero.is_none();
-            return (self.zero.get_or_insert(v), new);
-        }
-        if (self.len + 1) * 5 > self.slots.len() * 4 {
-            self.grow();
-        }
-        match self.find(key) {
-            Ok(i) => (&mut self.slots[i].1, false),
-            Err(i) => {
-                self.slots[i] = (key, v);
+    /// Inserts `s` (distance 0) at the vacancy `(j, d)` found by [`Table::probe`]. False when
+    /// a displaced entry would land too far from home: the table is then inconsistent and
+    /// must be rebuilt.
+    #[must_use]
+    fn insert_at(&mut self, mut j: usize, d: u64, s: u64) -> bool {
+        let cap = self.slots.len();
+        let mut cur = s | (d << DIST_SHIFT);
+        loop {
+            let here = self.slots[j];
+            if here == 0 {
+                self.slots[j] = cur;
                 self.len += 1;
-                (&mut self.slots[i].1, true)
+                return true;
+            }
+            if slot_dist(here) < slot_dist(cur) {
+                self.slots[j] = cur;
+                cur = here;
+            }
+            if slot_dist(cur) >= MAX_DIST {
+                return false;
+            }
+            cur += 1 << DIST_SHIFT;
+            j += 1;
+            if j == cap {
+                j = 0;
             }
         }
     }
 
-    fn grow(&mut self) {
-        let cap = (self.slots.len() * 3 / 2).max(16);
-        let old = std::mem::replace(&mut self.slots, vec![EMPTY; cap]);
-        for (k, v) in old {
-            if k != 0
-                && let Err(i) = self.find(k)
-            {
-                self.slots[i] = (k, v);
-            }
-        }
-    }
-
-    fn remove(&mut self, key: u64) {
-        if key == 0 {
-            self.zero = None;
-        } else if !self.slots.is_empty()
-            && let Ok(i) = self.find(key)
-        {
-            self.remove_at(i);
-        }
-    }
-
-    /// Empties slot `hole`, moving back each following slot that may live there.
-    fn remove_at(&mut self, mut hole: usize) {
+    /// Empties slot `j`, shifting the following displaced entries back one step.
+    fn remove_at(&mut self, mut j: usize) {
         let cap = self.slots.len();
-        let mut j = hole;
         loop {
-            j = if j + 1 == cap { 0 } else { j + 1 };
-            let k = self.slots[j].0;
-            if k == 0 {
+            let n = if j + 1 == cap { 0 } else { j + 1 };
+            let s = self.slots[n];
+            if s == 0 || slot_dist(s) == 0 {
+                self.slots[j] = 0;
                 break;
             }
-            let home = self.home(k);
-            // the entry at j may move to the hole iff the hole lies between its home and j
-            if (j + cap - home) % cap >= (j + cap - hole) % cap {
-                self.slots[hole] = self.slots[j];
-                hole = j;
-            }
+            self.slots[j] = s - (1 << DIST_SHIFT);
+            j = n;
         }
-        self.slots[hole] = EMPTY;
         self.len -= 1;
     }
 
-    /// Keeps the entries for which `f` returns true, visiting each once: the scan starts after
-    /// an empty slot, and a removal only pulls back entries not yet visited.
-    fn retain(&mut self, mut f: impl FnMut(&mut Packed) -> bool) {
-        if let Some(p) = &mut self.zero
-            && !f(p)
-        {
-            self.zero = None;
-        }
-        let cap = self.slots.len();
-        let Some(start) = self.slots.iter().position(|s| s.0 == 0) else {
-            return;
-        };
-        let mut step = 1;
-        while step <= cap {
-            let i = (start + step) % cap;
-            if self.slots[i].0 != 0 && !f(&mut self.slots[i].1) {
-                self.remove_at(i);
-                continue;
+    /// Points slot `j` at a new (run, pos), keeping its tag and distance.
+    fn relabel(&mut self, j: usize, run: u32, pos: usize) {
+        let s = self.slots[j];
+        self.slots[j] = (s & !LOC_MASK) | (u64::from(run) << 16) | pos as u64;
+    }
+
+    /// Re-inserts every block of `runs` into a table of at least `cap` slots.
+    fn rebuild(&mut self, mut cap: usize, runs: &[Run], seed: u64) {
+        'grow: loop {
+            self.slots = vec![0; cap.max(16)];
+            self.len = 0;
+            for (r, run) in runs.iter().enumerate().skip(1) {
+                for (pos, &h) in run.hashes.iter().enumerate().skip(run.lo as usize) {
+                    let f = fold(h ^ seed);
+                    let home = self.home(f);
+                    if !self.insert_at(home, 0, slot(f, 0, r as u32, pos)) {
+                        cap = cap * 3 / 2;
+                        continue 'grow;
+                    }
+                }
             }
-            step += 1;
+            return;
         }
     }
 
     fn heap_bytes(&self) -> usize {
-        self.slots.capacity() * std::mem::size_of::<(u64, Packed)>()
+        self.slots.capacity() * 8
     }
+}
+
+/// A stretch of blocks with one holder list. The run's blocks are `hashes[lo..]`; each
+/// holder `(worker, end)` holds `hashes[lo..end]`, with `lo < end`; the longest holder ends at
+/// `hashes.len()`, so every block of the run is held.
+#[derive(Default)]
+struct Run {
+    hashes: Vec<u64>,
+    lo: u32,
+    /// Sorted by worker.
+    holders: Vec<(u32, u32)>,
+    /// Holders by end, for lookups; built on demand for runs with many holders, reset on
+    /// every change.
+    summary: OnceLock<Box<Summary>>,
+}
+
+/// A run's holders sorted by `end`, longest first, with the XOR of the first `i` holders'
+/// [`member_fp`]s at `fp[i]`: the holders of position `p` are a prefix (those with
+/// `end > p`), compared with a set of workers in O(1).
+struct Summary {
+    by_end: Vec<(u32, u32)>,
+    fp: Vec<u64>,
+}
+
+impl Summary {
+    fn new(holders: &[(u32, u32)]) -> Self {
+        let mut by_end: Vec<(u32, u32)> = holders.iter().map(|&(w, e)| (e, w)).collect();
+        by_end.sort_unstable_by(|a, b| b.cmp(a));
+        let mut fp = Vec::with_capacity(by_end.len() + 1);
+        let mut x = 0;
+        fp.push(0);
+        for &(_, w) in &by_end {
+            x ^= member_fp(w);
+            fp.push(x);
+        }
+        Summary { by_end, fp }
+    }
+
+    /// Holders with `end > p`.
+    fn count_past(&self, p: u32) -> usize {
+        self.by_end.partition_point(|&(e, _)| e > p)
+    }
+}
+
+impl Run {
+    fn len(&self) -> usize {
+        self.hashes.len()
+    }
+
+    /// `w`'s end (`lo` when it holds nothing here) and its place in `holders`.
+    fn end_of(&self, w: u32) -> (usize, Result<usize, usize>) {
+        let at = self.holders.binary_search_by_key(&w, |h| h.0);
+        let end = match at {
+            Ok(i) => self.holders[i].1 as usize,
+            Err(_) => self.lo as usize,
+        };
+        (end, at)
+    }
+
+    fn summary(&self) -> Option<&Summary> {
+        (self.holders.len() >= SUMMARY_MIN).then(|| {
+            &**self
+                .summary
+                .get_or_init(|| Box::new(Summary::new(&self.holders)))
+        })
+    }
+
+    fn changed(&mut self) {
+        self.summary = OnceLock::new();
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.hashes.capacity() * 8
+            + self.holders.capacity() * 8
+            + self
+                .summary
+                .get()
+                .map_or(0, |s| 32 + s.by_end.capacity() * 8 + s.fp.capacity() * 8)
+    }
+}
+
+/// Length of the common prefix of two hash slices.
+fn common_prefix(a: &[u64], b: &[u64]) -> usize {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut i = 0;
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        if x != y {
+            break;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
 }
 
 /// Per-worker resident block sets for many workers, with leading-prefix lookup.
 pub struct KvIndex {
-    /// Mixed into every key so that bucket positions depend on a per-process seed.
+    /// Mixed into every key so that slot positions depend on a per-process seed.
     seed: u64,
-    blocks: BlockTable,
-    sets: Vec<HolderSet>,
-    free_sets: Vec<u32>,
+    table: Table,
+    /// Run 0 is a permanent empty placeholder (so that no slot is all zero).
+    runs: Vec<Run>,
+    free_runs: Vec<u32>,
     workers: Vec<WorkerState>,
+    /// Per worker: (run, position) of the block it stored last; where its next new block
+    /// is appended if it still holds the run's last block. A hint only.
+    cursors: Vec<(u32, u32)>,
     by_key: HashMap<String, WorkerId>,
     pairs: u64,
 }
@@ -260,15 +359,25 @@ impl Default for KvIndex {
     }
 }
 
+/// The workers still matching during a lookup: either the first `count` holders (by end)
+/// of run `run`'s summary, or an explicit list; with their number and fingerprint.
+struct Live {
+    implicit: Option<(usize, usize)>,
+    list: Vec<u32>,
+    n: usize,
+    fp: u64,
+}
+
 impl KvIndex {
     /// An empty index; `seed` (e.g. drawn at start-up) keys the block-map hasher.
     pub fn new(seed: u64) -> Self {
         Self {
             seed,
-            blocks: BlockTable::default(),
-            sets: Vec::new(),
-            free_sets: Vec::new(),
+            table: Table::default(),
+            runs: vec![Run::default()],
+            free_runs: Vec::new(),
             workers: Vec::new(),
+            cursors: Vec::new(),
             by_key: HashMap::new(),
             pairs: 0,
         }
@@ -287,8 +396,8 @@ impl KvIndex {
         }
         let id = WorkerId(
             u32::try_from(self.workers.len())
-                .unwrap_or(NONE - 1)
-                .min(NONE - 1),
+                .unwrap_or(u32::MAX - 1)
+                .min(u32::MAX - 1),
         );
         self.workers.push(WorkerState {
             key: key.to_owned(),
@@ -299,6 +408,7 @@ impl KvIndex {
             marked_stale: false,
             removed: false,
         });
+        self.cursors.push((0, 0));
         self.by_key.insert(key.to_owned(), id);
         id
     }
@@ -380,19 +490,12 @@ impl KvIndex {
         if self.worker(w).is_none_or(|s| s.removed) {
             return 0;
         }
-        let wid = w.0;
         let mut added = 0;
         for &h in blocks {
-            let key = h ^ self.seed;
-            let new = match self.blocks.get_or_insert(key, Packed::one(wid)) {
-                (_, true) => true,
-                (p, false) => insert_holder(p, wid, &mut self.sets, &mut self.free_sets),
-            };
-            added += usize::from(new);
+            added += usize::from(self.store_one(w.index(), h));
         }
         self.pairs += added as u64;
-        let st = &mut self.workers[w.index()];
-        st.blocks += added as u64;
+        self.workers[w.index()].blocks += added as u64;
         self.touch(w, now);
         added
     }
@@ -404,18 +507,11 @@ impl KvIndex {
         }
         let mut removed = 0;
         for &h in blocks {
-            let key = h ^ self.seed;
-            let Some(p) = self.blocks.get_mut(key) else {
-                continue;
-            };
-            let (was, empty) = remove_holder(p, w.0, &mut self.sets, &mut self.free_sets);
-            if empty {
-                self.blocks.remove(key);
-            }
-            removed += usize::from(was);
+            removed += usize::from(self.remove_one(w.0, h));
         }
-        self.pairs -= removed as u64;
-        self.workers[w.index()].blocks -= removed as u64;
+        self.pairs = self.pairs.saturating_sub(removed as u64);
+        let st = &mut self.workers[w.index()];
+        st.blocks = st.blocks.saturating_sub(removed as u64);
         self.touch(w, now);
         removed
     }
@@ -439,84 +535,477 @@ impl KvIndex {
     }
 
     fn drop_all_blocks(&mut self, w: WorkerId) {
+        self.cursors[w.index()] = (0, 0);
         let st = &mut self.workers[w.index()];
         if st.blocks == 0 {
             return;
         }
         let dropped = st.blocks;
         st.blocks = 0;
-        let sets = &mut self.sets;
-        let free = &mut self.free_sets;
-        self.blocks.retain(|p| !remove_holder(p, w.0, sets, free).1);
-        self.pairs -= dropped;
+        for r in 1..self.runs.len() {
+            let run = &mut self.runs[r];
+            if let Ok(i) = run.holders.binary_search_by_key(&w.0, |h| h.0) {
+                let end = run.holders.remove(i).1 as usize;
+                run.changed();
+                if end == run.len() {
+                    self.truncate(r);
+                }
+            }
+        }
+        self.pairs = self.pairs.saturating_sub(dropped);
+    }
+
+    /// The slot of block `h`, if indexed.
+    fn locate(&self, h: u64) -> Option<usize> {
+        let runs = &self.runs;
+        let f = fold(h ^ self.seed);
+        match self
+            .table
+            .probe(f, |s| runs[slot_run(s)].hashes[slot_pos(s)] == h)
+        {
+            Probe::Found(j) => Some(j),
+            Probe::Vacant(..) => None,
+        }
+    }
+
+    /// Adds block `h` to worker `w`; true when it was new to the worker.
+    fn store_one(&mut self, w: usize, h: u64) -> bool {
+        if self.table.needs_grow() {
+            let cap = (self.table.slots.len() * 3 / 2).max(16);
+            self.table.rebuild(cap, &self.runs, self.seed);
+        }
+        let f = fold(h ^ self.seed);
+        let runs = &self.runs;
+        match self
+            .table
+            .probe(f, |s| runs[slot_run(s)].hashes[slot_pos(s)] == h)
+        {
+            Probe::Found(j) => {
+                let s = self.table.slots[j];
+                self.store_existing(w, slot_run(s), slot_pos(s))
+            }
+            Probe::Vacant(j, d) => {
+                let Some((r, pos)) = self.place_new(w, h) else {
+                    return false;
+                };
+                if !self.table.insert_at(j, d, slot(f, 0, r, pos)) {
+                    let cap = self.table.slots.len() * 3 / 2;
+                    self.table.rebuild(cap, &self.runs, self.seed);
+                }
+                self.cursors[w] = (r, pos as u32);
+                true
+            }
+        }
+    }
+
+    /// Puts a block no one holds into a run held by `w`: appended to the run of `w`'s
+    /// previous block when `w` holds that run's last block, else a new run.
+    fn place_new(&mut self, w: usize, h: u64) -> Option<(u32, usize)> {
+        let wid = w as u32;
+        let (cr, cp) = self.cursors[w];
+        if cr != 0
+            && let Some(run) = self.runs.get_mut(cr as usize)
+            && cp as usize + 1 == run.len()
+            && run.len() < MAX_RUN
+            && let (end, Ok(i)) = run.end_of(wid)
+            && end == run.len()
+        {
+            if run.hashes.len() == run.hashes.capacity() {
+                // grow by half: long runs keep little slack
+                run.hashes.reserve_exact((run.hashes.len() / 2).max(4));
+            }
+            run.hashes.push(h);
+            run.holders[i].1 += 1;
+            run.changed();
+            return Some((cr, run.len() - 1));
+        }
+        let r = self.new_run(Run {
+            hashes: vec![h],
+            lo: 0,
+            holders: vec![(wid, 1)],
+            summary: OnceLock::new(),
+        })?;
+        Some((r, 0))
+    }
+
+    fn new_run(&mut self, run: Run) -> Option<u32> {
+        if let Some(r) = self.free_runs.pop() {
+            self.runs[r as usize] = run;
+            return Some(r);
+        }
+        let r = u32::try_from(self.runs.len()).ok()?;
+        self.runs.push(run);
+        Some(r)
+    }
+
+    /// `w` stores the block at (run `r`, `pos`), which others hold.
+    fn store_existing(&mut self, w: usize, r: usize, pos: usize) -> bool {
+        let wid = w as u32;
+        let (end, at) = self.runs[r].end_of(wid);
+        if end > pos {
+            self.cursors[w] = (r as u32, pos as u32);
+            return false;
+        }
+        let (r, pos, at) = if end == pos {
+            (r, pos, at)
+        } else {
+            // a gap before `pos`: `w`'s holding would not be a prefix; cut the run at `pos`
+            let (_, (sr, sd)) = self.split(r, pos);
+            let (r, pos) = (sr as usize, pos - sd);
+            let at = self.runs[r].end_of(wid).1;
+            (r, pos, at)
+        };
+        let run = &mut self.runs[r];
+        match at {
+            Ok(i) => run.holders[i].1 += 1,
+            Err(i) => run.holders.insert(i, (wid, pos as u32 + 1)),
+        }
+        run.changed();
+        self.cursors[w] = (r as u32, pos as u32);
+        true
+    }
+
+    /// Removes block `h` from worker `w`; true when `w` held it.
+    fn remove_one(&mut self, w: u32, h: u64) -> bool {
+        let Some(j) = self.locate(h) else {
+            return false;
+        };
+        let s = self.table.slots[j];
+        let (mut r, mut pos) = (slot_run(s), slot_pos(s));
+        let (end, _) = self.runs[r].end_of(w);
+        if end <= pos {
+            return false;
+        }
+        if end > pos + 1 {
+            // `w` keeps blocks after `pos`: cut the run after it
+            let ((pr, pd), _) = self.split(r, pos + 1);
+            r = pr as usize;
+            pos -= pd;
+        }
+        let run = &mut self.runs[r];
+        if let (_, Ok(i)) = run.end_of(w) {
+            if pos == run.lo as usize {
+                run.holders.remove(i);
+            } else {
+                run.holders[i].1 = pos as u32;
+            }
+        }
+        run.changed();
+        if pos + 1 == run.len() {
+            self.truncate(r);
+        }
+        true
+    }
+
+    /// Drops the run's blocks past its longest holder (freeing the run when none is left).
+    fn truncate(&mut self, r: usize) {
+        let run = &mut self.runs[r];
+        let lo = run.lo as usize;
+        let keep = run.holders.iter().map(|h| h.1 as usize).max().unwrap_or(lo);
+        for pos in (keep..run.hashes.len()).rev() {
+            let f = fold(run.hashes[pos] ^ self.seed);
+            if let Some(j) = self.table.find_loc(f, r, pos) {
+                self.table.remove_at(j);
+            }
+        }
+        run.hashes.truncate(keep);
+        if run.holders.is_empty() {
+            // cursors still naming `r` are checked before use
+            *run = Run::default();
+            self.free_runs.push(r as u32);
+        } else if run.hashes.capacity() > 2 * run.hashes.len() + 8 {
+            run.hashes.shrink_to_fit();
+        }
+    }
+
+    /// Cuts run `r` before position `at` (`lo < at < len`) into two runs with the same
+    /// holders (each holder's prefix cut accordingly), moving the shorter part to a new run.
+    /// Returns `(run, shift)` for each part: a block of the prefix at old position `p` is
+    /// now at `(prefix.0, p - prefix.1)`, likewise for the suffix.
+    fn split(&mut self, r: usize, at: usize) -> ((u32, usize), (u32, usize)) {
+        let nr = self.new_run(Run::default());
+        let Some(nr) = nr else {
+            // out of run ids (4 billion runs): leave the run whole; the caller's update is
+            // then approximate
+            return ((r as u32, 0), (r as u32, 0));
+        };
+        let run = &mut self.runs[r];
+        let lo = run.lo as usize;
+        let len = run.len();
+        let cut = at as u32;
+        let pre: Vec<(u32, u32)> = run.holders.iter().map(|&(w, e)| (w, e.min(cut))).collect();
+        let suf: Vec<(u32, u32)> = run.holders.iter().copied().filter(|h| h.1 > cut).collect();
+        run.changed();
+        if at - lo <= len - at {
+            // the prefix moves; the suffix stays, behind a dead stretch
+            let hashes = run.hashes[lo..at].to_vec();
+            run.lo = cut;
+            run.holders = suf;
+            let shift = lo as u32;
+            let moved = Run {
+                hashes,
+                lo: 0,
+                holders: pre.into_iter().map(|(w, e)| (w, e - shift)).collect(),
+                summary: OnceLock::new(),
+            };
+            self.runs[nr as usize] = moved;
+            self.relabel(r, lo..at, nr, lo);
+            let mut suf_shift = 0;
+            let run = &mut self.runs[r];
+            if at > run.len() - at {
+                // more dead than live: compact
+                run.hashes.drain(..at);
+                run.lo = 0;
+                for h in &mut run.holders {
+                    h.1 -= cut;
+                }
+                let n = run.len();
+                self.relabel(r, at..at + n, r as u32, at);
+                suf_shift = at;
+                let run = &mut self.runs[r];
+                run.hashes.shrink_to_fit();
+            }
+            ((nr, lo), (r as u32, suf_shift))
+        } else {
+            let hashes = run.hashes[at..].to_vec();
+            run.hashes.truncate(at);
+            run.holders = pre;
+            let moved = Run {
+                hashes,
+                lo: 0,
+                holders: suf.into_iter().map(|(w, e)| (w, e - cut)).collect(),
+                summary: OnceLock::new(),
+            };
+            self.runs[nr as usize] = moved;
+            self.relabel(r, at..len, nr, at);
+            ((r as u32, 0), (nr, at))
+        }
+    }
+
+    /// Points the slots of run `from`'s old positions `old` at run `to`, position
+    /// `old - shift` (whose hashes must already be there).
+    fn relabel(&mut self, from: usize, old: std::ops::Range<usize>, to: u32, shift: usize) {
+        for p in old {
+            let h = self.runs[to as usize].hashes[p - shift];
+            let f = fold(h ^ self.seed);
+            if let Some(j) = self.table.find_loc(f, from, p) {
+                self.table.relabel(j, to, p - shift);
+            }
+        }
     }
 
     /// For the chain `hashes` (block 1 first), writes `(worker, n)` for every worker holding
     /// the first `n >= 1` blocks (leading blocks only: a gap ends a worker's match). `out` is
-    /// cleared first; order is unspecified. Cost: one map probe per block until no worker
-    /// matches any more.
+    /// cleared first; order is unspecified. Cost: one table probe per run entered, one
+    /// comparison per matched block, and the narrowing of the matching workers where the
+    /// chain leaves a run.
     pub fn match_prefix(&self, hashes: &[u64], out: &mut Vec<(WorkerId, usize)>) {
         out.clear();
-        let Some((&first, rest)) = hashes.split_first() else {
-            return;
-        };
-        let Some(p) = self.blocks.get(first ^ self.seed) else {
-            return;
-        };
-        let words = self.workers.len() / 32 + 1;
-        let (len, fp) = summary(p, &self.sets);
         let mut live = Live {
-            bits: vec![0; words],
-            next: vec![0; words],
-            len,
-            fp,
+            implicit: None,
+            list: Vec::new(),
+            n: 0,
+            fp: 0,
         };
-        for_each_holder(p, &self.sets, |w| set_bit(&mut live.bits, w));
-        // Blocks matched so far by every worker still live.
-        let mut depth = 1;
-        let mut prev = p;
-        for &h in rest {
-            let Some(p) = self.blocks.get(h ^ self.seed) else {
+        let mut bits: Vec<u64> = Vec::new();
+        let mut depth = 0;
+        while depth < hashes.len() {
+            let Some(j) = self.locate(hashes[depth]) else {
                 break;
             };
-            // The same holder word as the previous block (same inline workers or the same
-            // set slot, read at one moment) is the same set: nothing to compare.
-            if p.0 == prev.0 {
-                depth += 1;
-                continue;
+            let s = self.table.slots[j];
+            let (r, pos) = (slot_run(s), slot_pos(s));
+            let run = &self.runs[r];
+            let m = 1 + common_prefix(&run.hashes[pos + 1..], &hashes[depth + 1..]);
+            let (p, reach) = (pos as u32, (pos + m) as u32);
+            if depth == 0 {
+                self.enter_first(r, p, reach, out, &mut live);
+            } else {
+                self.narrow(r, p, reach, depth, out, &mut live, &mut bits);
             }
-            prev = p;
-            // Along a chain the holder set rarely changes from one block to the next; an
-            // equal (size, fingerprint) pair means the same set, so the step costs O(1).
-            // Otherwise the live set narrows by whole bitset words, and only the workers
-            // that drop out cost anything more: O(prompt + workers), not their product.
-            let (len, fp) = summary(p, &self.sets);
-            if len != live.len || fp != live.fp {
-                live.narrow(p, &self.sets, depth, out);
-                if live.len == 0 {
-                    break;
+            if live.n == 0 {
+                return;
+            }
+            depth += m;
+        }
+        match live.implicit {
+            Some((r, count)) => {
+                if let Some(sm) = self.runs[r].summary() {
+                    out.extend(
+                        sm.by_end[..count]
+                            .iter()
+                            .map(|&(_, w)| (WorkerId(w), depth)),
+                    );
                 }
             }
-            depth += 1;
+            None => out.extend(live.list.iter().map(|&w| (WorkerId(w), depth))),
         }
-        for_each_bit(&live.bits, |w| out.push((WorkerId(w), depth)));
+    }
+
+    /// The workers of the first run entered at `p` and matched to `reach`.
+    fn enter_first(
+        &self,
+        r: usize,
+        p: u32,
+        reach: u32,
+        out: &mut Vec<(WorkerId, usize)>,
+        live: &mut Live,
+    ) {
+        let run = &self.runs[r];
+        if let Some(sm) = run.summary() {
+            let full = sm.by_end.partition_point(|&(e, _)| e >= reach);
+            let past = sm.count_past(p);
+            for &(e, w) in &sm.by_end[full..past] {
+                out.push((WorkerId(w), (e - p) as usize));
+            }
+            *live = Live {
+                implicit: Some((r, full)),
+                list: Vec::new(),
+                n: full,
+                fp: sm.fp[full],
+            };
+            return;
+        }
+        for &(w, e) in &run.holders {
+            if e >= reach {
+                live.list.push(w);
+                live.fp ^= member_fp(w);
+            } else if e > p {
+                out.push((WorkerId(w), (e - p) as usize));
+            }
+        }
+        live.n = live.list.len();
+    }
+
+    /// Narrows the live workers (all matched to `depth`) to the holders of run `r` from `p`
+    /// to `reach`; the others are written to `out` with what they matched.
+    #[allow(clippy::too_many_arguments)]
+    fn narrow(
+        &self,
+        r: usize,
+        p: u32,
+        reach: u32,
+        depth: usize,
+        out: &mut Vec<(WorkerId, usize)>,
+        live: &mut Live,
+        bits: &mut Vec<u64>,
+    ) {
+        let run = &self.runs[r];
+        let sm = run.summary();
+        if let Some(sm) = sm {
+            let past = sm.count_past(p);
+            if past == live.n && sm.fp[past] == live.fp {
+                // the live workers are exactly this run's holders at `p`
+                let full = sm.by_end.partition_point(|&(e, _)| e >= reach);
+                for &(e, w) in &sm.by_end[full..past] {
+                    out.push((WorkerId(w), depth + (e - p) as usize));
+                }
+                *live = Live {
+                    implicit: Some((r, full)),
+                    list: std::mem::take(&mut live.list),
+                    n: full,
+                    fp: sm.fp[full],
+                };
+                return;
+            }
+        }
+        if let Some((lr, count)) = live.implicit.take() {
+            live.list.clear();
+            if let Some(lsm) = self.runs[lr].summary() {
+                live.list
+                    .extend(lsm.by_end[..count].iter().map(|&(_, w)| w));
+            }
+        }
+        let holders = &run.holders;
+        let mut fp = 0;
+        if live.list.len() * 8 <= holders.len() || live.list.len() <= 4 {
+            // few live workers: look each up
+            let mut k = 0;
+            for i in 0..live.list.len() {
+                let w = live.list[i];
+                let e = holders
+                    .binary_search_by_key(&w, |h| h.0)
+                    .map_or(0, |x| holders[x].1);
+                if e >= reach {
+                    live.list[k] = w;
+                    k += 1;
+                    fp ^= member_fp(w);
+                } else if e > p {
+                    out.push((WorkerId(w), depth + (e - p) as usize));
+                } else {
+                    out.push((WorkerId(w), depth));
+                }
+            }
+            live.list.truncate(k);
+        } else {
+            // one pass over each: mark the live workers, walk the holders
+            let words = self.workers.len() / 64 + 1;
+            bits.clear();
+            bits.resize(words, 0);
+            for &w in &live.list {
+                if let Some(b) = bits.get_mut((w / 64) as usize) {
+                    *b |= 1 << (w % 64);
+                }
+            }
+            live.list.clear();
+            for &(w, e) in holders {
+                let (word, mask) = ((w / 64) as usize, 1u64 << (w % 64));
+                if bits.get(word).is_some_and(|b| b & mask != 0) {
+                    bits[word] &= !mask;
+                    if e >= reach {
+                        live.list.push(w);
+                        fp ^= member_fp(w);
+                    } else if e > p {
+                        out.push((WorkerId(w), depth + (e - p) as usize));
+                    } else {
+                        out.push((WorkerId(w), depth));
+                    }
+                }
+            }
+            for (i, &word) in bits.iter().enumerate() {
+                let mut x = word;
+                while x != 0 {
+                    out.push((WorkerId(i as u32 * 64 + x.trailing_zeros()), depth));
+                    x &= x - 1;
+                }
+            }
+        }
+        live.n = live.list.len();
+        live.fp = fp;
     }
 
     /// Leading blocks of `hashes` that one worker holds.
     pub fn matched_blocks(&self, w: WorkerId, hashes: &[u64]) -> usize {
-        hashes
-            .iter()
-            .take_while(|&&h| {
-                self.blocks
-                    .get(h ^ self.seed)
-                    .is_some_and(|p| holds(p, w.0, &self.sets))
-            })
-            .count()
+        let mut depth = 0;
+        while depth < hashes.len() {
+            let Some(j) = self.locate(hashes[depth]) else {
+                break;
+            };
+            let s = self.table.slots[j];
+            let (r, pos) = (slot_run(s), slot_pos(s));
+            let run = &self.runs[r];
+            let (end, _) = run.end_of(w.0);
+            if end <= pos {
+                break;
+            }
+            let m = 1 + common_prefix(&run.hashes[pos + 1..end], &hashes[depth + 1..]);
+            depth += m;
+            // the chain goes on to the run's next block, which the worker does not hold
+            if pos + m == end
+                && run
+                    .hashes
+                    .get(end)
+                    .is_some_and(|&h| hashes.get(depth) == Some(&h))
+            {
+                break;
+            }
+        }
+        depth
     }
 
     /// Number of distinct blocks held by anyone.
     pub fn distinct_blocks(&self) -> usize {
-        self.blocks.len()
+        self.table.len
     }
 
     /// Number of (block, worker) pairs.
@@ -524,334 +1013,15 @@ impl KvIndex {
         self.pairs
     }
 
-    /// Heap bytes of the block structures (block table slots + holder sets), computed from
+    /// Heap bytes of the block structures (table slots, runs, holder lists), computed from
     /// their capacities.
     pub fn memory_bytes(&self) -> usize {
-        let sets: usize = self.sets.iter().map(|s| s.data.capacity() * 4).sum();
-        self.blocks.heap_bytes()
-            + self.sets.capacity() * std::mem::size_of::<HolderSet>()
-            + sets
-            + self.free_sets.capacity() * 4
+        self.table.heap_bytes()
+            + self.runs.capacity() * std::mem::size_of::<Run>()
+            + self.runs.iter().map(Run::heap_bytes).sum::<usize>()
+            + self.free_runs.capacity() * 4
+            + self.cursors.capacity() * 8
     }
-}
-
-/// Holders of a block held by three or more workers, with the XOR of their [`member_fp`]s
-/// (kept in step, so that lookups compare sets in O(1)). Small sets are sorted ids; once ids
-/// would take more room than a bitset over the ids seen, the set becomes a bitset (so a block
-/// held by most of 1,000 workers costs 128 bytes, and lookups narrow by whole words).
-#[derive(Default)]
-struct HolderSet {
-    fp: u64,
-    len: u32,
-    bits: bool,
-    /// Sorted worker ids, or (when `bits`) a bitset in 32-bit words.
-    data: Vec<u32>,
-}
-
-impl HolderSet {
-    fn from_three(a: u32, b: u32, c: u32) -> Self {
-        let mut data = vec![a, b, c];
-        data.sort_unstable();
-        HolderSet {
-            fp: member_fp(a) ^ member_fp(b) ^ member_fp(c),
-            len: 3,
-            bits: false,
-            data,
-        }
-    }
-
-    fn contains(&self, w: u32) -> bool {
-        if self.bits {
-            test_bit(&self.data, w)
-        } else {
-            self.data.binary_search(&w).is_ok()
-        }
-    }
-
-    fn for_each(&self, mut f: impl FnMut(u32)) {
-        if self.bits {
-            for_each_bit(&self.data, f);
-        } else {
-            self.data.iter().for_each(|&w| f(w));
-        }
-    }
-
-    /// Adds `w`; returns whether it was new.
-    fn insert(&mut self, w: u32) -> bool {
-        if self.bits {
-            let word = (w / 32) as usize;
-            if word >= self.data.len() {
-                self.data.resize(word + 1, 0);
-            }
-            let mask = 1u32 << (w % 32);
-            if self.data[word] & mask != 0 {
-                return false;
-            }
-            self.data[word] |= mask;
-        } else {
-            let Err(pos) = self.data.binary_search(&w) else {
-                return false;
-            };
-            self.data.insert(pos, w);
-            let max = self.data.last().copied().unwrap_or(0);
-            if self.data.len() > words_for(max) {
-                let mut bits = vec![0u32; words_for(max)];
-                for &m in &self.data {
-                    bits[(m / 32) as usize] |= 1 << (m % 32);
-                }
-                self.data = bits;
-                self.bits = true;
-            }
-        }
-        self.len += 1;
-        self.fp ^= member_fp(w);
-        true
-    }
-
-    /// Removes `w`; returns whether it was there.
-    fn remove(&mut self, w: u32) -> bool {
-        if self.bits {
-            let mask = 1u32 << (w % 32);
-            match self.data.get_mut((w / 32) as usize) {
-                Some(word) if *word & mask != 0 => *word &= !mask,
-                _ => return false,
-            }
-            self.len -= 1;
-            if (self.len as usize) * 2 < self.data.len() {
-                let mut ids = Vec::with_capacity(self.len as usize);
-                for_each_bit(&self.data, |m| ids.push(m));
-                self.data = ids;
-                self.bits = false;
-            }
-        } else {
-            let Ok(pos) = self.data.binary_search(&w) else {
-                return false;
-            };
-            self.data.remove(pos);
-            self.len -= 1;
-        }
-        self.fp ^= member_fp(w);
-        true
-    }
-
-    /// The two members of a two-member set.
-    fn pair(&self) -> Option<(u32, u32)> {
-        if self.len != 2 {
-            return None;
-        }
-        let mut it = [NONE; 2];
-        let mut n = 0;
-        self.for_each(|m| {
-            if n < 2 {
-                it[n] = m;
-            }
-            n += 1;
-        });
-        Some((it[0], it[1]))
-    }
-}
-
-/// 32-bit words of a bitset holding ids up to `max`.
-fn words_for(max: u32) -> usize {
-    (max / 32) as usize + 1
-}
-
-fn test_bit(words: &[u32], w: u32) -> bool {
-    words
-        .get((w / 32) as usize)
-        .is_some_and(|x| x & (1 << (w % 32)) != 0)
-}
-
-fn set_bit(words: &mut [u32], w: u32) {
-    if let Some(x) = words.get_mut((w / 32) as usize) {
-        *x |= 1 << (w % 32);
-    }
-}
-
-fn for_each_bit(words: &[u32], mut f: impl FnMut(u32)) {
-    for (i, &word) in words.iter().enumerate() {
-        let mut x = word;
-        while x != 0 {
-            f(i as u32 * 32 + x.trailing_zeros());
-            x &= x - 1;
-        }
-    }
-}
-
-/// A worker's contribution to a set fingerprint.
-fn member_fp(w: u32) -> u64 {
-    fold(u64::from(w) ^ 0xA076_1D64_78BD_642F)
-}
-
-/// (number of holders, fingerprint) of a block.
-fn summary(p: Packed, sets: &[HolderSet]) -> (usize, u64) {
-    if p.lo() == NONE {
-        sets.get(p.hi() as usize)
-            .map_or((0, 0), |s| (s.len as usize, s.fp))
-    } else if p.hi() == NONE {
-        (1, member_fp(p.lo()))
-    } else {
-        (2, member_fp(p.lo()) ^ member_fp(p.hi()))
-    }
-}
-
-/// The workers still matching a chain, as a bitset over worker ids, with their count and
-/// fingerprint; `next` is scratch of the same width.
-struct Live {
-    bits: Vec<u32>,
-    next: Vec<u32>,
-    len: usize,
-    fp: u64,
-}
-
-impl Live {
-    /// Keeps the live workers that also hold block `p`; the others are written to `out`
-    /// with `depth` as their match. Cost: O(bitset words + holders of `p` if a list + dropped).
-    fn narrow(
-        &mut self,
-        p: Packed,
-        sets: &[HolderSet],
-        depth: usize,
-        out: &mut Vec<(WorkerId, usize)>,
-    ) {
-        let next = &mut self.next;
-        let set = (p.lo() == NONE)
-            .then(|| sets.get(p.hi() as usize))
-            .flatten();
-        let mut len = 0;
-        let mut drop_word = |i: usize, was: u32, now: u32| {
-            len += now.count_ones() as usize;
-            let mut gone = was & !now;
-            while gone != 0 {
-                let w = i as u32 * 32 + gone.trailing_zeros();
-                out.push((WorkerId(w), depth));
-                self.fp ^= member_fp(w);
-                gone &= gone - 1;
-            }
-        };
-        match set {
-            Some(s) if s.bits => {
-                // one pass: intersect word by word, emitting the workers that drop out
-                let held = s.data.iter().copied().chain(std::iter::repeat(0));
-                for (i, ((n, &was), h)) in next.iter_mut().zip(&self.bits).zip(held).enumerate() {
-                    *n = was & h;
-                    if was != 0 {
-                        drop_word(i, was, *n);
-                    }
-                }
-            }
-            set => {
-                next.fill(0);
-                let mut keep = |w: u32| {
-                    if test_bit(&self.bits, w) {
-                        set_bit(next, w);
-                    }
-                };
-                match set {
-                    Some(s) => s.data.iter().for_each(|&w| keep(w)),
-                    None if p.lo() == NONE => {}
-                    None => {
-                        keep(p.lo());
-                        if p.hi() != NONE {
-                            keep(p.hi());
-                        }
-                    }
-                }
-                for (i, (&was, &now)) in self.bits.iter().zip(next.iter()).enumerate() {
-                    if was != 0 {
-                        drop_word(i, was, now);
-                    }
-                }
-            }
-        }
-        self.len = len;
-        std::mem::swap(&mut self.bits, &mut self.next);
-    }
-}
-
-fn for_each_holder(p: Packed, sets: &[HolderSet], mut f: impl FnMut(u32)) {
-    if p.lo() == NONE {
-        if let Some(s) = sets.get(p.hi() as usize) {
-            s.for_each(f);
-        }
-    } else {
-        f(p.lo());
-        if p.hi() != NONE {
-            f(p.hi());
-        }
-    }
-}
-
-fn holds(p: Packed, w: u32, sets: &[HolderSet]) -> bool {
-    if p.lo() == NONE {
-        sets.get(p.hi() as usize).is_some_and(|s| s.contains(w))
-    } else {
-        p.lo() == w || p.hi() == w
-    }
-}
-
-/// Adds `w`; returns whether it was new.
-fn insert_holder(p: &mut Packed, w: u32, sets: &mut Vec<HolderSet>, free: &mut Vec<u32>) -> bool {
-    let (lo, hi) = (p.lo(), p.hi());
-    if lo != NONE {
-        if lo == w || hi == w {
-            return false;
-        }
-        if hi == NONE {
-            *p = Packed::two(lo, w);
-            return true;
-        }
-        let set = HolderSet::from_three(lo, hi, w);
-        let i = match free.pop() {
-            Some(i) => {
-                sets[i as usize] = set;
-                i
-            }
-            None => {
-                sets.push(set);
-                (sets.len() - 1) as u32
-            }
-        };
-        *p = Packed::set(i);
-        return true;
-    }
-    sets.get_mut(hi as usize).is_some_and(|s| s.insert(w))
-}
-
-/// Removes `w`; returns (whether it was there, whether the block has no holder left).
-fn remove_holder(
-    p: &mut Packed,
-    w: u32,
-    sets: &mut [HolderSet],
-    free: &mut Vec<u32>,
-) -> (bool, bool) {
-    let (lo, hi) = (p.lo(), p.hi());
-    if lo != NONE {
-        if lo == w {
-            if hi == NONE {
-                return (true, true);
-            }
-            *p = Packed::one(hi);
-            return (true, false);
-        }
-        if hi == w {
-            *p = Packed::one(lo);
-            return (true, false);
-        }
-        return (false, false);
-    }
-    let Some(s) = sets.get_mut(hi as usize) else {
-        return (false, false);
-    };
-    if !s.remove(w) {
-        return (false, false);
-    }
-    if let Some((a, b)) = s.pair() {
-        *p = Packed::two(a, b);
-        *s = HolderSet::default();
-        free.push(hi);
-    }
-    (true, false)
 }
 
 #[cfg(test)]
@@ -1064,49 +1234,6 @@ mod tests {
         // wide bitsets (several words) narrowing word by word
         let active: Vec<usize> = (0..90).collect();
         random_against_naive(0xbeef, 90, &active, 2_000);
-    }
-
-    #[test]
-    fn block_table_matches_a_hash_map() {
-        use std::collections::HashMap;
-        let mut state = 0x7ab1e_u64;
-        let mut next = |n: u64| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) % n
-        };
-        let mut t = BlockTable::default();
-        let mut m: HashMap<u64, u64> = HashMap::new();
-        for step in 0..20_000u64 {
-            // few distinct keys (0 included) so that clusters form, wrap and shrink
-            let key = next(300);
-            match next(8) {
-                0..=3 => {
-                    let (p, new) = t.get_or_insert(key, Packed(step));
-                    assert_eq!(new, !m.contains_key(&key));
-                    if !new {
-                        p.0 = step;
-                    }
-                    m.insert(key, step);
-                }
-                4..=6 => {
-                    t.remove(key);
-                    m.remove(&key);
-                }
-                _ => {
-                    let cut = next(300);
-                    t.retain(|p| p.0 % 300 < cut);
-                    m.retain(|_, v| *v % 300 < cut);
-                }
-            }
-            assert_eq!(t.len(), m.len(), "step {step}");
-            let probe = next(300);
-            assert_eq!(t.get(probe).map(|p| p.0), m.get(&probe).copied());
-        }
-        for (k, v) in &m {
-            assert_eq!(t.get(*k).map(|p| p.0), Some(*v));
-        }
     }
 
     #[test]
