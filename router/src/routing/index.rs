@@ -72,6 +72,11 @@ const MAX_RUN: usize = 1 << 16;
 /// Runs with at least this many holders get a by-end summary for lookups.
 const SUMMARY_MIN: usize = 16;
 
+/// New blocks are appended only to runs with at most this many holders: appending to a run
+/// many workers share makes its tail one worker's, and every tail removal then scans all the
+/// holders for the new longest one.
+const APPEND_MAX_HOLDERS: usize = 8;
+
 /// Mixes a block key (hash XOR the per-index seed) into a table position: a multiply-fold
 /// spreads every input bit, so crafted prompts cannot target slots without knowing the seed.
 fn fold(v: u64) -> u64 {
@@ -298,6 +303,14 @@ impl Run {
         (end, at)
     }
 
+    /// [`Run::end_of`], trying position `hint` in `holders` first.
+    fn end_of_hinted(&self, w: u32, hint: u32) -> (usize, Result<usize, usize>) {
+        match self.holders.get(hint as usize) {
+            Some(&(hw, e)) if hw == w => (e as usize, Ok(hint as usize)),
+            _ => self.end_of(w),
+        }
+    }
+
     fn summary(&self) -> Option<&Summary> {
         (self.holders.len() >= SUMMARY_MIN).then(|| {
             &**self
@@ -346,9 +359,10 @@ pub struct KvIndex {
     runs: Vec<Run>,
     free_runs: Vec<u32>,
     workers: Vec<WorkerState>,
-    /// Per worker: (run, position) of the block it stored last; where its next new block
-    /// is appended if it still holds the run's last block. A hint only.
-    cursors: Vec<(u32, u32)>,
+    /// Per worker: (run, position, place in the run's holders) of the block it stored last;
+    /// where its next new block is appended if it still holds the run's last block, and
+    /// where its next block is looked for first. A hint only: checked before use.
+    cursors: Vec<(u32, u32, u32)>,
     by_key: HashMap<String, WorkerId>,
     pairs: u64,
 }
@@ -408,7 +422,7 @@ impl KvIndex {
             marked_stale: false,
             removed: false,
         });
-        self.cursors.push((0, 0));
+        self.cursors.push((0, 0, 0));
         self.by_key.insert(key.to_owned(), id);
         id
     }
@@ -535,7 +549,7 @@ impl KvIndex {
     }
 
     fn drop_all_blocks(&mut self, w: WorkerId) {
-        self.cursors[w.index()] = (0, 0);
+        self.cursors[w.index()] = (0, 0, 0);
         let st = &mut self.workers[w.index()];
         if st.blocks == 0 {
             return;
@@ -570,6 +584,14 @@ impl KvIndex {
 
     /// Adds block `h` to worker `w`; true when it was new to the worker.
     fn store_one(&mut self, w: usize, h: u64) -> bool {
+        // the block after the previous one in its run: no probe needed
+        let (cr, cp, _) = self.cursors[w];
+        if let Some(run) = self.runs.get(cr as usize) {
+            let next = cp as usize + 1;
+            if next >= run.lo as usize && run.hashes.get(next) == Some(&h) {
+                return self.store_existing(w, cr as usize, next);
+            }
+        }
         if self.table.needs_grow() {
             let cap = (self.table.slots.len() * 3 / 2).max(16);
             self.table.rebuild(cap, &self.runs, self.seed);
@@ -592,7 +614,6 @@ impl KvIndex {
                     let cap = self.table.slots.len() * 3 / 2;
                     self.table.rebuild(cap, &self.runs, self.seed);
                 }
-                self.cursors[w] = (r, pos as u32);
                 true
             }
         }
@@ -602,12 +623,13 @@ impl KvIndex {
     /// previous block when `w` holds that run's last block, else a new run.
     fn place_new(&mut self, w: usize, h: u64) -> Option<(u32, usize)> {
         let wid = w as u32;
-        let (cr, cp) = self.cursors[w];
+        let (cr, cp, hint) = self.cursors[w];
         if cr != 0
             && let Some(run) = self.runs.get_mut(cr as usize)
             && cp as usize + 1 == run.len()
             && run.len() < MAX_RUN
-            && let (end, Ok(i)) = run.end_of(wid)
+            && run.holders.len() <= APPEND_MAX_HOLDERS
+            && let (end, Ok(i)) = run.end_of_hinted(wid, hint)
             && end == run.len()
         {
             if run.hashes.len() == run.hashes.capacity() {
@@ -617,7 +639,9 @@ impl KvIndex {
             run.hashes.push(h);
             run.holders[i].1 += 1;
             run.changed();
-            return Some((cr, run.len() - 1));
+            let pos = run.len() - 1;
+            self.cursors[w] = (cr, pos as u32, i as u32);
+            return Some((cr, pos));
         }
         let r = self.new_run(Run {
             hashes: vec![h],
@@ -625,6 +649,7 @@ impl KvIndex {
             holders: vec![(wid, 1)],
             summary: OnceLock::new(),
         })?;
+        self.cursors[w] = (r, 0, 0);
         Some((r, 0))
     }
 
@@ -641,9 +666,10 @@ impl KvIndex {
     /// `w` stores the block at (run `r`, `pos`), which others hold.
     fn store_existing(&mut self, w: usize, r: usize, pos: usize) -> bool {
         let wid = w as u32;
-        let (end, at) = self.runs[r].end_of(wid);
+        let hint = self.cursors[w].2;
+        let (end, at) = self.runs[r].end_of_hinted(wid, hint);
         if end > pos {
-            self.cursors[w] = (r as u32, pos as u32);
+            self.cursors[w] = (r as u32, pos as u32, at.unwrap_or(0) as u32);
             return false;
         }
         let (r, pos, at) = if end == pos {
@@ -656,12 +682,18 @@ impl KvIndex {
             (r, pos, at)
         };
         let run = &mut self.runs[r];
-        match at {
-            Ok(i) => run.holders[i].1 += 1,
-            Err(i) => run.holders.insert(i, (wid, pos as u32 + 1)),
-        }
+        let i = match at {
+            Ok(i) => {
+                run.holders[i].1 += 1;
+                i
+            }
+            Err(i) => {
+                run.holders.insert(i, (wid, pos as u32 + 1));
+                i
+            }
+        };
         run.changed();
-        self.cursors[w] = (r as u32, pos as u32);
+        self.cursors[w] = (r as u32, pos as u32, i as u32);
         true
     }
 
@@ -1020,7 +1052,7 @@ impl KvIndex {
             + self.runs.capacity() * std::mem::size_of::<Run>()
             + self.runs.iter().map(Run::heap_bytes).sum::<usize>()
             + self.free_runs.capacity() * 4
-            + self.cursors.capacity() * 8
+            + self.cursors.capacity() * 12
     }
 }
 
