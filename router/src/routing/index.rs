@@ -505,8 +505,11 @@ impl KvIndex {
             return 0;
         }
         let mut added = 0;
-        for &h in blocks {
-            added += usize::from(self.store_one(w.index(), h));
+        for batch in blocks.chunks(16) {
+            self.touch_slots(batch);
+            for &h in batch {
+                added += usize::from(self.store_one(w.index(), h));
+            }
         }
         self.pairs += added as u64;
         self.workers[w.index()].blocks += added as u64;
@@ -569,6 +572,19 @@ impl KvIndex {
         self.pairs = self.pairs.saturating_sub(dropped);
     }
 
+    /// Reads the home slots of `batch` up front: independent loads whose cache misses
+    /// overlap, instead of one miss after the other in the probes that follow.
+    fn touch_slots(&self, batch: &[u64]) {
+        if self.table.slots.is_empty() || batch.len() < 2 {
+            return;
+        }
+        let mut acc = 0;
+        for &h in batch {
+            acc ^= self.table.slots[self.table.home(fold(h ^ self.seed))];
+        }
+        std::hint::black_box(acc);
+    }
+
     /// The slot of block `h`, if indexed.
     fn locate(&self, h: u64) -> Option<usize> {
         let runs = &self.runs;
@@ -593,7 +609,7 @@ impl KvIndex {
             }
         }
         if self.table.needs_grow() {
-            let cap = (self.table.slots.len() * 3 / 2).max(16);
+            let cap = (self.table.slots.len() * 2).max(16);
             self.table.rebuild(cap, &self.runs, self.seed);
         }
         let f = fold(h ^ self.seed);
