@@ -1073,6 +1073,79 @@ impl KvIndex {
 }
 
 #[cfg(test)]
+impl KvIndex {
+    /// Checks every structural invariant; panics with the first broken one.
+    fn check_invariants(&self) {
+        let mut blocks = 0;
+        let mut pairs = 0u64;
+        let mut per_worker = vec![0u64; self.workers.len()];
+        for (r, run) in self.runs.iter().enumerate().skip(1) {
+            if run.holders.is_empty() {
+                assert!(run.hashes.is_empty(), "run {r}: blocks without holders");
+                assert!(
+                    self.free_runs.contains(&(r as u32)),
+                    "run {r}: empty, not free"
+                );
+                continue;
+            }
+            let lo = run.lo as usize;
+            assert!(lo < run.len() && run.len() <= MAX_RUN, "run {r}: bounds");
+            assert!(
+                run.holders.windows(2).all(|p| p[0].0 < p[1].0),
+                "run {r}: holders unsorted"
+            );
+            let max = run.holders.iter().map(|h| h.1 as usize).max();
+            assert_eq!(max, Some(run.len()), "run {r}: longest holder != length");
+            for &(w, e) in &run.holders {
+                assert!(e as usize > lo, "run {r}: empty holder {w}");
+                pairs += u64::from(e) - lo as u64;
+                per_worker[w as usize] += u64::from(e) - lo as u64;
+            }
+            for (pos, &h) in run.hashes.iter().enumerate().skip(lo) {
+                let j = self
+                    .locate(h)
+                    .unwrap_or_else(|| panic!("run {r}: {h} not in table"));
+                let s = self.table.slots[j];
+                assert_eq!(
+                    (slot_run(s), slot_pos(s)),
+                    (r, pos),
+                    "block {h}: wrong slot"
+                );
+                blocks += 1;
+            }
+        }
+        assert_eq!(self.table.len, blocks, "table length");
+        let occupied = self.table.slots.iter().filter(|&&s| s != 0).count();
+        assert_eq!(occupied, blocks, "occupied slots");
+        let cap = self.table.slots.len();
+        for (j, &s) in self.table.slots.iter().enumerate() {
+            if s != 0 {
+                let h = self.runs[slot_run(s)].hashes[slot_pos(s)];
+                let home = self.table.home(fold(h ^ self.seed));
+                assert_eq!(
+                    (home + slot_dist(s) as usize) % cap,
+                    j,
+                    "slot {j}: distance"
+                );
+            }
+        }
+        assert_eq!(self.pairs, pairs, "pair count");
+        for (w, st) in self.workers.iter().enumerate() {
+            assert_eq!(st.blocks, per_worker[w], "worker {w}: block count");
+        }
+    }
+
+    /// Live runs.
+    fn run_count(&self) -> usize {
+        self.runs
+            .iter()
+            .skip(1)
+            .filter(|r| !r.holders.is_empty())
+            .count()
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1256,6 +1329,7 @@ mod tests {
                 .filter(|&(_, n)| n > 0)
                 .collect();
             want.sort();
+            ix.check_invariants();
             assert_eq!(matches(&ix, query), want, "step {step}");
             let probe = next(ws.len() as u64) as usize;
             assert_eq!(ix.matched_blocks(ws[probe], query), depth(&naive[probe]));
@@ -1282,6 +1356,291 @@ mod tests {
         // wide bitsets (several words) narrowing word by word
         let active: Vec<usize> = (0..90).collect();
         random_against_naive(0xbeef, 90, &active, 2_000);
+    }
+
+    /// A chain of `n` block hashes, distinct per `seed` (sharing nothing with other seeds).
+    fn ch(seed: u64, n: usize) -> Vec<u64> {
+        (0..n as u64)
+            .map(|i| fold(seed * 1_000_003 + i + 1))
+            .collect()
+    }
+
+    #[test]
+    fn a_chain_stored_in_batches_is_one_run() {
+        let mut ix = KvIndex::new(5);
+        let a = ix.upsert_worker("a", 16);
+        let c = ch(1, 200);
+        for b in c.chunks(16) {
+            ix.apply_stored(a, b, 0.0);
+        }
+        assert_eq!(ix.run_count(), 1);
+        assert_eq!(matches(&ix, &c), vec![(a, 200)]);
+        ix.check_invariants();
+    }
+
+    #[test]
+    fn a_run_splits_where_a_holder_set_diverges() {
+        let mut ix = KvIndex::new(5);
+        let a = ix.upsert_worker("a", 16);
+        let b = ix.upsert_worker("b", 16);
+        let c = ch(1, 100);
+        ix.apply_stored(a, &c, 0.0);
+        // b holds blocks 40..60 only: not a prefix of the run, which splits around them
+        ix.apply_stored(b, &c[40..60], 0.0);
+        ix.check_invariants();
+        assert_eq!(
+            ix.run_count(),
+            2,
+            "cut at 40; b's blocks are a prefix of the tail"
+        );
+        assert_eq!(matches(&ix, &c), vec![(a, 100)]);
+        assert_eq!(matches(&ix, &c[40..]), vec![(a, 60), (b, 20)]);
+        assert_eq!(ix.matched_blocks(b, &c[40..]), 20);
+        // b fills the gap from the start: its holding of the first run becomes a prefix
+        ix.apply_stored(b, &c[..40], 0.0);
+        ix.check_invariants();
+        assert_eq!(matches(&ix, &c), vec![(a, 100), (b, 60)]);
+    }
+
+    #[test]
+    fn removal_from_the_middle_of_a_run() {
+        let mut ix = KvIndex::new(5);
+        let a = ix.upsert_worker("a", 16);
+        let b = ix.upsert_worker("b", 16);
+        let c = ch(2, 64);
+        ix.apply_stored(a, &c, 0.0);
+        ix.apply_stored(b, &c, 0.0);
+        assert_eq!(ix.apply_removed(a, &[c[20]], 1.0), 1);
+        ix.check_invariants();
+        assert_eq!(matches(&ix, &c), vec![(a, 20), (b, 64)]);
+        assert_eq!(matches(&ix, &c[21..]), vec![(a, 43), (b, 43)]);
+        assert_eq!(ix.distinct_blocks(), 64, "b still holds the block");
+        assert_eq!(ix.apply_removed(b, &[c[20]], 1.0), 1);
+        ix.check_invariants();
+        assert_eq!(ix.distinct_blocks(), 63);
+        assert_eq!(matches(&ix, &c), vec![(a, 20), (b, 20)]);
+        assert_eq!(ix.apply_removed(b, &[c[20]], 1.0), 0, "already gone");
+    }
+
+    #[test]
+    fn evicting_a_runs_tail_drops_its_blocks() {
+        let mut ix = KvIndex::new(5);
+        let a = ix.upsert_worker("a", 16);
+        let b = ix.upsert_worker("b", 16);
+        let c = ch(3, 50);
+        ix.apply_stored(a, &c, 0.0);
+        ix.apply_stored(b, &c[..10], 0.0);
+        for h in c[10..].iter().rev() {
+            assert_eq!(ix.apply_removed(a, &[*h], 1.0), 1);
+            ix.check_invariants();
+        }
+        assert_eq!(ix.distinct_blocks(), 10);
+        assert_eq!(matches(&ix, &c), vec![(a, 10), (b, 10)]);
+        // the worker's next blocks extend the run again
+        ix.apply_stored(a, &c[10..20], 2.0);
+        ix.check_invariants();
+        assert_eq!(matches(&ix, &c), vec![(a, 20), (b, 10)]);
+        for &h in c.iter().rev() {
+            ix.apply_removed(a, &[h], 3.0);
+            ix.apply_removed(b, &[h], 3.0);
+        }
+        ix.check_invariants();
+        assert_eq!(
+            (ix.distinct_blocks(), ix.pairs(), ix.run_count()),
+            (0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_chain_shared_by_many_workers_at_different_depths() {
+        let mut ix = KvIndex::new(5);
+        let c = ch(4, 300);
+        let ws: Vec<WorkerId> = (0..120)
+            .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
+            .collect();
+        for (i, &w) in ws.iter().enumerate() {
+            let depth = (i * 37) % 301;
+            for b in c[..depth].chunks(16) {
+                ix.apply_stored(w, b, 0.0);
+            }
+            // unrelated blocks after the chain, as a busy worker stores them
+            ix.apply_stored(w, &ch(1_000 + i as u64, 20), 0.0);
+        }
+        ix.check_invariants();
+        let want: Vec<(WorkerId, usize)> = ws
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| (w, (i * 37) % 301))
+            .filter(|&(_, d)| d > 0)
+            .collect();
+        // twice: the second lookup uses the by-end summaries built by the first
+        assert_eq!(matches(&ix, &c), want);
+        assert_eq!(matches(&ix, &c), want);
+        for (i, &w) in ws.iter().enumerate() {
+            assert_eq!(ix.matched_blocks(w, &c), (i * 37) % 301);
+        }
+        // a shorter query and one starting mid-chain
+        let short: Vec<(WorkerId, usize)> = want.iter().map(|&(w, d)| (w, d.min(100))).collect();
+        assert_eq!(matches(&ix, &c[..100]), short);
+        let mid: Vec<(WorkerId, usize)> = want
+            .iter()
+            .filter(|&&(_, d)| d > 150)
+            .map(|&(w, d)| (w, d - 150))
+            .collect();
+        assert_eq!(matches(&ix, &c[150..]), mid);
+    }
+
+    #[test]
+    fn snapshots_and_clear_replace_runs() {
+        let mut ix = KvIndex::new(5);
+        let ws: Vec<WorkerId> = (0..20)
+            .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
+            .collect();
+        let c = ch(5, 80);
+        for &w in &ws {
+            ix.apply_stored(w, &c, 0.0);
+        }
+        // a snapshot in no particular order, sharing half the chain
+        let mut snap: Vec<u64> = c[..40].iter().rev().copied().collect();
+        snap.extend(ch(6, 10));
+        ix.apply_snapshot(ws[3], 2, &snap, 1.0);
+        ix.check_invariants();
+        let got = matches(&ix, &c);
+        assert_eq!(got.len(), 20);
+        assert!(
+            got.iter()
+                .all(|&(w, d)| d == if w == ws[3] { 40 } else { 80 })
+        );
+        assert_eq!(matches(&ix, &ch(6, 10)), vec![(ws[3], 10)]);
+        for (i, &w) in ws[..19].iter().enumerate() {
+            if i != 3 {
+                ix.clear(w, 2.0);
+                ix.check_invariants();
+            }
+        }
+        assert_eq!(matches(&ix, &c), vec![(ws[3], 40), (ws[19], 80)]);
+        ix.remove_worker(ws[19]);
+        ix.check_invariants();
+        assert_eq!(matches(&ix, &c), vec![(ws[3], 40)]);
+        assert_eq!(ix.pairs(), 50);
+    }
+
+    /// vLLM-like traffic against per-worker hash sets: conversations on a few shared system
+    /// prompts, stored in batches that follow their chains (interleaved between requests),
+    /// evicted leaf first or at random, plus clears, shuffled snapshots and worker removal.
+    /// After every step the lookups of several prompts agree with the model and the layout's
+    /// invariants hold.
+    fn chains_against_naive(seed: u64, workers: usize, steps: usize) {
+        use std::collections::HashSet;
+        let mut state = seed;
+        let mut next = |n: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % n.max(1)
+        };
+        // prompts: a system prefix (one of 3) followed by a private part
+        let prefixes: Vec<Vec<u64>> = (0..3).map(|p| ch(900 + p, 8 + 8 * p as usize)).collect();
+        let prompts: Vec<Vec<u64>> = (0..24u64)
+            .map(|i| {
+                let mut v = prefixes[(i % 3) as usize].clone();
+                // chained hashes: the private part depends on the prefix it follows
+                v.extend(ch(2_000 + i, 10 + (i as usize * 7) % 40));
+                v
+            })
+            .collect();
+        let mut ix = KvIndex::new(seed);
+        let ws: Vec<WorkerId> = (0..workers)
+            .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
+            .collect();
+        let mut naive: Vec<HashSet<u64>> = vec![HashSet::new(); workers];
+        let mut removed = vec![false; workers];
+        let mut out = Vec::new();
+        for step in 0..steps {
+            let w = next(workers as u64) as usize;
+            let p = &prompts[next(prompts.len() as u64) as usize];
+            match next(20) {
+                0..=9 => {
+                    // a request's blocks, in batches from some depth, following the chain
+                    let from = next(p.len() as u64 / 2) as usize;
+                    let to = from + next((p.len() - from) as u64 + 1) as usize;
+                    for b in p[from..to].chunks(1 + next(16) as usize) {
+                        ix.apply_stored(ws[w], b, 0.0);
+                        if !removed[w] {
+                            naive[w].extend(b);
+                        }
+                    }
+                }
+                10..=13 => {
+                    // leaf-first eviction of a chain's tail
+                    let n = next(12) as usize;
+                    for &h in p.iter().rev().take(n) {
+                        ix.apply_removed(ws[w], &[h], 0.0);
+                        naive[w].remove(&h);
+                    }
+                }
+                14..=15 => {
+                    let h = p[next(p.len() as u64) as usize];
+                    ix.apply_removed(ws[w], &[h], 0.0);
+                    naive[w].remove(&h);
+                }
+                16 => {
+                    ix.clear(ws[w], 0.0);
+                    naive[w].clear();
+                }
+                17 | 18 => {
+                    let mut blocks: Vec<u64> = naive[w].iter().copied().collect();
+                    blocks.sort_unstable();
+                    blocks.truncate(next(blocks.len() as u64 + 1) as usize);
+                    blocks.extend(p.iter().take(next(p.len() as u64) as usize));
+                    ix.apply_snapshot(ws[w], step as u64, &blocks, 0.0);
+                    naive[w] = if removed[w] {
+                        HashSet::new()
+                    } else {
+                        blocks.into_iter().collect()
+                    };
+                }
+                _ => {
+                    if removed[w] {
+                        ix.upsert_worker(&format!("w{w}"), 16);
+                        removed[w] = false;
+                    } else if next(4) == 0 {
+                        ix.remove_worker(ws[w]);
+                        naive[w].clear();
+                        removed[w] = true;
+                    }
+                }
+            }
+            ix.check_invariants();
+            for _ in 0..3 {
+                let q = &prompts[next(prompts.len() as u64) as usize];
+                let q = &q[next(3) as usize..];
+                let depth = |set: &HashSet<u64>| q.iter().take_while(|h| set.contains(h)).count();
+                let mut want: Vec<(WorkerId, usize)> = ws
+                    .iter()
+                    .zip(&naive)
+                    .map(|(&w, set)| (w, depth(set)))
+                    .filter(|&(_, n)| n > 0)
+                    .collect();
+                want.sort();
+                ix.match_prefix(q, &mut out);
+                out.sort();
+                assert_eq!(out, want, "step {step}");
+                let probe = next(workers as u64) as usize;
+                assert_eq!(ix.matched_blocks(ws[probe], q), depth(&naive[probe]));
+            }
+        }
+    }
+
+    #[test]
+    fn chained_traffic_matches_a_naive_model() {
+        chains_against_naive(0xc0ffee, 5, 3_000);
+    }
+
+    #[test]
+    fn chained_traffic_matches_a_naive_model_many_workers() {
+        // enough holders per run for the by-end summaries and the bitset narrowing
+        chains_against_naive(0xdecade, 60, 1_500);
     }
 
     #[test]
