@@ -95,6 +95,7 @@ async fn explain(State(state): State<RouterState>, body: Bytes) -> Response {
         lora: None,
         headers: None,
         exclude: &[],
+        max_tokens: body.as_object().and_then(crate::state::max_tokens_of),
     };
     match state.explain(&input, Instant::now()) {
         Ok(record) => axum::Json(record).into_response(),

@@ -169,6 +169,7 @@ impl Session {
                     running: load.num_requests_running,
                     kv_usage: load.kv_cache_usage.clamp(0.0, 1.0) as f32,
                     scrape_failed: load.scrape_failed,
+                    kv_capacity_tokens: load.kv_capacity_tokens,
                 };
                 self.owned(state.sidecar_load(self.stream, self.worker_id(), view, now))?;
                 m.ingest_reports.with_label_values(&["load"]).inc();

@@ -126,6 +126,7 @@ impl Picker for PickerService {
             lora: None,
             headers: Some(&headers),
             exclude: &[],
+            max_tokens: body.as_object().and_then(crate::state::max_tokens_of),
         };
         let a = self
             .state

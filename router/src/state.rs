@@ -202,6 +202,17 @@ pub struct PickInput<'a> {
     pub headers: Option<&'a http::HeaderMap>,
     /// Worker ids not to choose (e.g. a retry after a connection failure).
     pub exclude: &'a [String],
+    /// The request's output limit, if it set one (see [`max_tokens_of`]).
+    pub max_tokens: Option<u32>,
+}
+
+/// The output limit of an OpenAI or Anthropic request body: `max_completion_tokens`, else
+/// `max_tokens`; `None` when absent or not a non-negative integer.
+pub fn max_tokens_of(body: &serde_json::Map<String, serde_json::Value>) -> Option<u32> {
+    ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| body.get(*k).and_then(serde_json::Value::as_u64))
+        .map(|v| u32::try_from(v).unwrap_or(u32::MAX))
 }
 
 /// Handle of one assignment, as the data path and the Picker API pass it around.
@@ -387,6 +398,8 @@ pub struct LoadView {
     pub kv_usage: f32,
     /// The sidecar's last scrape of vLLM failed.
     pub scrape_failed: bool,
+    /// KV cache size in tokens (0: unknown).
+    pub kv_capacity_tokens: u64,
 }
 
 /// Block changes in one delta op.
@@ -730,6 +743,7 @@ impl RouterState {
             model: &resolved.backend_model,
             lora: input.lora,
             cache_salt: input.cache_salt,
+            max_tokens: input.max_tokens,
         };
         let allowed: Vec<WorkerId> = candidates.iter().map(|c| c.2).collect();
         let t = self.secs(now);
@@ -933,7 +947,8 @@ impl RouterState {
 
     /// Releases a completed assignment. False when unknown or already released.
     pub fn done(&self, id: DecisionId, usage: Usage) -> bool {
-        let Some((model, worker)) = self.release(id, Release::Done) else {
+        let Some((model, worker)) = self.release(id, Release::Done, Some(usage.completion_tokens))
+        else {
             return false;
         };
         let m = &self.0.metrics;
@@ -953,18 +968,29 @@ impl RouterState {
 
     /// Releases an aborted assignment. False when unknown or already released.
     pub fn abort(&self, id: DecisionId, reason: &str) -> bool {
-        let released = self.release(id, Release::Aborted).is_some();
+        let released = self.release(id, Release::Aborted, None).is_some();
         if released {
             tracing::debug!(decision = %id, reason, "assignment aborted");
         }
         released
     }
 
-    fn release(&self, id: DecisionId, how: Release) -> Option<(String, String)> {
+    /// Releases an assignment; a completed one with its output token count also teaches the
+    /// routing core the worker's decode speed.
+    fn release(
+        &self,
+        id: DecisionId,
+        how: Release,
+        output_tokens: Option<u32>,
+    ) -> Option<(String, String)> {
         let aid = AssignmentId(id.0);
+        let t = self.secs(Instant::now());
         let mut core = self.0.core.lock();
         let released = match how {
-            Release::Done => core.routing.finish(aid),
+            Release::Done => match output_tokens {
+                Some(n) => core.routing.finish_observed(aid, t, u64::from(n)),
+                None => core.routing.finish(aid),
+            },
             Release::Aborted | Release::Expired => core.routing.abort(aid),
         };
         released?;
@@ -1159,6 +1185,7 @@ impl RouterState {
                 waiting: load.waiting,
                 running: load.running,
                 kv_usage: load.kv_usage,
+                kv_capacity_tokens: load.kv_capacity_tokens,
             };
             self.0.core.lock().routing.set_load(core_id, sample, t);
         }
@@ -1418,6 +1445,7 @@ impl crate::gateway::Dispatch for RouterState {
             lora: None,
             headers: Some(request.headers),
             exclude,
+            max_tokens: max_tokens_of(body),
         };
         match RouterState::pick(self, &input, Instant::now()) {
             Ok(a) => Ok(crate::gateway::Picked {
@@ -1505,7 +1533,37 @@ mod tests {
             lora: None,
             headers: None,
             exclude: &[],
+            max_tokens: None,
         }
+    }
+
+    #[test]
+    fn max_tokens_of_reads_openai_and_anthropic_limits() {
+        let body = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+        assert_eq!(
+            max_tokens_of(&body(serde_json::json!({"max_tokens": 64}))),
+            Some(64)
+        );
+        assert_eq!(
+            max_tokens_of(&body(
+                serde_json::json!({"max_tokens": 64, "max_completion_tokens": 32})
+            )),
+            Some(32)
+        );
+        assert_eq!(
+            max_tokens_of(&body(serde_json::json!({"max_tokens": 1e12}))),
+            None,
+            "not an integer"
+        );
+        assert_eq!(
+            max_tokens_of(&body(serde_json::json!({"max_tokens": 99_999_999_999u64}))),
+            Some(u32::MAX)
+        );
+        assert_eq!(
+            max_tokens_of(&body(serde_json::json!({"max_tokens": -1}))),
+            None
+        );
+        assert_eq!(max_tokens_of(&body(serde_json::json!({}))), None);
     }
 
     #[test]

@@ -79,6 +79,7 @@ fn simulate(policy: &mut dyn Policy) -> Outcome {
                     waiting: w.queued.len() as u32,
                     running: 0,
                     kv_usage: 0.2,
+                    ..LoadSample::default()
                 };
                 core.set_load(w.id, sample, now);
             }
@@ -87,6 +88,7 @@ fn simulate(policy: &mut dyn Policy) -> Outcome {
                 model: "m",
                 lora: None,
                 cache_salt: None,
+                max_tokens: None,
             };
             let d = core.decide(policy, &r, &ids, now).expect("a decision");
             let wi = workers

@@ -149,6 +149,7 @@ fn load(seq: u64, waiting: u32) -> WorkerReport {
             kv_cache_usage: 0.1,
             gpu: None,
             scrape_failed: false,
+            kv_capacity_tokens: 0,
         })),
     }
 }
@@ -214,6 +215,7 @@ fn cached_blocks(r: &Router, toks: &[u32], worker: &str) -> usize {
         lora: None,
         headers: None,
         exclude: &[],
+        max_tokens: None,
     };
     let rec = r.state.explain(&input, Instant::now()).expect("explain");
     rec.candidates

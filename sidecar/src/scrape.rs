@@ -25,6 +25,8 @@ pub struct VllmMetrics {
     pub running: Option<f64>,
     pub kv_cache_usage: Option<f64>,
     pub block_size: Option<u32>,
+    /// `num_gpu_blocks` of `vllm:cache_config_info` (KV cache size in blocks).
+    pub num_gpu_blocks: Option<u64>,
     pub hash_algo: Option<String>,
     /// `process_start_time_seconds` of the vLLM API process: changes when vLLM restarts.
     pub process_start_time: Option<f64>,
@@ -70,6 +72,9 @@ pub fn parse_metrics(text: &str) -> VllmMetrics {
                 if let Some(bs) = label(labels, "block_size").and_then(|v| v.parse().ok()) {
                     m.block_size = Some(bs);
                 }
+                if let Some(n) = label(labels, "num_gpu_blocks").and_then(|v| v.parse().ok()) {
+                    m.num_gpu_blocks = Some(n);
+                }
                 if let Some(algo) = label(labels, "prefix_caching_hash_algo") {
                     m.hash_algo = Some(algo.to_owned());
                 }
@@ -105,6 +110,10 @@ pub fn load_sample(m: &VllmMetrics, scrape_failed: bool, now_ms: u64) -> LoadSam
         kv_cache_usage: m.kv_cache_usage.unwrap_or(0.0).clamp(0.0, 1.0),
         gpu: None,
         scrape_failed,
+        kv_capacity_tokens: match (m.num_gpu_blocks, m.block_size) {
+            (Some(n), Some(bs)) => n.saturating_mul(u64::from(bs)),
+            _ => 0,
+        },
     }
 }
 
@@ -223,5 +232,17 @@ mod tests {
         assert_eq!(m.kv_cache_usage, Some(0.5));
         let s = load_sample(&m, false, 7);
         assert_eq!((s.num_requests_waiting, s.timestamp_ms), (5, 7));
+        assert_eq!(s.kv_capacity_tokens, 0, "unknown without cache_config_info");
+    }
+
+    #[test]
+    fn kv_capacity_from_cache_config_info() {
+        let text = "vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"1625\",prefix_caching_hash_algo=\"sha256_cbor\"} 1.0\n";
+        let m = parse_metrics(text);
+        assert_eq!((m.block_size, m.num_gpu_blocks), (Some(16), Some(1_625)));
+        assert_eq!(load_sample(&m, false, 0).kv_capacity_tokens, 26_000);
+        let m =
+            parse_metrics("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1\n");
+        assert_eq!(load_sample(&m, false, 0).kv_capacity_tokens, 0);
     }
 }

@@ -398,6 +398,10 @@ fn to_run_result(mut m: Vec<Measured>, speedup: f64) -> RunResult {
             cached_tokens: x.cached_tokens,
             // The router predicts in the workers' (simulated) time.
             predicted_ttft: x.predicted_ms.map_or(f64::NAN, |p| p / 1e3),
+            true_ttfts: Vec::new(),
+            predicted_ttfts: Vec::new(),
+            scores: Vec::new(),
+            candidates: None,
         })
         .collect();
     RunResult {

@@ -62,6 +62,9 @@ pub struct SimConfig {
     pub scrape_interval_s: f64,
     pub arrivals: Arrivals,
     pub seed: u64,
+    /// Also simulate every request on every worker (as the oracle does) and record the true
+    /// TTFTs, so a policy's regret can be measured. Slow; off in normal runs.
+    pub diagnose: bool,
 }
 
 /// What happened to one request.
@@ -75,6 +78,16 @@ pub struct RequestRecord {
     pub cached_tokens: usize,
     /// Predicted TTFT of the chosen worker (NaN for the oracle / policies without one).
     pub predicted_ttft: f64,
+    /// With `SimConfig::diagnose`: the TTFT the request would have had on each worker, had it
+    /// been sent there at its arrival (empty otherwise).
+    pub true_ttfts: Vec<f64>,
+    /// With `SimConfig::diagnose`: each worker's predicted TTFT and policy score, as the
+    /// decision record had them (empty for the oracle).
+    pub predicted_ttfts: Vec<f64>,
+    pub scores: Vec<f64>,
+    /// With `SimConfig::diagnose`: the decision record's candidates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<serde_json::Value>,
 }
 
 /// The outcome of one run.
@@ -173,6 +186,16 @@ struct Live {
     prompt: Vec<u32>,
     generated: Vec<u32>,
     predicted_ttft: f64,
+    diag: Diag,
+}
+
+/// Per-request diagnostics (see `SimConfig::diagnose`).
+#[derive(Default)]
+struct Diag {
+    true_ttfts: Vec<f64>,
+    predicted_ttfts: Vec<f64>,
+    scores: Vec<f64>,
+    candidates: Option<serde_json::Value>,
 }
 
 /// Where a session stands: its next turn and its history so far.
@@ -325,10 +348,13 @@ impl Sim<'_> {
                         continue;
                     }
                     let l = self.workers[worker].engine.load();
+                    let block_size = self.workers[worker].engine.config().block_size;
                     let sample = LoadSample {
                         waiting: l.waiting as u32,
                         running: l.running as u32,
                         kv_usage: l.kv_cache_usage as f32,
+                        // What the sidecar reads from `vllm:cache_config_info`.
+                        kv_capacity_tokens: (l.num_blocks * block_size) as u64,
                     };
                     self.push(
                         self.now + self.cfg.report_delay_s,
@@ -391,8 +417,25 @@ impl Sim<'_> {
         self.next_request_id += 1;
         self.first_arrival.get_or_insert(self.now);
         let salt = session.cache_salt.clone();
+        let mut diag = Diag::default();
+        if self.cfg.diagnose {
+            diag.true_ttfts = self
+                .workers
+                .iter()
+                .map(|w| {
+                    true_ttft(
+                        &w.engine,
+                        &prompt,
+                        salt.as_deref(),
+                        turn.max_tokens,
+                        id,
+                        self.now,
+                    )
+                })
+                .collect();
+        }
         let (worker, assignment, predicted) =
-            self.route(&prompt, salt.as_deref(), turn.max_tokens, id);
+            self.route(&prompt, salt.as_deref(), turn.max_tokens, id, &mut diag);
         let req = EngineRequest {
             id,
             prompt: prompt.clone(),
@@ -423,6 +466,7 @@ impl Sim<'_> {
                 prompt,
                 generated: Vec::new(),
                 predicted_ttft: predicted,
+                diag,
             },
         );
         self.kick(worker);
@@ -435,6 +479,7 @@ impl Sim<'_> {
         salt: Option<&str>,
         max_tokens: u32,
         id: u64,
+        diag: &mut Diag,
     ) -> (usize, Option<AssignmentId>, f64) {
         match &mut self.policy {
             SimPolicy::Router(policy) => {
@@ -443,6 +488,7 @@ impl Sim<'_> {
                     model: MODEL,
                     lora: None,
                     cache_salt: salt,
+                    max_tokens: Some(max_tokens),
                 };
                 let Some(decision) =
                     self.core
@@ -452,6 +498,19 @@ impl Sim<'_> {
                 };
                 let worker = self.by_id.get(&decision.chosen).copied().unwrap_or(0);
                 let predicted = decision.predicted_ttft();
+                if self.cfg.diagnose {
+                    let mut pred = vec![f64::NAN; self.workers.len()];
+                    let mut scores = vec![f64::NAN; self.workers.len()];
+                    for c in &decision.candidates {
+                        if let Some(&i) = self.by_id.get(&c.candidate.worker) {
+                            pred[i] = c.candidate.predicted_ttft;
+                            scores[i] = c.score;
+                        }
+                    }
+                    diag.predicted_ttfts = pred;
+                    diag.scores = scores;
+                    diag.candidates = serde_json::to_value(&decision.candidates).ok();
+                }
                 let a = self.core.assign(&decision, self.now);
                 (worker, Some(a), predicted)
             }
@@ -531,7 +590,8 @@ impl Sim<'_> {
 
     fn finish(&mut self, l: Live, cached_tokens: usize) {
         if let Some(a) = l.assignment {
-            self.core.finish(a);
+            self.core
+                .finish_observed(a, self.now, l.generated.len() as u64);
         }
         let first = l.first_token.unwrap_or(self.now);
         self.result.records.push(RequestRecord {
@@ -542,6 +602,10 @@ impl Sim<'_> {
             prompt_tokens: l.prompt.len(),
             cached_tokens,
             predicted_ttft: l.predicted_ttft,
+            true_ttfts: l.diag.true_ttfts,
+            predicted_ttfts: l.diag.predicted_ttfts,
+            scores: l.diag.scores,
+            candidates: l.diag.candidates,
         });
         self.last_finish = self.last_finish.max(self.now);
         // The next turn's history: this prompt and the model's reply.

@@ -50,6 +50,11 @@ pub struct Assignment {
     pub state: AssignmentState,
     /// When the first token arrived.
     pub first_token_at: Option<f64>,
+    /// Output tokens expected (the request's `max_tokens`, else the router's running mean).
+    pub output_tokens: u64,
+    /// KV tokens it takes on the worker beyond blocks in use there (see
+    /// `Candidate::kv_need_tokens`); freed, with its output, when it ends.
+    pub kv_need_tokens: u64,
 }
 
 /// What the caller passes to [`Assignments::assign`].
@@ -65,6 +70,10 @@ pub struct NewAssignment {
     pub queue_tokens: f64,
     /// Predicted TTFT (seconds; NaN for none).
     pub predicted_ttft: f64,
+    /// Output tokens expected.
+    pub output_tokens: u64,
+    /// KV tokens it takes beyond blocks in use.
+    pub kv_need_tokens: u64,
 }
 
 /// The first token of an assignment, as reported.
@@ -134,6 +143,8 @@ impl Assignments {
                 assigned_at: now,
                 state: AssignmentState::WaitingFirstToken,
                 first_token_at: None,
+                output_tokens: a.output_tokens,
+                kv_need_tokens: a.kv_need_tokens,
             },
         );
         id
@@ -245,6 +256,11 @@ impl Assignments {
         self.per_worker.get(w.index()).copied().unwrap_or_default()
     }
 
+    /// Every outstanding assignment, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (AssignmentId, &Assignment)> {
+        self.live.iter().map(|(&id, a)| (id, a))
+    }
+
     /// Number of outstanding assignments.
     pub fn len(&self) -> usize {
         self.live.len()
@@ -267,6 +283,8 @@ mod tests {
             uncached_tokens: uncached,
             queue_tokens: 0.0,
             predicted_ttft: 0.1,
+            output_tokens: 100,
+            kv_need_tokens: uncached,
         }
     }
 

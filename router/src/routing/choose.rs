@@ -66,6 +66,10 @@ pub struct Candidate {
     /// waiting) a new request is admitted only once running requests finish; the learned wait
     /// per queued request times the requests queued there plus this one. 0 otherwise.
     pub admission_wait: f64,
+    /// KV tokens the request would newly take there: its prompt beyond the leading blocks
+    /// the router's outstanding requests on it reference (cached but unreferenced blocks
+    /// take KV again when reused), plus one block.
+    pub kv_need_tokens: u64,
     /// Predicted TTFT (seconds), stale penalty and admission wait included.
     pub predicted_ttft: f64,
 }
@@ -240,6 +244,8 @@ impl Decision {
                 .round() as u64,
             queue_tokens: c.map_or(0.0, |c| c.queue_tokens),
             predicted_ttft: self.predicted_ttft(),
+            output_tokens: 0,
+            kv_need_tokens: c.map_or(self.prompt_tokens as u64, |c| c.kv_need_tokens),
         }
     }
 }

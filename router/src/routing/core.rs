@@ -47,6 +47,9 @@ pub struct CoreConfig {
     /// request waits there for running requests to finish and free KV, which the prefill
     /// model does not cover; the predictor learns that admission wait separately.
     pub saturated_kv_usage: f32,
+    /// Output tokens assumed for a request without `max_tokens` before any request finished
+    /// (then the running mean of finished requests' output is used).
+    pub prior_output_tokens: f64,
 }
 
 impl Default for CoreConfig {
@@ -60,8 +63,37 @@ impl Default for CoreConfig {
             index_seed: 0x006b_7672_6f75_7465,
             pending_grace_s: 1.0,
             saturated_kv_usage: 0.9,
+            prior_output_tokens: 256.0,
         }
     }
+}
+
+/// The router's own KV footprint on one worker (see `RoutingCore::kv_releases`).
+struct KvReleases {
+    worker: WorkerId,
+    unreported_tokens: u64,
+    /// (expected end, KV tokens freed), earliest first.
+    frees: Vec<(f64, u64)>,
+}
+
+/// Seconds until `deficit` KV tokens are free on a worker whose requests free `frees`
+/// ((time, tokens), earliest first): 0 when nothing is missing. When the router's own
+/// requests cannot free enough (others' traffic holds the rest), the wait is at least until
+/// the last of them ends.
+fn kv_wait(deficit: f64, frees: &[(f64, u64)], now: f64) -> f64 {
+    if deficit.is_nan() || deficit <= 0.0 {
+        return 0.0;
+    }
+    let mut freed = 0.0;
+    let mut last = now;
+    for &(at, tokens) in frees {
+        freed += tokens as f64;
+        last = at;
+        if freed >= deficit {
+            return (at - now).max(0.0);
+        }
+    }
+    (last - now).max(0.0)
 }
 
 /// A worker's last load report.
@@ -73,6 +105,9 @@ pub struct LoadSample {
     pub running: u32,
     /// `vllm:kv_cache_usage_perc` (0..1).
     pub kv_usage: f32,
+    /// KV cache size in tokens (`num_gpu_blocks * block_size` of `vllm:cache_config_info`);
+    /// 0 when unknown, which turns the KV admission model off for the worker.
+    pub kv_capacity_tokens: u64,
 }
 
 /// The request as the core needs it. `tokens: None` means tokenization failed or no
@@ -87,6 +122,9 @@ pub struct RouteRequest<'a> {
     pub lora: Option<&'a str>,
     /// vLLM `cache_salt` (extra key of block 1).
     pub cache_salt: Option<&'a str>,
+    /// The request's output limit (`max_tokens` / `max_completion_tokens`), if it set one:
+    /// how long it will hold KV on the worker.
+    pub max_tokens: Option<u32>,
 }
 
 /// Index, predictor, loads and assignments of one router replica. Pure: time comes in as
@@ -100,6 +138,13 @@ pub struct RoutingCore {
     /// Outstanding assignments.
     pub assignments: Assignments,
     loads: Vec<LoadSample>,
+    /// When each worker's last load report was applied (caller's clock).
+    load_at: Vec<f64>,
+    /// Running mean of finished requests' output tokens.
+    mean_output: f64,
+    finished: u64,
+    /// Running mean of routed requests' `kv_need_tokens`.
+    mean_kv_need: f64,
     routed: u64,
     mean_uncached: f64,
     matches: Vec<(WorkerId, usize)>,
@@ -109,6 +154,7 @@ pub struct RoutingCore {
     /// Hash chains (per block size) of the last `context` call, for `assign`.
     last_chains: Vec<(usize, Vec<BlockHash>)>,
     last_prompt_tokens: usize,
+    last_max_tokens: Option<u32>,
     /// Assignments sent to a saturated worker: (requests queued there including it,
     /// prefill-model prediction), for learning the admission wait at their first token.
     admitted_saturated: HashMap<AssignmentId, (f64, f64)>,
@@ -119,6 +165,9 @@ pub struct RoutingCore {
 struct OverlayEntry {
     /// Placed requests still waiting for their first token that hold it.
     holders: u32,
+    /// Placed requests not finished yet (waiting or decoding): the block is referenced on
+    /// the worker, so a new request sharing it needs no KV for it.
+    in_use: u32,
     /// Valid until then once no holder is left (seconds).
     until: f64,
 }
@@ -128,8 +177,11 @@ struct OverlayEntry {
 #[derive(Debug, Default)]
 struct Overlay {
     per_worker: Vec<HashMap<BlockHash, OverlayEntry>>,
-    by_assignment: HashMap<AssignmentId, (WorkerId, Vec<BlockHash>)>,
+    /// Chain of each outstanding placement, and whether it is still before its first token.
+    by_assignment: HashMap<AssignmentId, (WorkerId, Vec<BlockHash>, bool)>,
     settled: u32,
+    /// Latest time seen (for dropping expired entries).
+    latest: f64,
 }
 
 impl Overlay {
@@ -141,35 +193,77 @@ impl Overlay {
         let m = &mut self.per_worker[i];
         for &h in &chain {
             m.entry(h)
-                .and_modify(|e| e.holders += 1)
+                .and_modify(|e| {
+                    e.holders += 1;
+                    e.in_use += 1;
+                })
                 .or_insert(OverlayEntry {
                     holders: 1,
+                    in_use: 1,
                     until: f64::NEG_INFINITY,
                 });
         }
-        self.by_assignment.insert(id, (w, chain));
+        self.by_assignment.insert(id, (w, chain, true));
     }
 
-    /// The assignment got its first token or ended: its blocks stay `grace` seconds more.
+    /// The assignment got its first token: its blocks stay `grace` seconds more as
+    /// placements, and in use until it ends.
     fn settle(&mut self, id: AssignmentId, now: f64, grace: f64) {
-        let Some((w, chain)) = self.by_assignment.remove(&id) else {
+        let Some((w, chain, waiting)) = self.by_assignment.get_mut(&id) else {
             return;
         };
+        if !*waiting {
+            return;
+        }
+        *waiting = false;
+        if now.is_finite() {
+            self.latest = self.latest.max(now);
+        }
         if let Some(m) = self.per_worker.get_mut(w.index()) {
-            for h in chain {
-                if let Some(e) = m.get_mut(&h) {
+            for h in chain.iter() {
+                if let Some(e) = m.get_mut(h) {
                     e.holders = e.holders.saturating_sub(1);
                     e.until = e.until.max(now + grace);
                 }
             }
         }
+    }
+
+    /// The assignment ended (finished, aborted, expired).
+    fn end(&mut self, id: AssignmentId, now: f64) {
+        self.settle(id, f64::NEG_INFINITY, 0.0);
+        let Some((w, chain, _)) = self.by_assignment.remove(&id) else {
+            return;
+        };
+        if let Some(m) = self.per_worker.get_mut(w.index()) {
+            for h in chain {
+                if let Some(e) = m.get_mut(&h) {
+                    e.in_use = e.in_use.saturating_sub(1);
+                }
+            }
+        }
+        if now.is_finite() {
+            self.latest = self.latest.max(now);
+        }
         self.settled += 1;
         if self.settled >= 256 {
             self.settled = 0;
+            let now = self.latest;
             for m in &mut self.per_worker {
-                m.retain(|_, e| e.holders > 0 || e.until > now);
+                m.retain(|_, e| e.holders > 0 || e.in_use > 0 || e.until > now);
             }
         }
+    }
+
+    /// Leading blocks of `chain` that outstanding placements on `w` reference.
+    fn in_use_leading(&self, w: WorkerId, chain: &[BlockHash]) -> usize {
+        let Some(m) = self.per_worker.get(w.index()) else {
+            return 0;
+        };
+        chain
+            .iter()
+            .take_while(|h| m.get(h).is_some_and(|e| e.in_use > 0))
+            .count()
     }
 
     /// Leading blocks of `chain` the router placed on `w` and still counts as there.
@@ -182,7 +276,10 @@ impl Overlay {
         }
         chain
             .iter()
-            .take_while(|h| m.get(h).is_some_and(|e| e.holders > 0 || e.until > now))
+            .take_while(|h| {
+                m.get(h)
+                    .is_some_and(|e| e.holders > 0 || e.in_use > 0 || e.until > now)
+            })
             .count()
     }
 
@@ -190,7 +287,7 @@ impl Overlay {
         if let Some(m) = self.per_worker.get_mut(w.index()) {
             m.clear();
         }
-        self.by_assignment.retain(|_, (aw, _)| *aw != w);
+        self.by_assignment.retain(|_, (aw, _, _)| *aw != w);
     }
 }
 
@@ -202,6 +299,10 @@ impl RoutingCore {
             predictor: Predictor::new(cfg.predictor.clone()),
             assignments: Assignments::new(),
             loads: Vec::new(),
+            load_at: Vec::new(),
+            mean_output: cfg.prior_output_tokens,
+            finished: 0,
+            mean_kv_need: cfg.prior_tokens_per_waiting,
             routed: 0,
             mean_uncached: cfg.prior_tokens_per_waiting,
             matches: Vec::new(),
@@ -209,6 +310,7 @@ impl RoutingCore {
             pending: Overlay::default(),
             last_chains: Vec::new(),
             last_prompt_tokens: 0,
+            last_max_tokens: None,
             admitted_saturated: HashMap::new(),
             cfg,
         }
@@ -248,6 +350,10 @@ impl RoutingCore {
             self.loads.resize(i + 1, LoadSample::default());
         }
         self.loads[i] = sample;
+        if self.load_at.len() <= i {
+            self.load_at.resize(i + 1, f64::NEG_INFINITY);
+        }
+        self.load_at[i] = now;
         self.index.touch(w, now);
     }
 
@@ -273,6 +379,7 @@ impl RoutingCore {
             .map(|t| PromptHashes::new(t, req.model, req.lora, req.cache_salt));
         let prompt_tokens = req.tokens.map_or(0, <[u32]>::len);
         let mut candidates = Vec::with_capacity(allowed.len());
+        let releases = self.kv_releases(allowed, now);
         let mut done_sizes: Vec<usize> = Vec::new();
         let mut touched: Vec<usize> = Vec::new();
         for &w in allowed {
@@ -328,9 +435,29 @@ impl RoutingCore {
             if stale {
                 predicted_ttft += self.cfg.stale_penalty_s;
             }
-            let admission_wait = match self.saturated_queue(stale, load, own.waiting) {
-                Some(queued) => self.predictor.admission_wait(w, queued),
-                None => 0.0,
+            let in_use_blocks = match prompt.as_mut() {
+                Some(p) => self.pending.in_use_leading(w, p.chain(block_size)),
+                None => 0,
+            };
+            let kv_need_tokens =
+                (prompt_tokens.saturating_sub(in_use_blocks * block_size) + block_size) as u64;
+            let admission_wait = if !stale && load.kv_capacity_tokens > 0 {
+                // KV in use when reported, what the router sent since, what the requests
+                // waiting there then take when admitted, and this request: the excess over
+                // the capacity must be freed by requests finishing first.
+                let r = releases.iter().find(|r| r.worker == w);
+                let unreported = r.map_or(0, |r| r.unreported_tokens) as f64;
+                let used =
+                    f64::from(load.kv_usage.clamp(0.0, 1.0)) * load.kv_capacity_tokens as f64;
+                let ahead = f64::from(load.waiting) * self.mean_kv_need;
+                let deficit = used + unreported + ahead + kv_need_tokens as f64
+                    - load.kv_capacity_tokens as f64;
+                kv_wait(deficit, r.map_or(&[][..], |r| &r.frees), now)
+            } else {
+                match self.saturated_queue(stale, load, own.waiting) {
+                    Some(queued) => self.predictor.admission_wait(w, queued),
+                    None => 0.0,
+                }
             };
             predicted_ttft += admission_wait;
             candidates.push(Candidate {
@@ -355,6 +482,7 @@ impl RoutingCore {
                 prefill_rate,
                 overhead,
                 admission_wait,
+                kv_need_tokens,
                 predicted_ttft,
             });
         }
@@ -363,6 +491,7 @@ impl RoutingCore {
         }
         self.last_chains.clear();
         self.last_prompt_tokens = prompt_tokens;
+        self.last_max_tokens = req.max_tokens;
         if let Some(p) = &prompt {
             self.last_chains
                 .extend(p.chains().map(|(bs, c)| (bs, c.to_vec())));
@@ -396,14 +525,29 @@ impl RoutingCore {
 
     /// Records that the request of `decision` was sent to its chosen worker.
     pub fn assign(&mut self, decision: &Decision, now: f64) -> AssignmentId {
-        let a = decision.new_assignment();
+        let mut a = decision.new_assignment();
+        a.output_tokens = match self.last_max_tokens {
+            Some(m) if decision.prompt_tokens == self.last_prompt_tokens => u64::from(m)
+                .min(self.mean_output.ceil().max(1.0) as u64 * 4)
+                .max(1),
+            _ => self.mean_output.round().max(1.0) as u64,
+        };
         if !decision.degraded {
             self.routed += 1;
             let n = self.routed.min(1_000) as f64;
             self.mean_uncached += (a.uncached_tokens as f64 - self.mean_uncached) / n;
+            self.mean_kv_need += (a.kv_need_tokens as f64 - self.mean_kv_need) / n;
         }
         let id = self.assignments.assign(a, now);
         if let Some(c) = decision.chosen_candidate()
+            && c.predicted_ttft.is_finite()
+            && c.admission_wait > 0.0
+        {
+            // Waiting for KV is not prefill: keep it out of the prefill model's samples.
+            let queued = f64::from(c.waiting.max(c.inflight)) + 1.0;
+            self.admitted_saturated
+                .insert(id, (queued, c.predicted_ttft - c.admission_wait));
+        } else if let Some(c) = decision.chosen_candidate()
             && c.predicted_ttft.is_finite()
             && let Some(queued) = self.saturated_queue(
                 c.stale,
@@ -411,6 +555,7 @@ impl RoutingCore {
                     waiting: c.waiting,
                     running: c.running,
                     kv_usage: c.kv_usage,
+                    kv_capacity_tokens: 0,
                 },
                 c.inflight,
             )
@@ -462,14 +607,75 @@ impl RoutingCore {
 
     /// Releases a completed assignment (once).
     pub fn finish(&mut self, id: AssignmentId) -> Option<Assignment> {
-        self.pending.settle(id, f64::NEG_INFINITY, 0.0);
+        self.pending.end(id, f64::NEG_INFINITY);
         self.admitted_saturated.remove(&id);
         self.assignments.finish(id)
     }
 
+    /// Releases a completed assignment (once) that ended at `now` after `output_tokens`
+    /// output tokens: also learns the worker's decode speed and the mean output length the
+    /// KV admission model uses.
+    pub fn finish_observed(
+        &mut self,
+        id: AssignmentId,
+        now: f64,
+        output_tokens: u64,
+    ) -> Option<Assignment> {
+        let a = self.finish(id)?;
+        if let Some(ft) = a.first_token_at {
+            self.predictor
+                .observe_decode(a.worker, now - ft, output_tokens);
+        }
+        if output_tokens > 0 {
+            self.finished += 1;
+            let n = self.finished.min(1_000) as f64;
+            self.mean_output += (output_tokens as f64 - self.mean_output) / n;
+        }
+        Some(a)
+    }
+
+    /// Per allowed worker with a known KV capacity: KV tokens the router's own assignments
+    /// made since its last load report (not in the reported usage yet), and when its decoding
+    /// assignments are expected to finish and free their KV, in time order.
+    fn kv_releases(&self, allowed: &[WorkerId], now: f64) -> Vec<KvReleases> {
+        let mut out: Vec<KvReleases> = allowed
+            .iter()
+            .filter(|w| self.load(**w).kv_capacity_tokens > 0)
+            .map(|&w| KvReleases {
+                worker: w,
+                unreported_tokens: 0,
+                frees: Vec::new(),
+            })
+            .collect();
+        if out.is_empty() {
+            return out;
+        }
+        for (_, a) in self.assignments.iter() {
+            let Some(r) = out.iter_mut().find(|r| r.worker == a.worker) else {
+                continue;
+            };
+            let reported_at = self
+                .load_at
+                .get(a.worker.index())
+                .copied()
+                .unwrap_or(f64::NEG_INFINITY);
+            if a.assigned_at > reported_at && a.first_token_at.is_none() {
+                r.unreported_tokens += a.kv_need_tokens;
+            }
+            let start = a.first_token_at.unwrap_or(now);
+            let itl = self.predictor.itl(a.worker);
+            let end = (start + a.output_tokens as f64 * itl).max(now);
+            r.frees.push((end, a.kv_need_tokens + a.output_tokens));
+        }
+        for r in &mut out {
+            r.frees.sort_by(|x, y| x.0.total_cmp(&y.0));
+        }
+        out
+    }
+
     /// Releases an aborted assignment (once).
     pub fn abort(&mut self, id: AssignmentId) -> Option<Assignment> {
-        self.pending.settle(id, f64::NEG_INFINITY, 0.0);
+        self.pending.end(id, f64::NEG_INFINITY);
         self.admitted_saturated.remove(&id);
         self.assignments.abort(id)
     }
@@ -478,7 +684,7 @@ impl RoutingCore {
     pub fn expire(&mut self, now: f64, ttl: f64) -> Vec<(AssignmentId, Assignment)> {
         let gone = self.assignments.expire(now, ttl);
         for (id, _) in &gone {
-            self.pending.settle(*id, f64::NEG_INFINITY, 0.0);
+            self.pending.end(*id, now);
             self.admitted_saturated.remove(id);
         }
         gone
@@ -496,6 +702,7 @@ mod tests {
             model: "m",
             lora: None,
             cache_salt: None,
+            max_tokens: None,
         }
     }
 
@@ -548,6 +755,7 @@ mod tests {
                 waiting: 8,
                 running: 4,
                 kv_usage: 0.5,
+                ..LoadSample::default()
             },
             1.0,
         );
@@ -612,6 +820,7 @@ mod tests {
                 waiting: 3,
                 running: 0,
                 kv_usage: 0.1,
+                ..LoadSample::default()
             },
             1.0,
         );
@@ -620,6 +829,7 @@ mod tests {
             model: "m",
             lora: None,
             cache_salt: None,
+            max_tokens: None,
         };
         let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
         let d = core
@@ -700,12 +910,18 @@ mod tests {
         let longer: Vec<u32> = (0..4_096).chain(90_000..90_512).collect();
         let ctx = core.context(&req(&longer), &[b], 0.1);
         assert_eq!(ctx.candidates[0].pending_blocks, 256);
-        // Still pending after the first token, within the grace period; gone after it.
+        // Still there after the first token: within the grace period, and then while the
+        // request decodes (its blocks are referenced); gone once it ended and grace passed.
         core.first_token(id, 2.0, None);
         let ctx = core.context(&req(&tokens), &[b], 2.9);
         assert_eq!(ctx.candidates[0].pending_blocks, 256);
         let ctx = core.context(&req(&tokens), &[b], 3.1);
+        assert_eq!(ctx.candidates[0].pending_blocks, 256);
+        assert_eq!(ctx.candidates[0].kv_need_tokens, 16, "only one new block");
+        core.finish(id);
+        let ctx = core.context(&req(&tokens), &[b], 3.1);
         assert_eq!(ctx.candidates[0].pending_blocks, 0);
+        assert_eq!(ctx.candidates[0].kv_need_tokens, 4_096 + 16);
         // An aborted placement is forgotten at once.
         let d = core
             .decide(&mut p, &req(&tokens), &[a], 4.0)
@@ -729,6 +945,7 @@ mod tests {
             waiting: 2,
             running: 20,
             kv_usage: 0.97,
+            ..LoadSample::default()
         };
         core.set_load(warm, full, 0.0);
         let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
@@ -777,6 +994,91 @@ mod tests {
             .expect("decision");
         assert_eq!(d.chosen, warm);
         assert_eq!(d.chosen_candidate().map(|c| c.admission_wait), Some(0.0));
+    }
+
+    #[test]
+    fn kv_wait_is_the_time_until_enough_requests_finished() {
+        let frees = [(1.0, 1_000), (2.0, 500), (4.0, 3_000)];
+        assert_eq!(kv_wait(-5.0, &frees, 0.5), 0.0);
+        assert_eq!(kv_wait(f64::NAN, &frees, 0.5), 0.0);
+        assert!((kv_wait(800.0, &frees, 0.5) - 0.5).abs() < 1e-12);
+        assert!((kv_wait(1_200.0, &frees, 0.5) - 1.5).abs() < 1e-12);
+        // More than the router's own requests free: at least until the last of them ends.
+        assert!((kv_wait(9_000.0, &frees, 0.5) - 3.5).abs() < 1e-12);
+        assert_eq!(kv_wait(10.0, &[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn a_full_worker_predicts_a_wait_until_its_requests_free_enough_kv() {
+        let mut core = RoutingCore::new(CoreConfig::default());
+        let full = core.upsert_worker("full", 16);
+        let roomy = core.upsert_worker("roomy", 16);
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        // Fill `full` with four requests of 2,000 prompt tokens and 100 output tokens.
+        let mut ids = Vec::new();
+        for i in 0..4u32 {
+            let t: Vec<u32> = (i * 10_000..i * 10_000 + 2_000).collect();
+            let r = RouteRequest {
+                max_tokens: Some(100),
+                ..req(&t)
+            };
+            let d = core.decide(&mut p, &r, &[full], 0.0).expect("decision");
+            let id = core.assign(&d, 0.0);
+            core.first_token(id, 0.5 + f64::from(i), None);
+            ids.push(id);
+        }
+        let capacity = 10_000;
+        let report = |usage: f32| LoadSample {
+            waiting: 0,
+            running: 4,
+            kv_usage: usage,
+            kv_capacity_tokens: capacity,
+        };
+        core.set_load(full, report(0.85), 5.0);
+        core.set_load(
+            roomy,
+            LoadSample {
+                kv_capacity_tokens: capacity,
+                ..LoadSample::default()
+            },
+            5.0,
+        );
+        // 8,500 in use + 3,016 needed > 10,000: the first request to finish (first token at
+        // 0.5, 100 tokens at the 0.07 s prior) frees 2,116 tokens at 7.5 s.
+        let prompt: Vec<u32> = (900_000..903_000).collect();
+        let ctx = core.context(&req(&prompt), &[full, roomy], 5.0);
+        let (f, r) = (&ctx.candidates[0], &ctx.candidates[1]);
+        assert_eq!(f.kv_need_tokens, 3_016);
+        assert!(
+            (f.admission_wait - 2.5).abs() < 1e-9,
+            "{}",
+            f.admission_wait
+        );
+        assert_eq!(r.admission_wait, 0.0);
+        let d = p.choose(&ctx, 5.0).expect("decision");
+        assert_eq!(d.chosen, roomy);
+        // With room to spare there is no wait.
+        core.set_load(full, report(0.5), 5.0);
+        let ctx = core.context(&req(&prompt), &[full], 5.0);
+        assert_eq!(ctx.candidates[0].admission_wait, 0.0);
+        // Finishing teaches the decode speed: 100 tokens in 3 s.
+        core.finish_observed(ids[0], 3.5, 100);
+        let itl = core.predictor.itl(full);
+        assert!(
+            itl < 0.07 && itl > 3.0 / 99.0,
+            "moves toward 3 s / 99: {itl}"
+        );
+        // Unknown capacity: the model is off.
+        core.set_load(
+            full,
+            LoadSample {
+                kv_capacity_tokens: 0,
+                ..report(0.99)
+            },
+            6.0,
+        );
+        let ctx = core.context(&req(&prompt), &[full], 6.0);
+        assert_eq!(ctx.candidates[0].admission_wait, 0.0);
     }
 
     #[test]

@@ -40,6 +40,11 @@ pub struct PredictorConfig {
     pub admission_learning: f64,
     /// Upper clamp of the learned admission wait per queued request (seconds).
     pub max_admission_wait: f64,
+    /// Seconds per output token while decoding, before any observation (KV admission model:
+    /// when the router's decoding requests will finish and free their KV).
+    pub prior_itl: f64,
+    /// Weight of each finished request in the running mean of seconds per output token.
+    pub itl_learning: f64,
 }
 
 impl Default for PredictorConfig {
@@ -55,6 +60,9 @@ impl Default for PredictorConfig {
             max_overhead: 30.0,
             admission_learning: 0.1,
             max_admission_wait: 30.0,
+            // ~50 ms per step from reading the weights, more with a batch and prefill chunks.
+            prior_itl: 0.07,
+            itl_learning: 0.1,
         }
     }
 }
@@ -130,6 +138,10 @@ pub struct WorkerModel {
     pub admission_wait_per_request: f64,
     /// Saturated samples that updated it.
     pub admission_samples: u64,
+    /// Learned seconds per output token (first token to finish, per token after the first).
+    pub itl: f64,
+    /// Finished requests that updated it.
+    pub itl_samples: u64,
 }
 
 impl WorkerModel {
@@ -142,6 +154,8 @@ impl WorkerModel {
             error: ErrorStats::default(),
             admission_wait_per_request: 0.0,
             admission_samples: 0,
+            itl: cfg.prior_itl,
+            itl_samples: 0,
         }
     }
 
@@ -287,6 +301,25 @@ impl Predictor {
             queue_tokens.max(0.0) + uncached_tokens.max(0.0),
             observed,
         );
+    }
+
+    /// Seconds per output token on `w` (learned, else the prior).
+    pub fn itl(&self, w: WorkerId) -> f64 {
+        self.model(w).map_or(self.cfg.prior_itl, |m| m.itl)
+    }
+
+    /// Learns the decode speed from a finished request: `seconds` from its first token to its
+    /// end, `tokens` output tokens in all. Requests of fewer than 2 tokens teach nothing.
+    pub fn observe_decode(&mut self, w: WorkerId, seconds: f64, tokens: u64) {
+        if tokens < 2 || !seconds.is_finite() || seconds <= 0.0 {
+            return;
+        }
+        let per = seconds / (tokens - 1) as f64;
+        let a = self.cfg.itl_learning.clamp(0.0, 1.0);
+        let m = self.model_mut(w);
+        // Clamp one sample's pull: a stalled stream must not make the model absurd.
+        m.itl = (m.itl + a * (per - m.itl)).clamp(1e-4, 10.0);
+        m.itl_samples += 1;
     }
 
     /// Pool-wide prediction error.
