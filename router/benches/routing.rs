@@ -237,6 +237,7 @@ fn bench_decision(c: &mut Criterion) {
                     waiting: (i % 5) as u32,
                     running: (i % 7) as u32,
                     kv_usage: 0.3,
+                    ..LoadSample::default()
                 },
                 0.0,
             );
@@ -252,6 +253,7 @@ fn bench_decision(c: &mut Criterion) {
                         model: "qwen3",
                         lora: None,
                         cache_salt: None,
+                        max_tokens: None,
                     };
                     let d = core.decide(policy.as_mut(), &r, &ids, 1.0);
                     black_box(d.map(|d| d.chosen))
@@ -265,6 +267,7 @@ fn bench_decision(c: &mut Criterion) {
                     model: "qwen3",
                     lora: None,
                     cache_salt: None,
+                    max_tokens: None,
                 };
                 let d = core.decide(policy.as_mut(), &r, &ids, 1.0);
                 black_box(d.map(|d| d.chosen))

@@ -432,7 +432,12 @@ fn main() {
             false,
         ),
     ];
+    // `cargo run --release -- <text>` runs only the scenarios whose label contains it
+    let only = std::env::args().nth(1).unwrap_or_default();
     for (label, workers, convs, len, prefix, qlen, spread) in scenarios {
+        if !label.contains(&only) {
+            continue;
+        }
         let wl = workload(workers, convs, len, prefix, qlen, spread);
         println!(
             "== {label}: {} block events, {} workers",

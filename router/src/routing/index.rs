@@ -72,11 +72,6 @@ const MAX_RUN: usize = 1 << 16;
 /// Runs with at least this many holders get a by-end summary for lookups.
 const SUMMARY_MIN: usize = 16;
 
-/// New blocks are appended only to runs with at most this many holders: appending to a run
-/// many workers share makes its tail one worker's, and every tail removal then scans all the
-/// holders for the new longest one.
-const APPEND_MAX_HOLDERS: usize = 8;
-
 /// Mixes a block key (hash XOR the per-index seed) into a table position: a multiply-fold
 /// spreads every input bit, so crafted prompts cannot target slots without knowing the seed.
 fn fold(v: u64) -> u64 {
@@ -227,13 +222,23 @@ impl Table {
         'grow: loop {
             self.slots = vec![0; cap.max(16)];
             self.len = 0;
+            let mut folded = [0u64; 16];
             for (r, run) in runs.iter().enumerate().skip(1) {
-                for (pos, &h) in run.hashes.iter().enumerate().skip(run.lo as usize) {
-                    let f = fold(h ^ seed);
-                    let home = self.home(f);
-                    if !self.insert_at(home, 0, slot(f, 0, r as u32, pos)) {
-                        cap = cap * 3 / 2;
-                        continue 'grow;
+                let lo = run.lo as usize;
+                for (c, chunk) in run.hashes[lo.min(run.len())..].chunks(16).enumerate() {
+                    // fold and load the chunk's home slots first: overlapping cache misses
+                    let mut acc = 0;
+                    for (f, &h) in folded.iter_mut().zip(chunk) {
+                        *f = fold(h ^ seed);
+                        acc ^= self.slots[self.home(*f)];
+                    }
+                    std::hint::black_box(acc);
+                    for (i, &f) in folded[..chunk.len()].iter().enumerate() {
+                        let pos = lo + c * 16 + i;
+                        if !self.insert_at(self.home(f), 0, slot(f, 0, r as u32, pos)) {
+                            cap = cap * 3 / 2;
+                            continue 'grow;
+                        }
                     }
                 }
             }
@@ -258,6 +263,10 @@ struct Run {
     /// Holders by end, for lookups; built on demand for runs with many holders, reset on
     /// every change.
     summary: OnceLock<Box<Summary>>,
+    /// The largest and second largest holder ends (`lo` when missing), when known: a worker
+    /// evicting its private tail of a run many workers share (leaf first, one block at a
+    /// time) then truncates the run without scanning the holders each time.
+    top: Option<(u32, u32)>,
 }
 
 /// A run's holders sorted by `end`, longest first, with the XOR of the first `i` holders'
@@ -321,6 +330,25 @@ impl Run {
 
     fn changed(&mut self) {
         self.summary = OnceLock::new();
+        self.top = None;
+    }
+
+    /// The largest and second largest holder ends.
+    fn top_two(&mut self) -> (u32, u32) {
+        if let Some(t) = self.top {
+            return t;
+        }
+        let (mut a, mut b) = (self.lo, self.lo);
+        for &(_, e) in &self.holders {
+            if e > a {
+                b = a;
+                a = e;
+            } else if e > b {
+                b = e;
+            }
+        }
+        self.top = Some((a, b));
+        (a, b)
     }
 
     fn heap_bytes(&self) -> usize {
@@ -505,10 +533,12 @@ impl KvIndex {
             return 0;
         }
         let mut added = 0;
+        let mut same_call = false;
         for batch in blocks.chunks(16) {
             self.touch_slots(batch);
             for &h in batch {
-                added += usize::from(self.store_one(w.index(), h));
+                added += usize::from(self.store_one(w.index(), h, same_call));
+                same_call = true;
             }
         }
         self.pairs += added as u64;
@@ -599,7 +629,7 @@ impl KvIndex {
     }
 
     /// Adds block `h` to worker `w`; true when it was new to the worker.
-    fn store_one(&mut self, w: usize, h: u64) -> bool {
+    fn store_one(&mut self, w: usize, h: u64, same_call: bool) -> bool {
         // the block after the previous one in its run: no probe needed
         let (cr, cp, _) = self.cursors[w];
         if let Some(run) = self.runs.get(cr as usize) {
@@ -623,7 +653,7 @@ impl KvIndex {
                 self.store_existing(w, slot_run(s), slot_pos(s))
             }
             Probe::Vacant(j, d) => {
-                let Some((r, pos)) = self.place_new(w, h) else {
+                let Some((r, pos)) = self.place_new(w, h, same_call) else {
                     return false;
                 };
                 if !self.table.insert_at(j, d, slot(f, 0, r, pos)) {
@@ -636,34 +666,49 @@ impl KvIndex {
     }
 
     /// Puts a block no one holds into a run held by `w`: appended to the run of `w`'s
-    /// previous block when `w` holds that run's last block, else a new run.
-    fn place_new(&mut self, w: usize, h: u64) -> Option<(u32, usize)> {
+    /// previous block when `w` holds that run up to that block and no further. If the run
+    /// goes on past that block (another worker's chain, or unrelated blocks), the new block
+    /// follows within one store call (a chain being extended: the run is cut after the
+    /// previous block); across calls it starts a new run.
+    fn place_new(&mut self, w: usize, h: u64, same_call: bool) -> Option<(u32, usize)> {
         let wid = w as u32;
         let (cr, cp, hint) = self.cursors[w];
-        if cr != 0
-            && let Some(run) = self.runs.get_mut(cr as usize)
-            && cp as usize + 1 == run.len()
-            && run.len() < MAX_RUN
-            && run.holders.len() <= APPEND_MAX_HOLDERS
-            && let (end, Ok(i)) = run.end_of_hinted(wid, hint)
-            && end == run.len()
-        {
-            if run.hashes.len() == run.hashes.capacity() {
-                // grow by half: long runs keep little slack
-                run.hashes.reserve_exact((run.hashes.len() / 2).max(4));
+        let (mut r, mut p) = (cr as usize, cp as usize);
+        let appendable = match self.runs.get(r) {
+            Some(run) if r != 0 && p >= run.lo as usize && p < run.len() => {
+                run.end_of_hinted(wid, hint).0 == p + 1 && (p + 1 == run.len() || same_call)
             }
-            run.hashes.push(h);
-            run.holders[i].1 += 1;
-            run.changed();
-            let pos = run.len() - 1;
-            self.cursors[w] = (cr, pos as u32, i as u32);
-            return Some((cr, pos));
+            _ => false,
+        };
+        if appendable {
+            if p + 1 < self.runs[r].len() {
+                let ((pr, pd), _) = self.split(r, p + 1);
+                (r, p) = (pr as usize, p - pd);
+            }
+            let run = &mut self.runs[r];
+            if p + 1 == run.len()
+                && run.len() < MAX_RUN
+                && let (end, Ok(i)) = run.end_of_hinted(wid, hint)
+                && end == run.len()
+            {
+                if run.hashes.len() == run.hashes.capacity() {
+                    // grow by half: long runs keep little slack
+                    run.hashes.reserve_exact((run.hashes.len() / 2).max(4));
+                }
+                run.hashes.push(h);
+                run.holders[i].1 += 1;
+                run.changed();
+                let pos = run.len() - 1;
+                self.cursors[w] = (r as u32, pos as u32, i as u32);
+                return Some((r as u32, pos));
+            }
         }
         let r = self.new_run(Run {
             hashes: vec![h],
             lo: 0,
             holders: vec![(wid, 1)],
             summary: OnceLock::new(),
+            top: None,
         })?;
         self.cursors[w] = (r, 0, 0);
         Some((r, 0))
@@ -731,25 +776,43 @@ impl KvIndex {
             pos -= pd;
         }
         let run = &mut self.runs[r];
+        let tail = pos + 1 == run.len();
+        let top = if tail { run.top_two() } else { (0, 0) };
+        let mut still = false;
         if let (_, Ok(i)) = run.end_of(w) {
             if pos == run.lo as usize {
                 run.holders.remove(i);
             } else {
                 run.holders[i].1 = pos as u32;
+                still = true;
             }
         }
         run.changed();
-        if pos + 1 == run.len() {
-            self.truncate(r);
+        if tail && top.1 as usize != pos + 1 {
+            // `w` alone held the last block: the run now ends at the longer of its new
+            // end and the runner-up, which stays the runner-up
+            let keep = if still {
+                pos.max(top.1 as usize)
+            } else {
+                top.1 as usize
+            };
+            if still {
+                run.top = Some((keep as u32, top.1));
+            }
+            self.truncate_to(r, keep);
         }
         true
     }
 
     /// Drops the run's blocks past its longest holder (freeing the run when none is left).
     fn truncate(&mut self, r: usize) {
+        let keep = self.runs[r].top_two().0 as usize;
+        self.truncate_to(r, keep);
+    }
+
+    /// Drops the run's blocks from `keep` on; `keep` must be the longest holder's end.
+    fn truncate_to(&mut self, r: usize, keep: usize) {
         let run = &mut self.runs[r];
-        let lo = run.lo as usize;
-        let keep = run.holders.iter().map(|h| h.1 as usize).max().unwrap_or(lo);
         for pos in (keep..run.hashes.len()).rev() {
             let f = fold(run.hashes[pos] ^ self.seed);
             if let Some(j) = self.table.find_loc(f, r, pos) {
@@ -795,6 +858,7 @@ impl KvIndex {
                 lo: 0,
                 holders: pre.into_iter().map(|(w, e)| (w, e - shift)).collect(),
                 summary: OnceLock::new(),
+                top: None,
             };
             self.runs[nr as usize] = moved;
             self.relabel(r, lo..at, nr, lo);
@@ -823,6 +887,7 @@ impl KvIndex {
                 lo: 0,
                 holders: suf.into_iter().map(|(w, e)| (w, e - cut)).collect(),
                 summary: OnceLock::new(),
+                top: None,
             };
             self.runs[nr as usize] = moved;
             self.relabel(r, at..len, nr, at);
