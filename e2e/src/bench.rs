@@ -329,9 +329,9 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             let summary = summarize(&headline, args.workers);
             let mut points = Vec::new();
             for &c in &sweep {
-                // Enough sessions to reach a steady state at this level, never more than the
-                // workload has.
-                let n = (c * 6).max(24).min(sessions.len());
+                // Enough sessions that warm-up (every cache starts empty) does not dominate the
+                // level: 16 per user, never more than the workload has.
+                let n = (c * 16).max(64).min(sessions.len());
                 let cfg = SimConfig {
                     arrivals: Arrivals::Closed { users: c },
                     ..base.clone()
