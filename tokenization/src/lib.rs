@@ -44,10 +44,12 @@
 //! - a request's own `chat_template` runs without a time or size budget: honour it only for
 //!   trusted clients (vLLM requires `--trust-request-chat-template`).
 
+mod bpe;
 mod chat;
 mod config;
 mod error;
 mod prompt;
+mod pretokenize;
 mod pyjson;
 mod segments;
 mod template;

@@ -11,6 +11,7 @@
 //! threads; a lookup holds the lock only to clone an `Arc`.
 
 use crate::TokenizeError;
+use crate::bpe::{ByteBpe, WordCache};
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -46,6 +47,10 @@ pub(crate) struct SegmentEncoder {
     /// Added tokens, matched like the tokenizer does (leftmost-longest); `None` when some added
     /// token has matching rules that make piecewise encoding unsafe.
     matcher: Option<(AhoCorasick, Vec<u32>)>,
+    /// Our byte-level BPE, when the tokenizer has the shape it implements; else pieces go
+    /// through the `tokenizers` pipeline.
+    fast: Option<Arc<ByteBpe>>,
+    words: WordCache,
     cache: Mutex<Generations>,
     capacity_bytes: usize,
     hits: AtomicU64,
@@ -57,7 +62,11 @@ fn entry_bytes(piece: &str, ids: &[u32]) -> usize {
 }
 
 impl SegmentEncoder {
-    pub(crate) fn new(hf: &tokenizers::Tokenizer, capacity_bytes: usize) -> Self {
+    pub(crate) fn new(
+        hf: &tokenizers::Tokenizer,
+        capacity_bytes: usize,
+        fast: Option<Arc<ByteBpe>>,
+    ) -> Self {
         let decoder = hf.get_added_tokens_decoder();
         let mut tokens: Vec<(u32, String)> = Vec::with_capacity(decoder.len());
         let mut safe = true;
@@ -79,6 +88,8 @@ impl SegmentEncoder {
         };
         SegmentEncoder {
             matcher,
+            fast,
+            words: WordCache::default(),
             cache: Mutex::new(Generations::default()),
             capacity_bytes,
             hits: AtomicU64::new(0),
@@ -86,9 +97,15 @@ impl SegmentEncoder {
         }
     }
 
-    /// Whether piecewise (cached) encoding is exact for this tokenizer.
+    /// Whether piecewise encoding is exact for this tokenizer and worth doing (a segment
+    /// cache or our fast path).
     pub(crate) fn enabled(&self) -> bool {
-        self.matcher.is_some() && self.capacity_bytes > 0
+        self.matcher.is_some() && (self.capacity_bytes > 0 || self.fast.is_some())
+    }
+
+    /// Whether pieces go through our byte-level BPE rather than the `tokenizers` pipeline.
+    pub(crate) fn fast_path(&self) -> bool {
+        self.matcher.is_some() && self.fast.is_some()
     }
 
     pub(crate) fn stats(&self) -> SegmentCacheStats {
@@ -132,9 +149,8 @@ impl SegmentEncoder {
         if piece.is_empty() {
             return Ok(());
         }
-        if piece.len() < MIN_CACHED_BYTES {
-            out.extend(encode_plain(hf, piece)?);
-            return Ok(());
+        if piece.len() < MIN_CACHED_BYTES || self.capacity_bytes == 0 {
+            return self.encode_direct(hf, piece, out);
         }
         if let Some(ids) = self.lookup(piece) {
             self.hits.fetch_add(1, Ordering::Relaxed);
@@ -142,10 +158,28 @@ impl SegmentEncoder {
             return Ok(());
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
-        let ids: Arc<[u32]> = encode_plain(hf, piece)?.into();
-        out.extend_from_slice(&ids);
-        self.insert(piece, ids);
+        let start = out.len();
+        self.encode_direct(hf, piece, out)?;
+        if let Some(ids) = out.get(start..) {
+            self.insert(piece, ids.into());
+        }
         Ok(())
+    }
+
+    /// Encodes a piece without the segment cache.
+    fn encode_direct(
+        &self,
+        hf: &tokenizers::Tokenizer,
+        piece: &str,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizeError> {
+        match &self.fast {
+            Some(fast) => fast.encode_piece(hf, &self.words, piece, out),
+            None => {
+                out.extend(encode_plain(hf, piece)?);
+                Ok(())
+            }
+        }
     }
 
     fn lookup(&self, piece: &str) -> Option<Arc<[u32]>> {

@@ -1,5 +1,6 @@
 //! [`Tokenizer`]: one loaded tokenizer directory, compiled once, shared by every request.
 
+use crate::bpe::ByteBpe;
 use crate::chat::{self, ChatRequest};
 use crate::config::{self, SpecialTokens, TokenizerFiles};
 use crate::segments::{SegmentCacheStats, SegmentEncoder};
@@ -9,6 +10,7 @@ use chrono::{DateTime, FixedOffset};
 use minijinja::Environment;
 use serde_json::{Map, Value};
 use std::path::Path;
+use std::sync::Arc;
 
 /// Tag transformers appends to the final message for `continue_final_message`.
 const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
@@ -30,6 +32,8 @@ pub struct Tokenizer {
     bos_token_id: Option<u32>,
     max_token_id: u32,
     segments: SegmentEncoder,
+    /// Our byte-level BPE for tokenizers of the shape it implements (Qwen2/Qwen3).
+    fast: Option<Arc<ByteBpe>>,
     /// The post-processor never adds ids (none, or ByteLevel): piecewise encoding is exact
     /// with `add_special_tokens = true` too.
     post_processor_adds_nothing: bool,
@@ -163,7 +167,9 @@ impl Tokenizer {
             .bos_token
             .as_deref()
             .and_then(|t| hf.token_to_id(t));
-        let segments = SegmentEncoder::new(&hf, DEFAULT_SEGMENT_CACHE_BYTES);
+        // A tokenizer of another shape simply keeps the `tokenizers` pipeline.
+        let fast = ByteBpe::from_json(&files.tokenizer_json).ok().map(Arc::new);
+        let segments = SegmentEncoder::new(&hf, DEFAULT_SEGMENT_CACHE_BYTES, fast.clone());
         let post_processor_adds_nothing = matches!(
             hf.get_post_processor(),
             None | Some(tokenizers::PostProcessorWrapper::ByteLevel(_))
@@ -180,15 +186,25 @@ impl Tokenizer {
             bos_token_id,
             max_token_id,
             segments,
+            fast,
             post_processor_adds_nothing,
         })
     }
 
     /// Resizes the segment cache (0 disables it). Encoding is exact either way; the cache
-    /// only makes re-encoding text seen before (system prompts, chat history) cheap.
+    /// only makes re-encoding text seen before (system prompts, chat history) cheap. Also
+    /// starts a fresh word cache for the fast path.
     pub fn with_segment_cache_bytes(mut self, bytes: usize) -> Self {
-        self.segments = SegmentEncoder::new(&self.hf, bytes);
+        self.segments = SegmentEncoder::new(&self.hf, bytes, self.fast.clone());
         self
+    }
+
+    /// Whether [`Self::encode_text`] uses kvroute's own byte-level BPE (tokenizers shaped
+    /// like Qwen2/Qwen3: NFC, the Qwen2 split regex, byte-level BPE) instead of the
+    /// `tokenizers` pipeline. Both give the same ids; ours is several times faster on text
+    /// not seen before.
+    pub fn fast_path(&self) -> bool {
+        self.segments.fast_path()
     }
 
     /// Hits, misses and size of the segment cache.

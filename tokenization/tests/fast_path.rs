@@ -1,0 +1,323 @@
+//! Differential tests of kvroute's byte-level BPE fast path against the HuggingFace
+//! `tokenizers` pipeline (the truth): generated text full of the cases where a hand-written
+//! pre-tokenizer could drift (Unicode classes, contractions, whitespace runs, NFC, special
+//! tokens inside text, long words), plus real files of the repository.
+
+use kvroute_tokenization::Tokenizer;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+fn testdata(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata")
+        .join(rel)
+}
+
+fn qwen3() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
+    T.get_or_init(
+        || match Tokenizer::from_dir(&testdata("tokenizers/qwen3")) {
+            Ok(t) => t.with_segment_cache_bytes(0),
+            Err(e) => panic!("{e}"),
+        },
+    )
+}
+
+/// Fragments the generator strings together.
+const FRAGMENTS: &[&str] = &[
+    // ASCII words, both cases, and contractions (the regex folds case: 'S, 'LL, and U+017F).
+    "hello",
+    " world",
+    "The",
+    " QUICK",
+    "x",
+    " a",
+    "don't",
+    "I'M",
+    "we'Re",
+    "'s",
+    "'S",
+    "'t",
+    "'re",
+    "'RE",
+    "'ve",
+    "'Ve",
+    "'m",
+    "'ll",
+    "'LL",
+    "'lL",
+    "'d",
+    "'D",
+    "'\u{17f}",
+    "'",
+    "''",
+    "'x",
+    " 'tis",
+    "rock'n'roll",
+    "O'Neil's",
+    // digits and number-like characters
+    "0",
+    "42",
+    "2024-11-30",
+    "3.14159",
+    " 1,000,000",
+    "\u{b2}\u{b3}",
+    "\u{663}\u{664}",
+    "\u{216b}",
+    "\u{2460}",
+    "\u{ff11}",
+    // punctuation runs, code, and brackets
+    ".",
+    "...",
+    "!?",
+    " --",
+    "----------",
+    " (",
+    ")",
+    "{}",
+    "[]",
+    " +=",
+    "::",
+    "->",
+    "=>",
+    "\"",
+    " \"quoted\"",
+    "#",
+    "$",
+    "%",
+    "&&",
+    "||",
+    "<",
+    ">",
+    "</",
+    "/>",
+    "`",
+    "```",
+    "~",
+    "@",
+    "^",
+    "*",
+    "_",
+    "__init__",
+    "\\",
+    "|",
+    ";",
+    ":",
+    ",",
+    "?",
+    "\u{2014}",
+    "\u{2026}",
+    "\u{ab}",
+    "\u{bb}",
+    "\u{201c}",
+    "\u{201d}",
+    // whitespace, incl. Unicode spaces, CR/LF mixes, tabs and trailing runs
+    " ",
+    "  ",
+    "   ",
+    "\t",
+    "\t\t",
+    "\n",
+    "\n\n",
+    "\r\n",
+    "\r",
+    "\r\n\r\n",
+    " \n",
+    "\n ",
+    "  \n  ",
+    "\u{a0}",
+    "\u{3000}",
+    "\u{85}",
+    "\u{2028}",
+    "\u{2029}",
+    "\u{2009}",
+    "\u{200b}",
+    "\u{feff}",
+    "\u{b}",
+    "\u{c}",
+    "\u{1680}",
+    // Unicode letters, marks and scripts
+    "\u{e9}",
+    "\u{df}",
+    "\u{f1}o",
+    "\u{3a9}",
+    "\u{416}\u{438}\u{437}\u{43d}\u{44c}",
+    "\u{627}\u{644}\u{639}\u{631}\u{628}\u{64a}\u{629}",
+    "\u{939}\u{93f}\u{902}\u{926}\u{940}",
+    "\u{915}\u{94d}\u{937}",
+    "\u{e20}\u{e32}\u{e29}\u{e32}",
+    "\u{5e9}\u{5dc}\u{5d5}\u{5dd}",
+    // combining sequences that NFC changes, and ones it keeps
+    "e\u{301}",
+    "\u{301}",
+    "a\u{308}\u{304}",
+    "A\u{30a}",
+    "\u{212b}",
+    "\u{1100}\u{1161}\u{11a8}",
+    "\u{ac00}\u{11a8}",
+    "q\u{307}\u{323}",
+    "\u{344}",
+    "\u{f900}",
+    "\u{2126}",
+    // CJK, kana, fullwidth, Hangul
+    "\u{4e2d}\u{6587}",
+    "\u{65e5}\u{672c}\u{8a9e}",
+    "\u{30ab}\u{30bf}\u{30ab}\u{30ca}",
+    "\u{3072}\u{3089}\u{304c}\u{306a}",
+    "\u{ff48}\u{ff41}\u{ff4c}\u{ff46}",
+    "\u{d55c}\u{ad6d}\u{c5b4}",
+    "\u{3002}",
+    "\u{ff0c}",
+    "\u{20000}",
+    // emoji, ZWJ sequences, flags, variation selectors
+    "\u{1f600}",
+    "\u{1f44d}\u{1f3fd}",
+    "\u{1f468}\u{200d}\u{1f469}\u{200d}\u{1f467}",
+    "\u{1f1fa}\u{1f1f8}",
+    "\u{2764}\u{fe0f}",
+    "\u{fffd}",
+    // control characters
+    "\u{0}",
+    "\u{1b}[0m",
+    "\u{7f}",
+    // added tokens inside text, and near-misses
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<think>",
+    "</think>",
+    "<|im_",
+    "|>",
+    "<tool_call>",
+    "<|vision_pad|>",
+];
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+fn generated(seed: u64, cases: usize) -> Vec<String> {
+    let mut x = seed;
+    (0..cases)
+        .map(|_| {
+            let n = 1 + (xorshift(&mut x) % 24) as usize;
+            let mut s = String::new();
+            for _ in 0..n {
+                let f = FRAGMENTS[(xorshift(&mut x) % FRAGMENTS.len() as u64) as usize];
+                // Now and then repeat a fragment to make long runs and long words.
+                let reps = if xorshift(&mut x).is_multiple_of(16) {
+                    1 + (xorshift(&mut x) % 40) as usize
+                } else {
+                    1
+                };
+                for _ in 0..reps {
+                    s.push_str(f);
+                }
+            }
+            s
+        })
+        .collect()
+}
+
+fn assert_same(t: &Tokenizer, text: &str) {
+    let truth = match t.encode_text_uncached(text, false) {
+        Ok(ids) => ids,
+        Err(e) => panic!("tokenizers failed on {text:?}: {e}"),
+    };
+    let ours = match t.encode_text(text, false) {
+        Ok(ids) => ids,
+        Err(e) => panic!("fast path failed on {text:?}: {e}"),
+    };
+    if ours != truth {
+        let at = ours.iter().zip(&truth).take_while(|(a, b)| a == b).count();
+        let shown: String = text.chars().take(300).collect();
+        panic!(
+            "ids differ from index {at} ({} vs {} ids) for {shown:?}",
+            ours.len(),
+            truth.len()
+        );
+    }
+}
+
+#[test]
+fn qwen3_takes_the_fast_path_and_the_tiny_tokenizer_does_not() {
+    assert!(qwen3().fast_path());
+    let tiny = match Tokenizer::from_dir(&testdata("vllm-capture/tokenizer")) {
+        Ok(t) => t,
+        Err(e) => panic!("{e}"),
+    };
+    // GPT-2 style ByteLevel(use_regex) pre-tokenizer: not the shape we implement.
+    assert!(!tiny.fast_path());
+}
+
+#[test]
+fn generated_text_matches_tokenizers() {
+    let t = qwen3();
+    let cases = generated(0x5eed_1234_abcd_0001, 6000);
+    for text in &cases {
+        assert_same(t, text);
+    }
+    // Once more with every word in the word cache.
+    for text in &cases {
+        assert_same(t, text);
+    }
+}
+
+#[test]
+fn single_fragments_and_pairs_match_tokenizers() {
+    let t = qwen3();
+    for a in FRAGMENTS {
+        assert_same(t, a);
+        for b in FRAGMENTS {
+            assert_same(t, &format!("{a}{b}"));
+        }
+    }
+}
+
+#[test]
+fn every_ascii_triple_matches_tokenizers() {
+    // All 3-byte strings over a class-covering ASCII alphabet: exercises each alternative of
+    // the split regex at every boundary, including text ending in whitespace.
+    let t = qwen3();
+    let alphabet = [
+        "a", "S", "s", "'", " ", "\t", "\n", "\r", "1", ".", "l", "e",
+    ];
+    for a in alphabet {
+        for b in alphabet {
+            for c in alphabet {
+                for d in ["", " ", "x", "\n"] {
+                    assert_same(t, &format!("{a}{b}{c}{d}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn repository_files_match_tokenizers() {
+    let t = qwen3();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let files = [
+        root.join("src/bpe.rs"),
+        root.join("src/chat.rs"),
+        root.join("src/pyjson.rs"),
+        root.join("../testdata/tokenizers/qwen3/tokenizer_config.json"),
+        root.join("../testdata/vllm-capture/requests.jsonl"),
+        root.join("../testdata/vllm-capture/README.md"),
+    ];
+    for path in files {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(s) => s,
+            Err(e) => panic!("{}: {e}", path.display()),
+        };
+        // Whole file, and in chunks that start and end mid-line.
+        assert_same(t, &text);
+        let chars: Vec<char> = text.chars().collect();
+        for chunk in chars.chunks(997) {
+            assert_same(t, &chunk.iter().collect::<String>());
+        }
+    }
+}
