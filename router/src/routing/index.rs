@@ -114,9 +114,9 @@ enum Probe {
 }
 
 /// Block hash -> (run, position): Robin Hood open addressing over 8-byte slots. The full key
-/// lives only in the run (read to confirm a tag match), which halves the table. The capacity
-/// grows by half at 80% load (53%-80% full: 10-15 bytes per block); removal shifts the
-/// following slots back (no tombstones).
+/// lives only in the run (read to confirm a tag match), which halves the table. At 80% load
+/// the capacity doubles up to 1 Mi slots and grows by half beyond (then 53%-80% full: 10-15
+/// bytes per block); removal shifts the following slots back (no tombstones).
 #[derive(Default)]
 struct Table {
     slots: Vec<u64>,
@@ -553,8 +553,11 @@ impl KvIndex {
             return 0;
         }
         let mut removed = 0;
-        for &h in blocks {
-            removed += usize::from(self.remove_one(w.0, h));
+        for batch in blocks.chunks(16) {
+            self.touch_slots(batch);
+            for &h in batch {
+                removed += usize::from(self.remove_one(w.0, h));
+            }
         }
         self.pairs = self.pairs.saturating_sub(removed as u64);
         let st = &mut self.workers[w.index()];
@@ -639,7 +642,13 @@ impl KvIndex {
             }
         }
         if self.table.needs_grow() {
-            let cap = (self.table.slots.len() * 2).max(16);
+            // doubling while small (fewer rehashes), by half past 32 MiB (less slack)
+            let cap = self.table.slots.len();
+            let cap = if cap < 1 << 22 {
+                (cap * 2).max(16)
+            } else {
+                cap * 3 / 2
+            };
             self.table.rebuild(cap, &self.runs, self.seed);
         }
         let f = fold(h ^ self.seed);
@@ -693,7 +702,8 @@ impl KvIndex {
             {
                 if run.hashes.len() == run.hashes.capacity() {
                     // grow by half: long runs keep little slack
-                    run.hashes.reserve_exact((run.hashes.len() / 2).max(4));
+                    let n = run.hashes.len();
+                    run.hashes.reserve_exact((n / 2).max(4).min(MAX_RUN - n));
                 }
                 run.hashes.push(h);
                 run.holders[i].1 += 1;
@@ -799,7 +809,7 @@ impl KvIndex {
             if still {
                 run.top = Some((keep as u32, top.1));
             }
-            self.truncate_to(r, keep);
+            self.truncate_to(r, keep, Some(j));
         }
         true
     }
@@ -807,15 +817,20 @@ impl KvIndex {
     /// Drops the run's blocks past its longest holder (freeing the run when none is left).
     fn truncate(&mut self, r: usize) {
         let keep = self.runs[r].top_two().0 as usize;
-        self.truncate_to(r, keep);
+        self.truncate_to(r, keep, None);
     }
 
     /// Drops the run's blocks from `keep` on; `keep` must be the longest holder's end.
-    fn truncate_to(&mut self, r: usize, keep: usize) {
+    /// `last`: the slot of the run's last block, when the caller knows it.
+    fn truncate_to(&mut self, r: usize, keep: usize, mut last: Option<usize>) {
         let run = &mut self.runs[r];
         for pos in (keep..run.hashes.len()).rev() {
-            let f = fold(run.hashes[pos] ^ self.seed);
-            if let Some(j) = self.table.find_loc(f, r, pos) {
+            // the first removal is the last block; later ones may have been shifted
+            let j = last.take().or_else(|| {
+                let f = fold(run.hashes[pos] ^ self.seed);
+                self.table.find_loc(f, r, pos)
+            });
+            if let Some(j) = j {
                 self.table.remove_at(j);
             }
         }
