@@ -43,7 +43,10 @@ fn a_holder_set_diverging_mid_run() {
     ix.apply_stored(w[1], &c[30..50], 0.0); // not a prefix: a gap before 30
     ix.apply_stored(w[2], &c[..70], 0.0);
     assert_eq!(matches(&ix, &c), vec![(w[0], 96), (w[2], 70)]);
-    assert_eq!(matches(&ix, &c[30..]), vec![(w[0], 66), (w[1], 20), (w[2], 40)]);
+    assert_eq!(
+        matches(&ix, &c[30..]),
+        vec![(w[0], 66), (w[1], 20), (w[2], 40)]
+    );
     ix.apply_stored(w[1], &c[..30], 0.0);
     assert_eq!(matches(&ix, &c), vec![(w[0], 96), (w[1], 50), (w[2], 70)]);
     assert_eq!(ix.pairs(), 96 + 50 + 70);
@@ -93,8 +96,8 @@ fn one_chain_many_workers_many_depths() {
     }
     // a worker evicts most of its chain; another extends its own
     let (a, b) = (w[13], w[14]);
-    let da = (13 * 37) % 513;
-    for h in c[5..da].iter().rev() {
+    let depth_of = |i: usize| (i * 37) % 513;
+    for h in c[5..depth_of(13)].iter().rev() {
         ix.apply_removed(a, &[*h], 1.0);
     }
     ix.apply_stored(b, &c, 1.0);
