@@ -701,9 +701,11 @@ impl KvIndex {
                 && end == run.len()
             {
                 if run.hashes.len() == run.hashes.capacity() {
-                    // grow by half: long runs keep little slack
+                    // double while short (few reallocations), then grow by half (long runs
+                    // keep little slack)
                     let n = run.hashes.len();
-                    run.hashes.reserve_exact((n / 2).max(4).min(MAX_RUN - n));
+                    let more = if n < 1024 { n.max(4) } else { n / 2 };
+                    run.hashes.reserve_exact(more.min(MAX_RUN - n));
                 }
                 run.hashes.push(h);
                 run.holders[i].1 += 1;
