@@ -5,12 +5,18 @@
 //! Cases: an ~8k-token multi-turn Qwen3 chat (render + encode with a warm segment cache, with
 //! no cache, with a new final message each time, and render / encode alone), the same text as
 //! a completions prompt, and the small reference chat.
+//!
+//! Cold encoding (a prompt never seen before): `cold/*` start every iteration with empty
+//! segment and word caches, on the synthetic chat and on a chat of varied text (this crate's
+//! sources: code, prose, many distinct words); `hf_pipeline/*` is the same text through the
+//! `tokenizers` crate (what the fast path replaces).
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kvroute_tokenization::{ChatRequest, PromptInput, Tokenizer};
 use serde_json::{Value, json};
 use std::hint::black_box;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 fn tokenizer() -> Tokenizer {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/tokenizers/qwen3");
@@ -88,6 +94,54 @@ fn long_chat(t: &Tokenizer, target_tokens: usize) -> ChatRequest {
     }
 }
 
+/// A multi-turn chat of roughly `target_tokens` tokens of varied text: this crate's sources,
+/// cut into messages.
+fn varied_chat(t: &Tokenizer, target_tokens: usize) -> ChatRequest {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut text = String::new();
+    for name in [
+        "chat.rs",
+        "tokenizer.rs",
+        "template.rs",
+        "pyjson.rs",
+        "config.rs",
+        "bpe.rs",
+    ] {
+        match std::fs::read_to_string(src.join(name)) {
+            Ok(s) => text.push_str(&s),
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+    let chars: Vec<char> = text.chars().collect();
+    let mut messages: Vec<Value> = Vec::new();
+    let mut roles = ["user", "assistant"].iter().cycle();
+    for chunk in chars.chunks(1500) {
+        let role = roles.next().copied().unwrap_or("user");
+        messages.push(json!({"role": role, "content": chunk.iter().collect::<String>()}));
+        let req = ChatRequest::new(messages.clone());
+        let n = t.encode_chat(&req, chrono::DateTime::UNIX_EPOCH.fixed_offset());
+        if n.map(|e| e.token_ids.len()).unwrap_or(0) >= target_tokens && role == "user" {
+            return req;
+        }
+    }
+    ChatRequest::new(messages)
+}
+
+/// Times `f` on a tokenizer whose segment and word caches are empty at every iteration.
+fn cold_iter(t: &mut Option<Tokenizer>, iters: u64, mut f: impl FnMut(&Tokenizer)) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let Some(fresh) = t.take().map(|t| t.with_segment_cache_bytes(0)) else {
+            break;
+        };
+        let start = Instant::now();
+        f(&fresh);
+        total += start.elapsed();
+        *t = Some(fresh);
+    }
+    total
+}
+
 fn bench(c: &mut Criterion) {
     let t = tokenizer();
     let now = chrono::DateTime::UNIX_EPOCH.fixed_offset();
@@ -106,7 +160,7 @@ fn bench(c: &mut Criterion) {
     c.bench_function("chat_8k/render_and_encode", |b| {
         b.iter(|| t.encode_chat(black_box(&chat), now))
     });
-    // Cold: no segment cache, every piece goes through the HF tokenizer.
+    // No segment cache: every piece is encoded (the fast path's word cache is warm).
     let cold = tokenizer().with_segment_cache_bytes(0);
     c.bench_function("chat_8k/render_and_encode_no_cache", |b| {
         b.iter(|| cold.encode_chat(black_box(&chat), now))
@@ -133,6 +187,48 @@ fn bench(c: &mut Criterion) {
     });
     c.bench_function("chat_8k/encode_only", |b| {
         b.iter(|| t.encode_text(black_box(&prompt), false))
+    });
+    let varied = varied_chat(&t, 8192);
+    let varied_prompt = match t.render_chat(&varied, now) {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    };
+    eprintln!(
+        "fast path: {}; varied chat: {} messages, {} chars, {} tokens",
+        t.fast_path(),
+        varied.messages.len(),
+        varied_prompt.len(),
+        t.encode_text(&varied_prompt, false)
+            .map(|v| v.len())
+            .unwrap_or(0)
+    );
+    let mut fresh = Some(tokenizer());
+    c.bench_function("cold/chat_8k/render_and_encode", |b| {
+        b.iter_custom(|iters| {
+            cold_iter(&mut fresh, iters, |t| {
+                black_box(t.encode_chat(&chat, now)).ok();
+            })
+        })
+    });
+    c.bench_function("cold/varied_8k/render_and_encode", |b| {
+        b.iter_custom(|iters| {
+            cold_iter(&mut fresh, iters, |t| {
+                black_box(t.encode_chat(&varied, now)).ok();
+            })
+        })
+    });
+    c.bench_function("cold/varied_8k/encode_only", |b| {
+        b.iter_custom(|iters| {
+            cold_iter(&mut fresh, iters, |t| {
+                black_box(t.encode_text(&varied_prompt, false)).ok();
+            })
+        })
+    });
+    c.bench_function("hf_pipeline/chat_8k/encode_only", |b| {
+        b.iter(|| t.encode_text_uncached(black_box(&prompt), false))
+    });
+    c.bench_function("hf_pipeline/varied_8k/encode_only", |b| {
+        b.iter(|| t.encode_text_uncached(black_box(&varied_prompt), false))
     });
     let completion = PromptInput::Text(prompt.clone());
     c.bench_function("completion_8k/encode", |b| {

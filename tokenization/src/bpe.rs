@@ -27,34 +27,77 @@ use serde_json::Value;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use xxhash_rust::xxh3::Xxh3DefaultBuilder;
 
 /// Words longer than this are encoded every time (like `tokenizers`' cache limit).
 const MAX_CACHED_WORD_BYTES: usize = 256;
 /// Entries in the word cache before it is cleared and refilled.
 const WORD_CACHE_ENTRIES: usize = 1 << 17;
 
-/// A hasher for the (left id, right id) merge keys: one multiply, no per-call state.
-#[derive(Default)]
-struct PairHasher(u64);
+/// Words up to this many symbols are merged by scanning for the best pair (no heap).
+const MAX_SCANNED_WORD_BYTES: usize = 48;
 
-impl Hasher for PairHasher {
+/// A hasher for merge keys (one `u64`) and short words (one-shot xxh3): no per-call state to
+/// set up, unlike a streaming hasher.
+#[derive(Default)]
+struct FastHasher(u64);
+
+const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl Hasher for FastHasher {
     fn finish(&self) -> u64 {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
+        self.0 = (self.0 ^ xxhash_rust::xxh3::xxh3_64(bytes)).wrapping_mul(MIX);
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
     }
     fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        self.0 ^= self.0 >> 32;
+        let x = (self.0 ^ v ^ (v >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        self.0 = x ^ (x >> 32);
     }
 }
 
-type MergeMap = HashMap<u64, (u32, u32), BuildHasherDefault<PairHasher>>;
-type WordMap = HashMap<Box<[u8]>, Box<[u32]>, Xxh3DefaultBuilder>;
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+type MergeMap = FastMap<u64, (u32, u32)>;
+type WordMap = FastMap<Box<[u8]>, WordIds>;
+
+/// A cached word's ids, inline when short (most words are one to three tokens).
+enum WordIds {
+    Inline { len: u8, ids: [u32; 3] },
+    Heap(Box<[u32]>),
+}
+
+impl WordIds {
+    fn new(ids: &[u32]) -> WordIds {
+        match ids {
+            [a] => WordIds::Inline {
+                len: 1,
+                ids: [*a, 0, 0],
+            },
+            [a, b] => WordIds::Inline {
+                len: 2,
+                ids: [*a, *b, 0],
+            },
+            [a, b, c] => WordIds::Inline {
+                len: 3,
+                ids: [*a, *b, *c],
+            },
+            _ => WordIds::Heap(ids.into()),
+        }
+    }
+
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            WordIds::Inline { len, ids } => ids.get(..usize::from(*len)).unwrap_or_default(),
+            WordIds::Heap(ids) => ids,
+        }
+    }
+}
 
 #[inline]
 fn pair_key(a: u32, b: u32) -> u64 {
@@ -74,6 +117,9 @@ pub(crate) struct ByteBpe {
     /// Id of the one-byte symbol for each byte.
     byte_ids: [u32; 256],
     merges: MergeMap,
+    /// No two merges make the same id, so the best pair can be found by a scan (the heap's
+    /// stale-entry rule then never changes the order).
+    unique_merge_ids: bool,
 }
 
 /// Ids of words seen before, shared by all threads (a lookup pass holds the read lock for a
@@ -240,10 +286,13 @@ impl ByteBpe {
             // Later duplicates win, as when `tokenizers` collects its merge map.
             merges.insert(pair_key(id(a)?, id(b)?), (rank, id(&format!("{a}{b}"))?));
         }
+        let distinct: std::collections::HashSet<u32> = merges.values().map(|m| m.1).collect();
+        let unique_merge_ids = distinct.len() == merges.len();
         Ok(ByteBpe {
             normalizer,
             byte_ids,
             merges,
+            unique_merge_ids,
         })
     }
 
@@ -273,13 +322,13 @@ impl ByteBpe {
 
     fn encode_normalized(&self, cache: &WordCache, text: &str, out: &mut Vec<u32>) {
         let mut misses: Vec<(&str, std::ops::Range<usize>)> = Vec::new();
-        let mut pending: HashMap<&str, (usize, usize), Xxh3DefaultBuilder> = HashMap::default();
+        let mut pending: FastMap<&str, (usize, usize)> = FastMap::default();
         let mut scratch = Scratch::default();
         {
             let words = cache.map.read();
             pretokenize::split_qwen2(text, |word| {
                 if let Some(ids) = words.get(word.as_bytes()) {
-                    out.extend_from_slice(ids);
+                    out.extend_from_slice(ids.as_slice());
                     return;
                 }
                 if let Some(&(start, end)) = pending.get(word) {
@@ -303,17 +352,79 @@ impl ByteBpe {
         }
         for (word, range) in misses {
             if let Some(ids) = out.get(range) {
-                words.insert(word.as_bytes().into(), ids.into());
+                words.insert(word.as_bytes().into(), WordIds::new(ids));
             }
         }
     }
 
-    /// BPE on one word, as `tokenizers`' `Word::merge_all` does it.
+    /// BPE on one word, with the result of `tokenizers`' `Word::merge_all`.
     fn merge_word(&self, word: &[u8], s: &mut Scratch, out: &mut Vec<u32>) {
         if let [b] = word {
             out.push(self.byte_ids[usize::from(*b)]);
             return;
         }
+        if self.unique_merge_ids && word.len() <= MAX_SCANNED_WORD_BYTES {
+            self.merge_word_scan(word, s, out);
+        } else {
+            self.merge_word_heap(word, s, out);
+        }
+    }
+
+    /// The rank and id of the merge of `a` and `b` (`u32::MAX` rank when none).
+    #[inline]
+    fn merge_of(&self, a: u32, b: u32) -> (u32, u32) {
+        self.merges
+            .get(&pair_key(a, b))
+            .copied()
+            .unwrap_or((u32::MAX, 0))
+    }
+
+    /// Repeatedly merges the lowest-ranked adjacent pair, leftmost first: what the heap in
+    /// `merge_all` pops when no two merges share an id.
+    fn merge_word_scan(&self, word: &[u8], s: &mut Scratch, out: &mut Vec<u32>) {
+        s.ids.clear();
+        s.ids
+            .extend(word.iter().map(|&b| self.byte_ids[usize::from(b)]));
+        s.ranks.clear();
+        for w in s.ids.windows(2) {
+            if let [a, b] = w {
+                s.ranks.push(self.merge_of(*a, *b));
+            }
+        }
+        loop {
+            let mut best = u32::MAX;
+            let mut at = 0;
+            for (i, r) in s.ranks.iter().enumerate() {
+                if r.0 < best {
+                    best = r.0;
+                    at = i;
+                }
+            }
+            if best == u32::MAX {
+                break;
+            }
+            let Some(&(_, new_id)) = s.ranks.get(at) else {
+                break;
+            };
+            if let Some(slot) = s.ids.get_mut(at) {
+                *slot = new_id;
+            }
+            s.ids.remove(at + 1);
+            s.ranks.remove(at);
+            if at > 0
+                && let (Some(&a), Some(r)) = (s.ids.get(at - 1), s.ranks.get_mut(at - 1))
+            {
+                *r = self.merge_of(a, new_id);
+            }
+            if let (Some(&b), Some(r)) = (s.ids.get(at + 1), s.ranks.get_mut(at)) {
+                *r = self.merge_of(new_id, b);
+            }
+        }
+        out.extend_from_slice(&s.ids);
+    }
+
+    /// `merge_all`'s own algorithm: a min-heap of (rank, position), stale entries skipped.
+    fn merge_word_heap(&self, word: &[u8], s: &mut Scratch, out: &mut Vec<u32>) {
         s.symbols.clear();
         s.heap.clear();
         let n = word.len();
@@ -390,6 +501,8 @@ struct Symbol {
 
 #[derive(Default)]
 struct Scratch {
+    ids: Vec<u32>,
+    ranks: Vec<(u32, u32)>,
     symbols: Vec<Symbol>,
     heap: BinaryHeap<Reverse<(u32, usize, u32)>>,
 }
@@ -419,6 +532,52 @@ mod tests {
         assert_eq!(t[usize::from(b'\n')], '\u{10a}');
         assert_eq!(t[0], '\u{100}');
         assert_eq!(t[173], '\u{143}');
+    }
+
+    #[test]
+    fn scan_and_heap_merges_agree() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../testdata/tokenizers/qwen3/tokenizer.json"
+        );
+        let bpe = match std::fs::read(path).map(|j| ByteBpe::from_json(&j)) {
+            Ok(Ok(b)) => b,
+            other => panic!("{path}: {:?}", other.map(|r| r.err())),
+        };
+        assert!(bpe.unique_merge_ids);
+        let pieces: [&[u8]; 12] = [
+            b"a",
+            b"e",
+            b"s",
+            b" ",
+            b"th",
+            b"ing",
+            b"\n",
+            b"0",
+            b"--",
+            b"\xe4\xb8",
+            b"\xad",
+            b"'",
+        ];
+        let mut x: u64 = 0x1234_5678_9abc_def1;
+        let (mut scratch, mut a, mut b) = (Scratch::default(), Vec::new(), Vec::new());
+        for _ in 0..20_000 {
+            let mut word = Vec::new();
+            while word.len() < MAX_SCANNED_WORD_BYTES - 3 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                word.extend_from_slice(pieces[(x % pieces.len() as u64) as usize]);
+                if x.is_multiple_of(5) {
+                    break;
+                }
+            }
+            a.clear();
+            b.clear();
+            bpe.merge_word_scan(&word, &mut scratch, &mut a);
+            bpe.merge_word_heap(&word, &mut scratch, &mut b);
+            assert_eq!(a, b, "{word:?}");
+        }
     }
 
     #[test]
