@@ -108,6 +108,11 @@ pub struct BenchArgs {
     /// A small, fast run (CI smoke test).
     #[arg(long)]
     pub quick: bool,
+    /// Sim: run each headline N times, with seeds seed, seed+1, ... (each its own workload
+    /// draw and tie-break stream), and report the pooled requests. One run of a few hundred
+    /// requests is chaotic: a different early choice changes which prefixes end up where.
+    #[arg(long, env = "KVROUTE_BENCH_REPEATS", default_value_t = 1)]
+    pub repeats: u64,
     /// Sim: write every headline request (worker, TTFT, prediction, and the TTFT it would have
     /// had on each worker) to DIR/<workload>-<policy>.jsonl and print each policy's regret
     /// against the per-request best worker. Slower: every request is simulated on every worker.
@@ -163,6 +168,8 @@ pub struct SuiteConfig {
     pub scrape_interval_ms: f64,
     pub profile: String,
     pub quick: bool,
+    /// Headline runs pooled per policy (seeds `seed..seed + repeats`).
+    pub repeats: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -309,20 +316,39 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
     if let Some(dir) = &args.records {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
+    if args.repeats == 0 {
+        bail!("--repeats must be at least 1");
+    }
     let mut workloads = Vec::new();
     for spec in specs {
         let sessions = workload::generate(&spec, args.seed);
+        let more: Vec<(u64, Vec<workload::Session>)> = (1..args.repeats)
+            .map(|i| {
+                let seed = args.seed.wrapping_add(i);
+                (seed, workload::generate(&spec, seed))
+            })
+            .collect();
         let mut results = Vec::new();
         for name in &policies {
             let headline_cfg = SimConfig {
                 diagnose: args.records.is_some(),
                 ..base.clone()
             };
-            let headline = sim::run(
+            let mut headline = sim::run(
                 &headline_cfg,
                 &sessions,
                 SimPolicy::by_name(name, args.seed)?,
             )?;
+            for (seed, s) in &more {
+                let cfg = SimConfig {
+                    seed: *seed,
+                    ..headline_cfg.clone()
+                };
+                let r = sim::run(&cfg, s, SimPolicy::by_name(name, *seed)?)?;
+                headline.records.extend(r.records);
+                headline.rejected += r.rejected;
+                headline.makespan += r.makespan;
+            }
             if let Some(dir) = &args.records {
                 write_records(dir, spec.kind.name(), name, &headline)?;
             }
@@ -374,6 +400,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             scrape_interval_ms: args.scrape_interval_ms,
             profile: args.profile.clone(),
             quick: args.quick,
+            repeats: args.repeats,
         },
         workloads,
     })

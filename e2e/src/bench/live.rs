@@ -646,6 +646,7 @@ pub async fn run_live(args: &BenchArgs, live: &LiveConfig) -> anyhow::Result<Sui
             scrape_interval_ms: 100.0,
             profile: format!("{} (mock-vllm, speedup x{})", args.profile, live.speedup),
             quick: args.quick,
+            repeats: 1,
         },
         workloads,
     })

@@ -100,6 +100,9 @@ pub struct WorkerInflight {
     /// Uncached prompt tokens of every outstanding assignment: the KV the router's requests
     /// add beyond blocks the worker already held (shared prefixes are stored once).
     pub active_uncached_tokens: u64,
+    /// KV the router's outstanding assignments hold or will hold there: their
+    /// `kv_need_tokens` plus expected output.
+    pub active_kv_tokens: u64,
 }
 
 impl WorkerInflight {
@@ -132,6 +135,7 @@ impl Assignments {
         w.waiting_prefill_tokens += a.uncached_tokens;
         w.active_tokens += a.prompt_tokens;
         w.active_uncached_tokens += a.uncached_tokens;
+        w.active_kv_tokens += a.kv_need_tokens + a.output_tokens;
         self.live.insert(
             id,
             Assignment {
@@ -243,6 +247,9 @@ impl Assignments {
         }
         w.active_tokens = w.active_tokens.saturating_sub(a.prompt_tokens);
         w.active_uncached_tokens = w.active_uncached_tokens.saturating_sub(a.uncached_tokens);
+        w.active_kv_tokens = w
+            .active_kv_tokens
+            .saturating_sub(a.kv_need_tokens + a.output_tokens);
         Some(a)
     }
 
@@ -304,6 +311,11 @@ mod tests {
             (2, 1_100, 0, 1_500)
         );
         assert_eq!(w.active_uncached_tokens, 1_100);
+        assert_eq!(
+            w.active_kv_tokens,
+            1_100 + 200,
+            "KV need plus expected output"
+        );
 
         let ft = a.first_token(x, 0.4, None).expect("first token");
         assert!((ft.observed_ttft - 0.4).abs() < 1e-12);

@@ -477,6 +477,7 @@ impl RoutingCore {
                 decoding: own.decoding,
                 active_tokens: own.active_tokens,
                 active_uncached_tokens: own.active_uncached_tokens,
+                active_kv_tokens: own.active_kv_tokens,
                 index_blocks: st.blocks,
                 queue_tokens,
                 prefill_rate,
