@@ -224,6 +224,23 @@ fn bench(c: &mut Criterion) {
             })
         })
     });
+    // The prompt of the router's decision bench (router/benches/routing.rs `long_chat`), cold.
+    let paragraph = "The router predicts time to first token for every worker from the blocks it caches \
+        and the prefill work queued ahead of the request, then picks the fastest one. ";
+    let system: String = (0..220)
+        .map(|i| format!("Section {i}. {paragraph}"))
+        .collect();
+    let router_chat = ChatRequest::new(vec![
+        json!({"role": "system", "content": system}),
+        json!({"role": "user", "content": "Summarise the sections above in one sentence."}),
+    ]);
+    c.bench_function("cold/router_decision_chat/render_and_encode", |b| {
+        b.iter_custom(|iters| {
+            cold_iter(&mut fresh, iters, |t| {
+                black_box(t.encode_chat(&router_chat, now)).ok();
+            })
+        })
+    });
     c.bench_function("hf_pipeline/chat_8k/encode_only", |b| {
         b.iter(|| t.encode_text_uncached(black_box(&prompt), false))
     });

@@ -14,7 +14,10 @@
 //!                                             │    json.dumps, raise_exception, strftime_now(now))
 //!                                             ▼
 //!                                   prompt String ──segments.rs: split at added tokens,
-//!                                                   cached pieces, HF encode──► Vec<u32>
+//!                                                   cached pieces──┐
+//!        bpe.rs + pretokenize.rs (Qwen2-shaped tokenizers): NFC,  ▼
+//!        the split regex by hand, byte-level BPE, word cache ─► Vec<u32>
+//!        (any other tokenizer: the `tokenizers` pipeline)
 //!
 //!  completions body ──► PromptInput::{Text ─encode(add_special_tokens)─►, TokenIds ─check─►} Vec<u32>
 //! ```
@@ -25,6 +28,12 @@
 //! vLLM's defaults per endpoint: chat and `/tokenize` with `messages` encode with
 //! `add_special_tokens = false` (the template writes BOS if the model wants one);
 //! `/v1/completions` and `/tokenize` with `prompt` use `add_special_tokens = true`.
+//!
+//! Encoding a prompt never seen before costs well under a millisecond for 8k tokens with our
+//! own byte-level BPE (`bpe.rs`), about 25x less than the `tokenizers` pipeline, whose
+//! per-piece strings, offsets and alignments dominate; it is used only for tokenizer.json
+//! files of exactly the shape it implements, and held to the same ids by differential tests
+//! (`tests/fast_path.rs`) and a fuzz target (`fuzz/fuzz_targets/fast_path.rs`).
 //!
 //! How parity was checked: the reference's Qwen3 ids, vLLM's own `/tokenize` answers in the
 //! real capture (`tests/golden.rs`), and a differential run against transformers 5.20.2 (the

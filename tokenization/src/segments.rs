@@ -9,6 +9,9 @@
 //!
 //! The cache is bounded (two generations, bytes of text + ids counted) and shared by all
 //! threads; a lookup holds the lock only to clone an `Arc`.
+//!
+//! A piece that misses (or is short) is encoded by our byte-level BPE (`bpe.rs`) when the
+//! tokenizer has its shape, else by the `tokenizers` pipeline.
 
 use crate::TokenizeError;
 use crate::bpe::{ByteBpe, WordCache};

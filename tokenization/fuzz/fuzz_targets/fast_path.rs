@@ -1,0 +1,53 @@
+//! Differential fuzzing of kvroute's byte-level BPE fast path: for any text, the ids must be
+//! exactly those of the HuggingFace `tokenizers` pipeline (the truth).
+//!
+//! Input: a first byte picking the mode, then either UTF-8 text (lossy) or bytes that each
+//! pick a fragment (added tokens, contractions, Unicode classes, whitespace mixes), so the
+//! fuzzer reaches the interesting boundaries quickly.
+#![no_main]
+
+use kvroute_tokenization::Tokenizer;
+use libfuzzer_sys::fuzz_target;
+use std::sync::OnceLock;
+
+fn tokenizer() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
+    T.get_or_init(|| {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/tokenizers/qwen3");
+        let t = Tokenizer::from_dir(&dir)
+            .expect("qwen3 tokenizer")
+            .with_segment_cache_bytes(0);
+        assert!(t.fast_path());
+        t
+    })
+}
+
+const FRAGMENTS: &[&str] = &[
+    "a", "Z", "hello", " world", "'", "'s", "'S", "'ll", "'LL", "'re", "'Ve", "'d", "'m", "'t",
+    "'\u{17f}", "0", "12", "\u{b2}", "\u{663}", "\u{2166}", ".", "...", "!", " (", ")", "-", "_",
+    "\"", "#", "\\", "`", " ", "  ", "\t", "\n", "\r", "\r\n", " \n", "\u{a0}", "\u{3000}",
+    "\u{85}", "\u{2028}", "\u{200b}", "\u{feff}", "\u{b}", "e\u{301}", "\u{301}", "\u{308}",
+    "\u{1100}", "\u{1161}", "\u{11a8}", "\u{ac00}", "\u{212b}", "\u{f900}", "\u{4e2d}",
+    "\u{6587}", "\u{30ab}", "\u{3099}", "\u{ff41}", "\u{d55c}", "\u{1f600}", "\u{1f3fd}",
+    "\u{200d}", "\u{fe0f}", "\u{627}", "\u{64b}", "\u{939}", "\u{94d}", "\u{e20}", "\u{0}",
+    "\u{7f}", "\u{fffd}", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>",
+    "<|im_", "|>", "<tool_call>",
+];
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let text = if mode % 2 == 0 {
+        String::from_utf8_lossy(rest).into_owned()
+    } else {
+        rest.iter()
+            .map(|&b| FRAGMENTS[usize::from(b) % FRAGMENTS.len()])
+            .collect()
+    };
+    let t = tokenizer();
+    let truth = t.encode_text_uncached(&text, false).expect("tokenizers");
+    let ours = t.encode_text(&text, false).expect("fast path");
+    assert_eq!(ours, truth, "ids differ for {text:?}");
+});
