@@ -29,7 +29,13 @@ fn chains() -> Vec<Vec<u64>> {
     (0..4u64)
         .map(|c| {
             (0..40u64)
-                .map(|i| if i < 12 { mix(c % 2 * 100 + i) } else { mix(1_000 * (c + 1) + i) })
+                .map(|i| {
+                    if i < 12 {
+                        mix(c % 2 * 100 + i)
+                    } else {
+                        mix(1_000 * (c + 1) + i)
+                    }
+                })
                 .collect()
         })
         .collect()
