@@ -336,7 +336,9 @@ impl Run {
     }
 
     fn changed(&mut self) {
-        self.summary = OnceLock::new();
+        if self.summary.get().is_some() {
+            self.summary = OnceLock::new();
+        }
         self.top = None;
     }
 
@@ -690,22 +692,26 @@ impl KvIndex {
         let wid = w as u32;
         let (cr, cp, hint) = self.cursors[w];
         let (mut r, mut p) = (cr as usize, cp as usize);
-        let appendable = match self.runs.get(r) {
+        // `w`'s place in the run's holders, when it holds the run exactly up to `p`
+        let held = match self.runs.get(r) {
             Some(run) if r != 0 && p >= run.lo as usize && p < run.len() => {
-                run.end_of_hinted(wid, hint).0 == p + 1 && (p + 1 == run.len() || same_call)
+                match run.end_of_hinted(wid, hint) {
+                    (end, Ok(i)) if end == p + 1 && (p + 1 == run.len() || same_call) => Some(i),
+                    _ => None,
+                }
             }
-            _ => false,
+            _ => None,
         };
-        if appendable {
+        if let Some(i) = held {
             if p + 1 < self.runs[r].len() {
+                // the prefix part keeps every holder, in order: `i` stays `w`'s place
                 let ((pr, pd), _) = self.split(r, p + 1);
                 (r, p) = (pr as usize, p - pd);
             }
             let run = &mut self.runs[r];
             if p + 1 == run.len()
                 && run.len() < MAX_RUN
-                && let (end, Ok(i)) = run.end_of_hinted(wid, hint)
-                && end == run.len()
+                && run.holders.get(i).is_some_and(|x| x.0 == wid)
             {
                 if run.hashes.len() == run.hashes.capacity() {
                     // double while short (few reallocations), then grow by half (long runs
