@@ -122,6 +122,14 @@ impl Deployment {
             policy.into(),
             "--tokenizer".into(),
             tokenizer.clone(),
+            // The workers run `speedup` times faster than the L40S they model: calibrate the
+            // router's prior to them, as a user would for their GPU.
+            "--prior-prefill-rate".into(),
+            (4_800.0 * cfg.speedup).to_string(),
+            "--prior-overhead-s".into(),
+            (0.05 / cfg.speedup).to_string(),
+            "--prior-itl-s".into(),
+            (0.07 / cfg.speedup).to_string(),
         ];
         let mut router = procs::spawn_kvroute("router", "router", &router_args, &log("router"))?;
         let admin = format!("http://127.0.0.1:{admin_port}");

@@ -116,6 +116,21 @@ pub struct Args {
     /// Seconds to let in-flight requests finish after SIGTERM before exiting.
     #[arg(long, env = "KVROUTE_ROUTER_SHUTDOWN_GRACE_S", default_value_t = 10.0)]
     pub shutdown_grace_s: f64,
+    /// TTFT model prior: prefill tokens per second of a worker before any first token was
+    /// observed (learned per worker afterwards). The default is one L40S serving a ~32B FP8
+    /// model; calibrate it for other GPUs or models.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_PRIOR_PREFILL_RATE",
+        default_value_t = 4_800.0
+    )]
+    pub prior_prefill_rate: f64,
+    /// TTFT model prior: fixed seconds per request (one engine step and the network).
+    #[arg(long, env = "KVROUTE_ROUTER_PRIOR_OVERHEAD_S", default_value_t = 0.05)]
+    pub prior_overhead_s: f64,
+    /// KV admission model prior: seconds per output token while decoding.
+    #[arg(long, env = "KVROUTE_ROUTER_PRIOR_ITL_S", default_value_t = 0.07)]
+    pub prior_itl_s: f64,
 }
 
 impl Default for Args {
@@ -141,6 +156,9 @@ impl Default for Args {
             upstream_connect_timeout_s: 2.0,
             upstream_read_timeout_s: 300.0,
             shutdown_grace_s: 10.0,
+            prior_prefill_rate: 4_800.0,
+            prior_overhead_s: 0.05,
+            prior_itl_s: 0.07,
         }
     }
 }
@@ -162,6 +180,37 @@ pub fn tokenizer_dirs(values: &[String]) -> anyhow::Result<TokenizerDirs> {
         }
     }
     Ok(dirs)
+}
+
+/// The TTFT model's prior from the flags (each must be a positive, finite number).
+fn predictor_prior(
+    rate: f64,
+    overhead_s: f64,
+    itl_s: f64,
+) -> anyhow::Result<routing::PredictorConfig> {
+    let defaults = routing::PredictorConfig::default();
+    if !(rate.is_finite() && rate >= defaults.min_rate && rate <= defaults.max_rate) {
+        bail!(
+            "--prior-prefill-rate {rate}: expected tokens per second between {} and {}",
+            defaults.min_rate,
+            defaults.max_rate
+        );
+    }
+    if !(overhead_s.is_finite() && (0.0..=defaults.max_overhead).contains(&overhead_s)) {
+        bail!(
+            "--prior-overhead-s {overhead_s}: expected seconds between 0 and {}",
+            defaults.max_overhead
+        );
+    }
+    if !(itl_s.is_finite() && itl_s > 0.0 && itl_s <= 10.0) {
+        bail!("--prior-itl-s {itl_s}: expected seconds per token above 0 and at most 10");
+    }
+    Ok(routing::PredictorConfig {
+        prior_rate: rate,
+        prior_overhead: overhead_s,
+        prior_itl: itl_s,
+        ..defaults
+    })
 }
 
 fn secs(flag: &str, v: f64) -> anyhow::Result<Duration> {
@@ -222,6 +271,9 @@ impl Server {
             upstream_connect_timeout_s,
             upstream_read_timeout_s,
             shutdown_grace_s,
+            prior_prefill_rate,
+            prior_overhead_s,
+            prior_itl_s,
         } = args;
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
@@ -236,6 +288,7 @@ impl Server {
             max_body_bytes,
             route_unlisted,
             tokenizers: tokenizer_dirs(&tokenizer)?,
+            predictor: predictor_prior(prior_prefill_rate, prior_overhead_s, prior_itl_s)?,
             ..RouterConfig::default()
         };
         let metrics = RouterMetrics::register(&prometheus::Registry::new())?;
@@ -486,6 +539,23 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: Args,
+    }
+
+    #[test]
+    fn predictor_prior_is_validated() {
+        let p = predictor_prior(48_000.0, 0.005, 0.007).expect("valid");
+        assert_eq!((p.prior_rate, p.prior_overhead, p.prior_itl), (48_000.0, 0.005, 0.007));
+        for (rate, overhead, itl) in [
+            (0.0, 0.05, 0.07),
+            (f64::NAN, 0.05, 0.07),
+            (4_800.0, -1.0, 0.07),
+            (4_800.0, f64::INFINITY, 0.07),
+            (4_800.0, 0.05, 0.0),
+            (4_800.0, 0.05, 11.0),
+        ] {
+            let e = predictor_prior(rate, overhead, itl).expect_err("invalid");
+            assert!(e.to_string().contains("--prior-"), "{e}");
+        }
     }
 
     #[test]

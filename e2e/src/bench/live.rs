@@ -396,8 +396,8 @@ fn to_run_result(mut m: Vec<Measured>, speedup: f64) -> RunResult {
             e2e: (x.end - x.start) * speedup,
             prompt_tokens: x.prompt_tokens,
             cached_tokens: x.cached_tokens,
-            // The router predicts in the workers' (simulated) time.
-            predicted_ttft: x.predicted_ms.map_or(f64::NAN, |p| p / 1e3),
+            // The router predicts in wall-clock time, like every other figure it sees.
+            predicted_ttft: x.predicted_ms.map_or(f64::NAN, |p| p / 1e3 * speedup),
             true_ttfts: Vec::new(),
             predicted_ttfts: Vec::new(),
             scores: Vec::new(),
