@@ -289,7 +289,6 @@ impl Server {
             route_unlisted,
             tokenizers: tokenizer_dirs(&tokenizer)?,
             predictor: predictor_prior(prior_prefill_rate, prior_overhead_s, prior_itl_s)?,
-            ..RouterConfig::default()
         };
         let metrics = RouterMetrics::register(&prometheus::Registry::new())?;
         let state = RouterState::new(router_config, metrics)?;
@@ -544,7 +543,10 @@ mod tests {
     #[test]
     fn predictor_prior_is_validated() {
         let p = predictor_prior(48_000.0, 0.005, 0.007).expect("valid");
-        assert_eq!((p.prior_rate, p.prior_overhead, p.prior_itl), (48_000.0, 0.005, 0.007));
+        assert_eq!(
+            (p.prior_rate, p.prior_overhead, p.prior_itl),
+            (48_000.0, 0.005, 0.007)
+        );
         for (rate, overhead, itl) in [
             (0.0, 0.05, 0.07),
             (f64::NAN, 0.05, 0.07),
