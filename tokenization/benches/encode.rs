@@ -260,5 +260,22 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// Loading the Qwen3 directory (what a router pays at startup), and the `tokenizers` crate's
+/// share of it; the rest is the fast path's vocab/merges tables and the templates.
+fn bench_load(c: &mut Criterion) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/tokenizers/qwen3");
+    let json = match std::fs::read(dir.join("tokenizer.json")) {
+        Ok(j) => j,
+        Err(e) => panic!("{e}"),
+    };
+    let mut g = c.benchmark_group("load");
+    g.sample_size(10);
+    g.bench_function("qwen3_dir", |b| b.iter(tokenizer));
+    g.bench_function("tokenizers_from_bytes", |b| {
+        b.iter(|| tokenizers::Tokenizer::from_bytes(black_box(&json)).is_ok())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_load);
 criterion_main!(benches);

@@ -24,6 +24,7 @@ use crate::segments::encode_plain;
 use parking_lot::RwLock;
 use serde::Deserialize;
 use serde_json::Value;
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -139,7 +140,7 @@ impl std::fmt::Debug for ByteBpe {
 }
 
 #[derive(Deserialize)]
-struct TokenizerJson {
+struct TokenizerJson<'a> {
     #[serde(default)]
     normalizer: Value,
     #[serde(default)]
@@ -148,11 +149,13 @@ struct TokenizerJson {
     truncation: Value,
     #[serde(default)]
     padding: Value,
-    model: ModelJson,
+    #[serde(borrow)]
+    model: ModelJson<'a>,
 }
 
+/// Strings borrow from the file where they have no escapes (most of a 151k-entry vocab).
 #[derive(Deserialize)]
-struct ModelJson {
+struct ModelJson<'a> {
     #[serde(rename = "type", default)]
     kind: Option<String>,
     #[serde(default)]
@@ -167,16 +170,57 @@ struct ModelJson {
     byte_fallback: bool,
     #[serde(default)]
     ignore_merges: bool,
-    vocab: HashMap<String, u32>,
-    merges: Vec<MergeJson>,
+    #[serde(borrow)]
+    vocab: FastMap<Cow<'a, str>, u32>,
+    #[serde(borrow)]
+    merges: Vec<MergeJson<'a>>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum MergeJson {
-    Pair(String, String),
-    Line(String),
+/// A merge as `["a", "b"]` or (older files) `"a b"`.
+enum MergeJson<'a> {
+    Pair(Cow<'a, str>, Cow<'a, str>),
+    Line(Cow<'a, str>),
 }
+
+/// By hand rather than `#[serde(untagged)]`, which buffers every one of 151k merges.
+impl<'de: 'a, 'a> Deserialize<'de> for MergeJson<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for V<'a> {
+            type Value = MergeJson<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a merge: [left, right] or \"left right\"")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                v: &'de str,
+            ) -> Result<Self::Value, E> {
+                Ok(MergeJson::Line(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(MergeJson::Line(Cow::Owned(v.to_owned())))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let a: Option<Cow<'a, str>> = seq.next_element::<BorrowedStr<'a>>()?.map(|s| s.0);
+                let b: Option<Cow<'a, str>> = seq.next_element::<BorrowedStr<'a>>()?.map(|s| s.0);
+                match (a, b, seq.next_element::<serde::de::IgnoredAny>()?) {
+                    (Some(a), Some(b), None) => Ok(MergeJson::Pair(a, b)),
+                    _ => Err(serde::de::Error::custom(
+                        "a merge pair needs exactly two strings",
+                    )),
+                }
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
+
+/// A string borrowed from the file when it has no escapes.
+#[derive(Deserialize)]
+struct BorrowedStr<'a>(#[serde(borrow)] Cow<'a, str>);
 
 /// GPT-2's byte-to-character table: printable Latin-1 bytes map to themselves, the others to
 /// U+0100 onwards, in byte order.
@@ -265,9 +309,10 @@ impl ByteBpe {
                 .ok_or_else(|| format!("byte symbol {c:?} missing from the vocab"))?;
         }
         let mut merges = MergeMap::with_capacity_and_hasher(m.merges.len(), Default::default());
+        let mut joined = String::new();
         for (rank, merge) in m.merges.iter().enumerate() {
             let (a, b) = match merge {
-                MergeJson::Pair(a, b) => (a.as_str(), b.as_str()),
+                MergeJson::Pair(a, b) => (a.as_ref(), b.as_ref()),
                 MergeJson::Line(line) => {
                     let mut parts = line.split(' ');
                     match (parts.next(), parts.next(), parts.next()) {
@@ -284,7 +329,10 @@ impl ByteBpe {
             };
             let rank = u32::try_from(rank).map_err(|_| "too many merges".to_string())?;
             // Later duplicates win, as when `tokenizers` collects its merge map.
-            merges.insert(pair_key(id(a)?, id(b)?), (rank, id(&format!("{a}{b}"))?));
+            joined.clear();
+            joined.push_str(a);
+            joined.push_str(b);
+            merges.insert(pair_key(id(a)?, id(b)?), (rank, id(&joined)?));
         }
         let distinct: std::collections::HashSet<u32> = merges.values().map(|m| m.1).collect();
         let unique_merge_ids = distinct.len() == merges.len();
