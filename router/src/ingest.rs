@@ -164,11 +164,18 @@ impl Session {
                 }
             }
             worker_report::Body::Load(load) => {
+                // `clamp` lets NaN through; a NaN usage is no measurement, so the sample is
+                // handled like a failed scrape (shown, never fed to the predictor).
+                let usage_known = !load.kv_cache_usage.is_nan();
                 let view = LoadView {
                     waiting: load.num_requests_waiting,
                     running: load.num_requests_running,
-                    kv_usage: load.kv_cache_usage.clamp(0.0, 1.0) as f32,
-                    scrape_failed: load.scrape_failed,
+                    kv_usage: if usage_known {
+                        load.kv_cache_usage.clamp(0.0, 1.0) as f32
+                    } else {
+                        0.0
+                    },
+                    scrape_failed: load.scrape_failed || !usage_known,
                     kv_capacity_tokens: load.kv_capacity_tokens,
                 };
                 self.owned(state.sidecar_load(self.stream, self.worker_id(), view, now))?;

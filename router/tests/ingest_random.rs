@@ -80,6 +80,8 @@ struct MWorker {
     owner: usize,
     open: bool,
     synced: bool,
+    /// `scrape_failed` of the last load sample shown (a NaN usage counts as a failed scrape).
+    load_failed: Option<bool>,
 }
 
 /// One stream as the model sees it.
@@ -141,6 +143,7 @@ impl Model {
             owner: s.id,
             open: true,
             synced: keep_synced || last,
+            load_failed: w.load_failed,
         };
         s.worker = Some(id.worker_id.clone());
         s.identity = Some(id.clone());
@@ -238,8 +241,8 @@ impl Model {
                     true
                 }
             }
-            worker_report::Body::Load(_) => {
-                self.owned(s)?;
+            worker_report::Body::Load(l) => {
+                self.owned(s)?.load_failed = Some(l.scrape_failed || l.kv_cache_usage.is_nan());
                 s.phase != Phase::AwaitingSnapshot
             }
         };
@@ -355,6 +358,16 @@ impl Harness {
             assert_eq!(w.epoch, m.epoch, "epoch of {}", w.id);
             assert_eq!(w.sidecar_connected, m.open, "connection of {}", w.id);
             assert_eq!(w.synced, m.synced, "sync of {}", w.id);
+            let failed = w.load.map(|l| l.scrape_failed);
+            assert_eq!(failed, m.load_failed, "load sample of {}", w.id);
+            if let Some(load) = w.load {
+                assert!(
+                    (0.0..=1.0).contains(&load.kv_usage),
+                    "KV usage of {} is {}",
+                    w.id,
+                    load.kv_usage
+                );
+            }
             union.extend(m.blocks.iter().copied());
             pairs += m.blocks.len() as u64;
         }
@@ -500,7 +513,11 @@ impl Gen {
             _ => Some(worker_report::Body::Load(LoadSample {
                 num_requests_waiting: self.rng.random_range(0..4),
                 num_requests_running: self.rng.random_range(0..4),
-                kv_cache_usage: self.rng.random_range(-0.5..1.5),
+                kv_cache_usage: if self.rng.random_bool(0.02) {
+                    f64::NAN
+                } else {
+                    self.rng.random_range(-0.5..1.5)
+                },
                 scrape_failed: self.rng.random_bool(0.1),
                 kv_capacity_tokens: self.rng.random_range(0..1000),
                 ..LoadSample::default()
