@@ -140,6 +140,9 @@ pub struct RoutingCore {
     loads: Vec<LoadSample>,
     /// When each worker's last load report was applied (caller's clock).
     load_at: Vec<f64>,
+    /// KV tokens the router's requests on each worker freed (ended after their first token)
+    /// since its last load report: still counted in the reported usage.
+    freed_since_report: Vec<u64>,
     /// Running mean of finished requests' output tokens.
     mean_output: f64,
     finished: u64,
@@ -300,6 +303,7 @@ impl RoutingCore {
             assignments: Assignments::new(),
             loads: Vec::new(),
             load_at: Vec::new(),
+            freed_since_report: Vec::new(),
             mean_output: cfg.prior_output_tokens,
             finished: 0,
             mean_kv_need: cfg.prior_tokens_per_waiting,
@@ -354,6 +358,9 @@ impl RoutingCore {
             self.load_at.resize(i + 1, f64::NEG_INFINITY);
         }
         self.load_at[i] = now;
+        if let Some(f) = self.freed_since_report.get_mut(i) {
+            *f = 0;
+        }
         self.index.touch(w, now);
     }
 
@@ -447,8 +454,11 @@ impl RoutingCore {
                 // the capacity must be freed by requests finishing first.
                 let r = releases.iter().find(|r| r.worker == w);
                 let unreported = r.map_or(0, |r| r.unreported_tokens) as f64;
-                let used =
-                    f64::from(load.kv_usage.clamp(0.0, 1.0)) * load.kv_capacity_tokens as f64;
+                let freed = self.freed_since_report.get(w.index()).copied().unwrap_or(0);
+                let used = (f64::from(load.kv_usage.clamp(0.0, 1.0))
+                    * load.kv_capacity_tokens as f64
+                    - freed as f64)
+                    .max(0.0);
                 let ahead = f64::from(load.waiting) * self.mean_kv_need;
                 let deficit = used + unreported + ahead + kv_need_tokens as f64
                     - load.kv_capacity_tokens as f64;
@@ -610,7 +620,21 @@ impl RoutingCore {
     pub fn finish(&mut self, id: AssignmentId) -> Option<Assignment> {
         self.pending.end(id, f64::NEG_INFINITY);
         self.admitted_saturated.remove(&id);
-        self.assignments.finish(id)
+        let a = self.assignments.finish(id)?;
+        self.note_freed(&a);
+        Some(a)
+    }
+
+    /// An ended assignment that had started (first token seen) gave its KV back.
+    fn note_freed(&mut self, a: &Assignment) {
+        if a.first_token_at.is_none() {
+            return;
+        }
+        let i = a.worker.index();
+        if self.freed_since_report.len() <= i {
+            self.freed_since_report.resize(i + 1, 0);
+        }
+        self.freed_since_report[i] += a.kv_need_tokens + a.output_tokens;
     }
 
     /// Releases a completed assignment (once) that ended at `now` after `output_tokens`
@@ -678,7 +702,9 @@ impl RoutingCore {
     pub fn abort(&mut self, id: AssignmentId) -> Option<Assignment> {
         self.pending.end(id, f64::NEG_INFINITY);
         self.admitted_saturated.remove(&id);
-        self.assignments.abort(id)
+        let a = self.assignments.abort(id)?;
+        self.note_freed(&a);
+        Some(a)
     }
 
     /// Releases assignments older than `ttl` seconds.
@@ -1062,6 +1088,16 @@ mod tests {
         core.set_load(full, report(0.5), 5.0);
         let ctx = core.context(&req(&prompt), &[full], 5.0);
         assert_eq!(ctx.candidates[0].admission_wait, 0.0);
+        // A request that ended since the report gave its KV back, though the report still
+        // counts it: 8,500 - 2,116 + 3,016 fits.
+        core.set_load(full, report(0.85), 5.0);
+        assert!(core.context(&req(&prompt), &[full], 5.0).candidates[0].admission_wait > 0.0);
+        core.finish(ids[1]);
+        let ctx = core.context(&req(&prompt), &[full], 5.1);
+        assert_eq!(ctx.candidates[0].admission_wait, 0.0);
+        // The next report includes the release itself.
+        core.set_load(full, report(0.85), 5.2);
+        assert!(core.context(&req(&prompt), &[full], 5.2).candidates[0].admission_wait > 0.0);
         // Finishing teaches the decode speed: 100 tokens in 3 s.
         core.finish_observed(ids[0], 3.5, 100);
         let itl = core.predictor.itl(full);

@@ -32,8 +32,17 @@ pub struct PredictorConfig {
     pub min_rate: f64,
     /// Clamp range of the learned rate (tokens/s).
     pub max_rate: f64,
+    /// The learned rate stays within this factor of `prior_rate` either way: a worker's
+    /// prefill speed is a property of its GPU and model, which the prior describes; samples
+    /// far off it are waits the model does not see, not a different GPU.
+    pub rate_range: f64,
     /// Upper clamp of the learned overhead (seconds); the lower one is 0.
     pub max_overhead: f64,
+    /// An observation off the prediction by more than this many times the prediction (or
+    /// `outlier_floor_s`, whichever is larger) counts only up to that bound in the update.
+    pub outlier_clip: f64,
+    /// Smallest error bound of `outlier_clip` (seconds).
+    pub outlier_floor_s: f64,
     /// Admission wait: weight of each new sample in the running mean of the seconds a
     /// request assigned to a saturated worker waited beyond the prefill model, per request
     /// queued at or ahead of it (0 disables learning it; then no wait is predicted).
@@ -57,7 +66,11 @@ impl Default for PredictorConfig {
             prior_variance: 1.0,
             min_rate: 100.0,
             max_rate: 1_000_000.0,
-            max_overhead: 30.0,
+            rate_range: 4.0,
+            // One engine step plus the network; more means the fit went wrong.
+            max_overhead: 1.0,
+            outlier_clip: 1.0,
+            outlier_floor_s: 0.1,
             admission_learning: 0.1,
             max_admission_wait: 30.0,
             // ~50 ms per step from reading the weights, more with a batch and prefill chunks.
@@ -181,7 +194,15 @@ impl WorkerModel {
             return;
         }
         let k = [px[0] / denom, px[1] / denom];
-        let err = ttft - (x[0] * self.sec_per_ktok + x[1] * self.overhead);
+        let predicted = x[0] * self.sec_per_ktok + x[1] * self.overhead;
+        // Huber-style: a sample far off the line (a first token delayed by something the model
+        // does not see, such as a wait for KV space or a preemption) moves the fit by at most
+        // `outlier_clip` times the prediction. Without the clip a run of such samples drives
+        // the fit to the degenerate "infinitely fast prefill, huge overhead", which predicts
+        // an idle worker as slow as a saturated one; no request is then sent there to correct
+        // it.
+        let bound = (cfg.outlier_clip * predicted.max(0.0)).max(cfg.outlier_floor_s);
+        let err = (ttft - predicted).clamp(-bound, bound);
         self.sec_per_ktok += k[0] * err;
         self.overhead += k[1] * err;
         // P = (P - k x^T P) / lambda; x^T P = px^T because P is symmetric.
@@ -193,7 +214,8 @@ impl WorkerModel {
         }
         // Without excitation in one direction forgetting inflates P without bound; cap it so a
         // long run of identical samples cannot make the next one swing the model wildly.
-        let cap = cfg.prior_variance.max(1e-9) * 1e3;
+        // Never less certain than the prior was.
+        let cap = cfg.prior_variance.max(1e-9) * 2.0;
         let trace = np[0][0] + np[1][1];
         if trace.is_finite() && trace > cap {
             let s = cap / trace;
@@ -202,8 +224,9 @@ impl WorkerModel {
         if np.iter().flatten().all(|v| v.is_finite()) {
             self.p = np;
         }
-        let lo = 1_000.0 / cfg.max_rate;
-        let hi = 1_000.0 / cfg.min_rate;
+        let range = cfg.rate_range.max(1.0);
+        let lo = 1_000.0 / cfg.max_rate.min(cfg.prior_rate * range);
+        let hi = 1_000.0 / cfg.min_rate.max(cfg.prior_rate / range);
         self.sec_per_ktok = clamp_or(self.sec_per_ktok, lo, hi, 1_000.0 / cfg.prior_rate);
         self.overhead = clamp_or(self.overhead, 0.0, cfg.max_overhead, cfg.prior_overhead);
         self.samples += 1;
@@ -430,8 +453,46 @@ mod tests {
             p.observe(w, 0.0, 10.0, 0.05, 1e6);
         }
         let (rate, overhead) = p.params(w);
-        assert!(rate >= 100.0 && overhead <= 30.0, "{rate} {overhead}");
+        assert!(
+            rate >= 4_800.0 / 4.0 && overhead <= 1.0,
+            "{rate} {overhead}"
+        );
         assert!(p.predict(w, 0.0, 1.0).is_finite());
+    }
+
+    #[test]
+    fn unmodelled_waits_do_not_make_an_idle_worker_look_slow() {
+        // A saturated worker: first tokens take 8-12 s whatever the prompt (waits for KV
+        // space), mixed with some normal samples. Unclipped, such a run drove the fit to
+        // "1,000,000 tok/s, 30 s overhead" and nothing was sent to the idle worker again.
+        let mut p = Predictor::new(PredictorConfig::default());
+        let w = WorkerId(1);
+        let mut s = 7;
+        for i in 0..500 {
+            let tokens = 100.0 + (lcg(&mut s) * 3_000.0).floor();
+            let observed = if i % 3 == 0 {
+                tokens / 4_800.0 + 0.05
+            } else {
+                8.0 + 4.0 * lcg(&mut s)
+            };
+            let predicted = p.predict(w, 0.0, tokens);
+            p.observe(w, 0.0, tokens, predicted, observed);
+        }
+        let (rate, overhead) = p.params(w);
+        assert!((1_200.0..=19_200.0).contains(&rate), "rate {rate}");
+        assert!(overhead <= 1.0, "overhead {overhead}");
+        let idle = p.predict(w, 0.0, 1_000.0);
+        assert!(idle <= 1_000.0 / 1_200.0 + 1.0, "idle prediction {idle}");
+        // Back to normal samples: the model recovers.
+        for _ in 0..300 {
+            let tokens = 100.0 + (lcg(&mut s) * 3_000.0).floor();
+            let observed = tokens / 4_800.0 + 0.05;
+            let predicted = p.predict(w, 0.0, tokens);
+            p.observe(w, 0.0, tokens, predicted, observed);
+        }
+        let t = p.predict(w, 0.0, 2_000.0);
+        let truth = 2_000.0 / 4_800.0 + 0.05;
+        assert!((t - truth).abs() / truth < 0.2, "{t} vs {truth}");
     }
 
     #[test]
