@@ -260,6 +260,38 @@ fn bench_decision(c: &mut Criterion) {
                 })
             },
         );
+        // A prompt never seen before: every iteration starts from a tokenizer whose segment
+        // and word caches are empty (resetting them is not timed).
+        let mut cold = kvroute_tokenization::Tokenizer::from_dir(std::path::Path::new(dir)).ok();
+        g.bench_function(
+            BenchmarkId::new("chat_8k_cold_tokenize_hash_lookup_predict", workers),
+            |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let Some(t) = cold.take().map(|t| t.with_segment_cache_bytes(0)) else {
+                            break;
+                        };
+                        let start = std::time::Instant::now();
+                        let enc = t.encode_chat(black_box(&req), now).expect("encodes");
+                        let r = RouteRequest {
+                            tokens: Some(&enc.token_ids),
+                            model: "qwen3",
+                            lora: None,
+                            cache_salt: None,
+                            max_tokens: None,
+                        };
+                        black_box(
+                            core.decide(policy.as_mut(), &r, &ids, 1.0)
+                                .map(|d| d.chosen),
+                        );
+                        total += start.elapsed();
+                        cold = Some(t);
+                    }
+                    total
+                })
+            },
+        );
         g.bench_function(BenchmarkId::new("hash_lookup_predict_only", workers), |b| {
             b.iter(|| {
                 let r = RouteRequest {
