@@ -305,6 +305,17 @@ impl Summary {
 }
 
 impl Run {
+    /// A run starting at position 0 whose holders end where `holders` says.
+    fn fresh(hashes: Vec<u64>, holders: Vec<(u32, u32)>) -> Self {
+        Run {
+            hashes,
+            lo: 0,
+            holders,
+            summary: OnceLock::new(),
+            top: None,
+        }
+    }
+
     fn len(&self) -> usize {
         self.hashes.len()
     }
@@ -728,13 +739,7 @@ impl KvIndex {
                 return Some((r as u32, pos));
             }
         }
-        let r = self.new_run(Run {
-            hashes: vec![h],
-            lo: 0,
-            holders: vec![(wid, 1)],
-            summary: OnceLock::new(),
-            top: None,
-        })?;
+        let r = self.new_run(Run::fresh(vec![h], vec![(wid, 1)]))?;
         self.cursors[w] = (r, 0, 0);
         Some((r, 0))
     }
@@ -883,13 +888,10 @@ impl KvIndex {
             run.lo = cut;
             run.holders = suf;
             let shift = lo as u32;
-            let moved = Run {
+            let moved = Run::fresh(
                 hashes,
-                lo: 0,
-                holders: pre.into_iter().map(|(w, e)| (w, e - shift)).collect(),
-                summary: OnceLock::new(),
-                top: None,
-            };
+                pre.into_iter().map(|(w, e)| (w, e - shift)).collect(),
+            );
             self.runs[nr as usize] = moved;
             self.relabel(r, lo..at, nr, lo);
             let mut suf_shift = 0;
@@ -912,13 +914,7 @@ impl KvIndex {
             let hashes = run.hashes[at..].to_vec();
             run.hashes.truncate(at);
             run.holders = pre;
-            let moved = Run {
-                hashes,
-                lo: 0,
-                holders: suf.into_iter().map(|(w, e)| (w, e - cut)).collect(),
-                summary: OnceLock::new(),
-                top: None,
-            };
+            let moved = Run::fresh(hashes, suf.into_iter().map(|(w, e)| (w, e - cut)).collect());
             self.runs[nr as usize] = moved;
             self.relabel(r, at..len, nr, at);
             ((r as u32, 0), (nr, at))
