@@ -255,22 +255,31 @@ pub fn markdown(r: &SuiteResult) -> String {
         let _ = writeln!(s);
     }
     let g = goals(r);
+    let with_oracle = g.iter().any(|g| g.oracle.is_some());
     if !g.is_empty() {
         let _ = writeln!(
             s,
-            "### goals\n\nThe last column puts the oracle (perfect, instantaneous knowledge of every worker) in kvroute's place: a goal it misses too is beyond what routing can do on this pool.\n\n| goal | value | target | met | oracle in kvroute's place |\n|---|---:|---|---|---|"
+            "### goals\n{}",
+            if with_oracle {
+                "\nThe last column puts the oracle (perfect, instantaneous knowledge of every worker) in kvroute's place: a goal it misses too is beyond what routing can do on this pool.\n\n| goal | value | target | met | oracle in kvroute's place |\n|---|---:|---|---|---|"
+            } else {
+                "\n| goal | value | target | met |\n|---|---:|---|---|"
+            }
         );
         for goal in g {
             let _ = writeln!(
                 s,
-                "| {} | {:.3} | {} | {} | {} |",
+                "| {} | {:.3} | {} | {} |{}",
                 goal.goal,
                 goal.value,
                 goal.target,
                 if goal.met { "yes" } else { "**no**" },
-                match goal.oracle {
-                    Some((v, met)) => format!("{v:.3} ({})", if met { "met" } else { "missed" }),
-                    None => "-".into(),
+                match (with_oracle, goal.oracle) {
+                    (false, _) => String::new(),
+                    (true, Some((v, met))) => {
+                        format!(" {v:.3} ({}) |", if met { "met" } else { "missed" })
+                    }
+                    (true, None) => " - |".into(),
                 }
             );
         }
