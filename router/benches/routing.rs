@@ -237,7 +237,8 @@ fn bench_decision(c: &mut Criterion) {
                     waiting: (i % 5) as u32,
                     running: (i % 7) as u32,
                     kv_usage: 0.3,
-                    ..LoadSample::default()
+                    // Reported, so the KV admission model is part of the timed decision.
+                    kv_capacity_tokens: 26_000,
                 },
                 0.0,
             );

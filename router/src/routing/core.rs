@@ -70,7 +70,6 @@ impl Default for CoreConfig {
 
 /// The router's own KV footprint on one worker (see `RoutingCore::kv_releases`).
 struct KvReleases {
-    worker: WorkerId,
     unreported_tokens: u64,
     /// (expected end, KV tokens freed), earliest first.
     frees: Vec<(f64, u64)>,
@@ -452,7 +451,7 @@ impl RoutingCore {
                 // KV in use when reported, what the router sent since, what the requests
                 // waiting there then take when admitted, and this request: the excess over
                 // the capacity must be freed by requests finishing first.
-                let r = releases.iter().find(|r| r.worker == w);
+                let r = releases.get(w.index()).and_then(Option::as_ref);
                 let unreported = r.map_or(0, |r| r.unreported_tokens) as f64;
                 let freed = self.freed_since_report.get(w.index()).copied().unwrap_or(0);
                 let used = (f64::from(load.kv_usage.clamp(0.0, 1.0))
@@ -662,21 +661,29 @@ impl RoutingCore {
     /// Per allowed worker with a known KV capacity: KV tokens the router's own assignments
     /// made since its last load report (not in the reported usage yet), and when its decoding
     /// assignments are expected to finish and free their KV, in time order.
-    fn kv_releases(&self, allowed: &[WorkerId], now: f64) -> Vec<KvReleases> {
-        let mut out: Vec<KvReleases> = allowed
-            .iter()
-            .filter(|w| self.load(**w).kv_capacity_tokens > 0)
-            .map(|&w| KvReleases {
-                worker: w,
-                unreported_tokens: 0,
-                frees: Vec::new(),
-            })
-            .collect();
+    /// Indexed by worker; empty when no allowed worker reports a capacity. One pass over the
+    /// outstanding assignments, whatever the pool size.
+    fn kv_releases(&self, allowed: &[WorkerId], now: f64) -> Vec<Option<KvReleases>> {
+        let mut out: Vec<Option<KvReleases>> = Vec::new();
+        for &w in allowed {
+            if self.load(w).kv_capacity_tokens == 0 {
+                continue;
+            }
+            if out.is_empty() {
+                out.resize_with(self.index.worker_count(), || None);
+            }
+            if let Some(slot) = out.get_mut(w.index()) {
+                *slot = Some(KvReleases {
+                    unreported_tokens: 0,
+                    frees: Vec::new(),
+                });
+            }
+        }
         if out.is_empty() {
             return out;
         }
         for (_, a) in self.assignments.iter() {
-            let Some(r) = out.iter_mut().find(|r| r.worker == a.worker) else {
+            let Some(Some(r)) = out.get_mut(a.worker.index()) else {
                 continue;
             };
             let reported_at = self
@@ -692,7 +699,7 @@ impl RoutingCore {
             let end = (start + a.output_tokens as f64 * itl).max(now);
             r.frees.push((end, a.kv_need_tokens + a.output_tokens));
         }
-        for r in &mut out {
+        for r in out.iter_mut().flatten() {
             r.frees.sort_by(|x, y| x.0.total_cmp(&y.0));
         }
         out
