@@ -45,11 +45,44 @@ pub fn kvroute_exe() -> anyhow::Result<PathBuf> {
     )
 }
 
-/// A free TCP port on `ip`, found by binding port 0. Another process may take it before the
-/// caller binds it; callers that can pass `:0` to the child should prefer that.
+/// A free TCP port on `ip` for a child to listen on, taken from just below the kernel's
+/// ephemeral range and never handed out twice by this process.
+///
+/// Port 0 would give a port from the ephemeral range, which is also where every outgoing
+/// connection (a sidecar dialling the router, a health poll) takes its source port: a port
+/// picked that way could be taken by such a connection before the child bound it, and the
+/// child failed with "address in use" once in a while. Another process may still take a port
+/// first; callers that can pass `:0` to the child should prefer that.
 pub fn free_port(ip: IpAddr) -> anyhow::Result<u16> {
-    let l = TcpListener::bind(SocketAddr::new(ip, 0)).with_context(|| format!("bind {ip}:0"))?;
-    Ok(l.local_addr()?.port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (lo, hi) = listen_range();
+    let span = u32::from(hi - lo);
+    // Start somewhere that depends on the process, so parallel test binaries spread out.
+    let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for _ in 0..span {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = lo + ((start + k) % span) as u16;
+        if TcpListener::bind(SocketAddr::new(ip, port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port on {ip} between {lo} and {hi}")
+}
+
+/// Ports to hand out: up to 12,000 just below the ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`, 32768 when unreadable), never below 1024.
+fn listen_range() -> (u16, u16) {
+    let ephemeral_lo = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u16>().ok())
+        })
+        .unwrap_or(32_768);
+    let hi = ephemeral_lo.max(2_048);
+    (hi.saturating_sub(12_000).max(1_024), hi)
 }
 
 /// A free port on 127.0.0.1.
@@ -107,15 +140,27 @@ impl Child {
         let _ = self.inner.start_kill();
     }
 
-    /// The last `n` lines of the child's log (for error messages).
+    /// The last `n` lines of the child's log (for error messages), backtrace frames left out
+    /// so that the error above them shows.
     pub fn log_tail(&self, n: usize) -> String {
         let Some(path) = &self.log else {
             return String::new();
         };
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
+        let lines: Vec<&str> = text.lines().filter(|l| !is_backtrace_frame(l)).collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
+}
+
+/// `  12: some::function` or `             at src/file.rs:3:4`.
+fn is_backtrace_frame(line: &str) -> bool {
+    let t = line.trim_start();
+    if t.len() == line.len() {
+        return false;
+    }
+    t.starts_with("at ")
+        || t.split_once(": ")
+            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 impl Drop for Child {
@@ -260,4 +305,37 @@ fn signal_group(pid: u32, sig: &str) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let (lo, hi) = listen_range();
+        assert!(lo >= 1_024 && lo < hi, "{lo}..{hi}");
+        let ports: Vec<u16> = (0..64)
+            .map(|_| free_local_port().expect("a free port"))
+            .collect();
+        let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "handed out twice: {ports:?}");
+        for p in ports {
+            assert!((lo..hi).contains(&p), "{p} outside {lo}..{hi}");
+            TcpListener::bind(("127.0.0.1", p)).expect("still bindable");
+        }
+    }
+
+    #[test]
+    fn backtrace_frames_are_recognised() {
+        assert!(is_backtrace_frame(
+            "  14: tokio::runtime::Runtime::block_on"
+        ));
+        assert!(is_backtrace_frame("             at /src/main.rs:49:19"));
+        assert!(!is_backtrace_frame(
+            "Error: bind 127.0.0.1:8000: address in use"
+        ));
+        assert!(!is_backtrace_frame("    Caused by: x"));
+        assert!(!is_backtrace_frame("12: not indented"));
+    }
 }
