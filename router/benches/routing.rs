@@ -191,6 +191,17 @@ fn long_chat() -> serde_json::Value {
     })
 }
 
+/// The decision benches' request: the prompt's tokens for the served model `qwen3`.
+fn qwen3_request(tokens: &[u32]) -> RouteRequest<'_> {
+    RouteRequest {
+        tokens: Some(tokens),
+        model: "qwen3",
+        lora: None,
+        cache_salt: None,
+        max_tokens: None,
+    }
+}
+
 fn bench_decision(c: &mut Criterion) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tokenizers/qwen3");
     let tok = match kvroute_tokenization::Tokenizer::from_dir(std::path::Path::new(dir)) {
@@ -249,13 +260,7 @@ fn bench_decision(c: &mut Criterion) {
             |b| {
                 b.iter(|| {
                     let enc = tok.encode_chat(black_box(&req), now).expect("encodes");
-                    let r = RouteRequest {
-                        tokens: Some(&enc.token_ids),
-                        model: "qwen3",
-                        lora: None,
-                        cache_salt: None,
-                        max_tokens: None,
-                    };
+                    let r = qwen3_request(&enc.token_ids);
                     let d = core.decide(policy.as_mut(), &r, &ids, 1.0);
                     black_box(d.map(|d| d.chosen))
                 })
@@ -275,13 +280,7 @@ fn bench_decision(c: &mut Criterion) {
                         };
                         let start = std::time::Instant::now();
                         let enc = t.encode_chat(black_box(&req), now).expect("encodes");
-                        let r = RouteRequest {
-                            tokens: Some(&enc.token_ids),
-                            model: "qwen3",
-                            lora: None,
-                            cache_salt: None,
-                            max_tokens: None,
-                        };
+                        let r = qwen3_request(&enc.token_ids);
                         black_box(
                             core.decide(policy.as_mut(), &r, &ids, 1.0)
                                 .map(|d| d.chosen),
@@ -295,13 +294,7 @@ fn bench_decision(c: &mut Criterion) {
         );
         g.bench_function(BenchmarkId::new("hash_lookup_predict_only", workers), |b| {
             b.iter(|| {
-                let r = RouteRequest {
-                    tokens: Some(black_box(&enc.token_ids)),
-                    model: "qwen3",
-                    lora: None,
-                    cache_salt: None,
-                    max_tokens: None,
-                };
+                let r = qwen3_request(black_box(&enc.token_ids));
                 let d = core.decide(policy.as_mut(), &r, &ids, 1.0);
                 black_box(d.map(|d| d.chosen))
             })

@@ -640,6 +640,12 @@ impl KvIndex {
     }
 
     /// The slot of block `h`, if indexed.
+    /// The run holding block `h` and its position there.
+    fn run_of(&self, h: u64) -> Option<(usize, usize)> {
+        let s = self.table.slots[self.locate(h)?];
+        Some((slot_run(s), slot_pos(s)))
+    }
+
     fn locate(&self, h: u64) -> Option<usize> {
         let runs = &self.runs;
         let f = fold(h ^ self.seed);
@@ -950,11 +956,9 @@ impl KvIndex {
         let mut bits: Vec<u64> = Vec::new();
         let mut depth = 0;
         while depth < hashes.len() {
-            let Some(j) = self.locate(hashes[depth]) else {
+            let Some((r, pos)) = self.run_of(hashes[depth]) else {
                 break;
             };
-            let s = self.table.slots[j];
-            let (r, pos) = (slot_run(s), slot_pos(s));
             let run = &self.runs[r];
             let m = 1 + common_prefix(&run.hashes[pos + 1..], &hashes[depth + 1..]);
             let (p, reach) = (pos as u32, (pos + m) as u32);
@@ -1120,11 +1124,9 @@ impl KvIndex {
     pub fn matched_blocks(&self, w: WorkerId, hashes: &[u64]) -> usize {
         let mut depth = 0;
         while depth < hashes.len() {
-            let Some(j) = self.locate(hashes[depth]) else {
+            let Some((r, pos)) = self.run_of(hashes[depth]) else {
                 break;
             };
-            let s = self.table.slots[j];
-            let (r, pos) = (slot_run(s), slot_pos(s));
             let run = &self.runs[r];
             let (end, _) = run.end_of(w.0);
             if end <= pos {
