@@ -234,17 +234,8 @@ pub struct PolicyFigures {
     pub ttfts_s: Vec<f64>,
 }
 
-/// The `q` quantile (0..=1) of sorted values, linearly interpolated; NaN when empty.
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let pos = q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
-    let lo = pos.floor() as usize;
-    let hi = pos.ceil() as usize;
-    let frac = pos - lo as f64;
-    sorted[lo] + (sorted[hi] - sorted[lo]) * frac
-}
+/// Quantiles: the benchmark's (linear interpolation, NaN when empty).
+pub use crate::bench::stats::quantile;
 
 /// Summarises a policy's outcomes; `speedup` turns wall seconds into simulated seconds.
 pub fn figures(
