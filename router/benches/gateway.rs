@@ -24,8 +24,9 @@ use axum::routing::post;
 use futures::StreamExt;
 use kvroute_router::gateway::openai::Usage;
 use kvroute_router::gateway::{
-    Dispatch, GatewayConfig, PickError, Picked, RouteRequest, router_with,
+    Dispatch, GatewayConfig, GatewayRequest, PickError, Picked, Resolved, router_with,
 };
+use kvroute_router::routing::AssignmentId;
 use serde_json::json;
 
 struct Opts {
@@ -71,16 +72,22 @@ impl Dispatch for OneWorker {
     fn model_names(&self) -> Vec<String> {
         vec!["m".into()]
     }
-    fn resolve_model(&self, m: &str) -> Option<String> {
-        (m == "m").then(|| "m".to_string())
+    fn resolve_model(&self, m: &str) -> Option<Resolved> {
+        (m == "m").then(|| Resolved {
+            backend_model: "m".to_string(),
+            pool: None,
+        })
     }
-    fn pick(&self, _r: &RouteRequest<'_>, _exclude: &[String]) -> Result<Picked, PickError> {
+    fn pick(&self, _r: &GatewayRequest<'_>, _exclude: &[String]) -> Result<Picked, PickError> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         Ok(Picked {
-            assignment: id,
+            assignment: AssignmentId(id),
             worker: "w0".into(),
-            base_url: self.url.clone(),
+            address: self.url.trim_start_matches("http://").to_string(),
+            backend_model: "m".into(),
             predicted_ttft_s: 0.01,
+            reason: "lowest_predicted_ttft",
+            degraded: false,
         })
     }
     fn first_token(&self, _p: &Picked, _ttft: Duration) {}

@@ -68,14 +68,12 @@ fn chain(seed: u64, n: usize) -> Vec<u64> {
 /// blocks of the query chain, plus `filler` private blocks each.
 fn populated(workers: usize, query: &[u64], filler: usize) -> (KvIndex, Vec<WorkerId>) {
     let mut ix = KvIndex::new(99);
-    let ids: Vec<WorkerId> = (0..workers)
-        .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
-        .collect();
+    let ids: Vec<WorkerId> = (0..workers).map(|i| WorkerId(i as u32)).collect();
     for (i, &w) in ids.iter().enumerate() {
         let depth = (i * 37) % (query.len() + 1);
-        ix.apply_stored(w, &query[..depth], 0.0);
+        ix.apply_stored(w, &query[..depth]);
         for c in chain(1_000 + i as u64, filler).chunks(64) {
-            ix.apply_stored(w, c, 0.0);
+            ix.apply_stored(w, c);
         }
     }
     (ix, ids)
@@ -96,18 +94,16 @@ fn bench_ingest(c: &mut Criterion) {
             &chains,
             |b, chains| {
                 let mut ix = KvIndex::new(1);
-                let ids: Vec<WorkerId> = (0..workers)
-                    .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
-                    .collect();
+                let ids: Vec<WorkerId> = (0..workers).map(|i| WorkerId(i as u32)).collect();
                 b.iter(|| {
                     for (w, ch) in ids.iter().zip(chains) {
                         for batch in ch.chunks(16) {
-                            ix.apply_stored(*w, batch, 1.0);
+                            ix.apply_stored(*w, batch);
                         }
                     }
                     for (w, ch) in ids.iter().zip(chains) {
                         for h in ch.iter().rev() {
-                            ix.apply_removed(*w, std::slice::from_ref(h), 2.0);
+                            ix.apply_removed(*w, std::slice::from_ref(h));
                         }
                     }
                     black_box(ix.pairs())
@@ -158,9 +154,9 @@ fn report_memory() {
         let mut ix = KvIndex::new(5);
         let shared_chain = chain(3, shared);
         for i in 0..workers {
-            let w = ix.upsert_worker(&format!("w{i}"), 16);
-            ix.apply_stored(w, &shared_chain, 0.0);
-            ix.apply_stored(w, &chain(10_000 + i as u64, private), 0.0);
+            let w = WorkerId(i as u32);
+            ix.apply_stored(w, &shared_chain);
+            ix.apply_stored(w, &chain(10_000 + i as u64, private));
         }
         let measured = (LIVE.load(Ordering::Relaxed) - before) as f64;
         let pairs = ix.pairs() as f64;
@@ -232,17 +228,16 @@ fn bench_decision(c: &mut Criterion) {
     for &workers in &[8usize, 1000] {
         let mut core = RoutingCore::new(CoreConfig::default());
         let ids: Vec<WorkerId> = (0..workers)
-            .map(|i| core.upsert_worker(&format!("w{i}"), 16))
+            .map(|i| core.snapshot(&format!("w{i}"), 16, 1, &[], 0.0))
             .collect();
         let hashes = PromptHashes::new(&enc.token_ids, "qwen3", None, None)
             .chain(16)
             .to_vec();
         for (i, &w) in ids.iter().enumerate() {
             let depth = (i * 37) % (hashes.len() + 1);
-            core.index.apply_stored(w, &hashes[..depth], 0.0);
-            core.index
-                .apply_stored(w, &chain(50 + i as u64, 2_000), 0.0);
-            core.set_load(
+            core.stored(w, &hashes[..depth], 0.0);
+            core.stored(w, &chain(50 + i as u64, 2_000), 0.0);
+            core.load(
                 w,
                 LoadSample {
                     waiting: (i % 5) as u32,
@@ -262,7 +257,7 @@ fn bench_decision(c: &mut Criterion) {
                     let enc = tok.encode_chat(black_box(&req), now).expect("encodes");
                     let r = qwen3_request(&enc.token_ids);
                     let d = core.decide(policy.as_mut(), &r, &ids, 1.0);
-                    black_box(d.map(|d| d.chosen))
+                    black_box(d.map(|(_, d)| d.chosen))
                 })
             },
         );
@@ -283,7 +278,7 @@ fn bench_decision(c: &mut Criterion) {
                         let r = qwen3_request(&enc.token_ids);
                         black_box(
                             core.decide(policy.as_mut(), &r, &ids, 1.0)
-                                .map(|d| d.chosen),
+                                .map(|(_, d)| d.chosen),
                         );
                         total += start.elapsed();
                         cold = Some(t);
@@ -296,7 +291,7 @@ fn bench_decision(c: &mut Criterion) {
             b.iter(|| {
                 let r = qwen3_request(black_box(&enc.token_ids));
                 let d = core.decide(policy.as_mut(), &r, &ids, 1.0);
-                black_box(d.map(|d| d.chosen))
+                black_box(d.map(|(_, d)| d.chosen))
             })
         });
     }

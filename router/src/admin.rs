@@ -19,8 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
-use crate::pick::{body_kind, prompt_of};
-use crate::state::{PickError, PickInput, RouterState};
+use crate::state::{BodyKind, PickError, PickInput, RouterState};
 
 /// The admin routes.
 pub fn router(state: RouterState) -> Router {
@@ -88,15 +87,9 @@ async fn explain(State(state): State<RouterState>, body: Bytes) -> Response {
             "body has no string `model`",
         );
     };
-    let input = PickInput {
-        model,
-        prompt: prompt_of(body_kind("", &body), &body),
-        cache_salt: body.get("cache_salt").and_then(Value::as_str),
-        lora: None,
-        headers: None,
-        exclude: &[],
-        max_tokens: body.as_object().and_then(crate::state::max_tokens_of),
-    };
+    let empty = serde_json::Map::new();
+    let obj = body.as_object().unwrap_or(&empty);
+    let input = PickInput::from_body(model, BodyKind::of("", &body), obj, None, &[]);
     match state.explain(&input, Instant::now()) {
         Ok(record) => axum::Json(record).into_response(),
         Err(e @ PickError::UnknownModel(_)) => {

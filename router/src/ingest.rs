@@ -194,7 +194,7 @@ impl Session {
     /// Ends the stream: the worker becomes stale if this stream still owns it.
     pub fn close(&self, state: &RouterState) {
         if let Some(w) = self.worker() {
-            state.sidecar_closed(self.stream, w);
+            state.sidecar_closed(self.stream, w, Instant::now());
         }
     }
 

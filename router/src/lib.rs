@@ -15,6 +15,7 @@
 //! adapters.
 
 pub mod admin;
+pub mod churn;
 pub mod discovery;
 pub mod explain_cmd;
 pub mod gateway;
@@ -41,7 +42,7 @@ use crate::discovery::kubernetes::KubernetesDiscovery;
 use crate::discovery::static_file::StaticDiscovery;
 use crate::ingest::IngestService;
 use crate::metrics::RouterMetrics;
-use crate::pick::{ExpiryTask, PickerService};
+use crate::pick::{PickerService, UpkeepTask};
 use crate::state::{RouterConfig, RouterState, TokenizerDirs};
 
 /// Command-line arguments of `kvroute router` / `kvroute-router`.
@@ -90,6 +91,11 @@ pub struct Args {
     /// A worker whose sidecar has not reported for this many seconds is stale.
     #[arg(long, env = "KVROUTE_ROUTER_STALE_AFTER_S", default_value_t = 10.0)]
     pub stale_after_s: f64,
+    /// A worker that discovery no longer lists and whose sidecar stream has been closed for
+    /// this many seconds is retired: its cache view, predictor state, assignments and metric
+    /// series are dropped.
+    #[arg(long, env = "KVROUTE_ROUTER_RETIRE_AFTER_S", default_value_t = 30.0)]
+    pub retire_after_s: f64,
     /// Largest request body accepted (HTTP 413 / gRPC RESOURCE_EXHAUSTED above).
     #[arg(long, env = "KVROUTE_ROUTER_MAX_BODY_BYTES", default_value_t = 16 << 20)]
     pub max_body_bytes: usize,
@@ -150,6 +156,7 @@ impl Default for Args {
             seed: None,
             assignment_ttl_s: 600.0,
             stale_after_s: 10.0,
+            retire_after_s: 30.0,
             max_body_bytes: 16 << 20,
             route_unlisted: false,
             max_retries: 2,
@@ -265,6 +272,7 @@ impl Server {
             seed,
             assignment_ttl_s,
             stale_after_s,
+            retire_after_s,
             max_body_bytes,
             route_unlisted,
             max_retries,
@@ -285,6 +293,7 @@ impl Server {
             seed,
             assignment_ttl: secs("assignment-ttl-s", assignment_ttl_s)?,
             stale_after: secs("stale-after-s", stale_after_s)?,
+            retire_after: secs("retire-after-s", retire_after_s)?,
             max_body_bytes,
             route_unlisted,
             tokenizers: tokenizer_dirs(&tokenizer)?,
@@ -413,13 +422,13 @@ impl Server {
         );
 
         let stop = shutdown.clone();
-        let expiry = ExpiryTask::new(state.clone());
+        let upkeep = UpkeepTask::new(state.clone());
         tasks.spawn(
             async move {
-                expiry.run(stop).await;
-                ("expiry", Ok(()))
+                upkeep.run(stop).await;
+                ("upkeep", Ok(()))
             }
-            .instrument(tracing::info_span!("expiry")),
+            .instrument(tracing::info_span!("upkeep")),
         );
 
         let stop = shutdown.clone();

@@ -10,8 +10,8 @@
 //! ids or tenants.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Latency buckets in seconds (TTFT and end-to-end): 5 ms to 2 min.
@@ -53,7 +53,7 @@ pub struct RouterMetrics {
     pub degraded_decisions: IntCounterVec,
     /// Tokenization failures, by model and reason.
     pub tokenization_failures: IntCounterVec,
-    /// Assignments released, by how (`done`, `aborted`, `expired`).
+    /// Assignments released, by how (`done`, `aborted`, `expired`, `retired`: its worker left).
     pub released: IntCounterVec,
     /// Resident blocks per worker in the KV index (set at scrape time).
     pub index_blocks: IntGaugeVec,
@@ -71,6 +71,8 @@ pub struct RouterMetrics {
     pub ingest_blocks: IntCounterVec,
     /// Time spent making one routing decision (tokenize + hash + lookup + predict).
     pub decision_duration: Histogram,
+    /// Workers retired (gone from discovery, stream closed past the grace period).
+    pub workers_retired: IntCounter,
 }
 
 impl RouterMetrics {
@@ -181,6 +183,10 @@ impl RouterMetrics {
                     0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05,
                 ]),
             )?,
+            workers_retired: IntCounter::new(
+                "kvroute_router_workers_retired_total",
+                "Workers retired: no longer listed by discovery and their stream closed.",
+            )?,
         };
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.pick_errors.clone()))?;
@@ -201,7 +207,21 @@ impl RouterMetrics {
         registry.register(Box::new(m.ingest_reports.clone()))?;
         registry.register(Box::new(m.ingest_blocks.clone()))?;
         registry.register(Box::new(m.decision_duration.clone()))?;
+        registry.register(Box::new(m.workers_retired.clone()))?;
         Ok(m)
+    }
+
+    /// Removes every series labelled `worker` = `key` from the families that carry a
+    /// worker label, so that retired workers leave no series behind.
+    pub fn forget_worker(&self, key: &str) {
+        forget(&self.requests, key);
+        forget(&self.ttft, key);
+        forget(&self.itl, key);
+        forget(&self.e2e, key);
+        forget(&self.predicted_ttft, key);
+        forget(&self.ttft_prediction_error, key);
+        forget(&self.index_blocks, key);
+        forget(&self.in_flight, key);
     }
 
     /// The registry the metrics live in.
@@ -215,6 +235,24 @@ impl RouterMetrics {
         // Encoding into a Vec cannot fail on I/O; a malformed family is skipped by the encoder.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// Removes the series of `vec` whose `worker` label is `key`, whatever its other labels.
+fn forget<T: prometheus::core::MetricVecBuilder>(vec: &prometheus::core::MetricVec<T>, key: &str) {
+    use prometheus::core::Collector;
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let labels: std::collections::HashMap<&str, &str> = metric
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            if labels.get("worker") == Some(&key) {
+                // Absent series (removed concurrently) are fine.
+                let _ = vec.remove(&labels);
+            }
+        }
     }
 }
 

@@ -1,10 +1,11 @@
-//! The Picker gRPC service for external gateways, and the task that expires assignments
-//! nobody reported.
+//! The Picker gRPC service for external gateways, and the upkeep task that expires assignments
+//! nobody reported and retires workers that are gone.
 //!
 //! ```text
 //! proxy --Pick(path, headers, body)--> PickerService --RouterState::pick--> decision id, worker
 //! proxy --ReportFirstToken / ReportDone / ReportAborted--> RouterState (released once)
-//! ExpiryTask (every ttl/4) --RouterState::expire--> unreported assignments released
+//! UpkeepTask (every ttl/4) --RouterState::maintain--> unreported assignments released,
+//!                                                     gone workers retired
 //! ```
 //!
 //! The body is the client's JSON request. Chat requests (`/v1/chat/completions` or any body
@@ -26,7 +27,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::state::{DecisionId, PickError, PickInput, Prompt, RouterState, Usage};
+use crate::routing::AssignmentId;
+use crate::state::{BodyKind, PickError, PickInput, RouterState, Usage};
 
 /// The tonic Picker service.
 #[derive(Clone)]
@@ -44,39 +46,6 @@ impl PickerService {
     pub fn into_server(self) -> PickerServer<Self> {
         let limit = self.state.config().max_body_bytes.saturating_add(64 << 10);
         PickerServer::new(self).max_decoding_message_size(limit)
-    }
-}
-
-/// Which kind of request a body is, from the path (or its fields when the path is unknown).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BodyKind {
-    /// OpenAI chat completions.
-    Chat,
-    /// OpenAI completions.
-    Completion,
-    /// Anything else: routed on load alone.
-    Other,
-}
-
-/// Classifies a request body.
-pub fn body_kind(path: &str, body: &Value) -> BodyKind {
-    let path = path.split('?').next().unwrap_or_default();
-    match path {
-        "/v1/chat/completions" => BodyKind::Chat,
-        "/v1/completions" => BodyKind::Completion,
-        _ if path.is_empty() && body.get("messages").is_some() => BodyKind::Chat,
-        _ if path.is_empty() && body.get("prompt").is_some() => BodyKind::Completion,
-        _ => BodyKind::Other,
-    }
-}
-
-/// The prompt of a body of `kind`.
-pub fn prompt_of(kind: BodyKind, body: &Value) -> Prompt<'_> {
-    match (kind, body.get("prompt")) {
-        // Callers reject bodies without a string `model`, so a chat body is an object.
-        (BodyKind::Chat, _) => body.as_object().map_or(Prompt::Unavailable, Prompt::Chat),
-        (BodyKind::Completion, Some(p)) => Prompt::Completion(p),
-        _ => Prompt::Unavailable,
     }
 }
 
@@ -101,7 +70,7 @@ fn pick_status(e: &PickError) -> Status {
     }
 }
 
-fn decision_id(s: &str) -> Option<DecisionId> {
+fn decision_id(s: &str) -> Option<AssignmentId> {
     s.parse().ok()
 }
 
@@ -118,16 +87,15 @@ impl Picker for PickerService {
             return Err(Status::invalid_argument("body has no string `model`"));
         };
         let headers = headers_of(&req.headers);
-        let kind = body_kind(&req.path, &body);
-        let input = PickInput {
-            model: &model,
-            prompt: prompt_of(kind, &body),
-            cache_salt: body.get("cache_salt").and_then(Value::as_str),
-            lora: None,
-            headers: Some(&headers),
-            exclude: &[],
-            max_tokens: body.as_object().and_then(crate::state::max_tokens_of),
-        };
+        let kind = BodyKind::of(&req.path, &body);
+        let empty = serde_json::Map::new();
+        let input = PickInput::from_body(
+            &model,
+            kind,
+            body.as_object().unwrap_or(&empty),
+            Some(&headers),
+            &[],
+        );
         let a = self
             .state
             .pick(&input, Instant::now())
@@ -142,17 +110,17 @@ impl Picker for PickerService {
             None
         };
         Ok(Response::new(PickResponse {
-            decision_id: a.decision_id.to_string(),
+            decision_id: a.assignment.to_string(),
             destination: Some(pick_response::Destination::WorkerAddress(a.address)),
-            worker_id: a.worker_id,
+            worker_id: a.worker,
             rewritten_body,
             predicted_ttft_seconds: if a.predicted_ttft_s.is_finite() {
                 a.predicted_ttft_s
             } else {
                 0.0
             },
-            reason: a.decision.reason.to_string(),
-            degraded: a.decision.degraded,
+            reason: a.reason.to_string(),
+            degraded: a.degraded,
         }))
     }
 
@@ -193,13 +161,13 @@ impl Picker for PickerService {
     }
 }
 
-/// Releases assignments nobody reported within the TTL.
-pub struct ExpiryTask {
+/// Releases assignments nobody reported within the TTL and retires gone workers.
+pub struct UpkeepTask {
     state: RouterState,
 }
 
-impl ExpiryTask {
-    /// A task expiring `state`'s assignments.
+impl UpkeepTask {
+    /// A task keeping `state` tidy.
     pub fn new(state: RouterState) -> Self {
         Self { state }
     }
@@ -211,16 +179,18 @@ impl ExpiryTask {
 
     /// Runs until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(Self::period(self.state.config().assignment_ttl));
+        let cfg = self.state.config();
+        let mut tick =
+            tokio::time::interval(Self::period(cfg.assignment_ttl.min(cfg.retire_after)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
                 _ = tick.tick() => {
-                    let n = self.state.expire(Instant::now());
-                    if n > 0 {
-                        tracing::warn!(expired = n, "released assignments nobody reported within the TTL");
+                    let (expired, _retired) = self.state.maintain(Instant::now());
+                    if expired > 0 {
+                        tracing::warn!(expired, "released assignments nobody reported within the TTL");
                     }
                 }
             }
@@ -233,35 +203,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn classifies_bodies_by_path_then_fields() {
-        let chat = serde_json::json!({"model": "m", "messages": []});
-        let comp = serde_json::json!({"model": "m", "prompt": "hi"});
-        assert_eq!(body_kind("/v1/chat/completions", &chat), BodyKind::Chat);
-        assert_eq!(
-            body_kind("/v1/completions?x=1", &comp),
-            BodyKind::Completion
-        );
-        assert_eq!(body_kind("", &chat), BodyKind::Chat);
-        assert_eq!(body_kind("", &comp), BodyKind::Completion);
-        assert_eq!(body_kind("/v1/messages", &chat), BodyKind::Other);
-        assert!(matches!(
-            prompt_of(BodyKind::Completion, &chat),
-            Prompt::Unavailable
-        ));
-    }
-
-    #[test]
     fn expiry_period_is_bounded() {
         assert_eq!(
-            ExpiryTask::period(Duration::from_millis(1)),
+            UpkeepTask::period(Duration::from_millis(1)),
             Duration::from_millis(10)
         );
         assert_eq!(
-            ExpiryTask::period(Duration::from_secs(600)),
+            UpkeepTask::period(Duration::from_secs(600)),
             Duration::from_secs(5)
         );
         assert_eq!(
-            ExpiryTask::period(Duration::from_secs(2)),
+            UpkeepTask::period(Duration::from_secs(2)),
             Duration::from_millis(500)
         );
     }

@@ -17,9 +17,10 @@ use axum::routing::post;
 use futures::StreamExt;
 use kvroute_router::gateway::openai::Usage;
 use kvroute_router::gateway::{
-    Dispatch, GatewayConfig, PREDICTED_TTFT_HEADER, PickError, Picked, RouteRequest, WORKER_HEADER,
-    router_with,
+    Dispatch, GatewayConfig, GatewayRequest, PREDICTED_TTFT_HEADER, PickError, Picked, Resolved,
+    WORKER_HEADER, router_with,
 };
+use kvroute_router::routing::AssignmentId;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
@@ -189,7 +190,7 @@ impl FakeRouter {
 
     fn release(&self, p: &Picked) {
         let mut l = self.ledger.lock();
-        if !l.in_flight.remove(&p.assignment) {
+        if !l.in_flight.remove(&p.assignment.0) {
             l.double_releases += 1;
         }
     }
@@ -199,26 +200,32 @@ impl Dispatch for FakeRouter {
     fn model_names(&self) -> Vec<String> {
         self.models.keys().cloned().collect()
     }
-    fn resolve_model(&self, client_model: &str) -> Option<String> {
-        self.models.get(client_model).cloned()
+    fn resolve_model(&self, client_model: &str) -> Option<Resolved> {
+        self.models.get(client_model).map(|m| Resolved {
+            backend_model: m.clone(),
+            pool: None,
+        })
     }
-    fn pick(&self, request: &RouteRequest<'_>, exclude: &[String]) -> Result<Picked, PickError> {
-        assert_eq!(request.served_model, "served");
+    fn pick(&self, request: &GatewayRequest<'_>, exclude: &[String]) -> Result<Picked, PickError> {
+        assert_eq!(request.resolved.backend_model, "served");
         let (name, url) = self
             .workers
             .iter()
             .find(|(n, _)| !exclude.contains(n))
-            .ok_or(PickError::NoReadyWorker)?;
+            .ok_or_else(|| PickError::NoReadyWorker(request.client_model.into()))?;
         let id = self.next.fetch_add(1, Ordering::SeqCst);
         let mut l = self.ledger.lock();
         l.in_flight.insert(id);
         l.picks.push(name.clone());
         l.last_route_body = Some(Value::Object(request.body.clone()));
         Ok(Picked {
-            assignment: id,
+            assignment: AssignmentId(id),
             worker: name.clone(),
-            base_url: url.clone(),
+            address: url.trim_start_matches("http://").to_string(),
+            backend_model: request.resolved.backend_model.clone(),
             predicted_ttft_s: 0.0425,
+            reason: "lowest_predicted_ttft",
+            degraded: false,
         })
     }
     fn first_token(&self, _picked: &Picked, _ttft: Duration) {

@@ -44,7 +44,7 @@ fn simulate(policy: &mut dyn Policy) -> Outcome {
         .iter()
         .enumerate()
         .map(|(i, &(rate, overhead))| SimWorker {
-            id: core.upsert_worker(&format!("pod-{i}"), 16),
+            id: core.snapshot(&format!("pod-{i}"), 16, 1, &[], 0.0),
             rate,
             overhead,
             busy_until: 0.0,
@@ -66,8 +66,7 @@ fn simulate(policy: &mut dyn Policy) -> Outcome {
             pending.sort_by(|a, b| a.at.total_cmp(&b.at));
             while pending.first().is_some_and(|p| p.at <= now) {
                 let p = pending.remove(0);
-                core.index
-                    .apply_stored(workers[p.worker].id, &p.blocks, p.at);
+                core.stored(workers[p.worker].id, &p.blocks, p.at);
                 assert!(core.first_token(p.id, p.at, Some(p.ttft)).is_some());
                 assert!(core.finish(p.id).is_some(), "released once");
                 assert!(core.finish(p.id).is_none(), "never twice");
@@ -81,7 +80,7 @@ fn simulate(policy: &mut dyn Policy) -> Outcome {
                     kv_usage: 0.2,
                     ..LoadSample::default()
                 };
-                core.set_load(w.id, sample, now);
+                core.load(w.id, sample, now);
             }
             let r = RouteRequest {
                 tokens: Some(conv),
@@ -90,14 +89,14 @@ fn simulate(policy: &mut dyn Policy) -> Outcome {
                 cache_salt: None,
                 max_tokens: None,
             };
-            let d = core.decide(policy, &r, &ids, now).expect("a decision");
+            let (plan, d) = core.decide(policy, &r, &ids, now).expect("a decision");
             let wi = workers
                 .iter()
                 .position(|w| w.id == d.chosen)
                 .expect("known worker");
             let blocks = PromptHashes::new(conv, "m", None, None).chain(16).to_vec();
-            let cached = core.index.matched_blocks(d.chosen, &blocks) * 16;
-            let id = core.assign(&d, now);
+            let cached = core.matched_blocks(d.chosen, &blocks) * 16;
+            let id = core.assign(&plan, &d, now);
             assigned += 1;
             let w = &mut workers[wi];
             let start = now.max(w.busy_until);
@@ -117,8 +116,7 @@ fn simulate(policy: &mut dyn Policy) -> Outcome {
         }
     }
     for p in pending {
-        core.index
-            .apply_stored(workers[p.worker].id, &p.blocks, p.at);
+        core.stored(workers[p.worker].id, &p.blocks, p.at);
         assert!(core.first_token(p.id, p.at, Some(p.ttft)).is_some());
         assert!(core.finish(p.id).is_some());
         released += 1;
@@ -139,9 +137,9 @@ fn kvroute_beats_cache_blind_baselines_and_releases_everything_once() {
         let mut p = policy_by_name(name, 11).expect("known policy");
         let o = simulate(p.as_mut());
         assert_eq!(o.released, o.assigned, "{name}");
-        assert!(o.core.assignments.is_empty(), "{name}");
+        assert!(o.core.outstanding() == 0, "{name}");
         for &w in &o.ids {
-            assert_eq!(o.core.assignments.inflight(w).outstanding(), 0);
+            assert_eq!(o.core.inflight(w).outstanding(), 0);
         }
         results.push((name, o.mean_ttft, o));
     }
@@ -153,7 +151,7 @@ fn kvroute_beats_cache_blind_baselines_and_releases_everything_once() {
         assert!(kv < *t, "kvroute {kv:.3}s should beat {name} {t:.3}s");
     }
     // The predictor learned from every first token and reports its error.
-    let err = *results[0].2.core.predictor.error();
+    let err = *results[0].2.core.prediction_error();
     assert_eq!(err.count, results[0].2.assigned as u64);
     assert!(
         err.mean_abs().is_finite() && err.mean_rel() < 1.0,

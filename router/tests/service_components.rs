@@ -214,6 +214,7 @@ fn cached_blocks(r: &Router, toks: &[u32], worker: &str) -> usize {
         cache_salt: None,
         lora: None,
         headers: None,
+        resolved: None,
         exclude: &[],
         max_tokens: None,
     };

@@ -220,7 +220,7 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
         // so multi-turn histories do not depend on the policy.
         ec.seed = cfg.seed;
         let block_size = ec.block_size;
-        let id = core.upsert_worker(&format!("worker-{i}"), block_size);
+        let id = core.snapshot(&format!("worker-{i}"), block_size, 1, &[], 0.0);
         workers.push(Worker {
             engine: Engine::new(profile.clone(), ec),
             resident: ResidentSet::new(StateConfig {
@@ -233,7 +233,6 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
             stepping: false,
             output: None,
         });
-        core.index.apply_snapshot(id, 1, &[], 0.0);
     }
     let by_id: HashMap<WorkerId, usize> =
         workers.iter().enumerate().map(|(i, w)| (w.id, i)).collect();
@@ -341,7 +340,7 @@ impl Sim<'_> {
                 Event::DeliverOps { worker, ops } => self.deliver_ops(worker, ops),
                 Event::DeliverLoad { worker, sample } => {
                     let id = self.workers[worker].id;
-                    self.core.set_load(id, sample, self.now);
+                    self.core.load(id, sample, self.now);
                 }
                 Event::Scrape { worker } => {
                     if self.done() {
@@ -490,7 +489,7 @@ impl Sim<'_> {
                     cache_salt: salt,
                     max_tokens: Some(max_tokens),
                 };
-                let Some(decision) =
+                let Some((plan, decision)) =
                     self.core
                         .decide(policy.as_mut(), &req, &self.allowed, self.now)
                 else {
@@ -511,7 +510,7 @@ impl Sim<'_> {
                     diag.scores = scores;
                     diag.candidates = serde_json::to_value(&decision.candidates).ok();
                 }
-                let a = self.core.assign(&decision, self.now);
+                let a = self.core.assign(&plan, &decision, self.now);
                 (worker, Some(a), predicted)
             }
             SimPolicy::Oracle => {
@@ -623,12 +622,12 @@ impl Sim<'_> {
         for op in ops.0 {
             match op {
                 Op::Stored(h) => {
-                    self.core.index.apply_stored(id, &h, now);
+                    self.core.stored(id, &h, now);
                 }
                 Op::Removed(h) => {
-                    self.core.index.apply_removed(id, &h, now);
+                    self.core.removed(id, &h, now);
                 }
-                Op::Cleared => self.core.index.clear(id, now),
+                Op::Cleared => self.core.cleared(id, now),
             }
         }
     }

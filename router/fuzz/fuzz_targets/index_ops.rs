@@ -45,10 +45,9 @@ fuzz_target!(|data: &[u8]| {
     let chains = chains();
     let mut ix = KvIndex::new(u64::from(data.first().copied().unwrap_or(0)));
     let ws: Vec<WorkerId> = (0..WORKERS)
-        .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
+        .map(|i| WorkerId(i as u32))
         .collect();
     let mut model: Vec<HashSet<u64>> = vec![HashSet::new(); WORKERS];
-    let mut removed = [false; WORKERS];
     let mut out = Vec::new();
     for op in data.chunks_exact(4) {
         let w = op[0] as usize % WORKERS;
@@ -60,48 +59,37 @@ fuzz_target!(|data: &[u8]| {
                 // a store event, in batches of 1..8 following the chain
                 let batch = 1 + (op[1] as usize >> 3) % 8;
                 for b in c[from..to].chunks(batch) {
-                    ix.apply_stored(ws[w], b, 0.0);
-                    if !removed[w] {
-                        model[w].extend(b);
-                    }
+                    ix.apply_stored(ws[w], b);
+                    model[w].extend(b);
                 }
             }
             3 => {
                 // leaf-first eviction
                 for &h in c[from..to].iter().rev() {
-                    ix.apply_removed(ws[w], &[h], 0.0);
+                    ix.apply_removed(ws[w], &[h]);
                     model[w].remove(&h);
                 }
             }
             4 => {
-                ix.apply_removed(ws[w], &c[from..to], 0.0);
+                ix.apply_removed(ws[w], &c[from..to]);
                 for h in &c[from..to] {
                     model[w].remove(h);
                 }
             }
             5 => {
-                ix.clear(ws[w], 0.0);
+                ix.clear(ws[w]);
                 model[w].clear();
             }
             6 => {
                 // a snapshot, its blocks reversed
                 let blocks: Vec<u64> = c[from..to].iter().rev().copied().collect();
-                ix.apply_snapshot(ws[w], u64::from(op[3]), &blocks, 0.0);
-                model[w] = if removed[w] {
-                    HashSet::new()
-                } else {
-                    blocks.into_iter().collect()
-                };
+                ix.apply_snapshot(ws[w], &blocks);
+                model[w] = blocks.into_iter().collect();
             }
             _ => {
-                if removed[w] {
-                    ix.upsert_worker(&format!("w{w}"), 16);
-                    removed[w] = false;
-                } else {
-                    ix.remove_worker(ws[w]);
-                    model[w].clear();
-                    removed[w] = true;
-                }
+                // the worker is retired and its id handed to a new one
+                ix.clear(ws[w]);
+                model[w].clear();
             }
         }
         for q in &chains {
@@ -123,7 +111,7 @@ fuzz_target!(|data: &[u8]| {
         let pairs: usize = model.iter().map(HashSet::len).sum();
         assert_eq!(ix.pairs(), pairs as u64);
         for (&id, s) in ws.iter().zip(&model) {
-            assert_eq!(ix.worker(id).map(|st| st.blocks), Some(s.len() as u64));
+            assert_eq!(ix.blocks_of(id), s.len() as u64);
         }
     }
 });

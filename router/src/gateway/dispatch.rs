@@ -2,7 +2,7 @@
 //! that makes "released exactly once" hold on every path.
 //!
 //! ```text
-//! handler --pick()--> Assignment (guard) --first_token()--> ... --done()  (release)
+//! handler --pick()--> AssignmentGuard (guard) --first_token()--> ... --done()  (release)
 //!                          |  dropped without done(): client gone, error, panic
 //!                          +--Drop--> Dispatch::abort()                  (release)
 //! ```
@@ -13,12 +13,13 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::openai::{Endpoint, Usage};
+pub use crate::state::{PickError, Picked, Resolved};
 
 /// The part of a request the router routes on.
 #[derive(Debug, Clone, Copy)]
-pub struct RouteRequest<'a> {
-    /// The model name after alias resolution (the worker's served name).
-    pub served_model: &'a str,
+pub struct GatewayRequest<'a> {
+    /// The client's model resolved once (served name and pool), by [`Dispatch::resolve_model`].
+    pub resolved: &'a Resolved,
     /// The name the client used.
     pub client_model: &'a str,
     /// Which generation API the body is for.
@@ -30,38 +31,14 @@ pub struct RouteRequest<'a> {
     pub headers: &'a http::HeaderMap,
 }
 
-/// A routing decision the gateway must release.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Picked {
-    /// Router-wide assignment handle.
-    pub assignment: u64,
-    /// Stable worker name (for `x-kvroute-worker`, logs and retry exclusion).
-    pub worker: String,
-    /// Base URL of the worker's OpenAI server, e.g. `http://10.0.0.7:8000` (no trailing slash).
-    pub base_url: String,
-    /// Predicted TTFT in seconds (`NaN` when the policy made no prediction).
-    pub predicted_ttft_s: f64,
-}
-
-/// Why no worker was picked.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PickError {
-    /// No pool or alias serves the model.
-    #[error("unknown model")]
-    UnknownModel,
-    /// The model is known but none of its (non-excluded) workers is ready.
-    #[error("no ready worker")]
-    NoReadyWorker,
-}
-
 /// The router as the gateway sees it. Implemented by `RouterState`; tests may fake it.
 pub trait Dispatch: Send + Sync + 'static {
     /// Names clients may ask for: served model names and aliases.
     fn model_names(&self) -> Vec<String>;
-    /// The served model name for a client's model name (an alias or a served name).
-    fn resolve_model(&self, client_model: &str) -> Option<String>;
+    /// Where a client's model name (an alias or a served name) goes.
+    fn resolve_model(&self, client_model: &str) -> Option<Resolved>;
     /// Chooses a worker, skipping `exclude` (workers that already failed this request).
-    fn pick(&self, request: &RouteRequest<'_>, exclude: &[String]) -> Result<Picked, PickError>;
+    fn pick(&self, request: &GatewayRequest<'_>, exclude: &[String]) -> Result<Picked, PickError>;
     /// First generated token observed `ttft` after the request was sent to the worker.
     fn first_token(&self, picked: &Picked, ttft: Duration);
     /// Time between two generated chunks.
@@ -72,25 +49,25 @@ pub trait Dispatch: Send + Sync + 'static {
     fn abort(&self, picked: &Picked);
 }
 
-/// An outstanding assignment. Dropping it without [`Assignment::done`] aborts it, so every
+/// An outstanding assignment. Dropping it without [`AssignmentGuard::done`] aborts it, so every
 /// assignment is released exactly once whatever path the request takes.
-pub struct Assignment {
+pub struct AssignmentGuard {
     dispatch: Arc<dyn Dispatch>,
     picked: Picked,
     released: bool,
     first_token_seen: bool,
 }
 
-impl std::fmt::Debug for Assignment {
+impl std::fmt::Debug for AssignmentGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Assignment")
+        f.debug_struct("AssignmentGuard")
             .field("picked", &self.picked)
             .field("released", &self.released)
             .finish()
     }
 }
 
-impl Assignment {
+impl AssignmentGuard {
     /// Wraps a decision.
     pub fn new(dispatch: Arc<dyn Dispatch>, picked: Picked) -> Self {
         Self {
@@ -134,7 +111,7 @@ impl Assignment {
     }
 }
 
-impl Drop for Assignment {
+impl Drop for AssignmentGuard {
     fn drop(&mut self) {
         if !self.released {
             self.released = true;

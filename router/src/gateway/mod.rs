@@ -27,7 +27,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{get, post};
 
-pub use dispatch::{Assignment, Dispatch, PickError, Picked, RouteRequest};
+pub use dispatch::{AssignmentGuard, Dispatch, GatewayRequest, PickError, Picked, Resolved};
 pub use error::GatewayError;
 pub use proxy::{PREDICTED_TTFT_HEADER, WORKER_HEADER};
 pub use upstream::UpstreamConfig;

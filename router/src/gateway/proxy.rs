@@ -2,7 +2,7 @@
 //! chunk by chunk while measuring it. The only module here that touches axum and the socket.
 //!
 //! ```text
-//! client --body (limit)--> decode --resolve/pick--> Assignment --POST--> worker
+//! client --body (limit)--> decode --resolve/pick--> AssignmentGuard --POST--> worker
 //!   ^                                   ^ retry elsewhere if it never started (connect / 503)
 //!   +-- SSE events, as they arrive <-- SseParser <-- worker bytes (TTFT, ITL, usage measured)
 //! ```
@@ -20,7 +20,7 @@ use futures::StreamExt;
 use serde_json::{Map, Value, json};
 
 use super::anthropic::{self, StreamTranslator};
-use super::dispatch::{Assignment, Dispatch, PickError, RouteRequest};
+use super::dispatch::{AssignmentGuard, Dispatch, GatewayRequest, PickError, Resolved};
 use super::error::{GatewayError, anthropic_from_upstream};
 use super::openai::{self, Endpoint, StreamItem, Usage};
 use super::sse::{SseEvent, SseParser};
@@ -70,7 +70,7 @@ fn error_response(flavor: Flavor, e: &GatewayError) -> Response {
     json_response(status, &body)
 }
 
-fn decision_headers(resp: &mut Response, a: &Assignment) {
+fn decision_headers(resp: &mut Response, a: &AssignmentGuard) {
     DecisionHeaders::of(a).apply(resp);
 }
 
@@ -99,7 +99,7 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
 
 /// A forwarded request whose worker answered with headers.
 struct Sent {
-    assignment: Assignment,
+    assignment: AssignmentGuard,
     response: reqwest::Response,
     sent_at: Instant,
 }
@@ -107,7 +107,7 @@ struct Sent {
 /// The routing-relevant part of a request, owned so the decision can run off the async
 /// threads (tokenizing a long prompt takes milliseconds) and be repeated for retries.
 struct Route {
-    served: String,
+    resolved: Resolved,
     client_model: String,
     endpoint: Endpoint,
     body: Map<String, Value>,
@@ -115,9 +115,9 @@ struct Route {
 }
 
 impl Route {
-    fn request(&self) -> RouteRequest<'_> {
-        RouteRequest {
-            served_model: &self.served,
+    fn request(&self) -> GatewayRequest<'_> {
+        GatewayRequest {
+            resolved: &self.resolved,
             client_model: &self.client_model,
             endpoint: self.endpoint,
             body: &self.body,
@@ -133,20 +133,20 @@ impl Gateway {
         &self,
         route: &Arc<Route>,
         exclude: &[String],
-    ) -> Result<Assignment, GatewayError> {
+    ) -> Result<AssignmentGuard, GatewayError> {
         let (dispatch, r, exclude) = (self.dispatch.clone(), route.clone(), exclude.to_vec());
         let decided = tokio::task::spawn_blocking(move || {
             dispatch
                 .pick(&r.request(), &exclude)
-                .map(|p| Assignment::new(dispatch.clone(), p))
+                .map(|p| AssignmentGuard::new(dispatch.clone(), p))
         })
         .await;
         match decided {
             Ok(Ok(a)) => Ok(a),
-            Ok(Err(PickError::UnknownModel)) => {
+            Ok(Err(PickError::UnknownModel(_))) => {
                 Err(GatewayError::UnknownModel(route.client_model.clone()))
             }
-            Ok(Err(PickError::NoReadyWorker)) => {
+            Ok(Err(PickError::NoReadyWorker(_))) => {
                 Err(GatewayError::NoReadyWorker(route.client_model.clone()))
             }
             Err(e) => {
@@ -169,8 +169,8 @@ impl Gateway {
                 Err(e) => return Err(e),
             };
             let url = format!(
-                "{}{}",
-                assignment.picked().base_url.trim_end_matches('/'),
+                "http://{}{}",
+                assignment.picked().address,
                 route.endpoint.path()
             );
             let sent_at = Instant::now();
@@ -282,14 +282,14 @@ async fn openai_request(
     let (parts, body) = req.into_parts();
     let bytes = read_body(&parts.headers, body, gw.max_body_bytes).await?;
     let request = openai::decode_request(endpoint, &bytes)?;
-    let served = gw
+    let resolved = gw
         .dispatch
         .resolve_model(&request.model)
         .ok_or_else(|| GatewayError::UnknownModel(request.model.clone()))?;
-    let body = openai::upstream_body(&request.body, &served, request.stream);
+    let body = openai::upstream_body(&request.body, &resolved.backend_model, request.stream);
     let (stream, wants_usage) = (request.stream, request.wants_usage);
     let route = Arc::new(Route {
-        served,
+        resolved,
         client_model: request.model,
         endpoint,
         body: request.body,
@@ -325,14 +325,14 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
     let (parts, body) = req.into_parts();
     let bytes = read_body(&parts.headers, body, gw.max_body_bytes).await?;
     let request = anthropic::decode_request(&bytes)?;
-    let served = gw
+    let resolved = gw
         .dispatch
         .resolve_model(&request.model)
         .ok_or_else(|| GatewayError::UnknownModel(request.model.clone()))?;
-    let body = openai::upstream_body(&request.chat, &served, request.stream);
+    let body = openai::upstream_body(&request.chat, &resolved.backend_model, request.stream);
     let (stream, model) = (request.stream, request.model.clone());
     let route = Arc::new(Route {
-        served,
+        resolved,
         client_model: request.model,
         endpoint: Endpoint::ChatCompletions,
         body: request.chat,
@@ -372,7 +372,7 @@ struct DecisionHeaders {
 }
 
 impl DecisionHeaders {
-    fn of(a: &Assignment) -> Self {
+    fn of(a: &AssignmentGuard) -> Self {
         let p = a.picked();
         let predicted = p
             .predicted_ttft_s
@@ -509,7 +509,7 @@ struct Meter {
 }
 
 impl Meter {
-    fn token(&mut self, now: Instant, assignment: &mut Assignment) {
+    fn token(&mut self, now: Instant, assignment: &mut AssignmentGuard) {
         match self.last_token {
             None => assignment.first_token(now.saturating_duration_since(self.sent_at)),
             Some(prev) => assignment.inter_token(now.saturating_duration_since(prev)),
@@ -526,7 +526,7 @@ fn relay<K: Sink>(
     response: reqwest::Response,
     headers: DecisionHeaders,
     mut sink: K,
-    assignment: Assignment,
+    assignment: AssignmentGuard,
     sent_at: Instant,
 ) -> Relayed<impl futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static> {
     let stream = async_stream::stream! {

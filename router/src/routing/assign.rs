@@ -14,12 +14,25 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::index::WorkerId;
+use super::workers::WorkerId;
 
 /// Handle of one assignment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(transparent)]
 pub struct AssignmentId(pub u64);
+
+impl std::fmt::Display for AssignmentId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::str::FromStr for AssignmentId {
+    type Err = std::num::ParseIntError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(AssignmentId)
+    }
+}
 
 /// Where an assignment is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

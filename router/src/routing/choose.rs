@@ -14,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::assign::NewAssignment;
-use super::index::WorkerId;
+use super::workers::WorkerId;
 
 /// Everything a policy knows about one allowed worker for one request.
 #[derive(Clone, Debug, Default, Serialize)]

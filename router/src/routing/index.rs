@@ -1,11 +1,13 @@
 //! The KV index: which worker holds which kvroute block, and how many leading blocks of a
-//! prompt each worker holds.
+//! prompt each worker holds. (Why one file of ~1,100 lines: the table's slot encoding, the
+//! runs and their holder lists, and the lookup share invariants that `check_invariants`
+//! verifies together; split, each part would have to expose the others' internals.)
 //!
 //! ```text
 //! runs[r]: hashes [h0 h1 h2 ... hn]     consecutive blocks stored in one stream
 //!          holders (worker, end)         each holder holds hashes[lo..end]: a prefix
 //! table:   block hash --> (run, position)  8-byte slots: tag, probe distance, run, position
-//! workers[WorkerId] --> key, block size, epoch, last update, block count, stale flag
+//! blocks[WorkerId] --> block count   (everything else about a worker: routing::workers)
 //! ```
 //!
 //! Blocks are stored in runs: a worker's newly stored blocks are appended to the run of the
@@ -36,42 +38,9 @@
 //! Dropping all of one worker's blocks (`clear`, a replacing snapshot, `remove_worker`) visits
 //! every run; those happen on restarts and reconnects, not per request.
 
-use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use serde::Serialize;
-
-/// A worker, interned by the index. Ids are never reused, so a stale id cannot alias a new
-/// worker.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
-pub struct WorkerId(pub u32);
-
-impl WorkerId {
-    /// Position in per-worker vectors.
-    pub fn index(self) -> usize {
-        self.0 as usize
-    }
-}
-
-/// What the index knows about one worker besides its blocks.
-#[derive(Clone, Debug, Serialize)]
-pub struct WorkerState {
-    /// The key the worker was registered under (e.g. `namespace/pod`).
-    pub key: String,
-    /// KV block size in tokens (the hash chain's block size for this worker).
-    pub block_size: usize,
-    /// Epoch of the last snapshot (the sidecar bumps it when vLLM restarts).
-    pub epoch: u64,
-    /// Time of the last report of any kind (seconds, caller's clock).
-    pub last_update: f64,
-    /// Number of blocks the worker holds.
-    pub blocks: u64,
-    /// Set by `mark_stale` (stream lost); cleared by the next report.
-    pub marked_stale: bool,
-    /// Removed workers keep their id but hold nothing and are never candidates.
-    pub removed: bool,
-}
+use super::workers::WorkerId;
 
 /// Positions in a run fit the slot's 16-bit field.
 const MAX_RUN: usize = 1 << 16;
@@ -407,12 +376,13 @@ pub struct KvIndex {
     /// Run 0 is a permanent empty placeholder (so that no slot is all zero).
     runs: Vec<Run>,
     free_runs: Vec<u32>,
-    workers: Vec<WorkerState>,
+    /// Blocks each worker holds, by [`WorkerId`] (grown on a worker's first report; ids are
+    /// handed out and reused by the worker table, which clears a worker before reusing it).
+    blocks: Vec<u64>,
     /// Per worker: (run, position, place in the run's holders) of the block it stored last;
     /// where its next new block is appended if it still holds the run's last block, and
     /// where its next block is looked for first. A hint only: checked before use.
     cursors: Vec<(u32, u32, u32)>,
-    by_key: HashMap<String, WorkerId>,
     pairs: u64,
 }
 
@@ -439,120 +409,42 @@ impl KvIndex {
             table: Table::default(),
             runs: vec![Run::default()],
             free_runs: Vec::new(),
-            workers: Vec::new(),
+            blocks: Vec::new(),
             cursors: Vec::new(),
-            by_key: HashMap::new(),
             pairs: 0,
         }
     }
 
-    /// Interns `key`, returning its id (the same id for the same key; a removed worker is
-    /// revived with its old id and no blocks). `block_size` is updated when non-zero.
-    pub fn upsert_worker(&mut self, key: &str, block_size: usize) -> WorkerId {
-        if let Some(&w) = self.by_key.get(key) {
-            let st = &mut self.workers[w.index()];
-            st.removed = false;
-            if block_size > 0 {
-                st.block_size = block_size;
-            }
-            return w;
+    /// Makes room for worker `w` in the per-worker vectors.
+    fn ensure(&mut self, w: WorkerId) {
+        let i = w.index();
+        if self.blocks.len() <= i {
+            self.blocks.resize(i + 1, 0);
+            self.cursors.resize(i + 1, (0, 0, 0));
         }
-        let id = WorkerId(
-            u32::try_from(self.workers.len())
-                .unwrap_or(u32::MAX - 1)
-                .min(u32::MAX - 1),
-        );
-        self.workers.push(WorkerState {
-            key: key.to_owned(),
-            block_size,
-            epoch: 0,
-            last_update: f64::NEG_INFINITY,
-            blocks: 0,
-            marked_stale: false,
-            removed: false,
-        });
-        self.cursors.push((0, 0, 0));
-        self.by_key.insert(key.to_owned(), id);
-        id
     }
 
-    /// Looks a worker up by key.
-    pub fn worker_id(&self, key: &str) -> Option<WorkerId> {
-        self.by_key.get(key).copied()
+    /// Blocks worker `w` holds (0 for an id never seen).
+    pub fn blocks_of(&self, w: WorkerId) -> u64 {
+        self.blocks.get(w.index()).copied().unwrap_or(0)
     }
 
-    /// A worker's state, if the id was issued by this index.
-    pub fn worker(&self, w: WorkerId) -> Option<&WorkerState> {
-        self.workers.get(w.index())
-    }
-
-    /// Every worker ever registered (removed ones included, flagged).
-    pub fn workers(&self) -> impl Iterator<Item = (WorkerId, &WorkerState)> {
-        self.workers
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (WorkerId(i as u32), s))
-    }
-
-    /// Number of ids issued.
+    /// One past the largest worker id seen (the length of per-worker vectors).
     pub fn worker_count(&self) -> usize {
-        self.workers.len()
+        self.blocks.len()
     }
 
-    /// Records a report of any kind (KV event or load sample) at `now`; clears `mark_stale`.
-    pub fn touch(&mut self, w: WorkerId, now: f64) {
-        if let Some(st) = self.workers.get_mut(w.index()) {
-            if now.is_finite() && now > st.last_update {
-                st.last_update = now;
-            }
-            st.marked_stale = false;
-        }
-    }
-
-    /// Marks a worker's state as not trustworthy (its report stream broke) until it reports
-    /// again. Its blocks are kept: they are probably still mostly there.
-    pub fn mark_stale(&mut self, w: WorkerId) {
-        if let Some(st) = self.workers.get_mut(w.index()) {
-            st.marked_stale = true;
-        }
-    }
-
-    /// Time of the worker's last report.
-    pub fn last_update(&self, w: WorkerId) -> Option<f64> {
-        self.worker(w).map(|s| s.last_update)
-    }
-
-    /// True when the worker was marked stale or has not reported for more than `max_age`.
-    pub fn is_stale(&self, w: WorkerId, now: f64, max_age: f64) -> bool {
-        match self.worker(w) {
-            Some(s) => s.marked_stale || now - s.last_update > max_age,
-            None => true,
-        }
-    }
-
-    /// Sets the worker's block size (from its reports).
-    pub fn set_block_size(&mut self, w: WorkerId, block_size: usize) {
-        if let Some(st) = self.workers.get_mut(w.index()) {
-            st.block_size = block_size;
-        }
-    }
-
-    /// Replaces everything the worker holds with `blocks`, at `epoch`.
-    pub fn apply_snapshot(&mut self, w: WorkerId, epoch: u64, blocks: &[u64], now: f64) {
-        if self.worker(w).is_none() {
-            return;
-        }
+    /// Replaces everything the worker holds with `blocks`.
+    pub fn apply_snapshot(&mut self, w: WorkerId, blocks: &[u64]) {
+        self.ensure(w);
         self.drop_all_blocks(w);
-        self.workers[w.index()].epoch = epoch;
-        self.apply_stored(w, blocks, now);
+        self.apply_stored(w, blocks);
     }
 
     /// Adds blocks to the worker; blocks it already holds are left as they are (stores are
     /// idempotent). Returns how many were new.
-    pub fn apply_stored(&mut self, w: WorkerId, blocks: &[u64], now: f64) -> usize {
-        if self.worker(w).is_none_or(|s| s.removed) {
-            return 0;
-        }
+    pub fn apply_stored(&mut self, w: WorkerId, blocks: &[u64]) -> usize {
+        self.ensure(w);
         let mut added = 0;
         let mut same_call = false;
         for batch in blocks.chunks(16) {
@@ -563,14 +455,13 @@ impl KvIndex {
             }
         }
         self.pairs += added as u64;
-        self.workers[w.index()].blocks += added as u64;
-        self.touch(w, now);
+        self.blocks[w.index()] += added as u64;
         added
     }
 
     /// Removes blocks from the worker; unknown ones are ignored. Returns how many it held.
-    pub fn apply_removed(&mut self, w: WorkerId, blocks: &[u64], now: f64) -> usize {
-        if self.worker(w).is_none() {
+    pub fn apply_removed(&mut self, w: WorkerId, blocks: &[u64]) -> usize {
+        if w.index() >= self.blocks.len() {
             return 0;
         }
         let mut removed = 0;
@@ -581,38 +472,26 @@ impl KvIndex {
             }
         }
         self.pairs = self.pairs.saturating_sub(removed as u64);
-        let st = &mut self.workers[w.index()];
-        st.blocks = st.blocks.saturating_sub(removed as u64);
-        self.touch(w, now);
+        let held = &mut self.blocks[w.index()];
+        *held = held.saturating_sub(removed as u64);
         removed
     }
 
     /// Drops every block of the worker (vLLM reset its prefix cache or restarted).
-    pub fn clear(&mut self, w: WorkerId, now: f64) {
-        if self.worker(w).is_none() {
-            return;
+    pub fn clear(&mut self, w: WorkerId) {
+        if w.index() < self.blocks.len() {
+            self.drop_all_blocks(w);
         }
-        self.drop_all_blocks(w);
-        self.touch(w, now);
-    }
-
-    /// Drops the worker's blocks and retires it; its id stays reserved.
-    pub fn remove_worker(&mut self, w: WorkerId) {
-        if self.worker(w).is_none() {
-            return;
-        }
-        self.drop_all_blocks(w);
-        self.workers[w.index()].removed = true;
     }
 
     fn drop_all_blocks(&mut self, w: WorkerId) {
         self.cursors[w.index()] = (0, 0, 0);
-        let st = &mut self.workers[w.index()];
-        if st.blocks == 0 {
+        let held = &mut self.blocks[w.index()];
+        if *held == 0 {
             return;
         }
-        let dropped = st.blocks;
-        st.blocks = 0;
+        let dropped = *held;
+        *held = 0;
         for r in 1..self.runs.len() {
             let run = &mut self.runs[r];
             if let Ok(i) = run.holders.binary_search_by_key(&w.0, |h| h.0) {
@@ -1085,7 +964,7 @@ impl KvIndex {
             live.list.truncate(k);
         } else {
             // one pass over each: mark the live workers, walk the holders
-            let words = self.workers.len() / 64 + 1;
+            let words = self.blocks.len() / 64 + 1;
             bits.clear();
             bits.resize(words, 0);
             for &w in &live.list {
@@ -1174,7 +1053,7 @@ impl KvIndex {
     fn check_invariants(&self) {
         let mut blocks = 0;
         let mut pairs = 0u64;
-        let mut per_worker = vec![0u64; self.workers.len()];
+        let mut per_worker = vec![0u64; self.blocks.len()];
         for (r, run) in self.runs.iter().enumerate().skip(1) {
             if run.holders.is_empty() {
                 assert!(run.hashes.is_empty(), "run {r}: blocks without holders");
@@ -1226,8 +1105,8 @@ impl KvIndex {
             }
         }
         assert_eq!(self.pairs, pairs, "pair count");
-        for (w, st) in self.workers.iter().enumerate() {
-            assert_eq!(st.blocks, per_worker[w], "worker {w}: block count");
+        for (w, &held) in self.blocks.iter().enumerate() {
+            assert_eq!(held, per_worker[w], "worker {w}: block count");
         }
     }
 
@@ -1242,510 +1121,5 @@ impl KvIndex {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn matches(ix: &KvIndex, hashes: &[u64]) -> Vec<(WorkerId, usize)> {
-        let mut out = Vec::new();
-        ix.match_prefix(hashes, &mut out);
-        out.sort();
-        out
-    }
-
-    #[test]
-    fn stores_are_idempotent_and_counted() {
-        let mut ix = KvIndex::new(7);
-        let a = ix.upsert_worker("a", 16);
-        assert_eq!(ix.apply_stored(a, &[1, 2, 3], 1.0), 3);
-        assert_eq!(ix.apply_stored(a, &[1, 2, 3, 4], 2.0), 1);
-        assert_eq!(ix.worker(a).map(|s| s.blocks), Some(4));
-        assert_eq!(ix.pairs(), 4);
-        assert_eq!(ix.last_update(a), Some(2.0));
-        assert_eq!(ix.upsert_worker("a", 0), a);
-    }
-
-    #[test]
-    fn leading_blocks_per_worker_stop_at_gaps() {
-        let mut ix = KvIndex::new(1);
-        let a = ix.upsert_worker("a", 16);
-        let b = ix.upsert_worker("b", 16);
-        let c = ix.upsert_worker("c", 16);
-        ix.apply_stored(a, &[10, 11, 12, 13], 0.0);
-        ix.apply_stored(b, &[10, 11], 0.0);
-        ix.apply_stored(c, &[10, 12, 13], 0.0); // gap at 11
-        assert_eq!(
-            matches(&ix, &[10, 11, 12, 13, 14]),
-            vec![(a, 4), (b, 2), (c, 1)]
-        );
-        assert_eq!(matches(&ix, &[11, 12]), vec![(a, 2), (b, 1)]);
-        assert!(matches(&ix, &[99, 10]).is_empty());
-        assert!(matches(&ix, &[]).is_empty());
-        assert_eq!(ix.matched_blocks(c, &[10, 11, 12]), 1);
-    }
-
-    #[test]
-    fn many_holders_use_sets_and_shrink_back() {
-        let mut ix = KvIndex::new(3);
-        let ws: Vec<WorkerId> = (0..5)
-            .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
-            .collect();
-        for &w in &ws {
-            ix.apply_stored(w, &[1, 2], 0.0);
-        }
-        assert_eq!(
-            matches(&ix, &[1, 2]),
-            ws.iter().map(|&w| (w, 2)).collect::<Vec<_>>()
-        );
-        for &w in &ws[..4] {
-            assert_eq!(ix.apply_removed(w, &[2], 1.0), 1);
-        }
-        assert_eq!(ix.apply_removed(ws[0], &[2], 1.0), 0);
-        let got = matches(&ix, &[1, 2]);
-        assert_eq!(
-            got,
-            vec![(ws[0], 1), (ws[1], 1), (ws[2], 1), (ws[3], 1), (ws[4], 2)]
-        );
-        // a set slot freed by shrinking is reused
-        for &w in &ws {
-            ix.apply_stored(w, &[3], 0.0);
-        }
-        assert_eq!(ix.pairs(), 5 + 1 + 5);
-    }
-
-    #[test]
-    fn clear_snapshot_and_remove_worker() {
-        let mut ix = KvIndex::new(0);
-        let a = ix.upsert_worker("a", 16);
-        let b = ix.upsert_worker("b", 16);
-        let c = ix.upsert_worker("c", 16);
-        ix.apply_stored(a, &[1, 2, 3], 0.0);
-        ix.apply_stored(b, &[1, 2], 0.0);
-        ix.apply_stored(c, &[1], 0.0);
-        ix.clear(a, 1.0);
-        assert_eq!(matches(&ix, &[1, 2, 3]), vec![(b, 2), (c, 1)]);
-        assert_eq!(ix.distinct_blocks(), 2);
-        ix.apply_snapshot(b, 5, &[7, 8], 2.0);
-        assert_eq!(ix.worker(b).map(|s| (s.epoch, s.blocks)), Some((5, 2)));
-        assert_eq!(matches(&ix, &[1, 2]), vec![(c, 1)]);
-        assert_eq!(matches(&ix, &[7, 8]), vec![(b, 2)]);
-        ix.remove_worker(b);
-        assert!(matches(&ix, &[7]).is_empty());
-        assert_eq!(
-            ix.apply_stored(b, &[7], 3.0),
-            0,
-            "removed workers take no blocks"
-        );
-        assert_eq!(ix.pairs(), 1);
-        assert_eq!(
-            ix.upsert_worker("b", 16),
-            b,
-            "a returning worker keeps its id"
-        );
-        assert_eq!(ix.apply_stored(b, &[7], 3.0), 1);
-    }
-
-    #[test]
-    fn staleness_by_age_and_mark() {
-        let mut ix = KvIndex::new(0);
-        let a = ix.upsert_worker("a", 16);
-        assert!(ix.is_stale(a, 0.0, 5.0), "never reported");
-        ix.touch(a, 10.0);
-        assert!(!ix.is_stale(a, 14.0, 5.0));
-        assert!(ix.is_stale(a, 15.5, 5.0));
-        ix.mark_stale(a);
-        assert!(ix.is_stale(a, 10.0, 5.0));
-        ix.apply_stored(a, &[1], 11.0);
-        assert!(!ix.is_stale(a, 11.0, 5.0));
-        assert!(ix.is_stale(WorkerId(99), 0.0, 5.0));
-    }
-
-    #[test]
-    fn unknown_workers_are_ignored() {
-        let mut ix = KvIndex::new(0);
-        assert_eq!(ix.apply_stored(WorkerId(3), &[1], 0.0), 0);
-        assert_eq!(ix.apply_removed(WorkerId(3), &[1], 0.0), 0);
-        ix.clear(WorkerId(3), 0.0);
-        ix.apply_snapshot(WorkerId(3), 1, &[1], 0.0);
-        ix.remove_worker(WorkerId(3));
-        assert_eq!(ix.distinct_blocks(), 0);
-    }
-
-    /// Random stores, removals, clears and snapshots over `active` workers (of `total`
-    /// registered), checking every lookup and count against per-worker hash sets.
-    fn random_against_naive(seed: u64, total: usize, active: &[usize], steps: u64) {
-        use std::collections::HashSet;
-        let mut state = seed;
-        let mut next = |n: u64| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) % n
-        };
-        let mut ix = KvIndex::new(seed ^ 11);
-        let all: Vec<WorkerId> = (0..total)
-            .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
-            .collect();
-        let ws: Vec<WorkerId> = active.iter().map(|&i| all[i]).collect();
-        let mut naive: Vec<HashSet<u64>> = vec![HashSet::new(); ws.len()];
-        let chain: Vec<u64> = (100..140).collect();
-        for step in 0..steps {
-            let w = next(ws.len() as u64) as usize;
-            match next(10) {
-                0..=4 => {
-                    // store a prefix of the chain, sometimes starting mid-chain (a gap)
-                    let from = if next(4) == 0 { next(20) as usize } else { 0 };
-                    let to = from + next(20) as usize;
-                    ix.apply_stored(ws[w], &chain[from..to], 0.0);
-                    naive[w].extend(&chain[from..to]);
-                }
-                5..=7 => {
-                    let h = chain[next(40) as usize];
-                    ix.apply_removed(ws[w], &[h], 0.0);
-                    naive[w].remove(&h);
-                }
-                8 => {
-                    if next(8) == 0 {
-                        ix.clear(ws[w], 0.0);
-                        naive[w].clear();
-                    }
-                }
-                _ => {
-                    let blocks: Vec<u64> = (0..next(5)).map(|_| chain[next(40) as usize]).collect();
-                    ix.apply_snapshot(ws[w], step, &blocks, 0.0);
-                    naive[w] = blocks.into_iter().collect();
-                }
-            }
-            let start = next(3) as usize;
-            let query = &chain[start..];
-            let depth = |set: &HashSet<u64>| query.iter().take_while(|h| set.contains(h)).count();
-            let mut want: Vec<(WorkerId, usize)> = ws
-                .iter()
-                .zip(&naive)
-                .map(|(&w, set)| (w, depth(set)))
-                .filter(|&(_, n)| n > 0)
-                .collect();
-            want.sort();
-            ix.check_invariants();
-            assert_eq!(matches(&ix, query), want, "step {step}");
-            let probe = next(ws.len() as u64) as usize;
-            assert_eq!(ix.matched_blocks(ws[probe], query), depth(&naive[probe]));
-            let pairs: usize = naive.iter().map(HashSet::len).sum();
-            assert_eq!(ix.pairs(), pairs as u64);
-        }
-    }
-
-    #[test]
-    fn random_operations_match_a_naive_model() {
-        // few workers: every set of 3+ is a bitset
-        random_against_naive(0x5eed, 7, &[0, 1, 2, 3, 4, 5, 6], 3_000);
-    }
-
-    #[test]
-    fn random_operations_match_a_naive_model_with_sparse_ids() {
-        // high, sparse ids: sets start as sorted lists and switch to bitsets past 8 members
-        let active: Vec<usize> = (0..24).map(|i| i * 11 + 3).collect();
-        random_against_naive(0xfeed, 300, &active, 3_000);
-    }
-
-    #[test]
-    fn random_operations_match_a_naive_model_many_workers() {
-        // wide bitsets (several words) narrowing word by word
-        let active: Vec<usize> = (0..90).collect();
-        random_against_naive(0xbeef, 90, &active, 2_000);
-    }
-
-    /// A chain of `n` block hashes, distinct per `seed` (sharing nothing with other seeds).
-    fn ch(seed: u64, n: usize) -> Vec<u64> {
-        (0..n as u64)
-            .map(|i| fold(seed * 1_000_003 + i + 1))
-            .collect()
-    }
-
-    #[test]
-    fn a_chain_stored_in_batches_is_one_run() {
-        let mut ix = KvIndex::new(5);
-        let a = ix.upsert_worker("a", 16);
-        let c = ch(1, 200);
-        for b in c.chunks(16) {
-            ix.apply_stored(a, b, 0.0);
-        }
-        assert_eq!(ix.run_count(), 1);
-        assert_eq!(matches(&ix, &c), vec![(a, 200)]);
-        ix.check_invariants();
-    }
-
-    #[test]
-    fn a_run_splits_where_a_holder_set_diverges() {
-        let mut ix = KvIndex::new(5);
-        let a = ix.upsert_worker("a", 16);
-        let b = ix.upsert_worker("b", 16);
-        let c = ch(1, 100);
-        ix.apply_stored(a, &c, 0.0);
-        // b holds blocks 40..60 only: not a prefix of the run, which splits around them
-        ix.apply_stored(b, &c[40..60], 0.0);
-        ix.check_invariants();
-        assert_eq!(
-            ix.run_count(),
-            2,
-            "cut at 40; b's blocks are a prefix of the tail"
-        );
-        assert_eq!(matches(&ix, &c), vec![(a, 100)]);
-        assert_eq!(matches(&ix, &c[40..]), vec![(a, 60), (b, 20)]);
-        assert_eq!(ix.matched_blocks(b, &c[40..]), 20);
-        // b fills the gap from the start: its holding of the first run becomes a prefix
-        ix.apply_stored(b, &c[..40], 0.0);
-        ix.check_invariants();
-        assert_eq!(matches(&ix, &c), vec![(a, 100), (b, 60)]);
-    }
-
-    #[test]
-    fn removal_from_the_middle_of_a_run() {
-        let mut ix = KvIndex::new(5);
-        let a = ix.upsert_worker("a", 16);
-        let b = ix.upsert_worker("b", 16);
-        let c = ch(2, 64);
-        ix.apply_stored(a, &c, 0.0);
-        ix.apply_stored(b, &c, 0.0);
-        assert_eq!(ix.apply_removed(a, &[c[20]], 1.0), 1);
-        ix.check_invariants();
-        assert_eq!(matches(&ix, &c), vec![(a, 20), (b, 64)]);
-        assert_eq!(matches(&ix, &c[21..]), vec![(a, 43), (b, 43)]);
-        assert_eq!(ix.distinct_blocks(), 64, "b still holds the block");
-        assert_eq!(ix.apply_removed(b, &[c[20]], 1.0), 1);
-        ix.check_invariants();
-        assert_eq!(ix.distinct_blocks(), 63);
-        assert_eq!(matches(&ix, &c), vec![(a, 20), (b, 20)]);
-        assert_eq!(ix.apply_removed(b, &[c[20]], 1.0), 0, "already gone");
-    }
-
-    #[test]
-    fn evicting_a_runs_tail_drops_its_blocks() {
-        let mut ix = KvIndex::new(5);
-        let a = ix.upsert_worker("a", 16);
-        let b = ix.upsert_worker("b", 16);
-        let c = ch(3, 50);
-        ix.apply_stored(a, &c, 0.0);
-        ix.apply_stored(b, &c[..10], 0.0);
-        for h in c[10..].iter().rev() {
-            assert_eq!(ix.apply_removed(a, &[*h], 1.0), 1);
-            ix.check_invariants();
-        }
-        assert_eq!(ix.distinct_blocks(), 10);
-        assert_eq!(matches(&ix, &c), vec![(a, 10), (b, 10)]);
-        // the worker's next blocks extend the run again
-        ix.apply_stored(a, &c[10..20], 2.0);
-        ix.check_invariants();
-        assert_eq!(matches(&ix, &c), vec![(a, 20), (b, 10)]);
-        for &h in c.iter().rev() {
-            ix.apply_removed(a, &[h], 3.0);
-            ix.apply_removed(b, &[h], 3.0);
-        }
-        ix.check_invariants();
-        assert_eq!(
-            (ix.distinct_blocks(), ix.pairs(), ix.run_count()),
-            (0, 0, 0)
-        );
-    }
-
-    #[test]
-    fn a_chain_shared_by_many_workers_at_different_depths() {
-        let mut ix = KvIndex::new(5);
-        let c = ch(4, 300);
-        let ws: Vec<WorkerId> = (0..120)
-            .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
-            .collect();
-        for (i, &w) in ws.iter().enumerate() {
-            let depth = (i * 37) % 301;
-            for b in c[..depth].chunks(16) {
-                ix.apply_stored(w, b, 0.0);
-            }
-            // unrelated blocks after the chain, as a busy worker stores them
-            ix.apply_stored(w, &ch(1_000 + i as u64, 20), 0.0);
-        }
-        ix.check_invariants();
-        let want: Vec<(WorkerId, usize)> = ws
-            .iter()
-            .enumerate()
-            .map(|(i, &w)| (w, (i * 37) % 301))
-            .filter(|&(_, d)| d > 0)
-            .collect();
-        // twice: the second lookup uses the by-end summaries built by the first
-        assert_eq!(matches(&ix, &c), want);
-        assert_eq!(matches(&ix, &c), want);
-        for (i, &w) in ws.iter().enumerate() {
-            assert_eq!(ix.matched_blocks(w, &c), (i * 37) % 301);
-        }
-        // a shorter query and one starting mid-chain
-        let short: Vec<(WorkerId, usize)> = want.iter().map(|&(w, d)| (w, d.min(100))).collect();
-        assert_eq!(matches(&ix, &c[..100]), short);
-        let mid: Vec<(WorkerId, usize)> = want
-            .iter()
-            .filter(|&&(_, d)| d > 150)
-            .map(|&(w, d)| (w, d - 150))
-            .collect();
-        assert_eq!(matches(&ix, &c[150..]), mid);
-    }
-
-    #[test]
-    fn snapshots_and_clear_replace_runs() {
-        let mut ix = KvIndex::new(5);
-        let ws: Vec<WorkerId> = (0..20)
-            .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
-            .collect();
-        let c = ch(5, 80);
-        for &w in &ws {
-            ix.apply_stored(w, &c, 0.0);
-        }
-        // a snapshot in no particular order, sharing half the chain
-        let mut snap: Vec<u64> = c[..40].iter().rev().copied().collect();
-        snap.extend(ch(6, 10));
-        ix.apply_snapshot(ws[3], 2, &snap, 1.0);
-        ix.check_invariants();
-        let got = matches(&ix, &c);
-        assert_eq!(got.len(), 20);
-        assert!(
-            got.iter()
-                .all(|&(w, d)| d == if w == ws[3] { 40 } else { 80 })
-        );
-        assert_eq!(matches(&ix, &ch(6, 10)), vec![(ws[3], 10)]);
-        for (i, &w) in ws[..19].iter().enumerate() {
-            if i != 3 {
-                ix.clear(w, 2.0);
-                ix.check_invariants();
-            }
-        }
-        assert_eq!(matches(&ix, &c), vec![(ws[3], 40), (ws[19], 80)]);
-        ix.remove_worker(ws[19]);
-        ix.check_invariants();
-        assert_eq!(matches(&ix, &c), vec![(ws[3], 40)]);
-        assert_eq!(ix.pairs(), 50);
-    }
-
-    /// vLLM-like traffic against per-worker hash sets: conversations on a few shared system
-    /// prompts, stored in batches that follow their chains (interleaved between requests),
-    /// evicted leaf first or at random, plus clears, shuffled snapshots and worker removal.
-    /// After every step the lookups of several prompts agree with the model and the layout's
-    /// invariants hold.
-    fn chains_against_naive(seed: u64, workers: usize, steps: usize) {
-        use std::collections::HashSet;
-        let mut state = seed;
-        let mut next = |n: u64| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) % n.max(1)
-        };
-        // prompts: a system prefix (one of 3) followed by a private part
-        let prefixes: Vec<Vec<u64>> = (0..3).map(|p| ch(900 + p, 8 + 8 * p as usize)).collect();
-        let prompts: Vec<Vec<u64>> = (0..24u64)
-            .map(|i| {
-                let mut v = prefixes[(i % 3) as usize].clone();
-                // chained hashes: the private part depends on the prefix it follows
-                v.extend(ch(2_000 + i, 10 + (i as usize * 7) % 40));
-                v
-            })
-            .collect();
-        let mut ix = KvIndex::new(seed);
-        let ws: Vec<WorkerId> = (0..workers)
-            .map(|i| ix.upsert_worker(&format!("w{i}"), 16))
-            .collect();
-        let mut naive: Vec<HashSet<u64>> = vec![HashSet::new(); workers];
-        let mut removed = vec![false; workers];
-        let mut out = Vec::new();
-        for step in 0..steps {
-            let w = next(workers as u64) as usize;
-            let p = &prompts[next(prompts.len() as u64) as usize];
-            match next(20) {
-                0..=9 => {
-                    // a request's blocks, in batches from some depth, following the chain
-                    let from = next(p.len() as u64 / 2) as usize;
-                    let to = from + next((p.len() - from) as u64 + 1) as usize;
-                    for b in p[from..to].chunks(1 + next(16) as usize) {
-                        ix.apply_stored(ws[w], b, 0.0);
-                        if !removed[w] {
-                            naive[w].extend(b);
-                        }
-                    }
-                }
-                10..=13 => {
-                    // leaf-first eviction of a chain's tail
-                    let n = next(12) as usize;
-                    for &h in p.iter().rev().take(n) {
-                        ix.apply_removed(ws[w], &[h], 0.0);
-                        naive[w].remove(&h);
-                    }
-                }
-                14..=15 => {
-                    let h = p[next(p.len() as u64) as usize];
-                    ix.apply_removed(ws[w], &[h], 0.0);
-                    naive[w].remove(&h);
-                }
-                16 => {
-                    ix.clear(ws[w], 0.0);
-                    naive[w].clear();
-                }
-                17 | 18 => {
-                    let mut blocks: Vec<u64> = naive[w].iter().copied().collect();
-                    blocks.sort_unstable();
-                    blocks.truncate(next(blocks.len() as u64 + 1) as usize);
-                    blocks.extend(p.iter().take(next(p.len() as u64) as usize));
-                    ix.apply_snapshot(ws[w], step as u64, &blocks, 0.0);
-                    naive[w] = if removed[w] {
-                        HashSet::new()
-                    } else {
-                        blocks.into_iter().collect()
-                    };
-                }
-                _ => {
-                    if removed[w] {
-                        ix.upsert_worker(&format!("w{w}"), 16);
-                        removed[w] = false;
-                    } else if next(4) == 0 {
-                        ix.remove_worker(ws[w]);
-                        naive[w].clear();
-                        removed[w] = true;
-                    }
-                }
-            }
-            ix.check_invariants();
-            for _ in 0..3 {
-                let q = &prompts[next(prompts.len() as u64) as usize];
-                let q = &q[next(3) as usize..];
-                let depth = |set: &HashSet<u64>| q.iter().take_while(|h| set.contains(h)).count();
-                let mut want: Vec<(WorkerId, usize)> = ws
-                    .iter()
-                    .zip(&naive)
-                    .map(|(&w, set)| (w, depth(set)))
-                    .filter(|&(_, n)| n > 0)
-                    .collect();
-                want.sort();
-                ix.match_prefix(q, &mut out);
-                out.sort();
-                assert_eq!(out, want, "step {step}");
-                let probe = next(workers as u64) as usize;
-                assert_eq!(ix.matched_blocks(ws[probe], q), depth(&naive[probe]));
-            }
-        }
-    }
-
-    #[test]
-    fn chained_traffic_matches_a_naive_model() {
-        chains_against_naive(0xc0ffee, 5, 3_000);
-    }
-
-    #[test]
-    fn chained_traffic_matches_a_naive_model_many_workers() {
-        // enough holders per run for the by-end summaries and the bitset narrowing
-        chains_against_naive(0xdecade, 60, 1_500);
-    }
-
-    #[test]
-    fn memory_estimate_grows_with_blocks() {
-        let mut ix = KvIndex::new(0);
-        let a = ix.upsert_worker("a", 16);
-        let blocks: Vec<u64> = (0..10_000).collect();
-        ix.apply_stored(a, &blocks, 0.0);
-        let per_pair = ix.memory_bytes() as f64 / ix.pairs() as f64;
-        assert!(per_pair > 16.0 && per_pair < 64.0, "{per_pair}");
-    }
-}
+#[path = "index_tests.rs"]
+mod tests;

@@ -9,17 +9,19 @@
 //! Assignments <-- assign / first_token / finish / abort / expire <-- Decision
 //! ```
 //!
-//! # API (stable: additions only)
-//! - [`RoutingCore`] bundles everything for the service: `upsert_worker(key, block_size)`,
-//!   `index.apply_snapshot / apply_stored / apply_removed / clear / mark_stale`,
-//!   `set_load(w, LoadSample, now)`, `context(&RouteRequest, allowed, now)`,
-//!   `decide(&mut dyn Policy, &RouteRequest, allowed, now) -> Option<Decision>`,
-//!   `assign(&Decision, now) -> AssignmentId`, `first_token(id, now, Option<observed>)`,
-//!   `finish(id)`, `abort(id)`, `expire(now, ttl)`, `remove_worker(w)`.
-//! - [`KvIndex`]: workers interned as [`WorkerId`]; `match_prefix(hashes, &mut out)` gives
+//! # API
+//! - [`RoutingCore`] is all the service needs. Events in: `snapshot(key, block_size, epoch,
+//!   blocks, now) -> WorkerId` (a stream opened), `stored / removed / cleared(w, blocks,
+//!   now)`, `load(w, LoadSample, now)`, `stream_closed(w, now)`, `retire(w)`,
+//!   `retire_gone(now, grace, listed)`. Decisions out: `plan(&RouteRequest, allowed, now) ->
+//!   Plan`, a [`Policy`] chooses from `plan.context`, `assign(&plan, &decision, now) ->
+//!   AssignmentId`, then `first_token(id, now, observed)`, `finish_observed / finish /
+//!   abort(id)`, `expire(now, ttl)`. Its index, predictor and assignments are private.
+//! - [`WorkerTable`] (inside the core): one slot per worker with its key, block size, epoch,
+//!   stream liveness, load and KV capacity, and the lifecycle (see `workers.rs`).
+//! - [`KvIndex`]: blocks per [`WorkerId`]; `match_prefix(hashes, &mut out)` gives
 //!   `(worker, leading blocks held)`.
 //! - [`Predictor`]: `predict(w, queue_tokens, uncached_tokens)`, `observe(...)`, `error()`.
-//! - [`Assignments`]: the router's outstanding requests, each released exactly once.
 //! - [`Policy`] (object-safe) with [`ChoiceContext`] in and [`Decision`] out (serde
 //!   `Serialize` for `/debug/explain`); [`policy_by_name`] builds `kvroute`, `random`,
 //!   `round-robin`, `least-loaded`, `max-prefix`, `dynamo-cost`, `sglang-cache-aware`.
@@ -34,7 +36,7 @@
 //!   `saturated_kv_usage`) new requests also wait for KV space; the prediction adds a learned
 //!   wait per queued request times the requests queued (`Candidate.admission_wait`), learned
 //!   from first tokens of requests sent while it was saturated (zero until then).
-//! - Stale worker (marked stale, or silent for `stale_after_s`): its indexed leading blocks
+//! - A worker whose stream is closed is no candidate. Stale worker (silent for `stale_after_s`): its indexed leading blocks
 //!   count at `stale_cache_trust` (0.5) and `stale_penalty_s` (0.1 s) is added: neither trusted
 //!   warm nor assumed empty.
 //! - Pending overlay: the blocks of a prompt the router sent to a worker count as cached there
@@ -48,13 +50,17 @@
 //! - Degraded (no tokens): no cache figures, predictions from queue and overhead alone, the
 //!   decision is marked `degraded` with reason `degraded_load_only`.
 
+mod admission;
 mod assign;
 mod choose;
 mod core;
 mod index;
+mod overlay;
+mod plan;
 mod policies;
 mod predict;
 mod request;
+mod workers;
 
 pub use assign::{
     Assignment, AssignmentId, AssignmentState, Assignments, FirstToken, NewAssignment,
@@ -64,8 +70,9 @@ pub use choose::{
     Candidate, CandidateReport, ChoiceContext, Decision, Policy, PredictedTtft,
     PredictedTtftConfig, Reason,
 };
-pub use core::{CoreConfig, LoadSample, RouteRequest, RoutingCore};
-pub use index::{KvIndex, WorkerId, WorkerState};
+pub use core::{CoreConfig, IndexStats, Retired, RouteRequest, RoutingCore};
+pub use index::KvIndex;
+pub use plan::Plan;
 pub use policies::{
     DynamoCost, DynamoCostConfig, LeastLoaded, MaxPrefix, MaxPrefixWeights, POLICY_NAMES,
     RandomPolicy, RoundRobin, SglangCacheAware, SglangCacheAwareConfig, UnknownPolicy,
@@ -73,3 +80,4 @@ pub use policies::{
 };
 pub use predict::{ErrorStats, Predictor, PredictorConfig, WorkerModel};
 pub use request::PromptHashes;
+pub use workers::{LoadSample, Worker, WorkerId, WorkerTable};

@@ -422,7 +422,7 @@ impl Policy for SglangCacheAware {
 #[cfg(test)]
 mod tests {
     use super::super::choose::Candidate;
-    use super::super::index::WorkerId;
+    use super::super::workers::WorkerId;
     use super::*;
 
     fn c(w: u32) -> Candidate {

@@ -15,7 +15,7 @@
 
 use serde::Serialize;
 
-use super::index::WorkerId;
+use super::workers::WorkerId;
 
 /// Prior and learning settings.
 #[derive(Clone, Debug, Serialize)]
@@ -271,6 +271,14 @@ impl Predictor {
             self.models.resize(i + 1, m);
         }
         &mut self.models[i]
+    }
+
+    /// Forgets what was learned about `w` (it was retired; its id may be reused): it starts
+    /// from the prior again. Pool-wide error figures are kept.
+    pub fn forget(&mut self, w: WorkerId) {
+        if let Some(m) = self.models.get_mut(w.index()) {
+            *m = WorkerModel::new(&self.cfg);
+        }
     }
 
     /// The worker's model, if it has one yet (otherwise the prior applies).

@@ -1,0 +1,458 @@
+//! Unit tests of the routing core: decisions, lifecycle, assignments, KV admission.
+
+use super::super::choose::{PredictedTtft, PredictedTtftConfig, Reason};
+use super::super::request::PromptHashes;
+use super::*;
+
+fn req(tokens: &[u32]) -> RouteRequest<'_> {
+    RouteRequest {
+        tokens: Some(tokens),
+        model: "m",
+        lora: None,
+        cache_salt: None,
+        max_tokens: None,
+    }
+}
+
+fn chain(tokens: &[u32], bs: usize) -> Vec<u64> {
+    PromptHashes::new(tokens, "m", None, None)
+        .chain(bs)
+        .to_vec()
+}
+
+/// Two workers, the prompt (4,096 tokens) fully cached on `warm`.
+fn setup() -> (RoutingCore, WorkerId, WorkerId, Vec<u32>) {
+    let mut core = RoutingCore::new(CoreConfig::default());
+    let warm = core.snapshot("warm", 16, 1, &[], 0.0);
+    let cold = core.snapshot("cold", 16, 1, &[], 0.0);
+    let tokens: Vec<u32> = (0..4_096).collect();
+    core.stored(warm, &chain(&tokens, 16), 0.0);
+    core.load(warm, LoadSample::default(), 0.0);
+    core.load(cold, LoadSample::default(), 0.0);
+    (core, warm, cold, tokens)
+}
+
+#[test]
+fn prefers_the_warm_worker_when_both_are_idle() {
+    let (core, warm, cold, tokens) = setup();
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let (_, d) = core
+        .decide(&mut p, &req(&tokens), &[warm, cold], 1.0)
+        .expect("decision");
+    assert_eq!(d.chosen, warm);
+    assert_eq!(d.reason, Reason::LowestPredictedTtft);
+    let c = d.chosen_candidate().expect("chosen");
+    assert_eq!(
+        (c.cached_blocks, c.cached_tokens, c.prompt_blocks),
+        (256, 4_096, 256)
+    );
+    assert!(
+        d.candidates
+            .iter()
+            .any(|r| r.candidate.worker == cold && r.candidate.cached_blocks == 0)
+    );
+}
+
+#[test]
+fn prefers_an_idle_cold_worker_over_a_warm_one_with_a_long_queue() {
+    let (mut core, warm, cold, tokens) = setup();
+    // 8 waiting requests on the warm one (~8k tokens of prefill ahead) vs 4k to recompute.
+    core.load(
+        warm,
+        LoadSample {
+            waiting: 8,
+            running: 4,
+            kv_usage: 0.5,
+            ..LoadSample::default()
+        },
+        1.0,
+    );
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let (_, d) = core
+        .decide(&mut p, &req(&tokens), &[warm, cold], 1.0)
+        .expect("decision");
+    assert_eq!(
+        d.chosen,
+        cold,
+        "{}",
+        serde_json::to_string(&d).unwrap_or_default()
+    );
+}
+
+#[test]
+fn own_assignments_count_as_queue_before_reports_catch_up() {
+    let (mut core, warm, cold, tokens) = setup();
+    let other: Vec<u32> = (10_000..18_000).collect();
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    // Send three cold 8k prompts to `warm` (the router decides where, here by hand).
+    let mut plan = core.plan(&req(&other), &[warm], 1.0);
+    plan.context.candidates.truncate(1);
+    let d = p.choose(&plan.context, 1.0).expect("decision");
+    for _ in 0..3 {
+        core.assign(&plan, &d, 1.0);
+    }
+    assert_eq!(
+        core.assignments.inflight(warm).waiting_prefill_tokens,
+        24_000
+    );
+    let (_, d) = core
+        .decide(&mut p, &req(&tokens), &[warm, cold], 1.1)
+        .expect("decision");
+    assert_eq!(d.chosen, cold);
+}
+
+#[test]
+fn stale_workers_are_neither_warm_nor_empty() {
+    let (mut core, warm, cold, tokens) = setup();
+    // warm last reported at 0, cold reports at 11: past stale_after_s (10) for warm.
+    core.load(cold, LoadSample::default(), 11.0);
+    let ctx = core.plan(&req(&tokens), &[warm, cold], 11.0).context;
+    let w = &ctx.candidates[0];
+    let c = &ctx.candidates[1];
+    assert!(w.stale && !c.stale);
+    assert_eq!(w.cached_tokens, 4_096, "the index still reports its blocks");
+    assert!((w.expected_cached_tokens - 2_048.0).abs() < 1e-9);
+    // Between a fresh warm prediction and a cold one.
+    let fresh = core.predictor.predict(warm, 0.0, 0.0);
+    assert!(w.predicted_ttft > fresh + 0.1 - 1e-9 && w.predicted_ttft < c.predicted_ttft);
+    // Silence past stale_after_s makes a worker stale too.
+    let ctx = core.plan(&req(&tokens), &[cold], 22.0).context;
+    assert!(ctx.candidates[0].stale);
+}
+
+#[test]
+fn a_closed_stream_is_no_candidate_until_a_new_snapshot() {
+    let (mut core, warm, cold, tokens) = setup();
+    core.stream_closed(warm, 1.0);
+    let ctx = core.plan(&req(&tokens), &[warm, cold], 1.0).context;
+    assert_eq!(ctx.candidates.len(), 1);
+    assert_eq!(ctx.candidates[0].worker, cold);
+    assert_eq!(core.blocks_of(warm), 256, "blocks kept for a reconnect");
+    let again = core.snapshot("warm", 16, 2, &chain(&tokens, 16)[..10], 2.0);
+    assert_eq!(again, warm);
+    let ctx = core.plan(&req(&tokens), &[warm, cold], 2.0).context;
+    assert_eq!(ctx.candidates.len(), 2);
+    assert_eq!(
+        ctx.candidates[0].cached_blocks, 10,
+        "the snapshot replaced its blocks"
+    );
+}
+
+#[test]
+fn degraded_without_tokens() {
+    let (mut core, warm, cold, _) = setup();
+    core.load(
+        warm,
+        LoadSample {
+            waiting: 3,
+            running: 0,
+            kv_usage: 0.1,
+            ..LoadSample::default()
+        },
+        1.0,
+    );
+    let r = RouteRequest {
+        tokens: None,
+        model: "m",
+        lora: None,
+        cache_salt: None,
+        max_tokens: None,
+    };
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let (_, d) = core
+        .decide(&mut p, &r, &[warm, cold], 1.0)
+        .expect("decision");
+    assert!(d.degraded);
+    assert_eq!(d.reason, Reason::DegradedLoadOnly);
+    assert_eq!(d.chosen, cold);
+    assert!(d.candidates.iter().all(|c| c.candidate.cached_blocks == 0));
+}
+
+#[test]
+fn mixed_block_sizes_and_unknown_or_removed_workers() {
+    let (mut core, warm, cold, tokens) = setup();
+    let big = core.snapshot("big", 32, 1, &[], 0.0);
+    core.stored(big, &chain(&tokens[..1024], 32), 0.0);
+    let gone = core.snapshot("gone", 16, 1, &[], 0.0);
+    core.retire(gone);
+    let ctx = core
+        .plan(&req(&tokens), &[warm, big, WorkerId(77), gone, cold], 1.0)
+        .context;
+    let got: Vec<(u32, usize, usize)> = ctx
+        .candidates
+        .iter()
+        .map(|c| (c.worker.0, c.cached_blocks, c.prompt_blocks))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(warm.0, 256, 256), (big.0, 32, 128), (cold.0, 0, 256)]
+    );
+    // Scratch state is reset between calls.
+    let ctx = core.plan(&req(&tokens[..16]), &[cold, big], 1.0).context;
+    assert!(ctx.candidates.iter().all(|c| c.cached_blocks == 0));
+}
+
+#[test]
+fn first_token_teaches_the_model_and_release_is_once() {
+    let (mut core, warm, cold, tokens) = setup();
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let (plan, d) = core
+        .decide(&mut p, &req(&tokens), &[cold], 0.0)
+        .expect("decision");
+    let id = core.assign(&plan, &d, 0.0);
+    let ft = core.first_token(id, 2.0, None).expect("first token");
+    assert!((ft.observed_ttft - 2.0).abs() < 1e-12);
+    assert_eq!(core.predictor.error().count, 1);
+    assert!(
+        core.predictor.params(cold).0 < 4_800.0,
+        "slower than predicted -> lower rate"
+    );
+    assert!(core.first_token(id, 2.5, None).is_none());
+    assert!(core.finish(id).is_some());
+    assert!(core.abort(id).is_none());
+    assert!(core.expire(1e9, 1.0).is_empty());
+    let id2 = core.assign(&plan, &d, 3.0);
+    assert_eq!(core.retire(cold).map(|r| r.released.len()), Some(1));
+    assert!(core.finish(id2).is_none());
+    let _ = warm;
+}
+
+#[test]
+fn own_placements_count_as_cached_until_first_token_plus_grace() {
+    let mut core = RoutingCore::new(CoreConfig::default());
+    let a = core.snapshot("a", 16, 1, &[], 0.0);
+    let b = core.snapshot("b", 16, 1, &[], 0.0);
+    let tokens: Vec<u32> = (0..4_096).collect();
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    // Nothing reported anywhere; send the prompt to `b` (the only one allowed).
+    let (plan, d) = core
+        .decide(&mut p, &req(&tokens), &[b], 0.0)
+        .expect("decision");
+    let id = core.assign(&plan, &d, 0.0);
+    let ctx = core.plan(&req(&tokens), &[a, b], 0.1).context;
+    let (ca, cb) = (&ctx.candidates[0], &ctx.candidates[1]);
+    assert_eq!((ca.pending_blocks, cb.pending_blocks), (0, 256));
+    assert_eq!(cb.cached_blocks, 0, "the index itself is untouched");
+    assert!((cb.expected_cached_tokens - 4_096.0).abs() < 1e-9);
+    // A longer prompt sharing the prefix matches the placed blocks only.
+    let longer: Vec<u32> = (0..4_096).chain(90_000..90_512).collect();
+    let ctx = core.plan(&req(&longer), &[b], 0.1).context;
+    assert_eq!(ctx.candidates[0].pending_blocks, 256);
+    // Still there after the first token: within the grace period, and then while the
+    // request decodes (its blocks are referenced); gone once it ended and grace passed.
+    core.first_token(id, 2.0, None);
+    let ctx = core.plan(&req(&tokens), &[b], 2.9).context;
+    assert_eq!(ctx.candidates[0].pending_blocks, 256);
+    let ctx = core.plan(&req(&tokens), &[b], 3.1).context;
+    assert_eq!(ctx.candidates[0].pending_blocks, 256);
+    assert_eq!(ctx.candidates[0].kv_need_tokens, 16, "only one new block");
+    core.finish(id);
+    let ctx = core.plan(&req(&tokens), &[b], 3.1).context;
+    assert_eq!(ctx.candidates[0].pending_blocks, 0);
+    assert_eq!(ctx.candidates[0].kv_need_tokens, 4_096 + 16);
+    // An aborted placement is forgotten at once.
+    let (plan, d) = core
+        .decide(&mut p, &req(&tokens), &[a], 4.0)
+        .expect("decision");
+    let id = core.assign(&plan, &d, 4.0);
+    assert_eq!(
+        core.plan(&req(&tokens), &[a], 4.0).context.candidates[0].pending_blocks,
+        256
+    );
+    core.abort(id);
+    assert_eq!(
+        core.plan(&req(&tokens), &[a], 4.0).context.candidates[0].pending_blocks,
+        0
+    );
+}
+
+#[test]
+fn a_saturated_worker_learns_an_admission_wait_shown_in_the_prediction() {
+    let (mut core, warm, cold, tokens) = setup();
+    let full = LoadSample {
+        waiting: 2,
+        running: 20,
+        kv_usage: 0.97,
+        ..LoadSample::default()
+    };
+    core.load(warm, full, 0.0);
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let rls_before = core.predictor.params(warm);
+    // Requests sent to the full worker wait ~1.5 s for KV beyond the prefill model.
+    for i in 0..40 {
+        let now = f64::from(i) * 10.0;
+        core.load(warm, full, now);
+        let mut plan = core.plan(&req(&tokens), &[warm], now);
+        plan.context.candidates.truncate(1);
+        let d = p.choose(&plan.context, now).expect("decision");
+        let c = d.chosen_candidate().expect("chosen");
+        let base = c.predicted_ttft - c.admission_wait;
+        let id = core.assign(&plan, &d, now);
+        core.first_token(id, now + base + 1.5, None);
+        core.finish(id);
+    }
+    assert_eq!(
+        core.predictor.params(warm),
+        rls_before,
+        "prefill model untouched"
+    );
+    core.load(warm, full, 500.0);
+    core.load(cold, LoadSample::default(), 500.0);
+    let ctx = core.plan(&req(&tokens), &[warm, cold], 500.0).context;
+    let (w, c) = (&ctx.candidates[0], &ctx.candidates[1]);
+    // Queue of 2 reported + this request: 3 x ~0.5 s.
+    assert!(
+        (w.admission_wait - 1.5).abs() < 0.05,
+        "{}",
+        w.admission_wait
+    );
+    assert_eq!(c.admission_wait, 0.0);
+    let base = core.predictor.predict(warm, w.queue_tokens, 0.0);
+    assert!((w.predicted_ttft - base - w.admission_wait).abs() < 1e-9);
+    // The cold worker (4k tokens to recompute, ~0.9 s) now beats waiting for KV.
+    let (_, d) = core
+        .decide(&mut p, &req(&tokens), &[warm, cold], 500.0)
+        .expect("decision");
+    assert_eq!(d.chosen, cold);
+    // Once the worker reports free KV the wait is gone and its cache wins again.
+    core.load(warm, LoadSample::default(), 501.0);
+    core.load(cold, LoadSample::default(), 501.0);
+    let (_, d) = core
+        .decide(&mut p, &req(&tokens), &[warm, cold], 501.0)
+        .expect("decision");
+    assert_eq!(d.chosen, warm);
+    assert_eq!(d.chosen_candidate().map(|c| c.admission_wait), Some(0.0));
+}
+
+#[test]
+fn a_full_worker_predicts_a_wait_until_its_requests_free_enough_kv() {
+    let mut core = RoutingCore::new(CoreConfig::default());
+    let full = core.snapshot("full", 16, 1, &[], 0.0);
+    let roomy = core.snapshot("roomy", 16, 1, &[], 0.0);
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    // Fill `full` with four requests of 2,000 prompt tokens and 100 output tokens.
+    let mut ids = Vec::new();
+    for i in 0..4u32 {
+        let t: Vec<u32> = (i * 10_000..i * 10_000 + 2_000).collect();
+        let r = RouteRequest {
+            max_tokens: Some(100),
+            ..req(&t)
+        };
+        let (plan, d) = core.decide(&mut p, &r, &[full], 0.0).expect("decision");
+        let id = core.assign(&plan, &d, 0.0);
+        core.first_token(id, 0.5 + f64::from(i), None);
+        ids.push(id);
+    }
+    let capacity = 10_000;
+    let report = |usage: f32| LoadSample {
+        waiting: 0,
+        running: 4,
+        kv_usage: usage,
+        kv_capacity_tokens: capacity,
+    };
+    core.load(full, report(0.85), 5.0);
+    core.load(
+        roomy,
+        LoadSample {
+            kv_capacity_tokens: capacity,
+            ..LoadSample::default()
+        },
+        5.0,
+    );
+    // 8,500 in use + 3,016 needed > 10,000: the first request to finish (first token at
+    // 0.5, 100 tokens at the 0.07 s prior) frees 2,116 tokens at 7.5 s.
+    let prompt: Vec<u32> = (900_000..903_000).collect();
+    let ctx = core.plan(&req(&prompt), &[full, roomy], 5.0).context;
+    let (f, r) = (&ctx.candidates[0], &ctx.candidates[1]);
+    assert_eq!(f.kv_need_tokens, 3_016);
+    assert!(
+        (f.admission_wait - 2.5).abs() < 1e-9,
+        "{}",
+        f.admission_wait
+    );
+    assert_eq!(r.admission_wait, 0.0);
+    let d = p.choose(&ctx, 5.0).expect("decision");
+    assert_eq!(d.chosen, roomy);
+    // With room to spare there is no wait.
+    core.load(full, report(0.5), 5.0);
+    let ctx = core.plan(&req(&prompt), &[full], 5.0).context;
+    assert_eq!(ctx.candidates[0].admission_wait, 0.0);
+    // A request that ended since the report gave its KV back, though the report still
+    // counts it: 8,500 - 2,116 + 3,016 fits.
+    core.load(full, report(0.85), 5.0);
+    assert!(core.plan(&req(&prompt), &[full], 5.0).context.candidates[0].admission_wait > 0.0);
+    core.finish(ids[1]);
+    let ctx = core.plan(&req(&prompt), &[full], 5.1).context;
+    assert_eq!(ctx.candidates[0].admission_wait, 0.0);
+    // The next report includes the release itself.
+    core.load(full, report(0.85), 5.2);
+    assert!(core.plan(&req(&prompt), &[full], 5.2).context.candidates[0].admission_wait > 0.0);
+    // Finishing teaches the decode speed: 100 tokens in 3 s.
+    core.finish_observed(ids[0], 3.5, 100);
+    let itl = core.predictor.itl(full);
+    assert!(
+        itl < 0.07 && itl > 3.0 / 99.0,
+        "moves toward 3 s / 99: {itl}"
+    );
+    // Unknown capacity: the model is off.
+    core.load(
+        full,
+        LoadSample {
+            kv_capacity_tokens: 0,
+            ..report(0.99)
+        },
+        6.0,
+    );
+    let ctx = core.plan(&req(&prompt), &[full], 6.0).context;
+    assert_eq!(ctx.candidates[0].admission_wait, 0.0);
+}
+
+#[test]
+fn a_burst_with_a_new_prefix_stays_on_one_worker_before_reports() {
+    let mut core = RoutingCore::new(CoreConfig::default());
+    let ws: Vec<WorkerId> = (0..3)
+        .map(|i| core.snapshot(&format!("w{i}"), 16, 1, &[], 0.0))
+        .collect();
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 7);
+    let mut chosen = std::collections::HashSet::new();
+    for q in 0..3u32 {
+        let tokens: Vec<u32> = (0..2_048)
+            .chain(50_000 + q * 256..50_256 + q * 256)
+            .collect();
+        let (plan, d) = core
+            .decide(&mut p, &req(&tokens), &ws, 0.01 * f64::from(q))
+            .expect("decision");
+        core.assign(&plan, &d, 0.01 * f64::from(q));
+        chosen.insert(d.chosen);
+    }
+    assert_eq!(chosen.len(), 1, "the burst was spread: {chosen:?}");
+    // Without the overlay the same burst spreads (each looks like an idle cold worker).
+    let mut core = RoutingCore::new(CoreConfig {
+        pending_grace_s: 0.0,
+        ..CoreConfig::default()
+    });
+    let ws: Vec<WorkerId> = (0..3)
+        .map(|i| core.snapshot(&format!("w{i}"), 16, 1, &[], 0.0))
+        .collect();
+    let mut chosen = std::collections::HashSet::new();
+    for q in 0..3u32 {
+        let tokens: Vec<u32> = (0..2_048)
+            .chain(50_000 + q * 256..50_256 + q * 256)
+            .collect();
+        let (plan, d) = core
+            .decide(&mut p, &req(&tokens), &ws, 0.0)
+            .expect("decision");
+        assert_eq!(
+            core.plan(&req(&tokens), &ws, 0.0)
+                .context
+                .candidates
+                .iter()
+                .map(|c| c.pending_blocks)
+                .sum::<usize>(),
+            0
+        );
+        core.assign(&plan, &d, 0.0);
+        chosen.insert(d.chosen);
+    }
+    assert!(chosen.len() > 1, "{chosen:?}");
+}

@@ -1,0 +1,231 @@
+//! Planning one request: [`RoutingCore::plan`] hashes the prompt once per block size among
+//! the allowed workers, looks it up in the index, and estimates every candidate's TTFT from
+//! three parts kept apart here: what it caches (index plus the pending overlay), its queue,
+//! and KV admission.
+//!
+//! ```text
+//! RouteRequest --PromptHashes (per block size)--> index.match_prefix --> cached blocks
+//!                                    pending overlay --> placed blocks, blocks in use
+//!          load sample + own assignments --> queue      kv_releases --> admission wait
+//!                       estimate(worker) --> Candidate --> Plan { context, chains }
+//! ```
+
+use kvroute_hash::BlockHash;
+
+use super::admission::{KvReleases, kv_wait};
+use super::choose::{Candidate, ChoiceContext};
+use super::core::{RouteRequest, RoutingCore};
+use super::request::PromptHashes;
+use super::workers::{Worker, WorkerId};
+
+/// The choice problem of one request plus what [`RoutingCore::assign`] needs of it. Built by
+/// [`RoutingCore::plan`]; nothing about the request stays in the core until it is assigned.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// What the policy chooses from.
+    pub context: ChoiceContext,
+    /// The prompt's hash chain per block size among the candidates.
+    chains: Vec<(usize, Vec<BlockHash>)>,
+    /// The request's output limit, if it set one.
+    pub(super) max_tokens: Option<u32>,
+}
+
+impl Plan {
+    /// The prompt's hash chain for `block_size`, if a candidate has that block size.
+    pub fn chain(&self, block_size: usize) -> Option<&[BlockHash]> {
+        self.chains
+            .iter()
+            .find(|(bs, _)| *bs == block_size)
+            .map(|(_, c)| c.as_slice())
+    }
+}
+
+/// What the prompt looks like on one worker, before load is considered.
+struct CacheView<'a> {
+    /// The prompt's chain at the worker's block size (`None`: degraded).
+    chain: Option<&'a [BlockHash]>,
+    /// Leading blocks the index says the worker holds.
+    cached_blocks: usize,
+}
+
+impl RoutingCore {
+    /// Builds the choice problem for `req` over the `allowed` workers. Workers not in the
+    /// table and workers whose stream is closed are skipped.
+    pub fn plan(&self, req: &RouteRequest<'_>, allowed: &[WorkerId], now: f64) -> Plan {
+        let mut prompt = req
+            .tokens
+            .map(|t| PromptHashes::new(t, req.model, req.lora, req.cache_salt));
+        let prompt_tokens = req.tokens.map_or(0, <[u32]>::len);
+        let releases = self.kv_releases(allowed, now);
+        let live: Vec<(WorkerId, &Worker)> = allowed
+            .iter()
+            .filter_map(|&w| self.workers.get(w).map(|s| (w, s)))
+            .filter(|(_, s)| s.stream_open)
+            .collect();
+
+        // One lookup per distinct block size: leading blocks held per worker.
+        let mut cached = vec![0u32; self.workers.id_bound()];
+        if let Some(p) = prompt.as_mut() {
+            let mut sizes: Vec<usize> = Vec::new();
+            let mut matches = Vec::new();
+            for &(_, s) in &live {
+                if sizes.contains(&s.block_size) {
+                    continue;
+                }
+                sizes.push(s.block_size);
+                self.index.match_prefix(p.chain(s.block_size), &mut matches);
+                for &(mw, blocks) in &matches {
+                    // Workers of another block size cannot match this chain; guard anyway.
+                    if self
+                        .workers
+                        .get(mw)
+                        .is_some_and(|m| m.block_size == s.block_size)
+                        && let Some(c) = cached.get_mut(mw.index())
+                    {
+                        *c = u32::try_from(blocks).unwrap_or(u32::MAX);
+                    }
+                }
+            }
+        }
+        let chains: Vec<(usize, Vec<BlockHash>)> = prompt
+            .as_ref()
+            .map(|p| p.chains().map(|(bs, c)| (bs, c.to_vec())).collect())
+            .unwrap_or_default();
+        let chain_of = |bs: usize| {
+            chains
+                .iter()
+                .find(|(b, _)| *b == bs)
+                .map(|(_, c)| c.as_slice())
+        };
+        let candidates = live
+            .iter()
+            .map(|&(w, slot)| {
+                let view = CacheView {
+                    chain: chain_of(slot.block_size),
+                    cached_blocks: cached.get(w.index()).copied().unwrap_or(0) as usize,
+                };
+                self.estimate(w, slot, prompt_tokens, &view, &releases, now)
+            })
+            .collect();
+        Plan {
+            context: ChoiceContext {
+                prompt_tokens,
+                degraded: req.tokens.is_none(),
+                candidates,
+            },
+            chains,
+            max_tokens: req.max_tokens,
+        }
+    }
+
+    /// One candidate's figures and predicted TTFT.
+    fn estimate(
+        &self,
+        w: WorkerId,
+        slot: &Worker,
+        prompt_tokens: usize,
+        view: &CacheView<'_>,
+        releases: &[Option<KvReleases>],
+        now: f64,
+    ) -> Candidate {
+        let block_size = slot.block_size;
+        let stale = slot.is_stale(now, self.cfg.stale_after_s);
+        let load = slot.load;
+        let own = self.assignments.inflight(w);
+
+        // Cache: the index's leading blocks, discounted when stale, or the router's own
+        // placements there, trusted as they are (it sent them).
+        let cached_blocks = view.cached_blocks;
+        let pending_blocks = match view.chain {
+            Some(c) if self.cfg.pending_grace_s > 0.0 => self.pending.leading(w, c, now),
+            _ => 0,
+        };
+        let prompt_blocks = prompt_tokens.checked_div(block_size).unwrap_or(0);
+        let cached_tokens = cached_blocks * block_size;
+        let indexed_tokens = if stale {
+            cached_tokens as f64 * self.cfg.stale_cache_trust
+        } else {
+            cached_tokens as f64
+        };
+        let expected_cached_tokens = indexed_tokens.max((pending_blocks * block_size) as f64);
+
+        // Queue: the router's own not-yet-started work, or the reported waiting requests.
+        let queue_tokens =
+            (own.waiting_prefill_tokens as f64).max(f64::from(load.waiting) * self.mean_uncached);
+        let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
+        let (prefill_rate, overhead) = self.predictor.params(w);
+        let mut predicted_ttft = self.predictor.predict(w, queue_tokens, uncached);
+        if stale {
+            predicted_ttft += self.cfg.stale_penalty_s;
+        }
+
+        // KV admission.
+        let in_use_blocks = view.chain.map_or(0, |c| self.pending.in_use_leading(w, c));
+        let kv_need_tokens =
+            (prompt_tokens.saturating_sub(in_use_blocks * block_size) + block_size) as u64;
+        let admission_wait =
+            self.admission_wait(w, slot, stale, own.waiting, kv_need_tokens, releases, now);
+        predicted_ttft += admission_wait;
+        Candidate {
+            worker: w,
+            block_size,
+            prompt_blocks,
+            cached_blocks,
+            cached_tokens,
+            pending_blocks,
+            expected_cached_tokens,
+            stale,
+            waiting: load.waiting,
+            running: load.running,
+            kv_usage: load.kv_usage,
+            inflight: own.waiting,
+            inflight_prefill_tokens: own.waiting_prefill_tokens,
+            decoding: own.decoding,
+            active_tokens: own.active_tokens,
+            active_uncached_tokens: own.active_uncached_tokens,
+            active_kv_tokens: own.active_kv_tokens,
+            index_blocks: self.index.blocks_of(w),
+            queue_tokens,
+            prefill_rate,
+            overhead,
+            admission_wait,
+            kv_need_tokens,
+            predicted_ttft,
+        }
+    }
+
+    /// Seconds a request needing `kv_need_tokens` of KV waits on `w` before it is admitted.
+    /// With a reported capacity: KV in use when reported, what the router sent since, what
+    /// the requests waiting there then take when admitted, and this request; the excess over
+    /// the capacity must be freed by requests finishing first. Without one: a learned wait
+    /// per queued request on a saturated worker.
+    #[allow(clippy::too_many_arguments)]
+    fn admission_wait(
+        &self,
+        w: WorkerId,
+        slot: &Worker,
+        stale: bool,
+        own_waiting: u32,
+        kv_need_tokens: u64,
+        releases: &[Option<KvReleases>],
+        now: f64,
+    ) -> f64 {
+        let load = slot.load;
+        if !stale && load.kv_capacity_tokens > 0 {
+            let r = releases.get(w.index()).and_then(Option::as_ref);
+            let unreported = r.map_or(0, |r| r.unreported_tokens) as f64;
+            let used = (f64::from(load.kv_usage.clamp(0.0, 1.0)) * load.kv_capacity_tokens as f64
+                - slot.freed_since_report as f64)
+                .max(0.0);
+            let ahead = f64::from(load.waiting) * self.mean_kv_need;
+            let deficit =
+                used + unreported + ahead + kv_need_tokens as f64 - load.kv_capacity_tokens as f64;
+            kv_wait(deficit, r.map_or(&[][..], |r| &r.frees), now)
+        } else {
+            match self.saturated_queue(stale, load, own_waiting) {
+                Some(queued) => self.predictor.admission_wait(w, queued),
+                None => 0.0,
+            }
+        }
+    }
+}

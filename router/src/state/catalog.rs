@@ -1,0 +1,201 @@
+//! Discovery's view (pools, aliases, workers), model resolution and which workers are
+//! routable for a model.
+//!
+//! ```text
+//! discovery --set_catalog--> Catalog { pools, workers }
+//! client model --resolve_model--> Resolved { backend model, pool }
+//!     --routable_workers(pool's sets, exclude)--> (id, address, core id) for plan()
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use super::RouterState;
+use super::sidecars::SidecarView;
+use crate::routing::WorkerId;
+
+/// Everything discovery knows: pools (model names and aliases) and workers. Replaced as a
+/// whole on every discovery change ([`RouterState::set_catalog`]).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Catalog {
+    /// InferencePools.
+    pub pools: Vec<PoolView>,
+    /// Workers of InferenceWorkerSets.
+    pub workers: Vec<DiscoveredWorker>,
+}
+
+/// One InferencePool as the router uses it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PoolView {
+    /// `namespace/name`.
+    pub name: String,
+    /// Client-facing model names of the pool: the backend model names themselves and aliases.
+    pub models: Vec<ServedModel>,
+    /// Names of the InferenceWorkerSets whose workers serve the pool (empty: any worker of
+    /// the model).
+    pub worker_sets: Vec<String>,
+}
+
+/// A client-facing model name.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ServedModel {
+    /// The name clients send.
+    pub name: String,
+    /// The model name the workers serve (the same as `name` unless it is an alias).
+    pub backend_model: String,
+}
+
+/// A worker discovery knows about.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DiscoveredWorker {
+    /// Stable id (`namespace/pod`); sidecars report the same id.
+    pub id: String,
+    /// host:port of its OpenAI-compatible API.
+    pub address: String,
+    /// Model it serves (served model name).
+    pub model: String,
+    /// Its InferenceWorkerSet.
+    pub worker_set: String,
+    /// Pod Ready (always true for the static file).
+    pub ready: bool,
+}
+
+/// A model as `GET /v1/models` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ModelInfo {
+    /// The client-facing name.
+    pub id: String,
+    /// The model the workers serve.
+    pub backend_model: String,
+    /// The pool it comes from (`None` for models known only from workers).
+    pub pool: Option<String>,
+}
+
+/// Where a client-facing model name goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    /// The model name to send to workers (rewrite the body when it differs).
+    pub backend_model: String,
+    /// The pool, if the name came from one.
+    pub pool: Option<String>,
+}
+
+impl RouterState {
+    /// The client-facing models: pool names and aliases, plus the models of listed workers,
+    /// plus with `--route-unlisted` the models sidecars report.
+    pub fn models(&self) -> Vec<ModelInfo> {
+        let mut out: BTreeMap<String, ModelInfo> = BTreeMap::new();
+        let bare = |out: &mut BTreeMap<String, ModelInfo>, model: &str| {
+            if !model.is_empty() && !out.contains_key(model) {
+                let info = ModelInfo {
+                    id: model.to_string(),
+                    backend_model: model.to_string(),
+                    pool: None,
+                };
+                out.insert(model.to_string(), info);
+            }
+        };
+        {
+            let catalog = self.0.catalog.read();
+            for pool in &catalog.pools {
+                for m in &pool.models {
+                    out.entry(m.name.clone()).or_insert_with(|| ModelInfo {
+                        id: m.name.clone(),
+                        backend_model: m.backend_model.clone(),
+                        pool: Some(pool.name.clone()),
+                    });
+                }
+            }
+            for w in &catalog.workers {
+                bare(&mut out, &w.model);
+            }
+        }
+        if self.0.config.route_unlisted {
+            for s in self.0.sidecars.read().values() {
+                bare(&mut out, &s.identity.model);
+            }
+        }
+        out.into_values().collect()
+    }
+
+    /// Resolves a client-facing model name.
+    pub fn resolve_model(&self, name: &str) -> Option<Resolved> {
+        self.models()
+            .into_iter()
+            .find(|m| m.id == name)
+            .map(|m| Resolved {
+                backend_model: m.backend_model,
+                pool: m.pool,
+            })
+    }
+
+    pub(super) fn pool_worker_sets(&self, pool: Option<&str>) -> Vec<String> {
+        let Some(pool) = pool else { return Vec::new() };
+        self.0
+            .catalog
+            .read()
+            .pools
+            .iter()
+            .find(|p| p.name == pool)
+            .map(|p| p.worker_sets.clone())
+            .unwrap_or_default()
+    }
+
+    /// (worker id, address, core id) of every routable worker of `model`, sorted by id.
+    pub(super) fn routable_workers(
+        &self,
+        model: &str,
+        sets: &[String],
+        exclude: &[String],
+    ) -> Vec<(String, String, WorkerId)> {
+        let catalog = self.0.catalog.read();
+        let sidecars = self.0.sidecars.read();
+        let live = |s: &SidecarView| s.synced && s.stream_open;
+        let mut out = Vec::new();
+        let in_sets = |ws: &str| sets.is_empty() || sets.iter().any(|s| s == ws);
+        let mut listed_keys = Vec::new();
+        for w in &catalog.workers {
+            let Some((key, s)) = find_sidecar(&sidecars, w) else {
+                continue;
+            };
+            listed_keys.push(key.to_string());
+            if w.model == model
+                && w.ready
+                && in_sets(&w.worker_set)
+                && !exclude.contains(&w.id)
+                && live(s)
+            {
+                out.push((w.id.clone(), w.address.clone(), s.worker));
+            }
+        }
+        if self.0.config.route_unlisted {
+            for (key, s) in sidecars.iter() {
+                if s.identity.model == model
+                    && live(s)
+                    && !listed_keys.contains(key)
+                    && in_sets(&s.identity.worker_set)
+                    && !exclude.contains(key)
+                {
+                    out.push((key.clone(), s.identity.address.clone(), s.worker));
+                }
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}
+
+/// The sidecar view of a discovered worker: by id, else by address.
+pub(super) fn find_sidecar<'a>(
+    sidecars: &'a HashMap<String, SidecarView>,
+    w: &DiscoveredWorker,
+) -> Option<(&'a str, &'a SidecarView)> {
+    if let Some((k, s)) = sidecars.get_key_value(&w.id) {
+        return Some((k.as_str(), s));
+    }
+    sidecars
+        .iter()
+        .find(|(_, s)| !w.address.is_empty() && s.identity.address == w.address)
+        .map(|(k, s)| (k.as_str(), s))
+}

@@ -1,0 +1,289 @@
+//! The router's shared state: the routing core (KV index, TTFT predictor, assignments, policy)
+//! behind one lock, the worker and model view from discovery, sidecar stream bookkeeping,
+//! configuration and metrics. Every adapter (ingest, discovery, gateway, pick API, admin)
+//! holds a [`RouterState`] clone and calls its synchronous methods; none of them holds a lock
+//! across an `.await`.
+//!
+//! Files: `catalog` (discovery's view, model resolution, routability), `pick` (the pick
+//! API: inputs, decisions, reports), `sidecars` (ingest bookkeeping, `/debug/workers`),
+//! `tokenizers`, `dispatch` (the embedded gateway's adapter).
+//!
+//! ```text
+//! discovery --set_catalog--------------+
+//! ingest ----sidecar_* (snapshot/delta/load/closed)
+//!                                      v
+//!                    RouterState { RwLock<Inner{ core, catalog, sidecars }> , metrics }
+//!                                      ^
+//! gateway / Picker --pick / first_token / done / abort ; admin --explain / workers
+//! ```
+//!
+//! Tokenization happens here, not in the gateway: callers pass the request ([`Prompt`]) and
+//! the state renders and tokenizes it with the model's tokenizer (`--tokenizer MODEL=DIR` or
+//! one default `--tokenizer DIR`), so the gateway, the gRPC Picker and `/debug/explain` make
+//! identical decisions. Callers that already have token ids pass [`Prompt::Tokens`].
+//!
+//! Routability: a worker is a candidate for a model when (1) discovery lists it as ready
+//! (static file: listed in a WorkerSet's `status.workers`; Kubernetes: its pod is Ready) --
+//! or, only with `--route-unlisted`, it is merely reported by a sidecar -- and (2) its sidecar
+//! has completed at least one snapshot and (3) that stream is open: a worker whose stream
+//! ended is no candidate. One whose reports are older than `stale_after` stays a candidate
+//! but is *stale*: the core neither trusts its cache as warm nor as empty. A worker that
+//! discovery no longer lists and whose stream has been closed for `retire_after` is retired
+//! (see [`RouterState::maintain`]): its blocks, predictor state, assignments (released once)
+//! and metric series all go. A sidecar reporting a worker that discovery does not list is
+//! tracked (visible in `/debug/workers`, counted as `unlisted`) but never routed to unless
+//! `--route-unlisted` is set.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::metrics::RouterMetrics;
+use crate::routing::{
+    AssignmentId, CoreConfig, Policy, PredictedTtft, PredictedTtftConfig, PredictorConfig,
+    RoutingCore, policy_by_name,
+};
+
+mod catalog;
+mod dispatch;
+mod pick;
+mod sidecars;
+#[cfg(test)]
+mod tests;
+mod tokenizers;
+
+pub use catalog::{Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel};
+pub use pick::{
+    BodyKind, CandidateRecord, DecisionRecord, PickError, PickInput, Picked, Prompt, Usage,
+    max_tokens_of,
+};
+pub use sidecars::{
+    DeltaOp, LoadView, SidecarIdentity, SnapshotRefused, WorkerReport, WorkersReport,
+};
+pub use tokenizers::TokenizerDirs;
+
+use sidecars::SidecarView;
+use tokenizers::Tokenizers;
+
+/// Router settings the state needs (from flags).
+#[derive(Clone, Debug)]
+pub struct RouterConfig {
+    /// Policy name (`kvroute`, `random`, `round-robin`, ...; see `routing::policies`).
+    pub policy: String,
+    /// Near-tie margin of the kvroute policy, seconds.
+    pub tie_margin_s: f64,
+    /// Seed of the policy's RNG (give each replica its own).
+    pub seed: u64,
+    /// Assignments not released within this time expire.
+    pub assignment_ttl: Duration,
+    /// A worker whose last sidecar report is older than this is stale.
+    pub stale_after: Duration,
+    /// Largest accepted request body (the gateway answers 413 above it).
+    pub max_body_bytes: usize,
+    /// Route to workers that only a sidecar reports (not listed by discovery).
+    pub route_unlisted: bool,
+    /// A worker that discovery does not list and whose sidecar stream has been closed this
+    /// long is retired: its blocks, predictor state, assignments and metric series go.
+    pub retire_after: Duration,
+    /// Tokenizer directories: per served/backend model, plus an optional default.
+    pub tokenizers: TokenizerDirs,
+    /// Prior of the TTFT predictor.
+    pub predictor: PredictorConfig,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            policy: "kvroute".into(),
+            tie_margin_s: 0.02,
+            seed: 0,
+            assignment_ttl: Duration::from_secs(600),
+            stale_after: Duration::from_secs(30),
+            max_body_bytes: 16 << 20,
+            route_unlisted: false,
+            retire_after: Duration::from_secs(30),
+            tokenizers: TokenizerDirs::default(),
+            predictor: PredictorConfig::default(),
+        }
+    }
+}
+
+/// The routing core and the policy, mutated together.
+struct Core {
+    routing: RoutingCore,
+    policy: Box<dyn Policy>,
+    /// What each outstanding assignment needs for metrics: model label and worker key.
+    labels: HashMap<AssignmentId, (String, String)>,
+}
+
+struct Inner {
+    config: RouterConfig,
+    metrics: RouterMetrics,
+    tokenizers: Tokenizers,
+    epoch: Instant,
+    core: Mutex<Core>,
+    catalog: RwLock<Catalog>,
+    sidecars: RwLock<HashMap<String, SidecarView>>,
+    next_stream: AtomicU64,
+    discovery_synced: AtomicBool,
+}
+
+/// Shared router state; cheap to clone.
+#[derive(Clone)]
+pub struct RouterState(Arc<Inner>);
+
+/// Error building the state.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// `--policy` names no policy.
+    #[error(transparent)]
+    UnknownPolicy(#[from] crate::routing::UnknownPolicy),
+    /// A tokenizer directory could not be loaded.
+    #[error("tokenizer {dir}: {source}")]
+    Tokenizer {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: kvroute_tokenization::TokenizeError,
+    },
+}
+
+impl RouterState {
+    /// Builds the state: loads the tokenizers, builds the policy. Fails on an unknown policy
+    /// name or an unreadable tokenizer directory.
+    pub fn new(config: RouterConfig, metrics: RouterMetrics) -> Result<Self, StateError> {
+        let policy: Box<dyn Policy> = if config.policy == "kvroute" {
+            let cfg = PredictedTtftConfig {
+                tie_margin_s: config.tie_margin_s,
+                ..PredictedTtftConfig::default()
+            };
+            Box::new(PredictedTtft::new(cfg, config.seed))
+        } else {
+            policy_by_name(&config.policy, config.seed)?
+        };
+        let core_cfg = CoreConfig {
+            predictor: config.predictor.clone(),
+            stale_after_s: config.stale_after.as_secs_f64(),
+            ..CoreConfig::default()
+        };
+        let core = Core {
+            routing: RoutingCore::new(core_cfg),
+            policy,
+            labels: HashMap::new(),
+        };
+        let tokenizers = Tokenizers::load(&config.tokenizers)?;
+        Ok(Self(Arc::new(Inner {
+            config,
+            metrics,
+            tokenizers,
+            epoch: Instant::now(),
+            core: Mutex::new(core),
+            catalog: RwLock::new(Catalog::default()),
+            sidecars: RwLock::new(HashMap::new()),
+            next_stream: AtomicU64::new(1),
+            discovery_synced: AtomicBool::new(false),
+        })))
+    }
+
+    /// Configuration.
+    pub fn config(&self) -> &RouterConfig {
+        &self.0.config
+    }
+
+    /// Metrics.
+    pub fn metrics(&self) -> &RouterMetrics {
+        &self.0.metrics
+    }
+
+    /// Seconds since the state was created: the clock handed to the pure core.
+    fn secs(&self, now: Instant) -> f64 {
+        now.saturating_duration_since(self.0.epoch).as_secs_f64()
+    }
+
+    // ---------------------------------------------------------------- discovery
+
+    /// Replaces the discovery view.
+    pub fn set_catalog(&self, catalog: Catalog) {
+        *self.0.catalog.write() = catalog;
+    }
+
+    /// Marks discovery as having completed its initial sync.
+    pub fn set_discovery_synced(&self) {
+        self.0.discovery_synced.store(true, Ordering::Release);
+    }
+
+    /// True once discovery completed its initial sync.
+    pub fn discovery_synced(&self) -> bool {
+        self.0.discovery_synced.load(Ordering::Acquire)
+    }
+
+    // ---------------------------------------------------------------- lifecycle
+
+    /// Periodic upkeep at `now`: releases assignments older than the TTL and retires
+    /// workers that discovery no longer lists and whose stream has been closed for
+    /// `retire_after`. Returns (expired assignments, retired workers).
+    pub fn maintain(&self, now: Instant) -> (usize, usize) {
+        (self.expire(now), self.retire_gone(now))
+    }
+
+    /// Retires every gone worker (see [`RouterConfig::retire_after`]): the core drops it
+    /// and releases its assignments once, the sidecar view and metric series go with it.
+    pub fn retire_gone(&self, now: Instant) -> usize {
+        let t = self.secs(now);
+        let grace = self.0.config.retire_after.as_secs_f64();
+        let listed: std::collections::HashSet<String> = {
+            let catalog = self.0.catalog.read();
+            let sidecars = self.0.sidecars.read();
+            catalog
+                .workers
+                .iter()
+                .filter_map(|w| catalog::find_sidecar(&sidecars, w).map(|(k, _)| k.to_string()))
+                .collect()
+        };
+        let retired = {
+            let mut core = self.0.core.lock();
+            let retired = core.routing.retire_gone(t, grace, |k| listed.contains(k));
+            for r in &retired {
+                for (id, _) in &r.released {
+                    core.labels.remove(id);
+                }
+            }
+            retired
+        };
+        if retired.is_empty() {
+            return 0;
+        }
+        let mut sidecars = self.0.sidecars.write();
+        for r in &retired {
+            // A newer stream may have taken the key over meanwhile: keep that one.
+            if sidecars
+                .get(&r.key)
+                .is_some_and(|s| s.worker == r.worker && !s.stream_open)
+            {
+                sidecars.remove(&r.key);
+            }
+        }
+        drop(sidecars);
+        let m = &self.0.metrics;
+        for r in &retired {
+            m.forget_worker(&r.key);
+            if !r.released.is_empty() {
+                m.released
+                    .with_label_values(&["retired"])
+                    .inc_by(r.released.len() as u64);
+            }
+            tracing::info!(worker = %r.key, released = r.released.len(), "worker retired");
+        }
+        m.workers_retired.inc_by(retired.len() as u64);
+        retired.len()
+    }
+
+    /// Ready to serve: discovery synced and at least one routable worker.
+    pub fn ready(&self, now: Instant) -> bool {
+        self.discovery_synced() && self.workers_report(now).workers.iter().any(|w| w.routable)
+    }
+}

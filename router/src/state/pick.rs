@@ -1,0 +1,565 @@
+//! The pick API of the state: one [`PickInput`] built the same way by every front door,
+//! a decision (the model resolved once, tokens, routable workers, the core's plan, the
+//! policy's choice), the assignment, and the reports that end it.
+//!
+//! ```text
+//! PickInput --resolve--> Resolved --routable_workers--> allowed
+//!    --tokens_for (no lock)--> RouteRequest --core.plan--> Plan --policy--> Decision
+//!    pick: core.assign --> Picked          explain: DecisionRecord (nothing assigned)
+//! first_token / observe_itl / done / abort / expire --> released once, metrics
+//! ```
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::RouterState;
+use super::catalog::Resolved;
+use super::tokenizers::Degraded;
+use crate::routing::{AssignmentId, Candidate, Decision, RouteRequest, WorkerId};
+
+/// The prompt of a request, in the form the caller has it.
+#[derive(Clone, Copy, Debug)]
+pub enum Prompt<'a> {
+    /// Token ids already computed.
+    Tokens(&'a [u32]),
+    /// A whole OpenAI chat/completions request body (messages, tools, chat_template_kwargs).
+    Chat(&'a serde_json::Map<String, serde_json::Value>),
+    /// The `prompt` field of an OpenAI completions request (a string or token ids).
+    Completion(&'a serde_json::Value),
+    /// Nothing usable: the decision is degraded (load only).
+    Unavailable,
+}
+
+/// One request to route.
+#[derive(Clone, Copy, Debug)]
+pub struct PickInput<'a> {
+    /// Client-facing model name.
+    pub model: &'a str,
+    /// The prompt.
+    pub prompt: Prompt<'a>,
+    /// The request's `cache_salt`, if any.
+    pub cache_salt: Option<&'a str>,
+    /// LoRA adapter name, if any.
+    pub lora: Option<&'a str>,
+    /// Request headers (for policy rules; may be `None`).
+    pub headers: Option<&'a http::HeaderMap>,
+    /// The model already resolved by the caller (the gateway resolves it to rewrite the
+    /// body); `None`: resolved here.
+    pub resolved: Option<&'a Resolved>,
+    /// Worker ids not to choose (e.g. a retry after a connection failure).
+    pub exclude: &'a [String],
+    /// The request's output limit, if it set one (see [`max_tokens_of`]).
+    pub max_tokens: Option<u32>,
+}
+
+/// The output limit of an OpenAI or Anthropic request body: `max_completion_tokens`, else
+/// `max_tokens`; `None` when absent or not a non-negative integer.
+pub fn max_tokens_of(body: &serde_json::Map<String, serde_json::Value>) -> Option<u32> {
+    ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| body.get(*k).and_then(serde_json::Value::as_u64))
+        .map(|v| u32::try_from(v).unwrap_or(u32::MAX))
+}
+
+/// What a request body is, by the path it came on (or, without a path, by its fields).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyKind {
+    /// An OpenAI chat completions body (`messages`).
+    Chat,
+    /// An OpenAI completions body (`prompt`).
+    Completion,
+    /// Anything else: routed on load alone.
+    Other,
+}
+
+impl BodyKind {
+    /// The kind of `body` sent to `path` (query ignored); an empty path guesses from the
+    /// body's fields.
+    pub fn of(path: &str, body: &serde_json::Value) -> Self {
+        let path = path.split('?').next().unwrap_or_default();
+        match path {
+            "/v1/chat/completions" => BodyKind::Chat,
+            "/v1/completions" => BodyKind::Completion,
+            _ if path.is_empty() && body.get("messages").is_some() => BodyKind::Chat,
+            _ if path.is_empty() && body.get("prompt").is_some() => BodyKind::Completion,
+            _ => BodyKind::Other,
+        }
+    }
+}
+
+impl<'a> PickInput<'a> {
+    /// The one way every front door (gateway, Picker, explain) turns a client's JSON body
+    /// into a pick: the prompt by `kind`, `cache_salt`, the output limit.
+    pub fn from_body(
+        model: &'a str,
+        kind: BodyKind,
+        body: &'a serde_json::Map<String, serde_json::Value>,
+        headers: Option<&'a http::HeaderMap>,
+        exclude: &'a [String],
+    ) -> Self {
+        let prompt = match kind {
+            BodyKind::Chat => Prompt::Chat(body),
+            BodyKind::Completion => body
+                .get("prompt")
+                .map_or(Prompt::Unavailable, Prompt::Completion),
+            BodyKind::Other => Prompt::Unavailable,
+        };
+        Self {
+            model,
+            prompt,
+            cache_salt: body.get("cache_salt").and_then(serde_json::Value::as_str),
+            lora: None,
+            headers,
+            resolved: None,
+            exclude,
+            max_tokens: max_tokens_of(body),
+        }
+    }
+}
+
+/// A request assigned to a worker. Release it exactly once with [`RouterState::done`] or
+/// [`RouterState::abort`] (or let it expire).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Picked {
+    /// Handle for first_token / done / abort.
+    pub assignment: AssignmentId,
+    /// Chosen worker id.
+    pub worker: String,
+    /// Its host:port.
+    pub address: String,
+    /// The model name to send (rewrite the body when it differs from the request's).
+    pub backend_model: String,
+    /// Predicted TTFT, seconds (NaN when the policy predicts nothing).
+    pub predicted_ttft_s: f64,
+    /// Why it was chosen (metric label form).
+    pub reason: &'static str,
+    /// Scored on load alone.
+    pub degraded: bool,
+}
+
+/// A routing decision, ready to serialize (`/debug/explain`, `kvroute explain`).
+#[derive(Clone, Debug, Serialize)]
+pub struct DecisionRecord {
+    /// The client-facing model.
+    pub model: String,
+    /// The model the workers serve.
+    pub backend_model: String,
+    /// Pool, if any.
+    pub pool: Option<String>,
+    /// Chosen worker id.
+    pub chosen: String,
+    /// Chosen worker address.
+    pub address: String,
+    /// Why it was chosen (metric label form).
+    pub reason: &'static str,
+    /// Policy name.
+    pub policy: &'static str,
+    /// True when scored on load alone.
+    pub degraded: bool,
+    /// Why degraded (no-tokenizer, tokenization-failed, no-prompt), if so.
+    pub degraded_reason: Option<String>,
+    /// Prompt tokens (0 when degraded).
+    pub prompt_tokens: usize,
+    /// Predicted TTFT of the chosen worker, seconds.
+    pub predicted_ttft_s: f64,
+    /// Every candidate with its figures.
+    pub candidates: Vec<CandidateRecord>,
+}
+
+/// One candidate of a [`DecisionRecord`].
+#[derive(Clone, Debug, Serialize)]
+pub struct CandidateRecord {
+    /// Worker id.
+    pub worker: String,
+    /// Worker address.
+    pub address: String,
+    /// The policy's score (lower wins).
+    pub score: f64,
+    /// The core's figures (cache, load, prediction).
+    #[serde(serialize_with = "figures_without_core_id")]
+    #[serde(flatten)]
+    pub figures: Candidate,
+}
+
+/// Serializes a candidate's figures without its core-internal numeric `worker` id, which
+/// would clash with the record's worker name.
+fn figures_without_core_id<S: serde::Serializer>(c: &Candidate, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::{Error, SerializeMap};
+    let serde_json::Value::Object(mut map) = serde_json::to_value(c).map_err(S::Error::custom)?
+    else {
+        return Err(S::Error::custom("candidate is not an object"));
+    };
+    map.remove("worker");
+    let mut out = s.serialize_map(Some(map.len()))?;
+    for (k, v) in &map {
+        out.serialize_entry(k, v)?;
+    }
+    out.end()
+}
+
+/// Why a request could not be routed. `label()` is the metric label.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PickError {
+    /// No pool or worker serves the model.
+    #[error("model `{0}` does not exist")]
+    UnknownModel(String),
+    /// The model exists but no worker is routable now.
+    #[error("no ready worker for model `{0}`")]
+    NoReadyWorker(String),
+}
+
+impl PickError {
+    /// Metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PickError::UnknownModel(_) => "unknown_model",
+            PickError::NoReadyWorker(_) => "no_ready_worker",
+        }
+    }
+}
+
+/// Usage of a finished request, as the worker reported it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_prompt_tokens: u32,
+    /// Completion tokens.
+    pub completion_tokens: u32,
+    /// End-to-end seconds as the data path measured it, if it did.
+    pub e2e_seconds: Option<f64>,
+}
+
+/// How an assignment ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Completed.
+    Done,
+    /// Aborted (error, client disconnect).
+    Aborted,
+    /// Not reported within the TTL.
+    Expired,
+}
+
+impl Release {
+    fn label(self) -> &'static str {
+        match self {
+            Release::Done => "done",
+            Release::Aborted => "aborted",
+            Release::Expired => "expired",
+        }
+    }
+}
+
+/// One decision, before it is assigned or explained.
+struct Decided {
+    resolved: Resolved,
+    decision: Decision,
+    /// (worker id, address, core id) of every candidate.
+    names: Vec<(String, String, WorkerId)>,
+    degraded_reason: Option<&'static str>,
+}
+
+impl Decided {
+    fn name_of(&self, w: WorkerId) -> (String, String) {
+        self.names
+            .iter()
+            .find(|c| c.2 == w)
+            .map(|c| (c.0.clone(), c.1.clone()))
+            .unwrap_or_default()
+    }
+}
+
+impl RouterState {
+    /// Chooses a worker and records the assignment.
+    pub fn pick(&self, input: &PickInput<'_>, now: Instant) -> Result<Picked, PickError> {
+        let started = Instant::now();
+        let result = self.decide(input, now, true);
+        self.0
+            .metrics
+            .decision_duration
+            .observe(started.elapsed().as_secs_f64());
+        let m = &self.0.metrics;
+        match result {
+            // `decide(.., true)` always assigns; a missing id would be a bug, not a panic.
+            Ok((d, Some(assignment))) => {
+                let (worker, address) = d.name_of(d.decision.chosen);
+                let predicted_ttft_s = d.decision.predicted_ttft();
+                m.requests
+                    .with_label_values(&[input.model, &worker, d.decision.reason.as_str()])
+                    .inc();
+                if predicted_ttft_s.is_finite() {
+                    m.predicted_ttft
+                        .with_label_values(&[input.model, &worker])
+                        .observe(predicted_ttft_s);
+                }
+                if d.decision.degraded {
+                    let reason = d.degraded_reason.unwrap_or("no_prompt");
+                    m.degraded_decisions
+                        .with_label_values(&[input.model, reason])
+                        .inc();
+                }
+                Ok(Picked {
+                    assignment,
+                    worker,
+                    address,
+                    backend_model: d.resolved.backend_model,
+                    predicted_ttft_s,
+                    reason: d.decision.reason.as_str(),
+                    degraded: d.decision.degraded,
+                })
+            }
+            Ok((_, None)) => Err(PickError::NoReadyWorker(input.model.into())),
+            Err(e) => {
+                m.pick_errors
+                    .with_label_values(&[input.model, e.label()])
+                    .inc();
+                Err(e)
+            }
+        }
+    }
+
+    /// The decision `pick` would make now, without assigning (nothing is recorded, though
+    /// the policy's RNG or rotation may advance).
+    pub fn explain(
+        &self,
+        input: &PickInput<'_>,
+        now: Instant,
+    ) -> Result<DecisionRecord, PickError> {
+        let (d, _) = self.decide(input, now, false)?;
+        let (chosen, address) = d.name_of(d.decision.chosen);
+        let candidates = d
+            .decision
+            .candidates
+            .iter()
+            .map(|r| {
+                let (worker, address) = d.name_of(r.candidate.worker);
+                CandidateRecord {
+                    worker,
+                    address,
+                    score: r.score,
+                    figures: r.candidate.clone(),
+                }
+            })
+            .collect();
+        Ok(DecisionRecord {
+            model: input.model.to_string(),
+            backend_model: d.resolved.backend_model,
+            pool: d.resolved.pool,
+            chosen,
+            address,
+            reason: d.decision.reason.as_str(),
+            policy: d.decision.policy,
+            degraded: d.decision.degraded,
+            degraded_reason: d.degraded_reason.map(str::to_string),
+            prompt_tokens: d.decision.prompt_tokens,
+            predicted_ttft_s: d.decision.predicted_ttft(),
+            candidates,
+        })
+    }
+
+    fn decide(
+        &self,
+        input: &PickInput<'_>,
+        now: Instant,
+        assign: bool,
+    ) -> Result<(Decided, Option<AssignmentId>), PickError> {
+        let resolved = match input.resolved {
+            Some(r) => r.clone(),
+            None => self
+                .resolve_model(input.model)
+                .ok_or_else(|| PickError::UnknownModel(input.model.into()))?,
+        };
+        let pool_sets = self.pool_worker_sets(resolved.pool.as_deref());
+        let names = self.routable_workers(&resolved.backend_model, &pool_sets, input.exclude);
+        if names.is_empty() {
+            return Err(PickError::NoReadyWorker(input.model.into()));
+        }
+
+        // Tokenize outside every lock: it is the expensive part.
+        let (tokens, degraded_reason) = match self.tokens_for(input, &resolved.backend_model) {
+            Ok(t) => (Some(t), None),
+            Err(reason) => {
+                if let Degraded::Failed(label) = reason {
+                    self.0
+                        .metrics
+                        .tokenization_failures
+                        .with_label_values(&[input.model, label])
+                        .inc();
+                }
+                (None, Some(reason.label()))
+            }
+        };
+        let req = RouteRequest {
+            tokens: tokens.as_deref(),
+            model: &resolved.backend_model,
+            lora: input.lora,
+            cache_salt: input.cache_salt,
+            max_tokens: input.max_tokens,
+        };
+        let allowed: Vec<WorkerId> = names.iter().map(|c| c.2).collect();
+        let t = self.secs(now);
+
+        let mut guard = self.0.core.lock();
+        let core = &mut *guard;
+        let plan = core.routing.plan(&req, &allowed, t);
+        let decision = core
+            .policy
+            .choose(&plan.context, t)
+            .ok_or_else(|| PickError::NoReadyWorker(input.model.into()))?;
+        let id = if assign {
+            let aid = core.routing.assign(&plan, &decision, t);
+            let worker = names
+                .iter()
+                .find(|c| c.2 == decision.chosen)
+                .map(|c| c.0.clone())
+                .unwrap_or_default();
+            core.labels.insert(aid, (input.model.to_string(), worker));
+            Some(aid)
+        } else {
+            None
+        };
+        drop(guard);
+        let decided = Decided {
+            resolved,
+            decision,
+            names,
+            degraded_reason,
+        };
+        Ok((decided, id))
+    }
+    // ---------------------------------------------------------------- reports
+
+    /// Records the first token of an assignment and teaches the predictor. `observed_ttft_s`
+    /// is the data path's measurement (None: time since the pick). False when the id is
+    /// unknown, released, or already past its first token.
+    pub fn first_token(
+        &self,
+        id: AssignmentId,
+        observed_ttft_s: Option<f64>,
+        now: Instant,
+    ) -> bool {
+        let t = self.secs(now);
+        let aid = id;
+        let mut core = self.0.core.lock();
+        let Some(ft) = core.routing.first_token(aid, t, observed_ttft_s) else {
+            return false;
+        };
+        let labels = core.labels.get(&aid).cloned();
+        drop(core);
+        if let Some((model, worker)) = labels {
+            let m = &self.0.metrics;
+            m.ttft
+                .with_label_values(&[&model, &worker])
+                .observe(ft.observed_ttft);
+            let predicted = ft.assignment.predicted_ttft;
+            if predicted.is_finite() {
+                m.ttft_prediction_error
+                    .with_label_values(&[&model, &worker])
+                    .observe((ft.observed_ttft - predicted).abs());
+            }
+        }
+        true
+    }
+
+    /// Observes one inter-token gap of an assignment (streaming data paths).
+    pub fn observe_itl(&self, id: AssignmentId, seconds: f64) {
+        let labels = self.0.core.lock().labels.get(&id).cloned();
+        if let Some((model, worker)) = labels
+            && seconds.is_finite()
+            && seconds >= 0.0
+        {
+            self.0
+                .metrics
+                .itl
+                .with_label_values(&[&model, &worker])
+                .observe(seconds);
+        }
+    }
+
+    /// Releases a completed assignment. False when unknown or already released.
+    pub fn done(&self, id: AssignmentId, usage: Usage) -> bool {
+        let Some((model, worker)) = self.release(id, Release::Done, Some(usage.completion_tokens))
+        else {
+            return false;
+        };
+        let m = &self.0.metrics;
+        let cached = u64::from(usage.cached_prompt_tokens.min(usage.prompt_tokens));
+        let uncached = u64::from(usage.prompt_tokens) - cached;
+        m.prompt_tokens
+            .with_label_values(&[&model, "cached"])
+            .inc_by(cached);
+        m.prompt_tokens
+            .with_label_values(&[&model, "uncached"])
+            .inc_by(uncached);
+        if let Some(e2e) = usage.e2e_seconds.filter(|s| s.is_finite() && *s >= 0.0) {
+            m.e2e.with_label_values(&[&model, &worker]).observe(e2e);
+        }
+        true
+    }
+
+    /// Releases an aborted assignment. False when unknown or already released.
+    pub fn abort(&self, id: AssignmentId, reason: &str) -> bool {
+        let released = self.release(id, Release::Aborted, None).is_some();
+        if released {
+            tracing::debug!(decision = %id, reason, "assignment aborted");
+        }
+        released
+    }
+
+    /// Releases an assignment; a completed one with its output token count also teaches the
+    /// routing core the worker's decode speed.
+    fn release(
+        &self,
+        id: AssignmentId,
+        how: Release,
+        output_tokens: Option<u32>,
+    ) -> Option<(String, String)> {
+        let aid = id;
+        let t = self.secs(Instant::now());
+        let mut core = self.0.core.lock();
+        let released = match how {
+            Release::Done => match output_tokens {
+                Some(n) => core.routing.finish_observed(aid, t, u64::from(n)),
+                None => core.routing.finish(aid),
+            },
+            Release::Aborted | Release::Expired => core.routing.abort(aid),
+        };
+        released?;
+        let labels = core.labels.remove(&aid).unwrap_or_default();
+        drop(core);
+        self.0
+            .metrics
+            .released
+            .with_label_values(&[how.label()])
+            .inc();
+        Some(labels)
+    }
+
+    /// Releases every assignment older than the TTL; returns how many.
+    pub fn expire(&self, now: Instant) -> usize {
+        let t = self.secs(now);
+        let ttl = self.0.config.assignment_ttl.as_secs_f64();
+        let mut core = self.0.core.lock();
+        let gone = core.routing.expire(t, ttl);
+        for (id, _) in &gone {
+            core.labels.remove(id);
+        }
+        drop(core);
+        if !gone.is_empty() {
+            self.0
+                .metrics
+                .released
+                .with_label_values(&[Release::Expired.label()])
+                .inc_by(gone.len() as u64);
+        }
+        gone.len()
+    }
+
+    /// Outstanding assignments.
+    pub fn in_flight(&self) -> usize {
+        self.0.core.lock().routing.outstanding()
+    }
+}

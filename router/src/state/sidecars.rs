@@ -1,0 +1,453 @@
+//! Sidecar streams on the state's side: which stream owns which worker, applying their
+//! snapshots, deltas and load samples to the routing core, and `/debug/workers`.
+//!
+//! ```text
+//! ingest stream --sidecar_snapshot_start(identity)--> core.snapshot --> owns worker id
+//!               --sidecar_snapshot_chunk / sidecar_delta / sidecar_load--> core (if owner)
+//!               --sidecar_closed--> core.stream_closed (no candidate; retired later)
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::RouterState;
+use super::catalog::{DiscoveredWorker, find_sidecar};
+use crate::routing::{LoadSample, WorkerId};
+
+/// Identity of a reporting worker (from the first snapshot chunk).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SidecarIdentity {
+    /// Worker id.
+    pub worker_id: String,
+    /// host:port of its API.
+    pub address: String,
+    /// Served model.
+    pub model: String,
+    /// Block size.
+    pub block_size: usize,
+    /// Epoch.
+    pub epoch: u64,
+    /// WorkerSet name.
+    pub worker_set: String,
+}
+
+/// A load sample from a sidecar.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct LoadView {
+    /// Requests waiting.
+    pub waiting: u32,
+    /// Requests running.
+    pub running: u32,
+    /// KV cache usage 0..1.
+    pub kv_usage: f32,
+    /// The sidecar's last scrape of vLLM failed.
+    pub scrape_failed: bool,
+    /// KV cache size in tokens (0: unknown).
+    pub kv_capacity_tokens: u64,
+}
+
+/// Block changes in one delta op.
+#[derive(Clone, Copy, Debug)]
+pub enum DeltaOp<'a> {
+    /// Blocks became resident.
+    Stored(&'a [u64]),
+    /// Blocks were evicted.
+    Removed(&'a [u64]),
+    /// Every block was dropped.
+    Cleared,
+}
+
+/// Why a snapshot start was refused.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SnapshotRefused {
+    /// Identity is incomplete.
+    #[error("identity without worker_id, model or block_size")]
+    BadIdentity,
+    /// The router already knows a newer epoch of this worker.
+    #[error("epoch {got} is older than the known epoch {known}")]
+    OlderEpoch {
+        /// The stream's epoch.
+        got: u64,
+        /// The newest epoch known.
+        known: u64,
+    },
+}
+
+/// Which stream owns a worker id (the routing core holds everything else about it).
+#[derive(Clone, Debug)]
+pub(super) struct SidecarView {
+    /// The worker's id in the routing core.
+    pub(super) worker: WorkerId,
+    /// What the owning stream said the worker is.
+    pub(super) identity: SidecarIdentity,
+    /// The stream currently owning the worker (a newer stream takes over).
+    pub(super) stream: u64,
+    /// That stream is open.
+    pub(super) stream_open: bool,
+    /// A snapshot has completed at least once.
+    pub(super) synced: bool,
+    /// The sidecar's last scrape of vLLM failed (its load sample was not applied).
+    pub(super) scrape_failed: bool,
+}
+
+/// One worker as `/debug/workers` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkerReport {
+    /// Worker id.
+    pub id: String,
+    /// Address.
+    pub address: String,
+    /// Model.
+    pub model: String,
+    /// WorkerSet.
+    pub worker_set: String,
+    /// Listed by discovery.
+    pub listed: bool,
+    /// Pod ready (discovery).
+    pub ready: bool,
+    /// Sidecar stream open now.
+    pub sidecar_connected: bool,
+    /// A snapshot has completed.
+    pub synced: bool,
+    /// Stale (stream gone or reports too old).
+    pub stale: bool,
+    /// Routable now.
+    pub routable: bool,
+    /// Epoch.
+    pub epoch: u64,
+    /// Block size.
+    pub block_size: usize,
+    /// Resident blocks in the index.
+    pub index_blocks: u64,
+    /// Seconds since the last report (None: never reported).
+    pub last_report_age_s: Option<f64>,
+    /// Last load sample.
+    pub load: Option<LoadView>,
+    /// Router in-flight assignments (waiting first token + decoding).
+    pub in_flight: u32,
+    /// Of which waiting for the first token.
+    pub waiting_first_token: u32,
+}
+
+/// `/debug/workers` body.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkersReport {
+    /// Distinct blocks in the index.
+    pub index_distinct_blocks: usize,
+    /// (block, worker) pairs.
+    pub index_pairs: u64,
+    /// Estimated index memory.
+    pub index_memory_bytes: usize,
+    /// Outstanding assignments (all workers).
+    pub in_flight: usize,
+    /// Workers.
+    pub workers: Vec<WorkerReport>,
+}
+
+impl RouterState {
+    /// A new report stream id (a newer stream of the same worker takes it over).
+    pub fn new_stream_id(&self) -> u64 {
+        self.0.next_stream.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Starts a snapshot from stream `stream`: registers the worker (the stream now owns it),
+    /// refuses older epochs, replaces everything known about its blocks with `blocks`.
+    pub fn sidecar_snapshot_start(
+        &self,
+        stream: u64,
+        identity: &SidecarIdentity,
+        blocks: &[u64],
+        now: Instant,
+    ) -> Result<(), SnapshotRefused> {
+        if identity.worker_id.is_empty() || identity.model.is_empty() || identity.block_size == 0 {
+            return Err(SnapshotRefused::BadIdentity);
+        }
+        let t = self.secs(now);
+        let mut sidecars = self.0.sidecars.write();
+        let mut core = self.0.core.lock();
+        if let Some(known) = core
+            .routing
+            .worker_id(&identity.worker_id)
+            .and_then(|w| core.routing.worker(w))
+            .map(|w| w.epoch)
+            && identity.epoch < known
+        {
+            return Err(SnapshotRefused::OlderEpoch {
+                got: identity.epoch,
+                known,
+            });
+        }
+        let worker = core.routing.snapshot(
+            &identity.worker_id,
+            identity.block_size,
+            identity.epoch,
+            blocks,
+            t,
+        );
+        drop(core);
+        let view = SidecarView {
+            worker,
+            identity: identity.clone(),
+            stream,
+            stream_open: true,
+            synced: false,
+            scrape_failed: false,
+        };
+        match sidecars.get_mut(&identity.worker_id) {
+            // A re-snapshot keeps the worker routable (it was synced) while the rest arrives.
+            Some(s) => {
+                let synced = s.synced && s.identity.epoch == identity.epoch && s.worker == worker;
+                *s = SidecarView { synced, ..view };
+            }
+            None => {
+                sidecars.insert(identity.worker_id.clone(), view);
+            }
+        }
+        drop(sidecars);
+        self.0
+            .metrics
+            .ingest_blocks
+            .with_label_values(&["snapshot"])
+            .inc_by(blocks.len() as u64);
+        Ok(())
+    }
+
+    /// A later chunk of a snapshot; `last` completes it (the worker becomes routable). False
+    /// when the stream no longer owns the worker.
+    pub fn sidecar_snapshot_chunk(
+        &self,
+        stream: u64,
+        worker: &str,
+        blocks: &[u64],
+        last: bool,
+        now: Instant,
+    ) -> bool {
+        let t = self.secs(now);
+        let Some(w) = self.owned(stream, worker) else {
+            return false;
+        };
+        self.0.core.lock().routing.stored(w, blocks, t);
+        if last && let Some(s) = self.0.sidecars.write().get_mut(worker) {
+            s.synced = true;
+        }
+        self.0
+            .metrics
+            .ingest_blocks
+            .with_label_values(&["snapshot"])
+            .inc_by(blocks.len() as u64);
+        true
+    }
+
+    /// Applies delta ops in order. False when the stream no longer owns the worker.
+    pub fn sidecar_delta(
+        &self,
+        stream: u64,
+        worker: &str,
+        ops: &[DeltaOp<'_>],
+        now: Instant,
+    ) -> bool {
+        let t = self.secs(now);
+        let Some(w) = self.owned(stream, worker) else {
+            return false;
+        };
+        let (mut stored, mut removed, mut cleared) = (0u64, 0u64, 0u64);
+        let mut core = self.0.core.lock();
+        for op in ops {
+            match *op {
+                DeltaOp::Stored(b) => {
+                    core.routing.stored(w, b, t);
+                    stored += b.len() as u64;
+                }
+                DeltaOp::Removed(b) => {
+                    core.routing.removed(w, b, t);
+                    removed += b.len() as u64;
+                }
+                DeltaOp::Cleared => {
+                    core.routing.cleared(w, t);
+                    cleared += 1;
+                }
+            }
+        }
+        drop(core);
+        let m = &self.0.metrics.ingest_blocks;
+        m.with_label_values(&["stored"]).inc_by(stored);
+        m.with_label_values(&["removed"]).inc_by(removed);
+        m.with_label_values(&["cleared"]).inc_by(cleared);
+        true
+    }
+
+    /// Records a load sample. A sample whose scrape failed is noted for display but neither
+    /// feeds the predictor nor counts as a sign of life.
+    pub fn sidecar_load(&self, stream: u64, worker: &str, load: LoadView, now: Instant) -> bool {
+        let t = self.secs(now);
+        let Some(w) = self.owned(stream, worker) else {
+            return false;
+        };
+        if let Some(s) = self.0.sidecars.write().get_mut(worker) {
+            s.scrape_failed = load.scrape_failed;
+        }
+        if !load.scrape_failed {
+            let sample = LoadSample {
+                waiting: load.waiting,
+                running: load.running,
+                kv_usage: load.kv_usage,
+                kv_capacity_tokens: load.kv_capacity_tokens,
+            };
+            self.0.core.lock().routing.load(w, sample, t);
+        }
+        true
+    }
+
+    /// The stream ended: if it still owns the worker, the worker stops being a candidate (its
+    /// blocks are kept for a reconnect; it is retired once discovery drops it too).
+    pub fn sidecar_closed(&self, stream: u64, worker: &str, now: Instant) {
+        let t = self.secs(now);
+        let mut sidecars = self.0.sidecars.write();
+        let Some(s) = sidecars.get_mut(worker) else {
+            return;
+        };
+        if s.stream != stream {
+            return;
+        }
+        s.stream_open = false;
+        let w = s.worker;
+        self.0.core.lock().routing.stream_closed(w, t);
+    }
+
+    fn owned(&self, stream: u64, worker: &str) -> Option<WorkerId> {
+        self.0
+            .sidecars
+            .read()
+            .get(worker)
+            .filter(|s| s.stream == stream)
+            .map(|s| s.worker)
+    }
+
+    /// Open sidecar streams.
+    pub fn open_streams(&self) -> usize {
+        self.0
+            .sidecars
+            .read()
+            .values()
+            .filter(|s| s.stream_open)
+            .count()
+    }
+
+    /// Workers, index and load (`/debug/workers`).
+    pub fn workers_report(&self, now: Instant) -> WorkersReport {
+        let t = self.secs(now);
+        let catalog = self.0.catalog.read().clone();
+        let sidecars = self.0.sidecars.read().clone();
+        let core = self.0.core.lock();
+        let routing = &core.routing;
+        let route_unlisted = self.0.config.route_unlisted;
+        let row = |id: &str, listed: Option<&DiscoveredWorker>, s: Option<&SidecarView>| {
+            let w = s.map(|s| s.worker);
+            let slot = w.and_then(|w| routing.worker(w));
+            let infl = w.map(|w| routing.inflight(w)).unwrap_or_default();
+            let stale = w.is_none_or(|w| routing.is_stale(w, t));
+            let connected = s.is_some_and(|s| s.stream_open);
+            let synced = s.is_some_and(|s| s.synced);
+            let ready = listed.is_some_and(|w| w.ready);
+            let pick = |a: Option<String>, b: Option<String>| a.or(b).unwrap_or_default();
+            WorkerReport {
+                id: id.to_string(),
+                address: pick(
+                    listed.map(|w| w.address.clone()),
+                    s.map(|s| s.identity.address.clone()),
+                ),
+                model: pick(
+                    listed.map(|w| w.model.clone()),
+                    s.map(|s| s.identity.model.clone()),
+                ),
+                worker_set: pick(
+                    listed.map(|w| w.worker_set.clone()),
+                    s.map(|s| s.identity.worker_set.clone()),
+                ),
+                listed: listed.is_some(),
+                ready,
+                sidecar_connected: connected,
+                synced,
+                stale,
+                routable: synced && connected && (ready || (listed.is_none() && route_unlisted)),
+                epoch: slot.map_or(0, |s| s.epoch),
+                block_size: slot.map_or(0, |s| s.block_size),
+                index_blocks: w.map_or(0, |w| routing.blocks_of(w)),
+                last_report_age_s: slot.map(|s| (t - s.last_report).max(0.0)),
+                load: slot
+                    .filter(|sl| sl.load_at.is_finite() || s.is_some_and(|s| s.scrape_failed))
+                    .map(|sl| LoadView {
+                        waiting: sl.load.waiting,
+                        running: sl.load.running,
+                        kv_usage: sl.load.kv_usage,
+                        scrape_failed: s.is_some_and(|s| s.scrape_failed),
+                        kv_capacity_tokens: sl.load.kv_capacity_tokens,
+                    }),
+                in_flight: infl.outstanding(),
+                waiting_first_token: infl.waiting,
+            }
+        };
+        let mut workers = Vec::new();
+        let mut seen = Vec::new();
+        for w in &catalog.workers {
+            let s = find_sidecar(&sidecars, w);
+            if let Some((k, _)) = s {
+                seen.push(k.to_string());
+            }
+            workers.push(row(&w.id, Some(w), s.map(|(_, s)| s)));
+        }
+        let mut unlisted: Vec<_> = sidecars.iter().filter(|(k, _)| !seen.contains(k)).collect();
+        unlisted.sort_by(|a, b| a.0.cmp(b.0));
+        for (k, s) in unlisted {
+            workers.push(row(k, None, Some(s)));
+        }
+        let stats = routing.index_stats();
+        WorkersReport {
+            index_distinct_blocks: stats.distinct_blocks,
+            index_pairs: stats.pairs,
+            index_memory_bytes: stats.memory_bytes,
+            in_flight: routing.outstanding(),
+            workers,
+        }
+    }
+
+    /// Sets the scrape-time gauges (index size, in-flight, worker states).
+    pub fn refresh_gauges(&self, now: Instant) {
+        let report = self.workers_report(now);
+        let m = &self.0.metrics;
+        m.index_blocks.reset();
+        m.in_flight.reset();
+        let mut by_state: BTreeMap<&str, i64> = [
+            ("routable", 0),
+            ("stale", 0),
+            ("not_ready", 0),
+            ("unlisted", 0),
+        ]
+        .into_iter()
+        .collect();
+        for w in &report.workers {
+            m.index_blocks
+                .with_label_values(&[&w.id])
+                .set(i64::try_from(w.index_blocks).unwrap_or(i64::MAX));
+            m.in_flight
+                .with_label_values(&[&w.id])
+                .set(i64::from(w.in_flight));
+            let state = if !w.listed && !self.0.config.route_unlisted {
+                "unlisted"
+            } else if !w.routable {
+                "not_ready"
+            } else if w.stale {
+                "stale"
+            } else {
+                "routable"
+            };
+            *by_state.entry(state).or_default() += 1;
+        }
+        for (state, n) in by_state {
+            m.workers.with_label_values(&[state]).set(n);
+        }
+    }
+}

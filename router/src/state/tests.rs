@@ -1,0 +1,217 @@
+//! Unit tests of the state over its public API (no sockets).
+use super::*;
+
+fn state(route_unlisted: bool) -> RouterState {
+    let metrics = RouterMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    let cfg = RouterConfig {
+        route_unlisted,
+        seed: 3,
+        ..RouterConfig::default()
+    };
+    RouterState::new(cfg, metrics).expect("state")
+}
+
+fn identity(id: &str, model: &str) -> SidecarIdentity {
+    SidecarIdentity {
+        worker_id: id.into(),
+        address: format!("{id}:8000"),
+        model: model.into(),
+        block_size: 4,
+        epoch: 1,
+        worker_set: "ws".into(),
+    }
+}
+
+fn report(s: &RouterState, stream: u64, id: &str, model: &str) {
+    let now = Instant::now();
+    s.sidecar_snapshot_start(stream, &identity(id, model), &[], now)
+        .expect("snapshot");
+    assert!(s.sidecar_snapshot_chunk(stream, id, &[], true, now));
+}
+
+fn input<'a>(model: &'a str, tokens: &'a [u32]) -> PickInput<'a> {
+    PickInput {
+        model,
+        prompt: Prompt::Tokens(tokens),
+        cache_salt: None,
+        lora: None,
+        headers: None,
+        resolved: None,
+        exclude: &[],
+        max_tokens: None,
+    }
+}
+
+#[test]
+fn max_tokens_of_reads_openai_and_anthropic_limits() {
+    let body = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+    assert_eq!(
+        max_tokens_of(&body(serde_json::json!({"max_tokens": 64}))),
+        Some(64)
+    );
+    assert_eq!(
+        max_tokens_of(&body(
+            serde_json::json!({"max_tokens": 64, "max_completion_tokens": 32})
+        )),
+        Some(32)
+    );
+    assert_eq!(
+        max_tokens_of(&body(serde_json::json!({"max_tokens": 1e12}))),
+        None,
+        "not an integer"
+    );
+    assert_eq!(
+        max_tokens_of(&body(serde_json::json!({"max_tokens": 99_999_999_999u64}))),
+        Some(u32::MAX)
+    );
+    assert_eq!(
+        max_tokens_of(&body(serde_json::json!({"max_tokens": -1}))),
+        None
+    );
+    assert_eq!(max_tokens_of(&body(serde_json::json!({}))), None);
+}
+
+#[test]
+fn models_come_from_pools_aliases_and_workers() {
+    let s = state(false);
+    s.set_catalog(Catalog {
+        pools: vec![PoolView {
+            name: "ns/p".into(),
+            models: vec![
+                ServedModel {
+                    name: "m".into(),
+                    backend_model: "m".into(),
+                },
+                ServedModel {
+                    name: "alias".into(),
+                    backend_model: "m".into(),
+                },
+            ],
+            worker_sets: vec!["ws".into()],
+        }],
+        workers: vec![DiscoveredWorker {
+            id: "w".into(),
+            address: "w:1".into(),
+            model: "other".into(),
+            worker_set: "x".into(),
+            ready: true,
+        }],
+    });
+    let ids: Vec<String> = s.models().into_iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec!["alias", "m", "other"]);
+    assert_eq!(
+        s.resolve_model("alias"),
+        Some(Resolved {
+            backend_model: "m".into(),
+            pool: Some("ns/p".into())
+        })
+    );
+    assert_eq!(s.resolve_model("nope"), None);
+}
+
+#[test]
+fn unlisted_workers_route_only_when_allowed() {
+    let strict = state(false);
+    report(&strict, 1, "w", "m");
+    let tokens = [1, 2, 3, 4];
+    assert_eq!(
+        strict
+            .pick(&input("m", &tokens), Instant::now())
+            .map(|a| a.worker),
+        Err(PickError::UnknownModel("m".into()))
+    );
+    let open = state(true);
+    report(&open, 1, "w", "m");
+    let a = open
+        .pick(&input("m", &tokens), Instant::now())
+        .expect("pick");
+    assert_eq!((a.worker.as_str(), a.address.as_str()), ("w", "w:8000"));
+    let excluded = PickInput {
+        exclude: &["w".to_string()],
+        ..input("m", &tokens)
+    };
+    assert_eq!(
+        open.pick(&excluded, Instant::now()).map(|a| a.worker),
+        Err(PickError::NoReadyWorker("m".into()))
+    );
+}
+
+#[test]
+fn release_happens_once_and_degraded_is_counted() {
+    let s = state(true);
+    report(&s, 1, "w", "m");
+    let a = s
+        .pick(
+            &PickInput {
+                prompt: Prompt::Unavailable,
+                ..input("m", &[])
+            },
+            Instant::now(),
+        )
+        .expect("pick");
+    assert!(a.degraded);
+    assert_eq!(s.in_flight(), 1);
+    assert!(s.first_token(a.assignment, Some(0.1), Instant::now()));
+    assert!(!s.first_token(a.assignment, Some(0.1), Instant::now()));
+    assert!(s.done(a.assignment, Usage::default()));
+    assert!(!s.done(a.assignment, Usage::default()));
+    assert!(!s.abort(a.assignment, "late"));
+    assert_eq!(s.in_flight(), 0);
+    let text = s.metrics().encode();
+    assert!(
+        text.contains(
+            "kvroute_router_degraded_decisions_total{model=\"m\",reason=\"no_prompt\"} 1"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_superseded_stream_cannot_touch_the_worker() {
+    let s = state(true);
+    report(&s, 1, "w", "m");
+    report(&s, 2, "w", "m");
+    let now = Instant::now();
+    assert!(!s.sidecar_delta(1, "w", &[DeltaOp::Stored(&[1])], now));
+    s.sidecar_closed(1, "w", now);
+    let row = s
+        .workers_report(now)
+        .workers
+        .into_iter()
+        .find(|w| w.id == "w")
+        .expect("row");
+    assert!(row.sidecar_connected && !row.stale, "{row:?}");
+    s.sidecar_closed(2, "w", now);
+    let row = s
+        .workers_report(now)
+        .workers
+        .into_iter()
+        .find(|w| w.id == "w")
+        .expect("row");
+    assert!(
+        !row.sidecar_connected && row.stale && !row.routable,
+        "a closed stream is not routable: {row:?}"
+    );
+}
+
+#[test]
+fn classifies_bodies_by_path_then_fields() {
+    let chat = serde_json::json!({"model": "m", "messages": []});
+    let comp = serde_json::json!({"model": "m", "prompt": "hi"});
+    assert_eq!(BodyKind::of("/v1/chat/completions", &chat), BodyKind::Chat);
+    assert_eq!(
+        BodyKind::of("/v1/completions?x=1", &comp),
+        BodyKind::Completion
+    );
+    assert_eq!(BodyKind::of("", &chat), BodyKind::Chat);
+    assert_eq!(BodyKind::of("", &comp), BodyKind::Completion);
+    assert_eq!(BodyKind::of("/v1/messages", &chat), BodyKind::Other);
+    let obj = chat.as_object().cloned().unwrap_or_default();
+    let input = PickInput::from_body("m", BodyKind::Completion, &obj, None, &[]);
+    assert!(matches!(input.prompt, Prompt::Unavailable));
+    let obj = serde_json::json!({"model": "m", "prompt": "hi", "cache_salt": "s", "max_tokens": 9});
+    let obj = obj.as_object().cloned().unwrap_or_default();
+    let input = PickInput::from_body("m", BodyKind::Completion, &obj, None, &[]);
+    assert!(matches!(input.prompt, Prompt::Completion(_)));
+    assert_eq!((input.cache_salt, input.max_tokens), (Some("s"), Some(9)));
+}
