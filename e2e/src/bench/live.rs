@@ -18,7 +18,8 @@
 //! routers to measure too) with `--external-worker URL` (the workers behind them, reset between
 //! runs), `--prompt-format ids|text` (text: the ids decoded with the tokenizer, for routers that
 //! accept no token ids); each also reads its `KVROUTE_BENCH_*` environment variable.
-//! `--policies none` measures only the external routers.
+//! `--policies none` measures only the external routers. `kvroute demo` (demo.rs) is a preset
+//! of this mode that shows its progress on a bar ([`run_live_with`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -654,14 +655,19 @@ pub async fn run_live_with(
 }
 
 fn log_line(workload: &str, r: &PolicyResult) {
+    // Goodput comes from the sweep: without one (`kvroute demo`) there is none to show.
+    let goodput = if r.sweep.is_empty() {
+        String::new()
+    } else {
+        format!("  goodput {:>6.1} rpm", r.peak_goodput_rpm)
+    };
     eprintln!(
-        "{:<14} {:<19} ttft p50 {:>7.3}s p90 {:>7.3}s  hit {:>5.1}%  goodput {:>6.1} rpm  failed {}",
+        "{:<14} {:<19} ttft p50 {:>7.3}s p90 {:>7.3}s  hit {:>5.1}%{goodput}  failed {}",
         workload,
         r.policy,
         r.summary.ttft_p50_s,
         r.summary.ttft_p90_s,
         r.summary.cache_hit_rate * 100.0,
-        r.peak_goodput_rpm,
         r.summary.rejected
     );
 }
