@@ -68,7 +68,7 @@ pub struct DemoArgs {
     )]
     pub profile: String,
     /// Tokenizer directory shared by the workers and the router.
-    #[arg(long, env = "KVROUTE_DEMO_TOKENIZER", default_value = DEFAULT_TOKENIZER)]
+    #[arg(long, env = "KVROUTE_DEMO_TOKENIZER", default_value = live::DEFAULT_TOKENIZER)]
     pub tokenizer: PathBuf,
     /// Policies to compare, in order.
     #[arg(
@@ -95,10 +95,6 @@ pub struct DemoArgs {
     #[arg(long, env = "KVROUTE_DEMO_NO_PROGRESS", default_value_t = false)]
     pub no_progress: bool,
 }
-
-/// The Qwen3 tokenizer in the repository's test data.
-const DEFAULT_TOKENIZER: &str =
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tokenizers/qwen3");
 
 /// Tokens of each request's own question after the shared system prompt.
 const QUESTION_TOKENS: usize = 16;

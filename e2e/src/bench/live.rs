@@ -46,7 +46,7 @@ use kvroute_tokenization::Tokenizer;
 pub const MODEL: &str = "qwen3-32b";
 const NAMESPACE: &str = "bench";
 /// The Qwen3 tokenizer in the repository's test data.
-const DEFAULT_TOKENIZER: &str =
+pub const DEFAULT_TOKENIZER: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tokenizers/qwen3");
 
 /// Live settings beyond `BenchArgs` (from the environment, see the module doc).
