@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Start mock workers, sidecars and the router on loopback and compare random routing with
-    /// kvroute on a shared-prefix workload.
+    /// kvroute on a shared-prefix workload (a preset of `bench --mode live`).
     Demo(kvroute_e2e::demo::DemoArgs),
     /// Benchmark routing policies (simulated or live).
     Bench(kvroute_e2e::bench::BenchArgs),

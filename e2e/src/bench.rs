@@ -81,6 +81,9 @@ pub struct BenchArgs {
     pub question_tokens: Option<usize>,
     #[arg(long)]
     pub output_tokens: Option<u32>,
+    /// Draw each request's output length from `--output-tokens..=--max-output-tokens`.
+    #[arg(long)]
+    pub max_output_tokens: Option<u32>,
     #[arg(long)]
     pub turns: Option<usize>,
     /// Delay between a worker event and the router seeing it (sidecar + network), ms.
@@ -258,6 +261,9 @@ pub fn selection(args: &BenchArgs) -> anyhow::Result<(Vec<WorkloadSpec>, Vec<Str
             }
             if let Some(v) = args.output_tokens {
                 s.output_tokens = v;
+            }
+            if let Some(v) = args.max_output_tokens {
+                s.max_output_tokens = Some(v);
             }
             if let Some(v) = args.turns {
                 s.turns = v;

@@ -18,7 +18,8 @@
 //! routers to measure too) with `--external-worker URL` (the workers behind them, reset between
 //! runs), `--prompt-format ids|text` (text: the ids decoded with the tokenizer, for routers that
 //! accept no token ids); each also reads its `KVROUTE_BENCH_*` environment variable.
-//! `--policies none` measures only the external routers.
+//! `--policies none` measures only the external routers. `kvroute demo` (demo.rs) is a preset
+//! of this mode that shows its progress on a bar ([`run_live_with`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
+use indicatif::ProgressBar;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
@@ -44,7 +46,7 @@ use kvroute_tokenization::Tokenizer;
 pub const MODEL: &str = "qwen3-32b";
 const NAMESPACE: &str = "bench";
 /// The Qwen3 tokenizer in the repository's test data.
-const DEFAULT_TOKENIZER: &str =
+pub const DEFAULT_TOKENIZER: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tokenizers/qwen3");
 
 /// Live settings beyond `BenchArgs` (from the environment, see the module doc).
@@ -252,119 +254,119 @@ struct Sink {
     errors: Vec<String>,
 }
 
-/// Sends a session's turns one after another, growing its history.
-async fn run_session(
-    client: &reqwest::Client,
-    url: &str,
-    session: &Session,
+/// What every client task of one run shares.
+#[derive(Clone)]
+struct LoadGen {
+    client: reqwest::Client,
+    url: String,
+    /// The run's start: every time in `Measured` counts from it.
     t0: Instant,
-    worker_ids: &[String],
-    sink: &Mutex<Sink>,
-    text: Option<&Tokenizer>,
-) {
-    let mut history: Vec<u32> = Vec::new();
-    for turn in &session.turns {
-        let mut prompt = std::mem::take(&mut history);
-        prompt.extend_from_slice(&turn.new_tokens);
-        let prompt_value = match text {
-            Some(t) => match t.decode(&prompt, true) {
-                Ok(s) => json!(s),
+    worker_ids: Arc<Vec<String>>,
+    sink: Arc<Mutex<Sink>>,
+    /// Send prompts as text decoded with this tokenizer instead of token ids.
+    text: Option<Arc<Tokenizer>>,
+    /// Advanced once per request answered or failed.
+    progress: ProgressBar,
+}
+
+impl LoadGen {
+    /// Sends a session's turns one after another, growing its history.
+    async fn run_session(&self, session: &Session) {
+        let mut history: Vec<u32> = Vec::new();
+        for turn in &session.turns {
+            let mut prompt = std::mem::take(&mut history);
+            prompt.extend_from_slice(&turn.new_tokens);
+            let prompt_value = match &self.text {
+                Some(t) => match t.decode(&prompt, true) {
+                    Ok(s) => json!(s),
+                    Err(e) => {
+                        self.sink
+                            .lock()
+                            .await
+                            .errors
+                            .push(format!("decode the prompt: {e}"));
+                        return;
+                    }
+                },
+                None => json!(prompt),
+            };
+            let body = request_body(
+                MODEL,
+                prompt_value,
+                turn.max_tokens,
+                session.cache_salt.as_deref(),
+            );
+            let sent = send_turn(&self.client, &self.url, &body, self.t0, &self.worker_ids).await;
+            self.progress.inc(1);
+            match sent {
+                Ok(mut m) => {
+                    prompt.append(&mut m.generated);
+                    history = prompt;
+                    self.sink.lock().await.measured.push(m);
+                }
                 Err(e) => {
-                    sink.lock()
-                        .await
-                        .errors
-                        .push(format!("decode the prompt: {e}"));
+                    // The rest of the session depends on this turn's reply: skip it.
+                    self.sink.lock().await.errors.push(format!("{e:#}"));
                     return;
                 }
-            },
-            None => json!(prompt),
-        };
-        let body = request_body(
-            MODEL,
-            prompt_value,
-            turn.max_tokens,
-            session.cache_salt.as_deref(),
-        );
-        match send_turn(client, url, &body, t0, worker_ids).await {
-            Ok(mut m) => {
-                prompt.append(&mut m.generated);
-                history = prompt;
-                sink.lock().await.measured.push(m);
-            }
-            Err(e) => {
-                // The rest of the session depends on this turn's reply: skip it.
-                sink.lock().await.errors.push(format!("{e:#}"));
-                return;
             }
         }
     }
 }
 
-/// Replays `sessions` against `gateway` and returns the run in simulated seconds
-/// (wall clock x `speedup`) plus the failures.
+/// Replays `sessions` against the target and returns the run in simulated seconds
+/// (wall clock x the plan's speed-up) plus the failures.
 async fn replay(
-    gateway: &str,
+    target: &Target<'_>,
+    plan: &RunPlan<'_>,
     sessions: Arc<Vec<Session>>,
     arrivals: Arrivals,
-    speedup: f64,
-    seed: u64,
-    worker_ids: Arc<Vec<String>>,
-    text: Option<Arc<Tokenizer>>,
 ) -> (RunResult, Vec<String>) {
     let parallel = match arrivals {
         Arrivals::Closed { users } => users.max(1),
         Arrivals::Poisson { .. } => sessions.len().max(1),
     };
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(parallel.min(256))
-        .build()
-        .unwrap_or_default();
-    let url = format!("{gateway}/v1/completions");
-    let sink = Arc::new(Mutex::new(Sink::default()));
-    let t0 = Instant::now();
+    let load = LoadGen {
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(parallel.min(256))
+            .build()
+            .unwrap_or_default(),
+        url: format!("{}/v1/completions", target.gateway),
+        t0: Instant::now(),
+        worker_ids: target.worker_ids.clone(),
+        sink: Arc::new(Mutex::new(Sink::default())),
+        text: plan.text.clone(),
+        progress: plan.progress.clone(),
+    };
     let mut tasks = tokio::task::JoinSet::new();
     match arrivals {
         Arrivals::Closed { users } => {
             let next = Arc::new(AtomicUsize::new(0));
             for _ in 0..users.max(1) {
-                let (client, url, next, sessions, ids, sink, text) = (
-                    client.clone(),
-                    url.clone(),
-                    next.clone(),
-                    sessions.clone(),
-                    worker_ids.clone(),
-                    sink.clone(),
-                    text.clone(),
-                );
+                let (load, next, sessions) = (load.clone(), next.clone(), sessions.clone());
                 tasks.spawn(async move {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(s) = sessions.get(i) else { break };
-                        run_session(&client, &url, s, t0, &ids, &sink, text.as_deref()).await;
+                        load.run_session(s).await;
                     }
                 });
             }
         }
         Arrivals::Poisson { rate_per_s } => {
             // Arrival times in simulated seconds, paced in wall time (/ speedup).
-            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6172_7269_7661_6c73);
-            let wall_rate = (rate_per_s * speedup).max(1e-9);
+            let mut rng = ChaCha8Rng::seed_from_u64(plan.seed ^ 0x6172_7269_7661_6c73);
+            let wall_rate = (rate_per_s * plan.speedup).max(1e-9);
             let mut at = 0.0f64;
             for i in 0..sessions.len() {
                 let u: f64 = rng.random_range(f64::EPSILON..1.0);
                 at += -u.ln() / wall_rate;
-                let (client, url, sessions, ids, sink, text) = (
-                    client.clone(),
-                    url.clone(),
-                    sessions.clone(),
-                    worker_ids.clone(),
-                    sink.clone(),
-                    text.clone(),
-                );
+                let (load, sessions) = (load.clone(), sessions.clone());
                 tasks.spawn(async move {
-                    tokio::time::sleep_until((t0 + Duration::from_secs_f64(at)).into()).await;
+                    let start = load.t0 + Duration::from_secs_f64(at);
+                    tokio::time::sleep_until(start.into()).await;
                     if let Some(s) = sessions.get(i) {
-                        run_session(&client, &url, s, t0, &ids, &sink, text.as_deref()).await;
+                        load.run_session(s).await;
                     }
                 });
             }
@@ -376,9 +378,9 @@ async fn replay(
             errors.push(format!("client task failed: {e}"));
         }
     }
-    let sink = std::mem::take(&mut *sink.lock().await);
+    let sink = std::mem::take(&mut *load.sink.lock().await);
     errors.extend(sink.errors);
-    (to_run_result(sink.measured, speedup), errors)
+    (to_run_result(sink.measured, plan.speedup), errors)
 }
 
 /// Wall-clock measurements -> a run in simulated seconds, in arrival order.
@@ -459,39 +461,24 @@ struct RunPlan<'a> {
     seed: u64,
     workers: usize,
     text: Option<Arc<Tokenizer>>,
+    progress: &'a ProgressBar,
 }
 
 async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<PolicyResult> {
     reset_caches(target.worker_urls).await?;
-    let (headline, errors) = replay(
-        target.gateway,
-        plan.sessions.clone(),
-        plan.headline,
-        plan.speedup,
-        plan.seed,
-        target.worker_ids.clone(),
-        plan.text.clone(),
-    )
-    .await;
+    plan.progress
+        .set_message(format!("{}: replaying", target.name));
+    let (headline, errors) = replay(target, plan, plan.sessions.clone(), plan.headline).await;
     let mut failed = errors.len();
     for e in errors.iter().take(3) {
-        eprintln!("{}: {e}", target.name);
+        plan.progress.suspend(|| eprintln!("{}: {e}", target.name));
     }
     let mut points = Vec::new();
     for &c in plan.sweep {
         reset_caches(target.worker_urls).await?;
         let n = (c * 6).max(24).min(plan.sessions.len());
         let subset = Arc::new(plan.sessions[..n].to_vec());
-        let (r, errors) = replay(
-            target.gateway,
-            subset,
-            Arrivals::Closed { users: c },
-            plan.speedup,
-            plan.seed,
-            target.worker_ids.clone(),
-            plan.text.clone(),
-        )
-        .await;
+        let (r, errors) = replay(target, plan, subset, Arrivals::Closed { users: c }).await;
         failed += errors.len();
         points.push(SweepPoint::of(c, &r));
     }
@@ -510,6 +497,16 @@ async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<Poli
 /// Runs the live suite: every selected workload x policy (oracle skipped) on fresh local
 /// deployments, plus the external routers of `live`.
 pub async fn run_live(args: &BenchArgs, live: &LiveConfig) -> anyhow::Result<SuiteResult> {
+    run_live_with(args, live, &ProgressBar::hidden()).await
+}
+
+/// [`run_live`], reporting on `progress`: one step per request (the caller sets its length),
+/// the current stage as its message, and log lines printed above it.
+pub async fn run_live_with(
+    args: &BenchArgs,
+    live: &LiveConfig,
+    progress: &ProgressBar,
+) -> anyhow::Result<SuiteResult> {
     let only_external = args.policies == "none";
     let mut selection_args = args.clone();
     if only_external {
@@ -585,6 +582,7 @@ pub async fn run_live(args: &BenchArgs, live: &LiveConfig) -> anyhow::Result<Sui
             seed: args.seed,
             workers: args.workers,
             text: text.clone(),
+            progress,
         };
         let mut results = Vec::new();
         for policy in &policies {
@@ -597,6 +595,10 @@ pub async fn run_live(args: &BenchArgs, live: &LiveConfig) -> anyhow::Result<Sui
                 tokenizer: &live.tokenizer,
                 log_dir: &log_dir.join(spec.kind.name()),
             };
+            progress.set_message(format!(
+                "{policy}: starting {} workers, sidecars, router",
+                args.workers
+            ));
             let d = Deployment::start(&cfg, policy).await.with_context(|| {
                 format!(
                     "start the deployment for policy {policy} (logs in {})",
@@ -612,7 +614,7 @@ pub async fn run_live(args: &BenchArgs, live: &LiveConfig) -> anyhow::Result<Sui
             let r = measure(&target, &plan).await;
             d.stop().await;
             let r = r?;
-            log_line(spec.kind.name(), &r);
+            progress.suspend(|| log_line(spec.kind.name(), &r));
             results.push(r);
         }
         for (name, url) in &live.external_routers {
@@ -623,7 +625,7 @@ pub async fn run_live(args: &BenchArgs, live: &LiveConfig) -> anyhow::Result<Sui
                 worker_ids: Arc::new(Vec::new()),
             };
             let r = measure(&target, &plan).await?;
-            log_line(spec.kind.name(), &r);
+            progress.suspend(|| log_line(spec.kind.name(), &r));
             results.push(r);
         }
         workloads.push(WorkloadResult {
@@ -653,14 +655,19 @@ pub async fn run_live(args: &BenchArgs, live: &LiveConfig) -> anyhow::Result<Sui
 }
 
 fn log_line(workload: &str, r: &PolicyResult) {
+    // Goodput comes from the sweep: without one (`kvroute demo`) there is none to show.
+    let goodput = if r.sweep.is_empty() {
+        String::new()
+    } else {
+        format!("  goodput {:>6.1} rpm", r.peak_goodput_rpm)
+    };
     eprintln!(
-        "{:<14} {:<19} ttft p50 {:>7.3}s p90 {:>7.3}s  hit {:>5.1}%  goodput {:>6.1} rpm  failed {}",
+        "{:<14} {:<19} ttft p50 {:>7.3}s p90 {:>7.3}s  hit {:>5.1}%{goodput}  failed {}",
         workload,
         r.policy,
         r.summary.ttft_p50_s,
         r.summary.ttft_p90_s,
         r.summary.cache_hit_rate * 100.0,
-        r.peak_goodput_rpm,
         r.summary.rejected
     );
 }

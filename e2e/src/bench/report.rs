@@ -57,7 +57,7 @@ pub fn json(r: &SuiteResult) -> Value {
 }
 
 /// Non-finite numbers become null (JSON has no NaN).
-fn num(x: f64) -> Value {
+pub fn num(x: f64) -> Value {
     if x.is_finite() { json!(x) } else { Value::Null }
 }
 
@@ -296,38 +296,7 @@ pub fn charts(r: &SuiteResult) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for w in &r.workloads {
         let name = w.spec.kind.name();
-        let cdf: Vec<Series> = w
-            .policies
-            .iter()
-            .map(|p| {
-                let mut v: Vec<f64> = p
-                    .ttfts
-                    .iter()
-                    .copied()
-                    .filter(|x| x.is_finite() && *x > 0.0)
-                    .collect();
-                v.sort_by(f64::total_cmp);
-                let n = v.len().max(1) as f64;
-                Series {
-                    name: p.policy.clone(),
-                    points: v
-                        .iter()
-                        .enumerate()
-                        .map(|(i, x)| (*x, (i + 1) as f64 / n))
-                        .collect(),
-                }
-            })
-            .collect();
-        out.push((
-            format!("{name}-ttft-cdf.svg"),
-            line_chart(
-                &format!("{name}: TTFT CDF (simulated s, log scale)"),
-                "TTFT (s)",
-                "fraction of requests",
-                &cdf,
-                true,
-            ),
-        ));
+        out.push((format!("{name}-ttft-cdf.svg"), ttft_cdf_chart(w)));
         let goodput: Vec<Series> = w
             .policies
             .iter()
@@ -360,6 +329,40 @@ pub fn charts(r: &SuiteResult) -> Vec<(String, String)> {
         ));
     }
     out
+}
+
+/// The TTFT distribution of every policy on one workload: an empirical CDF per policy,
+/// log-scaled time axis.
+pub fn ttft_cdf_chart(w: &WorkloadResult) -> String {
+    let cdf: Vec<Series> = w
+        .policies
+        .iter()
+        .map(|p| {
+            let mut v: Vec<f64> = p
+                .ttfts
+                .iter()
+                .copied()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .collect();
+            v.sort_by(f64::total_cmp);
+            let n = v.len().max(1) as f64;
+            Series {
+                name: p.policy.clone(),
+                points: v
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| (*x, (i + 1) as f64 / n))
+                    .collect(),
+            }
+        })
+        .collect();
+    line_chart(
+        &format!("{}: TTFT CDF (simulated s, log scale)", w.spec.kind.name()),
+        "TTFT (s)",
+        "fraction of requests",
+        &cdf,
+        true,
+    )
 }
 
 /// One line of a chart.

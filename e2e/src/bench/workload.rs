@@ -64,8 +64,11 @@ pub struct WorkloadSpec {
     pub prefix_tokens: usize,
     /// Per-request unique part (the question / user message).
     pub question_tokens: usize,
-    /// Tokens generated per request.
+    /// Tokens generated per request (the fewest, when `max_output_tokens` is set).
     pub output_tokens: u32,
+    /// When set, each turn generates a length drawn uniformly from
+    /// `output_tokens..=max_output_tokens` instead of exactly `output_tokens`.
+    pub max_output_tokens: Option<u32>,
     /// multi-turn: turns per conversation and the first turn's length.
     pub turns: usize,
     pub first_turn_tokens: usize,
@@ -83,6 +86,7 @@ impl WorkloadSpec {
             prefix_tokens: 2_048,
             question_tokens: 256,
             output_tokens: 256,
+            max_output_tokens: None,
             turns: 6,
             first_turn_tokens: 1_024,
             tenants: 4,
@@ -121,6 +125,7 @@ impl WorkloadSpec {
         self.prefix_tokens = self.prefix_tokens.min(512);
         self.question_tokens = self.question_tokens.min(128);
         self.output_tokens = self.output_tokens.min(16);
+        self.max_output_tokens = self.max_output_tokens.map(|m| m.min(16));
         self.turns = self.turns.min(3);
         self.first_turn_tokens = self.first_turn_tokens.min(256);
         self
@@ -151,6 +156,17 @@ fn tokens(rng: &mut ChaCha8Rng, n: usize) -> Vec<u32> {
     (0..n).map(|_| rng.random_range(TOKEN_RANGE)).collect()
 }
 
+/// A turn's output length. Without a range nothing is drawn, so the sessions of a spec
+/// without one stay what they were for a given seed.
+fn output_len(rng: &mut ChaCha8Rng, spec: &WorkloadSpec) -> u32 {
+    match spec.max_output_tokens {
+        Some(max) if max != spec.output_tokens => {
+            rng.random_range(spec.output_tokens.min(max)..=spec.output_tokens.max(max))
+        }
+        _ => spec.output_tokens,
+    }
+}
+
 /// Generates the sessions of `spec`; the same seed gives the same sessions.
 pub fn generate(spec: &WorkloadSpec, seed: u64) -> Vec<Session> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x776f_726b_6c6f_6164);
@@ -164,14 +180,14 @@ pub fn generate(spec: &WorkloadSpec, seed: u64) -> Vec<Session> {
                     let p = &prefixes[rng.random_range(0..prefixes.len())];
                     let mut t = p.clone();
                     t.extend(tokens(&mut rng, spec.question_tokens));
-                    single(t, spec.output_tokens, None, 0)
+                    single(t, output_len(&mut rng, spec), None, 0)
                 })
                 .collect()
         }
         WorkloadKind::Independent => (0..spec.sessions)
             .map(|_| {
                 let t = tokens(&mut rng, spec.prefix_tokens + spec.question_tokens);
-                single(t, spec.output_tokens, None, 0)
+                single(t, output_len(&mut rng, spec), None, 0)
             })
             .collect(),
         WorkloadKind::MultiTurn => (0..spec.sessions)
@@ -195,14 +211,14 @@ pub fn generate(spec: &WorkloadSpec, seed: u64) -> Vec<Session> {
                         0..5 => {
                             let mut t = system.clone();
                             t.extend(tokens(&mut rng, spec.question_tokens));
-                            single(t, spec.output_tokens, salt, tenant)
+                            single(t, output_len(&mut rng, spec), salt, tenant)
                         }
                         // 30%: a conversation starting from the system prompt.
                         5..8 => conversation(&mut rng, spec, system.clone(), salt, tenant),
                         // 20%: an unrelated prompt.
                         _ => {
                             let t = tokens(&mut rng, spec.prefix_tokens);
-                            single(t, spec.output_tokens, salt, tenant)
+                            single(t, output_len(&mut rng, spec), salt, tenant)
                         }
                     }
                 })
@@ -234,12 +250,12 @@ fn conversation(
     first.extend(tokens(rng, spec.first_turn_tokens));
     turns.push(Turn {
         new_tokens: first,
-        max_tokens: spec.output_tokens,
+        max_tokens: output_len(rng, spec),
     });
     for _ in 1..spec.turns.max(1) {
         turns.push(Turn {
             new_tokens: tokens(rng, spec.question_tokens),
-            max_tokens: spec.output_tokens,
+            max_tokens: output_len(rng, spec),
         });
     }
     Session {
@@ -282,6 +298,33 @@ mod tests {
             sessions[0].turns[0].new_tokens.len(),
             spec.prefix_tokens + spec.question_tokens
         );
+    }
+
+    #[test]
+    fn output_lengths_come_from_the_range_when_one_is_set() {
+        let fixed = WorkloadSpec::default_for(WorkloadKind::SharedPrefix).quick();
+        let ranged = WorkloadSpec {
+            output_tokens: 12,
+            max_output_tokens: Some(4),
+            ..fixed.clone()
+        };
+        let lens: Vec<u32> = generate(&ranged, 3)
+            .iter()
+            .flat_map(|s| s.turns.iter().map(|t| t.max_tokens))
+            .collect();
+        assert!(lens.iter().all(|n| (4..=12).contains(n)), "{lens:?}");
+        assert!(lens.iter().any(|&n| n != lens[0]), "{lens:?}");
+        let exact = WorkloadSpec {
+            max_output_tokens: Some(fixed.output_tokens),
+            ..fixed.clone()
+        };
+        let a = generate(&fixed, 3);
+        let b = generate(&exact, 3);
+        assert!(
+            a.iter()
+                .all(|s| s.turns[0].max_tokens == fixed.output_tokens)
+        );
+        assert_eq!(a[5].turns[0].new_tokens, b[5].turns[0].new_tokens);
     }
 
     #[test]
