@@ -1,5 +1,7 @@
 //! `GatewayBackend`: how to reach an external HTTP backend: URL, TLS and credentials from a
-//! Secret.
+//! Secret. The router does not send requests to backends yet: the operator validates a backend
+//! and checks its Secrets (conditions Accepted, ResolvedRefs) and reports Ready=False with
+//! reason `NotEnforced`.
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -20,8 +22,13 @@ use crate::validation::SpecIssue;
     shortname = "gwb",
     category = "kvroute",
     derive = "PartialEq",
-    doc = "An external HTTP backend: URL, TLS settings and credentials from a Secret.",
+    doc = "An external HTTP backend: URL, TLS settings and credentials from a Secret. Validated by the operator; the router does not send requests to backends yet (Ready=False, reason NotEnforced).",
     printcolumn(name = "URL", type_ = "string", json_path = ".spec.url"),
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
     printcolumn(
         name = "Ready",
         type_ = "string",
@@ -116,7 +123,8 @@ pub struct GatewayBackendStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready` and `ResolvedRefs`.
+    /// `Accepted` (the spec is valid), `ResolvedRefs` (what it names exists) and `Ready`
+    /// (False with reason `NotEnforced` while the router does not act on this kind).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -3,9 +3,12 @@
 
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-/// Condition type: the resource is usable (WorkerSet: all replicas ready; others: references
-/// resolve).
+/// Condition type: the resource takes effect (WorkerSet: all replicas ready; Pool: a primary
+/// target is ready). False with reason `NotEnforced` for a kind the router does not act on yet.
 pub const READY: &str = "Ready";
+/// Condition type: the spec is valid and the operator has taken it in (Pool, Policy, Provider,
+/// GatewayBackend). Accepted is not Ready: see [`READY`].
+pub const ACCEPTED: &str = "Accepted";
 /// Condition type: a rollout or scale is in flight.
 pub const PROGRESSING: &str = "Progressing";
 /// Condition type: the resource is running below what it asked for, or its spec is invalid.

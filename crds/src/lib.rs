@@ -9,6 +9,10 @@
 //!      '-- InferencePolicy (ordered rules: route / reject / overflow / limits)
 //! ```
 //!
+//! The router acts on WorkerSets and Pools. Policies, Providers and GatewayBackends are
+//! validated and resolved by the operator but not yet enforced: their status says
+//! Accepted=True and Ready=False with reason `NotEnforced`.
+//!
 //! Everything here is pure data plus validation: no client, no I/O.
 
 // clippy reads the repeated `printcolumn(name = .., type_ = ..)` arguments inside one

@@ -1,5 +1,7 @@
-//! `InferencePolicy`: ordered routing rules. The router evaluates rules top to bottom; the
-//! first rule whose `match` fits a request applies its actions.
+//! `InferencePolicy`: ordered routing rules, meant to be evaluated top to bottom, the first rule
+//! whose `match` fits a request applying its actions. The router does not enforce them yet: the
+//! operator validates a policy and resolves what it names (conditions Accepted, ResolvedRefs)
+//! and reports Ready=False with reason `NotEnforced`.
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -20,8 +22,13 @@ use crate::validation::SpecIssue;
     shortname = "ipolicy",
     category = "kvroute",
     derive = "PartialEq",
-    doc = "Ordered routing rules (first match wins): route, reject, overflow to a provider, rate and token limits per tenant.",
+    doc = "Ordered routing rules (first match wins): route, reject, overflow to a provider, rate and token limits per tenant. Validated by the operator but not yet enforced by the router (Ready=False, reason NotEnforced).",
     printcolumn(name = "Pool", type_ = "string", json_path = ".spec.pool"),
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
     printcolumn(
         name = "Ready",
         type_ = "string",
@@ -186,7 +193,8 @@ pub struct InferencePolicyStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready` and `ResolvedRefs`.
+    /// `Accepted` (the spec is valid), `ResolvedRefs` (what it names exists) and `Ready`
+    /// (False with reason `NotEnforced` while the router does not act on this kind).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -1,5 +1,8 @@
 //! `InferencePool`: what a model name resolves to. Local WorkerSets and remote providers are
-//! targets with a role; aliases map stable client-facing names to backend models.
+//! targets with a role; aliases map stable client-facing names to backend models. The router
+//! routes a pool's models to its WorkerSet targets; provider targets and the overflow role are
+//! validated and resolved but not acted on yet (providers never report Ready, so they are never
+//! listed as ready targets).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResource;
@@ -21,7 +24,7 @@ use crate::validation::SpecIssue;
     shortname = "ipool",
     category = "kvroute",
     derive = "PartialEq",
-    doc = "The targets (local InferenceWorkerSets and remote InferenceProviders) that requests for a model are routed to.",
+    doc = "The targets (local InferenceWorkerSets and remote InferenceProviders) that requests for a model are routed to. The router uses WorkerSet targets only for now; provider targets and the overflow role are not acted on yet.",
     printcolumn(
         name = "Ready",
         type_ = "string",
@@ -58,7 +61,9 @@ pub enum TargetRole {
     /// Serves traffic normally.
     #[default]
     Primary,
-    /// Receives traffic only when a policy overflows (queue or predicted TTFT too high).
+    /// Meant to receive traffic only when a policy overflows (queue or predicted TTFT too
+    /// high). Not enforced yet: the router routes to an overflow WorkerSet like a primary one
+    /// and sends nothing to providers.
     Overflow,
 }
 
@@ -107,7 +112,7 @@ pub struct InferencePoolStatus {
     /// Ready targets grouped by the model they serve.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<ModelTargets>,
-    /// `Ready` and `ResolvedRefs`.
+    /// `Accepted` (the spec is valid), `ResolvedRefs` (what it names exists) and `Ready`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -1,5 +1,7 @@
 //! `InferenceProvider`: a remote OpenAI- or Anthropic-compatible API, reached through a
-//! GatewayBackend.
+//! GatewayBackend. The router does not send requests to providers yet: the operator validates
+//! a provider and resolves its backend (conditions Accepted, ResolvedRefs) and reports
+//! Ready=False with reason `NotEnforced`.
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -20,12 +22,17 @@ use crate::validation::SpecIssue;
     shortname = "iprov",
     category = "kvroute",
     derive = "PartialEq",
-    doc = "A remote OpenAI- or Anthropic-compatible inference API, its models and limits.",
+    doc = "A remote OpenAI- or Anthropic-compatible inference API, its models and limits. Validated by the operator; the router does not send requests to providers yet (Ready=False, reason NotEnforced).",
     printcolumn(name = "Kind", type_ = "string", json_path = ".spec.kind"),
     printcolumn(
         name = "Backend",
         type_ = "string",
         json_path = ".spec.gatewayBackendRef.name"
+    ),
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
     ),
     printcolumn(
         name = "Ready",
@@ -96,7 +103,8 @@ pub struct InferenceProviderStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready` and `ResolvedRefs`.
+    /// `Accepted` (the spec is valid), `ResolvedRefs` (what it names exists) and `Ready`
+    /// (False with reason `NotEnforced` while the router does not act on this kind).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -30,7 +30,7 @@ use kvroute_crds::{
 };
 use serde_json::{Value, json};
 
-use crate::crdgen::{GeneratedFile, to_yaml};
+use crate::generated::{GeneratedFile, crd_files, to_yaml, to_yaml_with_note};
 use crate::permissions::{OPERATOR_NAMESPACE_RULES, OPERATOR_RULES, policy_rules};
 
 /// OLM package name.
@@ -207,7 +207,8 @@ pub fn operator_deployment_spec(image: &str) -> DeploymentSpec {
 }
 
 /// Example resources (CSV `alm-examples`, and a working start for users): a vLLM WorkerSet on
-/// L40S, a pool with a provider for overflow, a policy, the provider and its backend.
+/// L40S, a pool with a provider for overflow, a policy, the provider and its backend. What the
+/// router does not act on yet is said by [`example_note`].
 pub fn examples() -> Vec<Value> {
     vec![
         json!({
@@ -256,6 +257,30 @@ pub fn examples() -> Vec<Value> {
     ]
 }
 
+/// A comment put above an example in `deploy/examples.yaml`, for kinds or fields the router
+/// does not act on yet, so that nobody applies them expecting an effect.
+pub fn example_note(kind: &str) -> Option<&'static str> {
+    match kind {
+        "InferencePool" => Some(
+            "# The router routes the pool's models to its WorkerSet targets. The provider target is\n\
+             # resolved but receives no traffic yet (InferenceProviders are not enforced).\n",
+        ),
+        "InferencePolicy" => Some(
+            "# Accepted and validated, not enforced: the router does not apply InferencePolicy rules\n\
+             # yet. Status: Accepted=True, ResolvedRefs=True, Ready=False with reason NotEnforced.\n",
+        ),
+        "InferenceProvider" => Some(
+            "# Accepted and validated, not enforced: the router does not send requests to\n\
+             # InferenceProviders yet. Status: Accepted=True, Ready=False with reason NotEnforced.\n",
+        ),
+        "GatewayBackend" => Some(
+            "# Accepted and validated (its Secret and key must exist), not enforced: the router does\n\
+             # not send requests to GatewayBackends yet. Status: Ready=False, reason NotEnforced.\n",
+        ),
+        _ => None,
+    }
+}
+
 fn descriptor(path: &str, name: &str, description: &str, x: &[&str]) -> Value {
     json!({"path": path, "displayName": name, "description": description, "x-descriptors": x})
 }
@@ -289,6 +314,11 @@ fn owned_crds() -> Vec<Value> {
         })
     };
     let ready = |what: &str| descriptor("conditions", "Conditions", what, &[CONDITIONS]);
+    let not_enforced = |why: &str| {
+        ready(&format!(
+            "Accepted and ResolvedRefs; Ready stays False with reason NotEnforced: {why}."
+        ))
+    };
     vec![
         describe(
             InferenceWorkerSet::crd(),
@@ -380,7 +410,7 @@ fn owned_crds() -> Vec<Value> {
             ],
             vec![
                 descriptor("models", "Models", "Ready targets per model.", &[]),
-                ready("Ready and ResolvedRefs."),
+                ready("Accepted, ResolvedRefs and Ready."),
             ],
             json!([{"kind": "InferenceWorkerSet", "version": kvroute_crds::VERSION}]),
         ),
@@ -392,11 +422,11 @@ fn owned_crds() -> Vec<Value> {
                 descriptor(
                     "rules",
                     "Rules",
-                    "Ordered rules; the first match applies.",
+                    "Ordered rules; the first match applies (not yet enforced by the router).",
                     &[],
                 ),
             ],
-            vec![ready("Ready and ResolvedRefs.")],
+            vec![not_enforced("the router does not enforce policy rules yet")],
             json!([]),
         ),
         describe(
@@ -411,7 +441,9 @@ fn owned_crds() -> Vec<Value> {
                     &[TEXT],
                 ),
             ],
-            vec![ready("Ready and ResolvedRefs.")],
+            vec![not_enforced(
+                "the router does not send requests to providers yet",
+            )],
             json!([{"kind": "GatewayBackend", "version": kvroute_crds::VERSION}]),
         ),
         describe(
@@ -426,7 +458,9 @@ fn owned_crds() -> Vec<Value> {
                     &["urn:alm:descriptor:io.kubernetes:Secret"],
                 ),
             ],
-            vec![ready("Ready and ResolvedRefs.")],
+            vec![not_enforced(
+                "the router does not send requests to backends yet",
+            )],
             json!([{"kind": "Secret", "version": "v1"}]),
         ),
     ]
@@ -514,7 +548,7 @@ pub fn bundle_dockerfile() -> String {
 /// Every bundle file under `dir`.
 pub fn bundle_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
     let manifests = dir.join("manifests");
-    let mut files = crate::crdgen::crd_files(&manifests)?;
+    let mut files = crd_files(&manifests)?;
     files.push(GeneratedFile {
         path: manifests.join(format!("{PACKAGE}.clusterserviceversion.yaml")),
         content: to_yaml(&cluster_service_version())?,
@@ -606,7 +640,10 @@ pub fn deploy_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
     ];
     let examples: Vec<String> = examples()
         .iter()
-        .map(to_yaml)
+        .map(|e| {
+            let note = example_note(e["kind"].as_str().unwrap_or_default());
+            to_yaml_with_note(e, note.unwrap_or_default())
+        })
         .collect::<anyhow::Result<_>>()?;
     Ok(vec![
         GeneratedFile {

@@ -4,7 +4,7 @@
 //!  Lease (coordination.k8s.io/v1) --lease.rs/election.rs--> leading? (watch channel)
 //!                                                               | only while true
 //!  InferenceWorkerSet --controller/workerset.rs--> Deployment (vLLM|mock + sidecar), headless Service
-//!  InferencePool/Policy/Provider, GatewayBackend --controller/refs.rs--> status conditions
+//!  InferencePool/Policy/Provider, GatewayBackend --controller/refs.rs (one generic reconciler)--> status
 //!  (installation) --controller/router.rs--> router Deployment, Services, ServiceAccount, RBAC
 //!                      every write: desired/*.rs (pure) -> server-side apply "kvroute-operator"
 //!  admin.rs: /metrics, /healthz
@@ -16,6 +16,7 @@ pub mod controller;
 pub mod crdgen;
 pub mod desired;
 pub mod election;
+pub mod generated;
 pub mod lease;
 pub mod metrics;
 pub mod permissions;

@@ -1,6 +1,7 @@
 //! Controller tests against a mocked API server (tower-test): the WorkerSet reconciler's
-//! requests, the objects it applies, the status it writes, the events it publishes, and that
-//! every call it makes is allowed by the RBAC the bundle grants.
+//! requests, the objects it applies, the status it writes, the events it publishes; the
+//! generic status-only reconciler (pools, policies, backends); and that every call they make
+//! is allowed by the RBAC the bundle grants.
 
 use std::pin::pin;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use kube::Client;
 use kube::client::Body;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
-use kvroute_crds::InferenceWorkerSet;
+use kvroute_crds::{GatewayBackend, InferencePolicy, InferenceWorkerSet};
 use kvroute_operator::controller::{Ctx, Error, refs, router, workerset};
 use kvroute_operator::desired::OperatorConfig;
 use kvroute_operator::metrics::OperatorMetrics;
@@ -98,6 +99,12 @@ impl FakeApi {
                         o["metadata"] = json!({"name": "x", "namespace": "team-a"});
                         o["spec"] = match body["kind"].as_str() {
                             Some("InferencePool") => json!({"targets": []}),
+                            Some("InferencePolicy") => {
+                                json!({"rules": [{"name": "a", "actions": {"route": {"localOnly": true}}}]})
+                            }
+                            Some("InferenceProvider") => json!({"kind": "openai", "models": ["m"],
+                                                                 "gatewayBackendRef": {"name": "b"}}),
+                            Some("GatewayBackend") => json!({"url": "https://example.com"}),
                             _ => json!({"model": {"name": "m"}}),
                         };
                         respond(StatusCode::OK, &o)
@@ -108,6 +115,12 @@ impl FakeApi {
                         &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}),
                     ),
                     ("POST", p) if p.contains("/events") => respond(StatusCode::CREATED, &body),
+                    ("GET", p) if p.ends_with("/secrets/openai-credentials") => respond(
+                        StatusCode::OK,
+                        &json!({"apiVersion": "v1", "kind": "Secret",
+                                "metadata": {"name": "openai-credentials", "namespace": "team-a"},
+                                "data": {"apiKey": "eA=="}}),
+                    ),
                     ("GET", p) if parse_path(p).is_some_and(|(_, _, named)| !named) => respond(
                         StatusCode::OK,
                         &json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": []}),
@@ -165,6 +178,41 @@ fn worker_set(spec: Value) -> Arc<InferenceWorkerSet> {
     }))
     .expect("worker set");
     Arc::new(ws)
+}
+
+fn policy(spec: Value) -> Arc<InferencePolicy> {
+    let p: InferencePolicy = serde_json::from_value(json!({
+        "apiVersion": "kvroute.dev/v1alpha1", "kind": "InferencePolicy",
+        "metadata": {"name": "default", "namespace": "team-a", "generation": 4},
+        "spec": spec
+    }))
+    .expect("policy");
+    Arc::new(p)
+}
+
+fn backend(name: &str, secret: &str) -> Arc<GatewayBackend> {
+    let b: GatewayBackend = serde_json::from_value(json!({
+        "apiVersion": "kvroute.dev/v1alpha1", "kind": "GatewayBackend",
+        "metadata": {"name": name, "namespace": "team-a", "generation": 1},
+        "spec": {"url": "https://api.openai.com", "auth": {"secretRef": {"name": secret, "key": "apiKey"}}}
+    }))
+    .expect("backend");
+    Arc::new(b)
+}
+
+/// The status body of the one status patch to `path_part`, if any.
+fn written_status(calls: &[Call], path_part: &str) -> Option<Value> {
+    calls
+        .iter()
+        .find(|c| c.method == "PATCH" && c.path.contains(path_part))
+        .map(|c| c.body["status"].clone())
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
 }
 
 fn assert_rbac_covers(calls: &[Call]) {
@@ -297,6 +345,13 @@ async fn a_replica_without_the_lease_makes_no_calls() {
         .expect_err("must refuse");
     assert!(matches!(err, Error::NotLeader));
     assert!(router::reconcile(&ctx).await.is_err());
+    let err = refs::reconcile(
+        policy(json!({"rules": [{"name": "a", "actions": {"route": {"localOnly": true}}}]})),
+        ctx.clone(),
+    )
+    .await
+    .expect_err("must refuse");
+    assert!(matches!(err, Error::NotLeader));
     tokio::task::yield_now().await;
     assert!(api.calls().is_empty(), "{:?}", api.calls());
     api.task.abort();
@@ -337,9 +392,11 @@ async fn pool_reconcile_reports_missing_targets() {
     }))
     .expect("pool");
     // The namespace is empty: the pool points at nothing, which is a condition, not an error.
-    refs::reconcile_pool(Arc::new(pool), ctx)
+    let action = refs::reconcile(Arc::new(pool), ctx)
         .await
         .expect("reconciles");
+    // Not settled: re-checked soon, since a WorkerSet appearing may not wake the pool.
+    assert_eq!(action, Action::requeue(Duration::from_secs(15)));
     let calls = api.calls();
     let status = calls
         .iter()
@@ -358,6 +415,101 @@ async fn pool_reconcile_reports_missing_targets() {
             .as_str()
             .is_some_and(|m| m.contains("\"ghost\" not found"))
     );
+    assert_rbac_covers(&calls);
+    api.task.abort();
+}
+
+#[tokio::test]
+async fn policy_is_accepted_but_not_ready_because_nothing_enforces_it() {
+    let (client, api) = FakeApi::start(Vec::new());
+    let (ctx, _leader) = ctx(client, true);
+    let p = policy(json!({"rules": [
+        {"name": "pii-stays-local", "match": {"labels": ["pii"]}, "actions": {"route": {"localOnly": true}}},
+        {"name": "small", "actions": {"limits": {"tokensPerMinute": 1000}}}
+    ]}));
+    let action = refs::reconcile(p.clone(), ctx.clone())
+        .await
+        .expect("reconciles");
+    // Nothing left to wait for: the periodic requeue, not the quick re-check.
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    let calls = api.calls();
+    let status =
+        written_status(&calls, "/inferencepolicies/default/status").expect("status written");
+    assert_eq!(status["observedGeneration"], 4);
+    let accepted = condition(&status, "Accepted");
+    assert_eq!(accepted["status"], "True");
+    assert_eq!(condition(&status, "ResolvedRefs")["status"], "True");
+    let ready = condition(&status, "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("NotEnforced"))
+    );
+    let message = ready["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("2 rules accepted") && message.contains("does not enforce"),
+        "{message}"
+    );
+    let event = calls
+        .iter()
+        .find(|c| c.method == "POST" && c.path.contains("/events"))
+        .expect("event");
+    assert_eq!(event.body["reason"], "NotEnforced");
+    assert_rbac_covers(&calls);
+
+    // The same decision again writes nothing: the status is patched only when it changes.
+    let mut unchanged = InferencePolicy::clone(&p);
+    unchanged.status = Some(serde_json::from_value(status).expect("status parses"));
+    let before = api.calls().len();
+    refs::reconcile(Arc::new(unchanged), ctx)
+        .await
+        .expect("reconciles");
+    let after = api.calls();
+    assert!(
+        !after[before..].iter().any(|c| c.method != "GET"),
+        "{:?}",
+        &after[before..]
+    );
+    api.task.abort();
+}
+
+#[tokio::test]
+async fn backend_reads_only_the_secrets_it_names() {
+    let (client, api) = FakeApi::start(Vec::new());
+    let (ctx, _leader) = ctx(client, true);
+    let action = refs::reconcile(backend("openai", "openai-credentials"), ctx.clone())
+        .await
+        .expect("reconciles");
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    let action = refs::reconcile(backend("other", "missing"), ctx)
+        .await
+        .expect("a missing Secret is a condition, not an error");
+    assert_eq!(action, Action::requeue(Duration::from_secs(15)));
+    let calls = api.calls();
+    let gets: Vec<&str> = calls
+        .iter()
+        .filter(|c| c.method == "GET")
+        .map(|c| c.path.split('?').next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        gets,
+        vec![
+            "/api/v1/namespaces/team-a/secrets/openai-credentials",
+            "/api/v1/namespaces/team-a/secrets/missing"
+        ]
+    );
+    let found = written_status(&calls, "/gatewaybackends/openai/status").expect("status");
+    assert_eq!(condition(&found, "Accepted")["status"], "True");
+    assert_eq!(condition(&found, "Ready")["reason"], "NotEnforced");
+    let missing = written_status(&calls, "/gatewaybackends/other/status").expect("status");
+    let refs = condition(&missing, "ResolvedRefs");
+    assert_eq!(refs["status"], "False");
+    assert!(
+        refs["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("Secret \"missing\" not found")),
+        "{refs}"
+    );
+    assert_eq!(condition(&missing, "Ready")["reason"], "RefNotFound");
     assert_rbac_covers(&calls);
     api.task.abort();
 }

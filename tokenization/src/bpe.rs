@@ -19,8 +19,8 @@
 //! with stale entries skipped when the pair at that position no longer yields the same id.
 
 use crate::TokenizeError;
+use crate::pipeline;
 use crate::pretokenize::{self, QWEN2_PATTERN};
-use crate::segments::encode_plain;
 use parking_lot::RwLock;
 use serde::Deserialize;
 use serde_json::Value;
@@ -360,7 +360,7 @@ impl ByteBpe {
                     self.encode_normalized(words, ns.get(), out);
                 }
                 // Not reachable for the NFC normaliser; the full pipeline is always exact.
-                _ => out.extend(encode_plain(hf, piece)?),
+                _ => out.extend(pipeline::encode(hf, piece, false)?),
             }
             return Ok(());
         }

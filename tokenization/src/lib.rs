@@ -17,7 +17,7 @@
 //!                                                   cached pieces──┐
 //!        bpe.rs + pretokenize.rs (Qwen2-shaped tokenizers): NFC,  ▼
 //!        the split regex by hand, byte-level BPE, word cache ─► Vec<u32>
-//!        (any other tokenizer: the `tokenizers` pipeline)
+//!        (any other tokenizer: the `tokenizers` pipeline, pipeline.rs)
 //!
 //!  completions body ──► PromptInput::{Text ─encode(add_special_tokens)─►, TokenIds ─check─►} Vec<u32>
 //! ```
@@ -57,6 +57,7 @@ mod bpe;
 mod chat;
 mod config;
 mod error;
+mod pipeline;
 mod pretokenize;
 mod prompt;
 mod pyjson;

@@ -15,6 +15,7 @@
 
 use crate::TokenizeError;
 use crate::bpe::{ByteBpe, WordCache};
+use crate::pipeline;
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -128,7 +129,7 @@ impl SegmentEncoder {
         text: &str,
     ) -> Result<Vec<u32>, TokenizeError> {
         let Some((matcher, ids)) = &self.matcher else {
-            return encode_plain(hf, text);
+            return pipeline::encode(hf, text, false);
         };
         let mut out = Vec::with_capacity(text.len() / 3);
         let mut last = 0;
@@ -179,7 +180,7 @@ impl SegmentEncoder {
         match &self.fast {
             Some(fast) => fast.encode_piece(hf, &self.words, piece, out),
             None => {
-                out.extend(encode_plain(hf, piece)?);
+                out.extend(pipeline::encode(hf, piece, false)?);
                 Ok(())
             }
         }
@@ -215,14 +216,4 @@ impl SegmentEncoder {
             g.current_bytes += bytes;
         }
     }
-}
-
-pub(crate) fn encode_plain(
-    hf: &tokenizers::Tokenizer,
-    text: &str,
-) -> Result<Vec<u32>, TokenizeError> {
-    let encoding = hf
-        .encode_fast(text, false)
-        .map_err(|e| TokenizeError::Encode(e.to_string()))?;
-    Ok(encoding.get_ids().to_vec())
 }

@@ -3,6 +3,7 @@
 use crate::bpe::ByteBpe;
 use crate::chat::{self, ChatRequest};
 use crate::config::{self, SpecialTokens, TokenizerFiles};
+use crate::pipeline;
 use crate::segments::{SegmentCacheStats, SegmentEncoder};
 use crate::template::{self, ContentFormat, NOW_VAR, TemplateTraits};
 use crate::{PromptInput, TokenizeError};
@@ -361,11 +362,7 @@ impl Tokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizeError> {
-        let encoding = self
-            .hf
-            .encode_fast(text, add_special_tokens)
-            .map_err(|e| TokenizeError::Encode(e.to_string()))?;
-        Ok(encoding.get_ids().to_vec())
+        pipeline::encode(&self.hf, text, add_special_tokens)
     }
 
     /// A completions `prompt` as ids: text is encoded, ids are checked against the vocabulary

@@ -1,12 +1,14 @@
 //! Kubernetes adapters: one kube-runtime Controller per kind. Every reconciler has the same
 //! shape: refuse to write unless leading, compute the desired objects and status with the pure
 //! functions in [`crate::desired`], server-side apply them under one field manager, patch
-//! status, publish Events for notable transitions, and requeue periodically.
+//! status, publish Events for notable transitions, and requeue periodically. The four
+//! status-only kinds share one generic reconciler ([`refs::reconcile`]).
 
 pub mod refs;
 pub mod router;
 pub mod workerset;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -21,8 +23,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use crate::desired::workerset::{Notable, Severity};
 use crate::desired::{DesiredError, FIELD_MANAGER, OperatorConfig};
+use crate::desired::{Notable, Severity};
 use crate::metrics::OperatorMetrics;
 
 /// Why a reconciliation failed. Variant names are the `error` label of
@@ -100,10 +102,11 @@ impl Ctx {
     }
 
     /// Counts a reconcile start and returns a guard that records its duration.
-    pub fn start(&self, kind: &'static str) -> ReconcileTimer<'_> {
+    pub fn start(&self, kind: impl Into<Cow<'static, str>>) -> ReconcileTimer<'_> {
+        let kind = kind.into();
         self.metrics
             .reconciliations
-            .with_label_values(&[kind])
+            .with_label_values(&[kind.as_ref()])
             .inc();
         ReconcileTimer {
             ctx: self,
@@ -141,7 +144,7 @@ impl Ctx {
 /// Records reconcile duration on drop.
 pub struct ReconcileTimer<'a> {
     ctx: &'a Ctx,
-    kind: &'static str,
+    kind: Cow<'static, str>,
     started: Instant,
 }
 
@@ -150,7 +153,7 @@ impl Drop for ReconcileTimer<'_> {
         self.ctx
             .metrics
             .reconcile_duration
-            .with_label_values(&[self.kind])
+            .with_label_values(&[self.kind.as_ref()])
             .observe(self.started.elapsed().as_secs_f64());
     }
 }

@@ -17,10 +17,10 @@ use kvroute_crds::condition::Time;
 
 use super::{Ctx, Error, apply, apply_status, error_policy, object_key};
 use crate::desired::WORKER_SET_LABEL;
-use crate::desired::workerset::{
-    RolloutFacts, desired_deployment, desired_service, desired_status, notable_transitions,
-    selector_string,
-};
+use crate::desired::workerset::deployment::desired_deployment;
+use crate::desired::workerset::selector_string;
+use crate::desired::workerset::service::desired_service;
+use crate::desired::workerset::status::{RolloutFacts, desired_status, notable_transitions};
 
 const KIND: &str = "InferenceWorkerSet";
 

@@ -80,6 +80,26 @@ pub enum DesiredError {
     MissingMetadata(&'static str),
 }
 
+/// Severity of an event to publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// Informational.
+    Normal,
+    /// Needs attention.
+    Warning,
+}
+
+/// An event worth publishing: a condition that changed between two statuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notable {
+    /// Normal or Warning.
+    pub severity: Severity,
+    /// PascalCase reason.
+    pub reason: String,
+    /// Human message.
+    pub note: String,
+}
+
 /// Owner reference (controller, blocking deletion) for children of `owner`.
 pub fn owner_ref<K: kube::Resource<DynamicType = ()>>(
     owner: &K,

@@ -1,17 +1,40 @@
-//! Status of the reference-only kinds (InferencePool, InferencePolicy, InferenceProvider,
+//! Status of the status-only kinds (InferencePool, InferencePolicy, InferenceProvider,
 //! GatewayBackend): validate the spec, resolve every name it mentions against an
-//! [`Inventory`] of the namespace, and say what is missing in conditions.
+//! [`Inventory`] of the namespace, and say in conditions what is missing and whether anything
+//! acts on the resource.
+//!
+//! ```text
+//! resource --needs()--> Needs --(controller lists/gets)--> Inventory
+//! resource + Inventory + now --decide()--> status: Accepted, ResolvedRefs, Ready (+ pool models)
+//! ```
+//!
+//! Honesty rule: Ready=True only for what the router acts on. It reads WorkerSets and Pools;
+//! it does not yet enforce InferencePolicy rules or send requests to InferenceProviders and
+//! GatewayBackends. Those kinds therefore end at Accepted=True, ResolvedRefs=True and
+//! Ready=False with reason [`NOT_ENFORCED`], and the message says so.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kvroute_crds::backend::GatewayBackendSpec;
-use kvroute_crds::condition::{self, Condition, ConditionStatus, READY, RESOLVED_REFS, Time};
-use kvroute_crds::policy::InferencePolicySpec;
-use kvroute_crds::pool::{InferencePoolSpec, ModelTargets, ReadyTarget, TargetKind, TargetRole};
-use kvroute_crds::provider::InferenceProviderSpec;
+use kube::core::object::HasStatus;
+use kvroute_crds::backend::{GatewayBackendSpec, GatewayBackendStatus};
+use kvroute_crds::condition::{
+    self, ACCEPTED, Condition, ConditionStatus, READY, RESOLVED_REFS, Time,
+};
+use kvroute_crds::policy::{InferencePolicySpec, InferencePolicyStatus};
+use kvroute_crds::pool::{
+    InferencePoolSpec, InferencePoolStatus, ModelTargets, ReadyTarget, TargetKind, TargetRole,
+};
+use kvroute_crds::provider::{InferenceProviderSpec, InferenceProviderStatus};
 use kvroute_crds::validation::{SpecIssue, summary};
-use kvroute_crds::{GatewayBackend, InferencePool, InferenceProvider, InferenceWorkerSet};
+use kvroute_crds::{
+    GatewayBackend, InferencePolicy, InferencePool, InferenceProvider, InferenceWorkerSet,
+};
+
+use super::{Notable, Severity};
+
+/// Ready reason of a resource that is valid and resolved but that nothing acts on yet.
+pub const NOT_ENFORCED: &str = "NotEnforced";
 
 /// What exists in one namespace, as far as a resource's references are concerned. Secrets
 /// carry only their key names, never values.
@@ -64,16 +87,198 @@ pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, Stri
     by_labels && by_exprs
 }
 
+/// What a status decision reads from its namespace; the controller fetches exactly this.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// List the InferenceWorkerSets.
+    pub worker_sets: bool,
+    /// List the InferenceProviders.
+    pub providers: bool,
+    /// List the InferencePools.
+    pub pools: bool,
+    /// List the GatewayBackends.
+    pub backends: bool,
+    /// Get these Secrets (by name); only their key names are kept.
+    pub secrets: BTreeSet<String>,
+}
+
+/// A kind whose controller writes nothing but its status, decided by [`RefStatus::decide`]
+/// from the resource (spec, generation, previous status) and an [`Inventory`].
+pub trait RefStatus:
+    kube::Resource<DynamicType = ()> + HasStatus<Status: Clone + Default + PartialEq + serde::Serialize>
+{
+    /// What [`RefStatus::decide`] reads besides the resource itself.
+    fn needs(&self) -> Needs;
+    /// The status this resource should have. Pure: `now` stamps condition transitions.
+    fn decide(&self, inv: &Inventory, now: &Time) -> Self::Status;
+    /// The conditions of a status of this kind.
+    fn conditions(status: &Self::Status) -> &[Condition];
+}
+
+fn previous_conditions<K: RefStatus>(obj: &K) -> &[Condition] {
+    obj.status().map(K::conditions).unwrap_or_default()
+}
+
+impl RefStatus for InferencePool {
+    fn needs(&self) -> Needs {
+        Needs {
+            worker_sets: true,
+            providers: true,
+            ..Needs::default()
+        }
+    }
+    fn decide(&self, inv: &Inventory, now: &Time) -> InferencePoolStatus {
+        let generation = self.metadata.generation;
+        let (models, conditions) =
+            pool_status(&self.spec, generation, previous_conditions(self), inv, now);
+        InferencePoolStatus {
+            observed_generation: generation,
+            models,
+            conditions,
+        }
+    }
+    fn conditions(status: &InferencePoolStatus) -> &[Condition] {
+        &status.conditions
+    }
+}
+
+impl RefStatus for InferencePolicy {
+    fn needs(&self) -> Needs {
+        Needs {
+            worker_sets: true,
+            providers: true,
+            pools: true,
+            ..Needs::default()
+        }
+    }
+    fn decide(&self, inv: &Inventory, now: &Time) -> InferencePolicyStatus {
+        let generation = self.metadata.generation;
+        InferencePolicyStatus {
+            observed_generation: generation,
+            conditions: policy_conditions(
+                &self.spec,
+                generation,
+                previous_conditions(self),
+                inv,
+                now,
+            ),
+        }
+    }
+    fn conditions(status: &InferencePolicyStatus) -> &[Condition] {
+        &status.conditions
+    }
+}
+
+impl RefStatus for InferenceProvider {
+    fn needs(&self) -> Needs {
+        Needs {
+            backends: true,
+            ..Needs::default()
+        }
+    }
+    fn decide(&self, inv: &Inventory, now: &Time) -> InferenceProviderStatus {
+        let generation = self.metadata.generation;
+        InferenceProviderStatus {
+            observed_generation: generation,
+            conditions: provider_conditions(
+                &self.spec,
+                generation,
+                previous_conditions(self),
+                inv,
+                now,
+            ),
+        }
+    }
+    fn conditions(status: &InferenceProviderStatus) -> &[Condition] {
+        &status.conditions
+    }
+}
+
+impl RefStatus for GatewayBackend {
+    fn needs(&self) -> Needs {
+        Needs {
+            secrets: self
+                .spec
+                .secret_refs()
+                .into_iter()
+                .map(|(_, r)| r.name.clone())
+                .collect(),
+            ..Needs::default()
+        }
+    }
+    fn decide(&self, inv: &Inventory, now: &Time) -> GatewayBackendStatus {
+        let generation = self.metadata.generation;
+        GatewayBackendStatus {
+            observed_generation: generation,
+            conditions: backend_conditions(
+                &self.spec,
+                generation,
+                previous_conditions(self),
+                inv,
+                now,
+            ),
+        }
+    }
+    fn conditions(status: &GatewayBackendStatus) -> &[Condition] {
+        &status.conditions
+    }
+}
+
+/// True when nothing is left to wait for: Ready, or valid and resolved but [`NOT_ENFORCED`].
+/// Unsettled resources are re-checked sooner (what they wait for, a Secret or a WorkerSet
+/// becoming ready, may not trigger a watch event on them).
+pub fn settled(conditions: &[Condition]) -> bool {
+    condition::find(conditions, READY)
+        .is_some_and(|r| r.status == "True" || r.reason == NOT_ENFORCED)
+}
+
+/// Events when Ready changes status or reason.
+pub fn ready_events(old: &[Condition], new: &[Condition]) -> Vec<Notable> {
+    let (Some(n), o) = (condition::find(new, READY), condition::find(old, READY)) else {
+        return Vec::new();
+    };
+    if o.is_some_and(|o| o.status == n.status && o.reason == n.reason) {
+        return Vec::new();
+    }
+    let severity = if n.status == "True" {
+        Severity::Normal
+    } else {
+        Severity::Warning
+    };
+    vec![Notable {
+        severity,
+        reason: n.reason.clone(),
+        note: n.message.clone(),
+    }]
+}
+
 fn is_ready(conditions: Option<&[Condition]>) -> bool {
     conditions.is_some_and(|c| condition::is_true(c, READY))
 }
 
-/// Conditions shared by the reference kinds: invalid spec, unresolved refs, or ready.
+/// Accepted and every reference resolved: usable by whatever refers to it.
+fn is_accepted_and_resolved(conditions: Option<&[Condition]>) -> bool {
+    conditions
+        .is_some_and(|c| condition::is_true(c, ACCEPTED) && condition::is_true(c, RESOLVED_REFS))
+}
+
+/// What Ready says once the spec is accepted and its references resolve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Readiness {
+    /// Ready=True, with this message.
+    Ready(String),
+    /// Ready=False: waiting for something (reason, message).
+    Waiting(&'static str, String),
+    /// Ready=False with reason [`NOT_ENFORCED`]: nothing acts on the resource yet (message).
+    NotEnforced(String),
+}
+
+/// Conditions shared by the status-only kinds: Accepted (the spec is valid), ResolvedRefs
+/// (everything it names exists), Ready (what `readiness` says, once the first two hold).
 fn ref_conditions(
     issues: &[SpecIssue],
     missing: &[String],
-    not_ready: Option<(&str, String)>,
-    ready_message: String,
+    readiness: Readiness,
     generation: Option<i64>,
     previous: &[Condition],
     now: &Time,
@@ -82,6 +287,7 @@ fn ref_conditions(
     let next = if !issues.is_empty() {
         let msg = summary(issues);
         vec![
+            cond(ACCEPTED, ConditionStatus::False, "InvalidSpec", msg.clone()),
             cond(
                 RESOLVED_REFS,
                 ConditionStatus::Unknown,
@@ -90,30 +296,40 @@ fn ref_conditions(
             ),
             cond(READY, ConditionStatus::False, "InvalidSpec", msg),
         ]
-    } else if !missing.is_empty() {
-        let msg = missing.join("; ");
-        vec![
-            cond(
-                RESOLVED_REFS,
-                ConditionStatus::False,
-                "RefNotFound",
-                msg.clone(),
-            ),
-            cond(READY, ConditionStatus::False, "RefNotFound", msg),
-        ]
     } else {
-        let resolved = cond(
-            RESOLVED_REFS,
+        let accepted = cond(
+            ACCEPTED,
             ConditionStatus::True,
-            "Resolved",
-            "all references exist".into(),
+            "Accepted",
+            "spec is valid".into(),
         );
-        match not_ready {
-            Some((reason, msg)) => vec![resolved, cond(READY, ConditionStatus::False, reason, msg)],
-            None => vec![
-                resolved,
-                cond(READY, ConditionStatus::True, "Ready", ready_message),
-            ],
+        if !missing.is_empty() {
+            let msg = missing.join("; ");
+            vec![
+                accepted,
+                cond(
+                    RESOLVED_REFS,
+                    ConditionStatus::False,
+                    "RefNotFound",
+                    msg.clone(),
+                ),
+                cond(READY, ConditionStatus::False, "RefNotFound", msg),
+            ]
+        } else {
+            let resolved = cond(
+                RESOLVED_REFS,
+                ConditionStatus::True,
+                "Resolved",
+                "all references exist".into(),
+            );
+            let ready = match readiness {
+                Readiness::Ready(msg) => cond(READY, ConditionStatus::True, "Ready", msg),
+                Readiness::Waiting(reason, msg) => cond(READY, ConditionStatus::False, reason, msg),
+                Readiness::NotEnforced(msg) => {
+                    cond(READY, ConditionStatus::False, NOT_ENFORCED, msg)
+                }
+            };
+            vec![accepted, resolved, ready]
         }
     };
     condition::merge_conditions(previous, next)
@@ -228,10 +444,15 @@ pub fn pool_status(
         .flat_map(|m| &m.ready_targets)
         .filter(|t| t.role == TargetRole::Primary)
         .count();
-    let not_ready =
-        (primaries == 0).then(|| ("NoReadyTargets", "no primary target is ready".to_string()));
-    let msg = format!("{primaries} ready primary targets for {} models", out.len());
-    let conditions = ref_conditions(&issues, &missing, not_ready, msg, generation, previous, now);
+    let readiness = if primaries == 0 {
+        Readiness::Waiting("NoReadyTargets", "no primary target is ready".to_string())
+    } else {
+        Readiness::Ready(format!(
+            "{primaries} ready primary targets for {} models",
+            out.len()
+        ))
+    };
+    let conditions = ref_conditions(&issues, &missing, readiness, generation, previous, now);
     (out, conditions)
 }
 
@@ -263,11 +484,14 @@ pub fn policy_conditions(
             ));
         }
     }
-    let msg = format!("{} rules active", spec.rules.len());
-    ref_conditions(&issues, &missing, None, msg, generation, previous, now)
+    let readiness = Readiness::NotEnforced(format!(
+        "{} rules accepted; the router does not enforce InferencePolicy rules yet",
+        spec.rules.len()
+    ));
+    ref_conditions(&issues, &missing, readiness, generation, previous, now)
 }
 
-/// Provider conditions: its GatewayBackend exists and is ready.
+/// Provider conditions: its GatewayBackend exists, is accepted and resolves its Secrets.
 pub fn provider_conditions(
     spec: &InferenceProviderSpec,
     generation: Option<i64>,
@@ -284,16 +508,21 @@ pub fn provider_conditions(
         )],
         Some(_) => Vec::new(),
     };
-    let not_ready = backend
-        .filter(|b| !is_ready(b.status.as_ref().map(|s| s.conditions.as_slice())))
-        .map(|_| {
-            (
-                "BackendNotReady",
-                format!("GatewayBackend {name:?} is not ready"),
-            )
-        });
-    let msg = format!("{} models via GatewayBackend {name:?}", spec.models.len());
-    ref_conditions(&issues, &missing, not_ready, msg, generation, previous, now)
+    let backend_usable = backend.is_some_and(|b| {
+        is_accepted_and_resolved(b.status.as_ref().map(|s| s.conditions.as_slice()))
+    });
+    let readiness = if backend_usable {
+        Readiness::NotEnforced(format!(
+            "{} models via GatewayBackend {name:?} accepted; the router does not send requests to InferenceProviders yet",
+            spec.models.len()
+        ))
+    } else {
+        Readiness::Waiting(
+            "BackendNotAccepted",
+            format!("GatewayBackend {name:?} is not accepted or its Secrets do not resolve"),
+        )
+    };
+    ref_conditions(&issues, &missing, readiness, generation, previous, now)
 }
 
 /// GatewayBackend conditions: each referenced Secret exists and has the named key.
@@ -316,15 +545,11 @@ pub fn backend_conditions(
             Some(_) => {}
         }
     }
-    ref_conditions(
-        &issues,
-        &missing,
-        None,
-        format!("backend {}", spec.url),
-        generation,
-        previous,
-        now,
-    )
+    let readiness = Readiness::NotEnforced(format!(
+        "backend {} accepted; the router does not send requests to GatewayBackends yet",
+        spec.url
+    ));
+    ref_conditions(&issues, &missing, readiness, generation, previous, now)
 }
 
 #[cfg(test)]
@@ -478,10 +703,21 @@ stringData: {token: x}
             "url: https://x\nauth: {secretRef: {name: openai, key: token}}\n",
         )
         .expect("parses");
-        assert!(condition::is_true(
-            &backend_conditions(&spec, None, &[], &inv, &now()),
-            READY
-        ));
+        // Valid and resolved, but the router sends nothing to backends: not Ready.
+        let conds = backend_conditions(&spec, None, &[], &inv, &now());
+        assert!(condition::is_true(&conds, ACCEPTED));
+        assert!(condition::is_true(&conds, RESOLVED_REFS));
+        let ready = condition::find(&conds, READY).expect("ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", NOT_ENFORCED)
+        );
+        assert!(
+            ready.message.contains("does not send requests"),
+            "{}",
+            ready.message
+        );
+        assert!(settled(&conds));
         let spec: GatewayBackendSpec =
             serde_saphyr::from_str("url: https://x\nauth: {secretRef: {name: nope, key: token}}\n")
                 .expect("parses");
@@ -500,11 +736,33 @@ stringData: {token: x}
             "kind: openai\nmodels: [m]\ngatewayBackendRef: {name: openai}\n",
         )
         .expect("parses");
+        // The backend exists but has no status yet: wait for it.
         let conds = provider_conditions(&spec, None, &[], &inv, &now());
         assert!(condition::is_true(&conds, RESOLVED_REFS));
         assert_eq!(
             condition::find(&conds, READY).expect("ready").reason,
-            "BackendNotReady"
+            "BackendNotAccepted"
+        );
+        assert!(!settled(&conds));
+        // Once the backend is accepted and resolved, the provider is as far as it can get.
+        let mut inv = inv;
+        let backend_conds = backend_conditions(&inv.backends[0].spec, None, &[], &inv, &now());
+        inv.backends[0].status = Some(GatewayBackendStatus {
+            observed_generation: None,
+            conditions: backend_conds,
+        });
+        let conds = provider_conditions(&spec, None, &[], &inv, &now());
+        let ready = condition::find(&conds, READY).expect("ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", NOT_ENFORCED)
+        );
+        assert!(
+            ready
+                .message
+                .contains("does not send requests to InferenceProviders"),
+            "{}",
+            ready.message
         );
         let spec: InferenceProviderSpec =
             serde_saphyr::from_str("kind: openai\nmodels: [m]\ngatewayBackendRef: {name: nope}\n")
@@ -535,12 +793,108 @@ stringData: {token: x}
         assert!(!msg.contains("openai"));
         let bad: InferencePolicySpec =
             serde_saphyr::from_str("rules: [{name: a, actions: {}}]\n").expect("parses");
+        let conds = policy_conditions(&bad, None, &[], &inv, &now());
         assert_eq!(
-            condition::find(&policy_conditions(&bad, None, &[], &inv, &now()), READY)
-                .expect("r")
-                .reason,
+            condition::find(&conds, READY).expect("r").reason,
             "InvalidSpec"
         );
+        let accepted = condition::find(&conds, ACCEPTED).expect("accepted");
+        assert_eq!(
+            (accepted.status.as_str(), accepted.reason.as_str()),
+            ("False", "InvalidSpec")
+        );
+        assert!(!settled(&conds));
+    }
+
+    #[test]
+    fn a_valid_policy_is_accepted_and_says_nothing_enforces_it() {
+        let inv = inventory(WORLD);
+        let spec: InferencePolicySpec = serde_saphyr::from_str(
+            "rules: [{name: a, actions: {route: {allowedTargets: [qwen]}, overflow: {provider: openai, queueThreshold: 4}}}]\n",
+        )
+        .expect("parses");
+        let conds = policy_conditions(&spec, Some(2), &[], &inv, &now());
+        let types: Vec<&str> = conds.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, vec![ACCEPTED, RESOLVED_REFS, READY]);
+        assert!(condition::is_true(&conds, ACCEPTED));
+        assert!(condition::is_true(&conds, RESOLVED_REFS));
+        assert!(!condition::is_true(&conds, READY), "nothing enforces rules");
+        let ready = condition::find(&conds, READY).expect("ready");
+        assert_eq!(ready.reason, NOT_ENFORCED);
+        assert_eq!(
+            ready.message,
+            "1 rules accepted; the router does not enforce InferencePolicy rules yet"
+        );
+        assert!(settled(&conds), "nothing to re-check soon");
+        // A policy is never announced as ready: the event says it is not enforced.
+        let events = ready_events(&[], &conds);
+        assert_eq!(events.len(), 1);
+        assert_eq!(
+            (events[0].severity, events[0].reason.as_str()),
+            (Severity::Warning, NOT_ENFORCED)
+        );
+        assert!(ready_events(&conds, &conds).is_empty());
+    }
+
+    #[test]
+    fn pool_settles_only_when_ready() {
+        let inv = inventory(WORLD);
+        let (_, conds) = pool_status(
+            &pool("targets: [{workerSet: qwen}]\n"),
+            None,
+            &[],
+            &inv,
+            &now(),
+        );
+        assert!(condition::is_true(&conds, ACCEPTED) && condition::is_true(&conds, READY));
+        assert!(settled(&conds));
+        let (_, waiting) = pool_status(
+            &pool("targets: [{workerSet: cold}]\n"),
+            None,
+            &[],
+            &inv,
+            &now(),
+        );
+        assert!(!settled(&waiting));
+        let events = ready_events(&conds, &waiting);
+        assert_eq!(
+            (events[0].severity, events[0].reason.as_str()),
+            (Severity::Warning, "NoReadyTargets")
+        );
+        assert_eq!(ready_events(&waiting, &conds)[0].severity, Severity::Normal);
+    }
+
+    #[test]
+    fn generic_decision_needs_what_it_reads_and_keeps_transition_times() {
+        let backend: GatewayBackend = serde_saphyr::from_str(
+            "apiVersion: kvroute.dev/v1alpha1\nkind: GatewayBackend\nmetadata: {name: b, generation: 5}\nspec: {url: 'https://x', tls: {caSecretRef: {name: s, key: ca}}, auth: {secretRef: {name: s, key: token}}}\n",
+        )
+        .expect("parses");
+        let needs = backend.needs();
+        assert_eq!(needs.secrets, BTreeSet::from(["s".to_string()]));
+        assert!(!needs.worker_sets && !needs.providers && !needs.pools && !needs.backends);
+        let mut inv = Inventory::default();
+        inv.secrets.insert(
+            "s".into(),
+            BTreeSet::from(["ca".to_string(), "token".to_string()]),
+        );
+        let first = backend.decide(&inv, &now());
+        assert_eq!(first.observed_generation, Some(5));
+        assert_eq!(GatewayBackend::conditions(&first).len(), 3);
+        let mut seen = backend.clone();
+        seen.status = Some(first.clone());
+        let later = Time(Timestamp::from_second(1_700_000_600).expect("valid"));
+        assert_eq!(
+            seen.decide(&inv, &later),
+            first,
+            "unchanged: nothing to write"
+        );
+        let policy: InferencePolicy = serde_saphyr::from_str(
+            "apiVersion: kvroute.dev/v1alpha1\nkind: InferencePolicy\nmetadata: {name: p}\nspec: {rules: [{name: a, actions: {route: {localOnly: true}}}]}\n",
+        )
+        .expect("parses");
+        let needs = policy.needs();
+        assert!(needs.worker_sets && needs.providers && needs.pools && needs.secrets.is_empty());
     }
 
     #[test]
