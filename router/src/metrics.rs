@@ -71,6 +71,10 @@ pub struct RouterMetrics {
     pub ingest_blocks: IntCounterVec,
     /// Time spent making one routing decision (tokenize + hash + lookup + predict).
     pub decision_duration: Histogram,
+    /// 1 when a discovered model's tokenizer is loaded, else 0 (set at scrape time).
+    pub tokenizer_loaded: IntGaugeVec,
+    /// Failed tokenizer load attempts, by model and reason (`FetchError::label`).
+    pub tokenizer_fetch_failures: IntCounterVec,
 }
 
 impl RouterMetrics {
@@ -181,6 +185,16 @@ impl RouterMetrics {
                     0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05,
                 ]),
             )?,
+            tokenizer_loaded: gauge_vec(
+                "kvroute_router_tokenizer_loaded",
+                "1 when the tokenizer of a model (from discovery) is loaded, else 0.",
+                &["model"],
+            )?,
+            tokenizer_fetch_failures: counter_vec(
+                "kvroute_router_tokenizer_fetch_failures_total",
+                "Failed attempts to load a model's tokenizer, by reason.",
+                &["model", "reason"],
+            )?,
         };
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.pick_errors.clone()))?;
@@ -201,6 +215,8 @@ impl RouterMetrics {
         registry.register(Box::new(m.ingest_reports.clone()))?;
         registry.register(Box::new(m.ingest_blocks.clone()))?;
         registry.register(Box::new(m.decision_duration.clone()))?;
+        registry.register(Box::new(m.tokenizer_loaded.clone()))?;
+        registry.register(Box::new(m.tokenizer_fetch_failures.clone()))?;
         Ok(m)
     }
 

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
-use kvroute_tokenization::{ChatRequest, PromptInput, TokenizeError, Tokenizer};
+use kvroute_tokenization::{ChatRequest, PromptInput, TokenizeError};
 use serde::Deserialize;
 
 use crate::metrics::RouterMetrics;
@@ -320,6 +320,15 @@ pub enum PickError {
     /// The model exists but no worker is routable now.
     #[error("no ready worker for model `{0}`")]
     NoReadyWorker(String),
+    /// The model's tokenizer is not loaded yet (or failing) and none of its pools allows
+    /// load-only routing.
+    #[error("the tokenizer of model `{model}` {}", crate::tokenizer_registry::not_ready_text(*.failed))]
+    TokenizerNotReady {
+        /// The client-facing model name.
+        model: String,
+        /// At least one load attempt failed (else it is still loading).
+        failed: bool,
+    },
 }
 
 impl PickError {
@@ -328,6 +337,7 @@ impl PickError {
         match self {
             PickError::UnknownModel(_) => "unknown_model",
             PickError::NoReadyWorker(_) => "no_ready_worker",
+            PickError::TokenizerNotReady { .. } => "tokenizer_not_ready",
         }
     }
 }
@@ -725,7 +735,7 @@ impl RouterState {
         }
 
         // Tokenize outside every lock: it is the expensive part.
-        let (tokens, degraded_reason) = match self.tokens_for(input, &resolved.backend_model) {
+        let (tokens, degraded_reason) = match self.tokens_for(input, &resolved.backend_model)? {
             Ok(t) => (Some(t), None),
             Err(reason) => {
                 if let Degraded::Failed(label) = reason {
@@ -810,12 +820,33 @@ impl RouterState {
         Ok((record, id))
     }
 
-    fn tokens_for(&self, input: &PickInput<'_>, backend_model: &str) -> Result<Vec<u32>, Degraded> {
-        let tokenizer = || {
-            self.0
-                .tokenizers
-                .for_model(input.model, backend_model)
-                .ok_or(Degraded::NoTokenizer)
+    /// The prompt's token ids, or why the decision is degraded; a refusal when the model's
+    /// tokenizer is needed but not loaded and its pool does not allow load-only routing.
+    fn tokens_for(
+        &self,
+        input: &PickInput<'_>,
+        backend_model: &str,
+    ) -> Result<Result<Vec<u32>, Degraded>, PickError> {
+        match self.encode_prompt(input, backend_model) {
+            Err(Degraded::NotLoaded { failed }) => Err(PickError::TokenizerNotReady {
+                model: input.model.to_string(),
+                failed,
+            }),
+            other => Ok(other),
+        }
+    }
+
+    fn encode_prompt(
+        &self,
+        input: &PickInput<'_>,
+        backend_model: &str,
+    ) -> Result<Vec<u32>, Degraded> {
+        let tokenizer = || match self.0.tokenizers.lookup(input.model, backend_model) {
+            Lookup::Ready(t) => Ok(t),
+            Lookup::NotConfigured | Lookup::NotLoaded {
+                load_only: true, ..
+            } => Err(Degraded::NoTokenizer),
+            Lookup::NotLoaded { failed, .. } => Err(Degraded::NotLoaded { failed }),
         };
         match input.prompt {
             Prompt::Tokens(t) => Ok(t.to_vec()),
@@ -1352,6 +1383,12 @@ enum Degraded {
     NoPrompt,
     /// Tokenization failed (label of the error).
     Failed(&'static str),
+    /// The model's tokenizer is configured but not loaded, and load-only routing is not
+    /// allowed: the request is refused, not degraded (see `tokens_for`).
+    NotLoaded {
+        /// At least one load attempt failed.
+        failed: bool,
+    },
 }
 
 impl Degraded {
@@ -1360,41 +1397,19 @@ impl Degraded {
             Degraded::NoTokenizer => "no_tokenizer",
             Degraded::NoPrompt => "no_prompt",
             Degraded::Failed(l) => l,
+            Degraded::NotLoaded { .. } => "tokenizer_not_ready",
         }
     }
 }
 
-/// Loaded tokenizers, shared by model.
-struct Tokenizers {
-    default: Option<Arc<Tokenizer>>,
-    per_model: BTreeMap<String, Arc<Tokenizer>>,
-}
+// Tokenizers by model (local directories and discovered sources) live in
+// `crate::tokenizer_registry`; the state owns one registry.
+use crate::tokenizer_registry::{Lookup, Tokenizers};
 
-impl Tokenizers {
-    fn load(dirs: &TokenizerDirs) -> Result<Self, StateError> {
-        let load = |dir: &PathBuf| {
-            Tokenizer::from_dir(dir)
-                .map(Arc::new)
-                .map_err(|source| StateError::Tokenizer {
-                    dir: dir.clone(),
-                    source,
-                })
-        };
-        let default = dirs.default.as_ref().map(load).transpose()?;
-        let mut per_model = BTreeMap::new();
-        for (model, dir) in &dirs.per_model {
-            per_model.insert(model.clone(), load(dir)?);
-        }
-        Ok(Self { default, per_model })
-    }
-
-    /// The tokenizer for the client-facing name, else the backend model, else the default.
-    fn for_model(&self, name: &str, backend: &str) -> Option<&Tokenizer> {
-        self.per_model
-            .get(name)
-            .or_else(|| self.per_model.get(backend))
-            .or(self.default.as_ref())
-            .map(Arc::as_ref)
+impl RouterState {
+    /// The tokenizer registry: the loader task fills it, discovery sets its plan.
+    pub fn tokenizers(&self) -> &Tokenizers {
+        &self.0.tokenizers
     }
 }
 
@@ -1456,6 +1471,9 @@ impl crate::gateway::Dispatch for RouterState {
             }),
             Err(PickError::UnknownModel(_)) => Err(crate::gateway::PickError::UnknownModel),
             Err(PickError::NoReadyWorker(_)) => Err(crate::gateway::PickError::NoReadyWorker),
+            Err(PickError::TokenizerNotReady { failed, .. }) => {
+                Err(crate::gateway::PickError::TokenizerNotReady { failed })
+            }
         }
     }
 

@@ -52,6 +52,12 @@ pub enum PickError {
     /// The model is known but none of its (non-excluded) workers is ready.
     #[error("no ready worker")]
     NoReadyWorker,
+    /// The model's tokenizer is not loaded (and its pool does not allow load-only routing).
+    #[error("tokenizer not ready")]
+    TokenizerNotReady {
+        /// At least one load attempt failed (else it is still loading).
+        failed: bool,
+    },
 }
 
 /// The router as the gateway sees it. Implemented by `RouterState`; tests may fake it.
