@@ -168,7 +168,10 @@ pub struct HubTokenizer {
     /// Branch, tag or commit; defaults to `main`. Pin a commit so that every router replica
     /// tokenizes with the same files the engine loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 255), regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"))]
+    #[schemars(
+        length(min = 1, max = 255),
+        regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    )]
     pub revision: Option<String>,
     /// The Hub token of a gated or private repository: a key of a Secret in the router's
     /// namespace (pods can mount Secrets of their own namespace only). The operator mounts
@@ -183,7 +186,10 @@ pub struct HubTokenizer {
 #[serde(rename_all = "camelCase")]
 pub struct TokenSecretRef {
     /// Secret name.
-    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
     pub name: String,
     /// Key inside the Secret's data.
     #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
@@ -195,7 +201,10 @@ pub struct TokenSecretRef {
 #[serde(rename_all = "camelCase")]
 pub struct ConfigMapTokenizer {
     /// ConfigMap name.
-    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
     pub name: String,
 }
 
@@ -528,16 +537,10 @@ impl ModelSpec {
         let f = "spec.model.tokenizer";
         let set = [t.hub.is_some(), t.config_map.is_some(), t.path.is_some()];
         if set.iter().filter(|s| **s).count() != 1 {
-            issues.push(SpecIssue::new(
-                f,
-                "set exactly one of hub, configMap, path",
-            ));
+            issues.push(SpecIssue::new(f, "set exactly one of hub, configMap, path"));
         }
         if t.path.as_deref().is_some_and(|p| !p.starts_with('/')) {
-            issues.push(SpecIssue::new(
-                format!("{f}.path"),
-                "path must be absolute",
-            ));
+            issues.push(SpecIssue::new(format!("{f}.path"), "path must be absolute"));
         }
         if let Some(hub) = &t.hub {
             if hub.repo.as_deref().is_some_and(|r| !looks_like_repo_id(r)) {

@@ -103,7 +103,11 @@ pub struct Args {
     pub tokenizer_config_map_dir: PathBuf,
     /// Longest wait between two attempts to load a tokenizer, seconds (the wait doubles from
     /// one second after each failure).
-    #[arg(long, env = "KVROUTE_ROUTER_TOKENIZER_RETRY_MAX_S", default_value_t = 300.0)]
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_TOKENIZER_RETRY_MAX_S",
+        default_value_t = 300.0
+    )]
     pub tokenizer_retry_max_s: f64,
     /// Routing policy: kvroute, random, round-robin, least-loaded, max-prefix, dynamo-cost,
     /// sglang-cache-aware.

@@ -843,7 +843,8 @@ impl RouterState {
     ) -> Result<Vec<u32>, Degraded> {
         let tokenizer = || match self.0.tokenizers.lookup(input.model, backend_model) {
             Lookup::Ready(t) => Ok(t),
-            Lookup::NotConfigured | Lookup::NotLoaded {
+            Lookup::NotConfigured
+            | Lookup::NotLoaded {
                 load_only: true, ..
             } => Err(Degraded::NoTokenizer),
             Lookup::NotLoaded { failed, .. } => Err(Degraded::NotLoaded { failed }),

@@ -123,10 +123,9 @@ async fn load_one(
                 return;
             }
             Err(e) => {
-                let failures =
-                    state
-                        .tokenizers()
-                        .failed(&model, &source, e.label(), e.to_string());
+                let failures = state
+                    .tokenizers()
+                    .failed(&model, &source, e.label(), e.to_string());
                 state
                     .metrics()
                     .tokenizer_fetch_failures

@@ -132,7 +132,9 @@ pub fn not_ready_text(failed: bool) -> &'static str {
 pub fn refresh_gauges(tokenizers: &Tokenizers, gauge: &prometheus::IntGaugeVec) {
     gauge.reset();
     for (model, loaded) in tokenizers.loaded_states() {
-        gauge.with_label_values(&[model.as_str()]).set(i64::from(loaded));
+        gauge
+            .with_label_values(&[model.as_str()])
+            .set(i64::from(loaded));
     }
 }
 
@@ -394,7 +396,10 @@ mod tests {
         // Without --tokenizer-fetch, Hub sources are ignored (the old load-only fallback) but
         // directory sources are planned.
         t.set_plan(plan(
-            &[("qwen3", src.clone()), ("d", ResolvedTokenizer::Path("/t".into()))],
+            &[
+                ("qwen3", src.clone()),
+                ("d", ResolvedTokenizer::Path("/t".into())),
+            ],
             &[],
         ));
         assert!(matches!(t.lookup("qwen3", "qwen3"), Lookup::NotConfigured));
@@ -454,13 +459,17 @@ mod tests {
         t.set_fetch_hub(true);
         let rx = t.subscribe();
         t.set_plan(plan(
-            &[("qwen3", hub("Qwen/Qwen3-0.6B", "main")), ("other", hub("o/o", "main"))],
+            &[
+                ("qwen3", hub("Qwen/Qwen3-0.6B", "main")),
+                ("other", hub("o/o", "main")),
+            ],
             &[],
         ));
         assert!(matches!(t.lookup("qwen3", "qwen3"), Lookup::Ready(_)));
         let planned: Vec<String> = rx.borrow().sources.keys().cloned().collect();
         assert_eq!(planned, vec!["other".to_string()]);
-        let rows: Vec<(String, &str)> = t.report().into_iter().map(|r| (r.model, r.state)).collect();
+        let rows: Vec<(String, &str)> =
+            t.report().into_iter().map(|r| (r.model, r.state)).collect();
         assert_eq!(
             rows,
             vec![

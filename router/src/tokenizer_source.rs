@@ -27,6 +27,9 @@ use hf_hub::{Cache, Repo, RepoType};
 use kvroute_crds::workerset::ResolvedTokenizer;
 use kvroute_tokenization::TokenizerFiles;
 
+/// The Hugging Face environment variables [`HubConfig::from_env`] reads.
+pub const HUB_ENV: &[&str] = &["HF_ENDPOINT", "HF_HOME", "HF_HUB_OFFLINE"];
+
 /// The file every tokenizer needs.
 pub const TOKENIZER_JSON: &str = "tokenizer.json";
 
@@ -63,10 +66,7 @@ impl HubConfig {
             endpoint: var("HF_ENDPOINT").map(|e| e.trim_end_matches('/').to_string()),
             cache_dir: var("HF_HOME").map(|h| PathBuf::from(h).join("hub")),
             offline: var("HF_HUB_OFFLINE").is_some_and(|v| {
-                matches!(
-                    v.to_ascii_lowercase().as_str(),
-                    "1" | "true" | "yes" | "on"
-                )
+                matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
             }),
             token_dir,
             config_map_dir,
@@ -84,7 +84,9 @@ pub enum FetchError {
     NotFound(String),
     /// HTTP 401/403: a gated or private repository without a (valid) token. The Hub also
     /// answers 401 for repositories that do not exist.
-    #[error("{0}: not authorized (gated or private repository, or it does not exist); set tokenSecretRef")]
+    #[error(
+        "{0}: not authorized (gated or private repository, or it does not exist); set tokenSecretRef"
+    )]
     Unauthorized(String),
     /// The token Secret is not mounted (missing Secret or key, or the operator has not yet
     /// rolled out the router with it).
@@ -363,7 +365,10 @@ mod tests {
             .await
             .map(|(f, o)| (Some(f), o))
             .unwrap_or_else(|e| (None, e.label().to_string()));
-        assert!(files.is_none(), "no tokenizer.json directly in testdata/tokenizers");
+        assert!(
+            files.is_none(),
+            "no tokenizer.json directly in testdata/tokenizers"
+        );
         assert_eq!(origin, "not_found");
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tokenizers/qwen3");
         let (files, origin) = fetch(&cfg, &ResolvedTokenizer::Path(dir.into()))

@@ -113,7 +113,12 @@ fn ranged(headers: &HeaderMap, bytes: &[u8], mut extra: Vec<(&'static str, Strin
 }
 
 fn not_found(code: &str) -> Response {
-    (StatusCode::NOT_FOUND, [("x-error-code", code.to_string())], "").into_response()
+    (
+        StatusCode::NOT_FOUND,
+        [("x-error-code", code.to_string())],
+        "",
+    )
+        .into_response()
 }
 
 /// `/{repo}/resolve/{revision}/{file}`.
@@ -260,7 +265,13 @@ async fn download_follows_the_redirect_caches_and_skips_missing_files() {
     assert!(files.chat_template_jinja.is_none(), "404: absent");
     assert!(files.special_tokens_map_json.is_none());
     kvroute_tokenization::Tokenizer::from_files(files).expect("a usable tokenizer");
-    let seen: Vec<String> = hub.log.requests.lock().iter().map(|r| r.0.clone()).collect();
+    let seen: Vec<String> = hub
+        .log
+        .requests
+        .lock()
+        .iter()
+        .map(|r| r.0.clone())
+        .collect();
     assert!(
         seen.iter().any(|p| p.starts_with("/cdn/")),
         "tokenizer.json came through the redirect: {seen:?}"
@@ -283,9 +294,17 @@ async fn download_follows_the_redirect_caches_and_skips_missing_files() {
     fetch(&cfg, &source(REPO, "main", None))
         .await
         .expect("from the cache");
-    let seen: Vec<String> = hub.log.requests.lock().iter().map(|r| r.0.clone()).collect();
+    let seen: Vec<String> = hub
+        .log
+        .requests
+        .lock()
+        .iter()
+        .map(|r| r.0.clone())
+        .collect();
     assert!(
-        !seen.iter().any(|p| p.ends_with("/tokenizer.json") || p.starts_with("/cdn/")),
+        !seen
+            .iter()
+            .any(|p| p.ends_with("/tokenizer.json") || p.starts_with("/cdn/")),
         "{seen:?}"
     );
 
@@ -341,8 +360,10 @@ async fn a_gated_repository_needs_the_mounted_token() {
     let (files, _) = fetch(&cfg, &gated).await.expect("with the token");
     assert!(!files.tokenizer_json.is_empty());
     let log = hub.log.requests.lock();
-    let hub_requests: Vec<&(String, bool)> =
-        log.iter().filter(|(p, _)| p.starts_with("/gated/")).collect();
+    let hub_requests: Vec<&(String, bool)> = log
+        .iter()
+        .filter(|(p, _)| p.starts_with("/gated/"))
+        .collect();
     assert!(hub_requests.iter().any(|(_, auth)| *auth));
 }
 
@@ -472,7 +493,9 @@ async fn the_router_refuses_until_the_tokenizer_loads_then_routes_with_tokens() 
         prompt: Prompt::Tokens(&ids),
         ..chat_input(&body)
     };
-    state.pick(&by_ids, Instant::now()).expect("token ids route");
+    state
+        .pick(&by_ids, Instant::now())
+        .expect("token ids route");
 
     let (status, text) = get(&admin, "/readyz").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
@@ -500,7 +523,10 @@ async fn the_router_refuses_until_the_tokenizer_loads_then_routes_with_tokens() 
     assert_eq!(err["error"]["code"], "tokenizer_not_ready");
     assert_eq!(err["error"]["type"], "service_unavailable_error");
     let message = err["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("qwen3") && message.contains("loading"), "{message}");
+    assert!(
+        message.contains("qwen3") && message.contains("loading"),
+        "{message}"
+    );
     assert!(!message.contains("127.0.0.1"), "no internals: {message}");
 
     // The loader fetches (two failures, then success) and the model becomes servable.
