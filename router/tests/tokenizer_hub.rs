@@ -568,11 +568,68 @@ async fn the_router_refuses_until_the_tokenizer_loads_then_routes_with_tokens() 
         ),
         "{metrics}"
     );
+
+    // A new revision: the old tokenizer keeps serving (stale) until the new one is loaded.
+    state.tokenizers().set_plan(TokenizerPlan {
+        sources: BTreeMap::from([("qwen3".to_string(), source(REPO, COMMIT, None))]),
+        load_only: Default::default(),
+    });
+    state
+        .pick(&chat_input(&body), Instant::now())
+        .expect("the previous revision still serves");
+    eventually("the new revision loads", || {
+        state.tokenizers().report()[0].loaded_from.as_deref()
+            == Some(&format!("hub {REPO}@{COMMIT}")[..])
+    })
+    .await;
+    assert_eq!(state.tokenizers().report()[0].state, "loaded");
+
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(10), task)
         .await
         .expect("loader stops")
         .expect("join");
+}
+
+/// The whole wiring in file mode, without the network: a WorkerSet whose tokenizer is a path
+/// is loaded by the server's own loader task, with no `--tokenizer` flag.
+#[tokio::test]
+async fn a_static_config_path_source_is_loaded_by_the_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("router.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kvroute.dev/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {{name: ws}}\nspec:\n  model: {{name: Qwen/Qwen3-0.6B, servedName: qwen3, tokenizer: {{path: {QWEN3}}}}}\n  engine: {{mode: mock}}\nstatus:\n  workers:\n    - {{pod: w0, address: \"127.0.0.1:1\", ready: true}}\n"
+        ),
+    )
+    .expect("write config");
+    let args = kvroute_router::Args {
+        http_addr: "127.0.0.1:0".parse().expect("addr"),
+        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+        admin_addr: "127.0.0.1:0".parse().expect("addr"),
+        config: Some(config),
+        seed: Some(1),
+        ..kvroute_router::Args::default()
+    };
+    let server = kvroute_router::Server::bind(args).await.expect("bind");
+    let state = server.state().clone();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(server.serve(stop.clone()));
+    eventually("the path tokenizer loads", || {
+        state
+            .tokenizers()
+            .report()
+            .iter()
+            .any(|r| r.model == "qwen3" && r.state == "loaded")
+    })
+    .await;
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("server stops")
+        .expect("join")
+        .expect("clean exit");
 }
 
 #[tokio::test]
