@@ -14,9 +14,9 @@
 //! ```
 //!
 //! Tokenization happens here, not in the gateway: callers pass the request ([`Prompt`]) and
-//! the state renders and tokenizes it with the model's tokenizer (`--tokenizer MODEL=DIR` or
-//! one default `--tokenizer DIR`), so the gateway, the gRPC Picker and `/debug/explain` make
-//! identical decisions. Callers that already have token ids pass [`Prompt::Tokens`].
+//! the state renders and tokenizes it with the model's tokenizer (`--tokenizer MODEL=DIR`, one
+//! default `--tokenizer DIR`, or the source discovery names: [`crate::tokenizer_registry`]),
+//! so the gateway, the gRPC Picker and `/debug/explain` make identical decisions. Callers that already have token ids pass [`Prompt::Tokens`].
 //!
 //! Routability: a worker is a candidate for a model when (1) discovery lists it as ready
 //! (static file: listed in a WorkerSet's `status.workers`; Kubernetes: its pod is Ready) --
@@ -44,6 +44,7 @@ use crate::routing::{
     AssignmentId, Candidate, CoreConfig, Decision, LoadSample, Policy, PredictedTtft,
     PredictedTtftConfig, PredictorConfig, RouteRequest, RoutingCore, WorkerId, policy_by_name,
 };
+use crate::tokenizer_registry::{Lookup, Tokenizers};
 
 /// Router settings the state needs (from flags).
 #[derive(Clone, Debug)]
@@ -1402,10 +1403,6 @@ impl Degraded {
         }
     }
 }
-
-// Tokenizers by model (local directories and discovered sources) live in
-// `crate::tokenizer_registry`; the state owns one registry.
-use crate::tokenizer_registry::{Lookup, Tokenizers};
 
 impl RouterState {
     /// The tokenizer registry: the loader task fills it, discovery sets its plan.
