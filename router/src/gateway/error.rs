@@ -189,12 +189,42 @@ mod tests {
             (GatewayError::BodyTooLarge { limit: 10 }, 413),
             (GatewayError::Upstream("reset".into()), 502),
             (GatewayError::NoReadyWorker("m".into()), 503),
+            (
+                GatewayError::TokenizerNotReady {
+                    model: "m".into(),
+                    failed: true,
+                },
+                503,
+            ),
             (GatewayError::UpstreamTimeout, 504),
             (GatewayError::Internal, 500),
         ];
         for (e, status) in cases {
             assert_eq!(e.status(), status, "{e:?}");
         }
+    }
+
+    #[test]
+    fn tokenizer_not_ready_says_loading_or_failing() {
+        let body = |failed| {
+            GatewayError::TokenizerNotReady {
+                model: "llama".into(),
+                failed,
+            }
+            .openai_body()
+        };
+        let loading = body(false);
+        assert_eq!(loading["error"]["code"], "tokenizer_not_ready");
+        assert_eq!(loading["error"]["type"], "service_unavailable_error");
+        assert_eq!(loading["error"]["param"], "model");
+        assert_eq!(
+            loading["error"]["message"],
+            "the tokenizer of model `llama` is still loading; retry later"
+        );
+        assert_eq!(
+            body(true)["error"]["message"],
+            "the tokenizer of model `llama` failed to load; the router keeps retrying; retry later"
+        );
     }
 
     #[test]
