@@ -52,6 +52,26 @@ pub struct InferencePoolSpec {
     /// Client-facing model names mapped to a model the targets serve.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub model_aliases: Vec<ModelAlias>,
+    /// How the router treats the pool's requests.
+    #[serde(default, skip_serializing_if = "RoutingSpec::is_default")]
+    pub routing: RoutingSpec,
+}
+
+/// Routing settings of a pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutingSpec {
+    /// Route on load alone while a model's tokenizer is not loaded (still downloading, or
+    /// failing). Default false: the router answers 503 for the model until its tokenizer is
+    /// loaded, because a decision without tokens ignores every worker's KV cache.
+    #[serde(default)]
+    pub allow_load_only: bool,
+}
+
+impl RoutingSpec {
+    fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
 }
 
 /// Role of a target in its pool.

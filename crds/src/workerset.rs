@@ -120,7 +120,114 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub source: Option<String>,
+    /// Where the router loads the model's tokenizer from (tokenizer.json, tokenizer_config.json
+    /// and the chat template). Default: the Hugging Face repository `source` (when it is a
+    /// repository id, not a path or URL), else `name`, at revision `main`, without a token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<TokenizerSpec>,
 }
+
+/// Longest repository id accepted (`owner/name`; the Hub allows 96 characters per part).
+pub const MAX_REPO_ID_LEN: usize = 200;
+
+/// Where the router gets a model's tokenizer: exactly one of `hub`, `configMap`, `path`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "(has(self.hub) ? 1 : 0) + (has(self.configMap) ? 1 : 0) + (has(self.path) ? 1 : 0) == 1", "message": "set exactly one of hub, configMap, path"},
+    {"rule": "!has(self.path) || self.path.startsWith('/')", "message": "path must be absolute"}
+]))]
+pub struct TokenizerSpec {
+    /// A Hugging Face Hub repository (or a mirror: the router's `HF_ENDPOINT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hub: Option<HubTokenizer>,
+    /// A ConfigMap in the router's namespace whose keys are the tokenizer files
+    /// (`tokenizer.json`, ...); the operator mounts it into the router pods. ConfigMaps hold
+    /// at most 1 MiB, so this suits small vocabularies only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapTokenizer>,
+    /// A directory inside the router container that holds the tokenizer files (baked into
+    /// the image or mounted by other means).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub path: Option<String>,
+}
+
+/// A tokenizer on the Hugging Face Hub.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HubTokenizer {
+    /// Repository id, e.g. `Qwen/Qwen3-0.6B`; defaults to the model's repository (see
+    /// `model.tokenizer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 200),
+        regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+    )]
+    pub repo: Option<String>,
+    /// Branch, tag or commit; defaults to `main`. Pin a commit so that every router replica
+    /// tokenizes with the same files the engine loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 255),
+        regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    )]
+    pub revision: Option<String>,
+    /// The Hub token of a gated or private repository: a key of a Secret in the router's
+    /// namespace (pods can mount Secrets of their own namespace only). The operator mounts
+    /// it into the router pods; the router reads it on every download attempt, so rotating
+    /// the Secret needs no restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<TokenSecretRef>,
+}
+
+/// A key of a Secret in the router's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenSecretRef {
+    /// Secret name.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// Key inside the Secret's data.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
+}
+
+/// A ConfigMap in the router's namespace holding tokenizer files.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigMapTokenizer {
+    /// ConfigMap name.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub name: String,
+}
+
+/// Where a model's tokenizer comes from, with every default applied.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ResolvedTokenizer {
+    /// A Hugging Face Hub repository.
+    Hub {
+        /// Repository id.
+        repo: String,
+        /// Branch, tag or commit.
+        revision: String,
+        /// Secret key holding the token, if any.
+        token: Option<(String, String)>,
+    },
+    /// A ConfigMap (router namespace), by name.
+    ConfigMap(String),
+    /// A directory in the router container.
+    Path(String),
+}
+
+/// Revision used when none is set.
+pub const DEFAULT_REVISION: &str = "main";
 
 impl ModelSpec {
     /// The name clients use: `servedName`, or `name`.
@@ -131,6 +238,34 @@ impl ModelSpec {
     /// The positional argument of `vllm serve`: `source`, or `name`.
     pub fn load_from(&self) -> &str {
         self.source.as_deref().unwrap_or(&self.name)
+    }
+
+    /// The repository the tokenizer defaults to: `source` when it looks like a Hub
+    /// repository id (not an absolute or relative path, not a URL), else `name`.
+    pub fn default_tokenizer_repo(&self) -> &str {
+        match self.source.as_deref() {
+            Some(s) if looks_like_repo_id(s) => s,
+            _ => &self.name,
+        }
+    }
+
+    /// The tokenizer source with defaults applied (see [`ModelSpec::tokenizer`]).
+    pub fn tokenizer_source(&self) -> ResolvedTokenizer {
+        let spec = self.tokenizer.clone().unwrap_or_default();
+        if let Some(cm) = spec.config_map {
+            return ResolvedTokenizer::ConfigMap(cm.name);
+        }
+        if let Some(path) = spec.path {
+            return ResolvedTokenizer::Path(path);
+        }
+        let hub = spec.hub.unwrap_or_default();
+        ResolvedTokenizer::Hub {
+            repo: hub
+                .repo
+                .unwrap_or_else(|| self.default_tokenizer_repo().to_string()),
+            revision: hub.revision.unwrap_or_else(|| DEFAULT_REVISION.to_string()),
+            token: hub.token_secret_ref.map(|r| (r.name, r.key)),
+        }
     }
 }
 
@@ -327,6 +462,7 @@ impl InferenceWorkerSetSpec {
                 "served name must not be empty when set",
             ));
         }
+        issues.extend(self.model.validate_tokenizer());
         if self.replicas < 0 {
             issues.push(SpecIssue::new("spec.replicas", "replicas must be >= 0"));
         }
@@ -389,6 +525,65 @@ impl InferenceWorkerSetSpec {
         }
         issues
     }
+}
+
+impl ModelSpec {
+    /// The CEL twins of [`TokenizerSpec`] and the checks of its patterns.
+    fn validate_tokenizer(&self) -> Vec<SpecIssue> {
+        let mut issues = Vec::new();
+        let Some(t) = &self.tokenizer else {
+            return issues;
+        };
+        let f = "spec.model.tokenizer";
+        let set = [t.hub.is_some(), t.config_map.is_some(), t.path.is_some()];
+        if set.iter().filter(|s| **s).count() != 1 {
+            issues.push(SpecIssue::new(f, "set exactly one of hub, configMap, path"));
+        }
+        if t.path.as_deref().is_some_and(|p| !p.starts_with('/')) {
+            issues.push(SpecIssue::new(format!("{f}.path"), "path must be absolute"));
+        }
+        if let Some(hub) = &t.hub {
+            if hub.repo.as_deref().is_some_and(|r| !looks_like_repo_id(r)) {
+                issues.push(SpecIssue::new(
+                    format!("{f}.hub.repo"),
+                    "repo must be a Hugging Face repository id such as Qwen/Qwen3-0.6B",
+                ));
+            }
+            if hub.revision.as_deref().is_some_and(|r| !is_revision(r)) {
+                issues.push(SpecIssue::new(
+                    format!("{f}.hub.revision"),
+                    "revision must be a branch, tag or commit (letters, digits, . _ - /; no ..)",
+                ));
+            }
+        }
+        issues
+    }
+}
+
+/// A Hub revision safe to put in a URL and a cache path: starts alphanumeric, then
+/// alphanumerics and `._-/`, no `..`, at most 255 characters.
+pub fn is_revision(s: &str) -> bool {
+    s.len() <= 255
+        && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
+        && !s.contains("..")
+}
+
+/// `owner/name` or `name`, each part starting alphanumeric and made of alphanumerics, `.`, `_`
+/// and `-` (what the Hub accepts); never `.`/`..` parts, so it is safe in a URL path.
+pub fn looks_like_repo_id(s: &str) -> bool {
+    let part = |p: &str| {
+        p.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    };
+    s.len() <= MAX_REPO_ID_LEN
+        && match s.split_once('/') {
+            Some((owner, name)) => part(owner) && part(name),
+            None => part(s),
+        }
+        && !s.contains("..")
 }
 
 fn default_replicas() -> i32 {
@@ -459,6 +654,76 @@ mod tests {
     fn blank_model_name_is_an_issue() {
         let s = spec("model: {name: '  '}\nengine: {mode: mock}\n");
         assert_eq!(s.validate()[0].field, "spec.model.name");
+    }
+
+    #[test]
+    fn tokenizer_defaults_to_the_models_repository() {
+        let hub = |repo: &str| ResolvedTokenizer::Hub {
+            repo: repo.into(),
+            revision: "main".into(),
+            token: None,
+        };
+        let s = spec("model: {name: Qwen/Qwen3-0.6B, servedName: qwen3}\n");
+        assert_eq!(s.model.tokenizer_source(), hub("Qwen/Qwen3-0.6B"));
+        let s = spec("model: {name: qwen3, source: Qwen/Qwen3-8B-FP8}\n");
+        assert_eq!(s.model.tokenizer_source(), hub("Qwen/Qwen3-8B-FP8"));
+        let s = spec("model: {name: Qwen/Qwen3-8B, source: /models/qwen3-8b}\n");
+        assert_eq!(s.model.tokenizer_source(), hub("Qwen/Qwen3-8B"));
+        let s = spec("model: {name: Qwen/Qwen3-8B, source: 's3://bucket/qwen'}\n");
+        assert_eq!(s.model.tokenizer_source(), hub("Qwen/Qwen3-8B"));
+        let s = spec(
+            "model:\n  name: meta-llama/Llama-3.1-8B-Instruct\n  tokenizer:\n    hub:\n      revision: 0e9e39f\n      tokenSecretRef: {name: hf-token, key: token}\n",
+        );
+        assert!(s.validate().is_empty(), "{:?}", s.validate());
+        assert_eq!(
+            s.model.tokenizer_source(),
+            ResolvedTokenizer::Hub {
+                repo: "meta-llama/Llama-3.1-8B-Instruct".into(),
+                revision: "0e9e39f".into(),
+                token: Some(("hf-token".into(), "token".into())),
+            }
+        );
+        let s = spec("model: {name: m, tokenizer: {configMap: {name: tok}}}\n");
+        assert_eq!(
+            s.model.tokenizer_source(),
+            ResolvedTokenizer::ConfigMap("tok".into())
+        );
+        let s = spec("model: {name: m, tokenizer: {path: /opt/tok}}\n");
+        assert_eq!(
+            s.model.tokenizer_source(),
+            ResolvedTokenizer::Path("/opt/tok".into())
+        );
+    }
+
+    #[test]
+    fn tokenizer_cel_twins() {
+        let fields = |yaml: &str| -> Vec<String> {
+            spec(yaml).validate().into_iter().map(|i| i.field).collect()
+        };
+        assert_eq!(
+            fields("model: {name: m, tokenizer: {}}\n"),
+            vec!["spec.model.tokenizer"]
+        );
+        assert_eq!(
+            fields("model: {name: m, tokenizer: {path: /a, configMap: {name: c}}}\n"),
+            vec!["spec.model.tokenizer"]
+        );
+        assert_eq!(
+            fields("model: {name: m, tokenizer: {path: rel/dir}}\n"),
+            vec!["spec.model.tokenizer.path"]
+        );
+        assert_eq!(
+            fields("model: {name: m, tokenizer: {hub: {repo: '../etc', revision: 'a/../b'}}}\n"),
+            vec![
+                "spec.model.tokenizer.hub.repo",
+                "spec.model.tokenizer.hub.revision"
+            ]
+        );
+        assert!(looks_like_repo_id("gpt2"));
+        assert!(!looks_like_repo_id("a/b/c"));
+        assert!(!looks_like_repo_id("/models/x"));
+        assert!(is_revision("refs/pr/1"));
+        assert!(!is_revision("/main"));
     }
 
     #[test]

@@ -3,8 +3,12 @@
 //! ```text
 //! GET  /metrics        Prometheus text (scrape-time gauges refreshed first)
 //! GET  /healthz        200 while the process runs
-//! GET  /readyz         200 when discovery has synced and >= 1 worker is routable, else 503
+//! GET  /readyz         200 when discovery has synced and >= 1 worker is routable for a model
+//!                      that can be served (its tokenizer loaded, or not needed), else 503;
+//!                      `?model=NAME` asks about one model
 //! GET  /debug/workers  JSON: index size, and per worker its blocks, load, in-flight, state
+//! GET  /debug/tokenizers JSON: per model where its tokenizer comes from and whether it is
+//!                      loaded (state, failures, last error)
 //! POST /debug/explain  body: an OpenAI chat/completions (or completions) request;
 //!                      returns the decision record without assigning anything
 //! ```
@@ -13,13 +17,14 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use crate::state::{BodyKind, PickError, PickInput, RouterState};
+use crate::tokenizer_registry::refresh_gauges;
 
 /// The admin routes.
 pub fn router(state: RouterState) -> Router {
@@ -29,6 +34,7 @@ pub fn router(state: RouterState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/debug/workers", get(workers))
+        .route("/debug/tokenizers", get(tokenizers))
         .route("/debug/explain", post(explain))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -36,6 +42,7 @@ pub fn router(state: RouterState) -> Router {
 
 async fn metrics(State(state): State<RouterState>) -> Response {
     state.refresh_gauges(Instant::now());
+    refresh_gauges(state.tokenizers(), &state.metrics().tokenizer_loaded);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics().encode(),
@@ -43,18 +50,57 @@ async fn metrics(State(state): State<RouterState>) -> Response {
         .into_response()
 }
 
-async fn readyz(State(state): State<RouterState>) -> Response {
+/// `/readyz?model=NAME`.
+#[derive(Debug, serde::Deserialize)]
+struct ReadyQuery {
+    model: Option<String>,
+}
+
+async fn readyz(State(state): State<RouterState>, Query(q): Query<ReadyQuery>) -> Response {
+    let unavailable = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
     if !state.discovery_synced() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "discovery has not synced\n",
-        )
-            .into_response()
-    } else if !state.ready(Instant::now()) {
-        (StatusCode::SERVICE_UNAVAILABLE, "no routable worker\n").into_response()
-    } else {
-        "ready\n".into_response()
+        return unavailable("discovery has not synced\n".into());
     }
+    let blocked = state.tokenizers().blocked_models();
+    let report = state.workers_report(Instant::now());
+    let routable = |model: &str| {
+        report
+            .workers
+            .iter()
+            .any(|w| w.routable && w.model == model)
+    };
+    if let Some(name) = q.model {
+        let Some(resolved) = state.resolve_model(&name) else {
+            return (StatusCode::NOT_FOUND, format!("unknown model {name}\n")).into_response();
+        };
+        let backend = resolved.backend_model;
+        return if blocked.contains(&backend) {
+            unavailable(format!("tokenizer of {backend} not loaded\n"))
+        } else if !routable(&backend) {
+            unavailable(format!("no routable worker for {backend}\n"))
+        } else {
+            "ready\n".into_response()
+        };
+    }
+    let servable = report
+        .workers
+        .iter()
+        .any(|w| w.routable && !blocked.contains(&w.model));
+    if servable {
+        "ready\n".into_response()
+    } else if report.workers.iter().any(|w| w.routable) {
+        let models: Vec<String> = blocked.into_iter().collect();
+        unavailable(format!(
+            "no model can be served: tokenizer not loaded for {}\n",
+            models.join(", ")
+        ))
+    } else {
+        unavailable("no routable worker\n".into())
+    }
+}
+
+async fn tokenizers(State(state): State<RouterState>) -> Response {
+    axum::Json(state.tokenizers().report()).into_response()
 }
 
 async fn workers(State(state): State<RouterState>) -> Response {
@@ -98,6 +144,11 @@ async fn explain(State(state): State<RouterState>, body: Bytes) -> Response {
         Err(e @ PickError::NoReadyWorker(_)) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "no_ready_worker",
+            e.to_string(),
+        ),
+        Err(e @ PickError::TokenizerNotReady { .. }) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "tokenizer_not_ready",
             e.to_string(),
         ),
     }

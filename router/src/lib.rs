@@ -25,6 +25,9 @@ pub mod pick;
 pub mod routing;
 pub mod state;
 pub mod tokenize_cmd;
+pub mod tokenizer_loader;
+pub mod tokenizer_registry;
+pub mod tokenizer_source;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,6 +47,8 @@ use crate::ingest::IngestService;
 use crate::metrics::RouterMetrics;
 use crate::pick::{PickerService, UpkeepTask};
 use crate::state::{RouterConfig, RouterState, TokenizerDirs};
+use crate::tokenizer_loader::{Backoff, TokenizerLoader};
+use crate::tokenizer_source::HubConfig;
 
 /// Command-line arguments of `kvroute router` / `kvroute-router`.
 #[derive(Debug, Clone, clap::Args)]
@@ -72,9 +77,39 @@ pub struct Args {
     #[arg(long, env = "KVROUTE_ROUTER_NAMESPACE")]
     pub namespace: Option<String>,
     /// Tokenizer directory: `DIR` (every model) or `MODEL=DIR`; repeat or comma-separate.
-    /// Without one, decisions are made on load alone (counted as degraded).
+    /// A directory wins over the source a WorkerSet names. A model with neither is routed on
+    /// load alone (counted as degraded).
     #[arg(long, env = "KVROUTE_ROUTER_TOKENIZER", value_delimiter = ',')]
     pub tokenizer: Vec<String>,
+    /// Download the tokenizers that discovered WorkerSets name (`spec.model.tokenizer.hub`,
+    /// by default the model's own repository) from the Hugging Face Hub; `HF_ENDPOINT`,
+    /// `HF_HOME` (the cache) and `HF_HUB_OFFLINE` apply. Until a model's tokenizer is loaded
+    /// its requests get 503, unless its pool sets `routing.allowLoadOnly`. ConfigMap and path
+    /// sources are loaded with or without this flag.
+    #[arg(long, env = "KVROUTE_ROUTER_TOKENIZER_FETCH")]
+    pub tokenizer_fetch: bool,
+    /// Where the Hub token Secrets are mounted: `<DIR>/<secret>/<key>`.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_HUB_TOKEN_DIR",
+        default_value = "/var/run/kvroute/hub-tokens"
+    )]
+    pub hub_token_dir: PathBuf,
+    /// Where tokenizer ConfigMaps are mounted: `<DIR>/<configmap>/tokenizer.json`.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_TOKENIZER_CONFIG_MAP_DIR",
+        default_value = "/var/run/kvroute/tokenizer-configmaps"
+    )]
+    pub tokenizer_config_map_dir: PathBuf,
+    /// Longest wait between two attempts to load a tokenizer, seconds (the wait doubles from
+    /// one second after each failure).
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_TOKENIZER_RETRY_MAX_S",
+        default_value_t = 300.0
+    )]
+    pub tokenizer_retry_max_s: f64,
     /// Routing policy: kvroute, random, round-robin, least-loaded, max-prefix, dynamo-cost,
     /// sglang-cache-aware.
     #[arg(long, env = "KVROUTE_ROUTER_POLICY", default_value = "kvroute")]
@@ -151,6 +186,10 @@ impl Default for Args {
             kubernetes: false,
             namespace: None,
             tokenizer: Vec::new(),
+            tokenizer_fetch: false,
+            hub_token_dir: PathBuf::from("/var/run/kvroute/hub-tokens"),
+            tokenizer_config_map_dir: PathBuf::from("/var/run/kvroute/tokenizer-configmaps"),
+            tokenizer_retry_max_s: 300.0,
             policy: "kvroute".into(),
             tie_margin: 0.02,
             seed: None,
@@ -251,6 +290,7 @@ pub struct Server {
     grpc: TcpListener,
     admin: TcpListener,
     discovery: Discovery,
+    tokenizer_loader: TokenizerLoader,
     gateway: gateway::GatewayConfig,
     grace: Duration,
 }
@@ -267,6 +307,10 @@ impl Server {
             kubernetes,
             namespace,
             tokenizer,
+            tokenizer_fetch,
+            hub_token_dir,
+            tokenizer_config_map_dir,
+            tokenizer_retry_max_s,
             policy,
             tie_margin,
             seed,
@@ -301,6 +345,17 @@ impl Server {
         };
         let metrics = RouterMetrics::register(&prometheus::Registry::new())?;
         let state = RouterState::new(router_config, metrics)?;
+        // Before discovery publishes its first plan.
+        state.tokenizers().set_fetch_hub(tokenizer_fetch);
+        let tokenizer_loader = TokenizerLoader::new(
+            state.clone(),
+            HubConfig::from_env(hub_token_dir, tokenizer_config_map_dir),
+            Backoff {
+                cap: secs("tokenizer-retry-max-s", tokenizer_retry_max_s)?
+                    .max(Duration::from_secs(1)),
+                ..Backoff::default()
+            },
+        );
         let discovery = match (config, kubernetes) {
             (Some(path), _) => Discovery::Static(StaticDiscovery::start(path, state.clone())?),
             (None, true) => Discovery::Kubernetes(
@@ -333,6 +388,7 @@ impl Server {
             admin: bind(admin_addr, "--admin-addr").await?,
             state,
             discovery,
+            tokenizer_loader,
             gateway,
             grace: secs("shutdown-grace-s", shutdown_grace_s)?,
         })
@@ -361,6 +417,7 @@ impl Server {
             grpc,
             admin,
             discovery,
+            tokenizer_loader,
             gateway,
             grace,
         } = self;
@@ -429,6 +486,15 @@ impl Server {
                 ("upkeep", Ok(()))
             }
             .instrument(tracing::info_span!("upkeep")),
+        );
+
+        let stop = shutdown.clone();
+        tasks.spawn(
+            async move {
+                tokenizer_loader.run(stop).await;
+                ("tokenizers", Ok(()))
+            }
+            .instrument(tracing::info_span!("tokenizers")),
         );
 
         let stop = shutdown.clone();

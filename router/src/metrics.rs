@@ -59,7 +59,8 @@ pub struct RouterMetrics {
     pub index_blocks: IntGaugeVec,
     /// Router-side in-flight assignments per worker (set at scrape time).
     pub in_flight: IntGaugeVec,
-    /// Workers by state (`routable`, `stale`, `not-ready`, `unlisted`), set at scrape time.
+    /// Workers by state (`routable`, `stale`, `not_ready`, `disconnected`: stream closed, not
+    /// routable until it reconnects, retired if discovery drops it; `unlisted`), at scrape time.
     pub workers: IntGaugeVec,
     /// Open sidecar streams.
     pub sidecar_streams: IntGauge,
@@ -73,6 +74,10 @@ pub struct RouterMetrics {
     pub decision_duration: Histogram,
     /// Workers retired (gone from discovery, stream closed past the grace period).
     pub workers_retired: IntCounter,
+    /// 1 when a discovered model's tokenizer is loaded, else 0 (set at scrape time).
+    pub tokenizer_loaded: IntGaugeVec,
+    /// Failed tokenizer load attempts, by model and reason (`FetchError::label`).
+    pub tokenizer_fetch_failures: IntCounterVec,
 }
 
 impl RouterMetrics {
@@ -187,6 +192,16 @@ impl RouterMetrics {
                 "kvroute_router_workers_retired_total",
                 "Workers retired: no longer listed by discovery and their stream closed.",
             )?,
+            tokenizer_loaded: gauge_vec(
+                "kvroute_router_tokenizer_loaded",
+                "1 when the tokenizer of a model (from discovery) is loaded, else 0.",
+                &["model"],
+            )?,
+            tokenizer_fetch_failures: counter_vec(
+                "kvroute_router_tokenizer_fetch_failures_total",
+                "Failed attempts to load a model's tokenizer, by reason.",
+                &["model", "reason"],
+            )?,
         };
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.pick_errors.clone()))?;
@@ -208,6 +223,8 @@ impl RouterMetrics {
         registry.register(Box::new(m.ingest_blocks.clone()))?;
         registry.register(Box::new(m.decision_duration.clone()))?;
         registry.register(Box::new(m.workers_retired.clone()))?;
+        registry.register(Box::new(m.tokenizer_loaded.clone()))?;
+        registry.register(Box::new(m.tokenizer_fetch_failures.clone()))?;
         Ok(m)
     }
 

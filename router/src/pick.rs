@@ -66,7 +66,9 @@ fn headers_of(map: &std::collections::HashMap<String, String>) -> HeaderMap {
 fn pick_status(e: &PickError) -> Status {
     match e {
         PickError::UnknownModel(_) => Status::not_found(e.to_string()),
-        PickError::NoReadyWorker(_) => Status::unavailable(e.to_string()),
+        PickError::NoReadyWorker(_) | PickError::TokenizerNotReady { .. } => {
+            Status::unavailable(e.to_string())
+        }
     }
 }
 

@@ -308,7 +308,7 @@ async fn ingest_snapshot_gap_resnapshot_and_stale_on_disconnect() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("kvroute_router_workers{state=\"stale\"} 1"),
+        metrics.contains("kvroute_router_workers{state=\"disconnected\"} 1"),
         "{metrics}"
     );
     r.shutdown().await;

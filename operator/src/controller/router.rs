@@ -8,18 +8,26 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::Api;
+use kube::api::{Api, ListParams};
+use kvroute_crds::InferenceWorkerSet;
 use tokio_util::sync::CancellationToken;
 
 use super::{Ctx, Error, apply, backoff};
-use crate::desired::router::desired_router;
+use crate::desired::router::{desired_router, tokenizer_mounts};
 
-/// Applies every router object once.
+/// Applies every router object once. The WorkerSets are listed for the tokenizer Secrets
+/// and ConfigMaps the router pods mount.
 pub async fn reconcile(ctx: &Ctx) -> Result<(), Error> {
     let _timer = ctx.start("Router");
     ctx.ensure_leader()?;
-    let objs = desired_router(&ctx.cfg);
     let c = &ctx.client;
+    let sets_api: Api<InferenceWorkerSet> = if ctx.cfg.watch_namespace.is_empty() {
+        Api::all(c.clone())
+    } else {
+        Api::namespaced(c.clone(), &ctx.cfg.watch_namespace)
+    };
+    let sets = sets_api.list(&ListParams::default()).await?.items;
+    let objs = desired_router(&ctx.cfg, &tokenizer_mounts(&sets));
     let ns = ctx.cfg.router_namespace.as_str();
     apply(
         &Api::<ServiceAccount>::namespaced(c.clone(), ns),

@@ -1,23 +1,34 @@
 //! The router the operator runs: Deployment, client Service, headless ingest Service (sidecars
 //! resolve it to stream to every replica), ServiceAccount and read-only RBAC.
 //!
+//! Tokenizers: the router downloads each WorkerSet's tokenizer itself (`--tokenizer-fetch`).
+//! Its pods get an `emptyDir` Hugging Face cache (`HF_HOME`), and every Secret or ConfigMap a
+//! WorkerSet names as a tokenizer source (`spec.model.tokenizer`) is mounted read-only:
+//! Secrets at `HUB_TOKEN_DIR/<name>/<key>`, ConfigMaps at `TOKENIZER_CONFIG_MAP_DIR/<name>/`.
+//! Mounting (optional volumes, in the router's namespace) means the router needs no extra
+//! Secret rights for tokens, and a missing Secret only delays that one model's tokenizer.
+//!
 //! RBAC scope follows the watch scope: with `--namespace` set the router gets a Role and
 //! RoleBinding in that namespace; watching all namespaces it needs the same read rules
 //! cluster-wide, so it gets a ClusterRole and ClusterRoleBinding. The rules come from
 //! [`crate::permissions::ROUTER_RULES`] either way.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, PodSpec, PodTemplateSpec, Probe, Service, ServiceAccount,
-    ServicePort, ServiceSpec, TCPSocketAction,
+    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, PodSpec,
+    PodTemplateSpec, Probe, SecretVolumeSource, Service, ServiceAccount, ServicePort, ServiceSpec,
+    TCPSocketAction, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kvroute_crds::InferenceWorkerSet;
+use kvroute_crds::workerset::ResolvedTokenizer;
 
 use super::{OperatorConfig, common_labels};
 use crate::permissions::{ROUTER_RULES, policy_rules};
@@ -35,6 +46,44 @@ pub const INGEST_PORT: i32 = 9000;
 pub const PICK_PORT: i32 = INGEST_PORT;
 /// Admin port (`/metrics`, `/healthz`).
 pub const ADMIN_PORT: i32 = 9091;
+/// `HF_HOME` of the router pods: an `emptyDir` that caches downloaded tokenizer files.
+pub const HF_HOME: &str = "/var/cache/kvroute/huggingface";
+/// Size limit of the tokenizer cache volume (tokenizer files are megabytes per model).
+pub const HF_CACHE_SIZE: &str = "2Gi";
+/// Where tokenizer token Secrets are mounted (`kvroute-router --hub-token-dir`).
+pub const HUB_TOKEN_DIR: &str = "/var/run/kvroute/hub-tokens";
+/// Where tokenizer ConfigMaps are mounted (`kvroute-router --tokenizer-config-map-dir`).
+pub const TOKENIZER_CONFIG_MAP_DIR: &str = "/var/run/kvroute/tokenizer-configmaps";
+
+/// The Secrets and ConfigMaps the WorkerSets name as tokenizer sources, to mount into the
+/// router pods.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenizerMounts {
+    /// Token Secrets (router namespace).
+    pub secrets: BTreeSet<String>,
+    /// Tokenizer ConfigMaps (router namespace).
+    pub config_maps: BTreeSet<String>,
+}
+
+/// Collects the Secrets and ConfigMaps named by `sets`' tokenizer sources.
+pub fn tokenizer_mounts(sets: &[InferenceWorkerSet]) -> TokenizerMounts {
+    let mut m = TokenizerMounts::default();
+    for set in sets {
+        match set.spec.model.tokenizer_source() {
+            ResolvedTokenizer::Hub {
+                token: Some((secret, _)),
+                ..
+            } => {
+                m.secrets.insert(secret);
+            }
+            ResolvedTokenizer::ConfigMap(name) => {
+                m.config_maps.insert(name);
+            }
+            _ => {}
+        }
+    }
+    m
+}
 
 /// All router objects.
 #[derive(Debug, Clone)]
@@ -92,8 +141,60 @@ pub fn cluster_role_name(cfg: &OperatorConfig) -> String {
     format!("{ROUTER_NAME}-{}", cfg.router_namespace)
 }
 
-/// Builds every router object.
-pub fn desired_router(cfg: &OperatorConfig) -> RouterObjects {
+/// Volumes and mounts of the router container: the tokenizer cache and every tokenizer
+/// Secret and ConfigMap (optional, read-only).
+fn tokenizer_volumes(mounts: &TokenizerMounts) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let mut volumes = vec![Volume {
+        name: "hf-cache".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(HF_CACHE_SIZE.into())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    let mut vmounts = vec![VolumeMount {
+        name: "hf-cache".into(),
+        mount_path: HF_HOME.into(),
+        ..Default::default()
+    }];
+    let mount = |name: String, path: String| VolumeMount {
+        name,
+        mount_path: path,
+        read_only: Some(true),
+        ..Default::default()
+    };
+    for (i, secret) in mounts.secrets.iter().enumerate() {
+        let name = format!("hub-token-{i}");
+        volumes.push(Volume {
+            name: name.clone(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.clone()),
+                optional: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        vmounts.push(mount(name, format!("{HUB_TOKEN_DIR}/{secret}")));
+    }
+    for (i, cm) in mounts.config_maps.iter().enumerate() {
+        let name = format!("tokenizer-cm-{i}");
+        volumes.push(Volume {
+            name: name.clone(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: cm.clone(),
+                optional: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        vmounts.push(mount(name, format!("{TOKENIZER_CONFIG_MAP_DIR}/{cm}")));
+    }
+    (volumes, vmounts)
+}
+
+/// Builds every router object; `mounts` are the tokenizer Secrets and ConfigMaps of the
+/// WorkerSets ([`tokenizer_mounts`]).
+pub fn desired_router(cfg: &OperatorConfig, mounts: &TokenizerMounts) -> RouterObjects {
     let ns = cfg.router_namespace.as_str();
     let subject = Subject {
         kind: "ServiceAccount".to_string(),
@@ -143,8 +244,10 @@ pub fn desired_router(cfg: &OperatorConfig) -> RouterObjects {
         protocol: Some("TCP".to_string()),
         ..Default::default()
     };
+    let (volumes, volume_mounts) = tokenizer_volumes(mounts);
     let container = Container {
         name: "router".to_string(),
+        volume_mounts: Some(volume_mounts),
         image: Some(cfg.router_image.clone()),
         command: Some(vec!["kvroute-router".to_string()]),
         // Flags of `kvroute-router` (router/src/lib.rs), by their env names.
@@ -189,6 +292,7 @@ pub fn desired_router(cfg: &OperatorConfig) -> RouterObjects {
                 spec: Some(PodSpec {
                     service_account_name: Some(ROUTER_NAME.to_string()),
                     containers: vec![container],
+                    volumes: Some(volumes),
                     ..Default::default()
                 }),
             },
@@ -232,10 +336,18 @@ pub fn desired_router(cfg: &OperatorConfig) -> RouterObjects {
 }
 
 /// The router's settings: discover workers from Kubernetes (in the watched namespace, all
-/// when empty), and the ports the Services point at.
+/// when empty), the ports the Services point at, and where tokenizers come from and are
+/// cached.
 fn router_env(cfg: &OperatorConfig) -> Vec<EnvVar> {
     let mut vars = vec![
         env("KVROUTE_ROUTER_KUBERNETES", "true".to_string()),
+        env("KVROUTE_ROUTER_TOKENIZER_FETCH", "true"),
+        env("KVROUTE_ROUTER_HUB_TOKEN_DIR", HUB_TOKEN_DIR),
+        env(
+            "KVROUTE_ROUTER_TOKENIZER_CONFIG_MAP_DIR",
+            TOKENIZER_CONFIG_MAP_DIR,
+        ),
+        env("HF_HOME", HF_HOME),
         env("KVROUTE_ROUTER_HTTP_ADDR", format!("0.0.0.0:{HTTP_PORT}")),
         env("KVROUTE_ROUTER_GRPC_ADDR", format!("0.0.0.0:{INGEST_PORT}")),
         env("KVROUTE_ROUTER_ADMIN_ADDR", format!("0.0.0.0:{ADMIN_PORT}")),
@@ -263,7 +375,7 @@ mod tests {
 
     #[test]
     fn namespaced_watch_gets_a_role_and_cluster_watch_a_cluster_role() {
-        let o = desired_router(&cfg("team-a"));
+        let o = desired_router(&cfg("team-a"), &TokenizerMounts::default());
         let (role, binding) = o.role.expect("role");
         assert!(o.cluster_role.is_none());
         assert_eq!(role.metadata.namespace.as_deref(), Some("team-a"));
@@ -285,7 +397,7 @@ mod tests {
             "{verbs:?}"
         );
 
-        let o = desired_router(&cfg(""));
+        let o = desired_router(&cfg(""), &TokenizerMounts::default());
         assert!(o.role.is_none());
         let (cr, crb) = o.cluster_role.expect("cluster role");
         assert_eq!(
@@ -296,8 +408,71 @@ mod tests {
     }
 
     #[test]
+    fn tokenizer_sources_become_a_cache_env_and_read_only_mounts() {
+        let set =
+            |yaml: &str| -> InferenceWorkerSet { serde_saphyr::from_str(yaml).expect("workerset") };
+        let head = "apiVersion: kvroute.dev/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {name: a}\nspec:\n";
+        let sets = vec![
+            set(&format!("{head}  model: {{name: Qwen/Qwen3-0.6B}}\n")),
+            set(&format!(
+                "{head}  model: {{name: m, tokenizer: {{hub: {{tokenSecretRef: {{name: hf, key: token}}}}}}}}\n"
+            )),
+            set(&format!(
+                "{head}  model: {{name: n, tokenizer: {{hub: {{tokenSecretRef: {{name: hf, key: other}}}}}}}}\n"
+            )),
+            set(&format!(
+                "{head}  model: {{name: c, tokenizer: {{configMap: {{name: tok}}}}}}\n"
+            )),
+        ];
+        let mounts = tokenizer_mounts(&sets);
+        assert_eq!(mounts.secrets, BTreeSet::from(["hf".to_string()]));
+        assert_eq!(mounts.config_maps, BTreeSet::from(["tok".to_string()]));
+
+        let o = desired_router(&cfg(""), &mounts);
+        let pod = o.deployment.spec.expect("spec").template.spec.expect("pod");
+        let volumes = pod.volumes.expect("volumes");
+        let secret = volumes
+            .iter()
+            .find_map(|v| v.secret.as_ref())
+            .expect("secret volume");
+        assert_eq!(secret.secret_name.as_deref(), Some("hf"));
+        assert_eq!(secret.optional, Some(true));
+        assert!(volumes.iter().any(|v| v.empty_dir.is_some()));
+        assert!(
+            volumes
+                .iter()
+                .any(|v| v.config_map.as_ref().is_some_and(|c| c.name == "tok"))
+        );
+        let c = &pod.containers[0];
+        let mounts: Vec<(&str, Option<bool>)> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.mount_path.as_str(), m.read_only))
+            .collect();
+        assert_eq!(
+            mounts,
+            vec![
+                (HF_HOME, None),
+                ("/var/run/kvroute/hub-tokens/hf", Some(true)),
+                ("/var/run/kvroute/tokenizer-configmaps/tok", Some(true)),
+            ]
+        );
+        let env: BTreeMap<&str, &str> = c
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default()))
+            .collect();
+        assert_eq!(env.get("HF_HOME"), Some(&HF_HOME));
+        assert_eq!(env.get("KVROUTE_ROUTER_TOKENIZER_FETCH"), Some(&"true"));
+        // The token is mounted, never put in the environment.
+        assert!(!env.contains_key("HF_TOKEN"));
+    }
+
+    #[test]
     fn deployment_uses_replicas_image_and_service_account() {
-        let o = desired_router(&cfg(""));
+        let o = desired_router(&cfg(""), &TokenizerMounts::default());
         let spec = o.deployment.spec.expect("spec");
         assert_eq!(spec.replicas, Some(3));
         let pod = spec.template.spec.expect("pod");

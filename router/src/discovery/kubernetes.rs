@@ -7,7 +7,7 @@
 //! ```text
 //! watcher(WorkerSets) --reflector--> Store --+
 //! watcher(Pools) -------reflector--> Store --+--(any event)--> build_catalog(Pods) --> RouterState
-//! watcher(Pods) --------reflector--> Store --+
+//! watcher(Pods) --------reflector--> Store --+         \--> build_tokenizer_plan --> Tokenizers
 //! ```
 
 use std::sync::Arc;
@@ -20,6 +20,7 @@ use kube::{Api, Client};
 use kvroute_crds::{InferencePool, InferenceWorkerSet};
 use tokio_util::sync::CancellationToken;
 
+use super::tokenizers::build_tokenizer_plan;
 use super::{PodView, WORKER_SET_LABEL, WorkerSource, build_catalog};
 use crate::state::RouterState;
 
@@ -145,7 +146,9 @@ impl KubernetesDiscovery {
             .filter_map(|p: &Arc<Pod>| pod_view(p))
             .collect();
         let catalog = build_catalog(&sets, &pools, WorkerSource::Pods(&pods));
+        let plan = build_tokenizer_plan(&sets, &pools, &catalog);
         self.state.set_catalog(catalog);
+        self.state.tokenizers().set_plan(plan);
         if !self.state.discovery_synced() {
             tracing::info!(
                 worker_sets = sets.len(),

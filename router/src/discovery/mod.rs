@@ -16,10 +16,12 @@
 //!   is ready when its `Ready` condition is true; the address is `<podIP>:<engine port>`.
 //!
 //! Either way a worker becomes routable only once its sidecar has reported a snapshot (see
-//! [`crate::state`]).
+//! [`crate::state`]). Both sources also publish each model's tokenizer source
+//! ([`tokenizers::build_tokenizer_plan`]) for the tokenizer loader.
 
 pub mod kubernetes;
 pub mod static_file;
+pub mod tokenizers;
 
 use std::collections::BTreeMap;
 

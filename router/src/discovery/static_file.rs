@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! FILE --parse_documents--> WorkerSets, Pools --build_catalog(Status)--> RouterState::set_catalog
+//!                                             \--build_tokenizer_plan--> Tokenizers::set_plan
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -14,17 +15,19 @@ use anyhow::Context;
 use kvroute_crds::{AnyResource, parse_documents};
 use tokio_util::sync::CancellationToken;
 
+use super::tokenizers::build_tokenizer_plan;
 use super::{WorkerSource, build_catalog};
 use crate::state::{Catalog, RouterState};
+use crate::tokenizer_registry::TokenizerPlan;
 
 /// Reads and converts the file.
-pub fn load(path: &Path) -> anyhow::Result<Catalog> {
+pub fn load(path: &Path) -> anyhow::Result<(Catalog, TokenizerPlan)> {
     let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
     parse(&text).with_context(|| format!("parse {}", path.display()))
 }
 
 /// Converts the YAML text. Kinds other than WorkerSets and Pools are accepted and ignored.
-pub fn parse(text: &str) -> anyhow::Result<Catalog> {
+pub fn parse(text: &str) -> anyhow::Result<(Catalog, TokenizerPlan)> {
     let mut sets = Vec::new();
     let mut pools = Vec::new();
     for doc in parse_documents(text)? {
@@ -34,7 +37,9 @@ pub fn parse(text: &str) -> anyhow::Result<Catalog> {
             _ => {}
         }
     }
-    Ok(build_catalog(&sets, &pools, WorkerSource::Status))
+    let catalog = build_catalog(&sets, &pools, WorkerSource::Status);
+    let plan = build_tokenizer_plan(&sets, &pools, &catalog);
+    Ok((catalog, plan))
 }
 
 /// Watches the file and republishes the catalog when it changes.
@@ -47,7 +52,7 @@ pub struct StaticDiscovery {
 impl StaticDiscovery {
     /// Loads the file once (errors fail start-up) and publishes it.
     pub fn start(path: PathBuf, state: RouterState) -> anyhow::Result<Self> {
-        let catalog = load(&path)?;
+        let (catalog, plan) = load(&path)?;
         tracing::info!(
             file = %path.display(),
             workers = catalog.workers.len(),
@@ -55,6 +60,7 @@ impl StaticDiscovery {
             "static discovery loaded"
         );
         state.set_catalog(catalog);
+        state.tokenizers().set_plan(plan);
         state.set_discovery_synced();
         Ok(Self {
             path,
@@ -84,9 +90,10 @@ impl StaticDiscovery {
             }
             last = now;
             match load(&self.path) {
-                Ok(catalog) => {
+                Ok((catalog, plan)) => {
                     tracing::info!(file = %self.path.display(), workers = catalog.workers.len(), "static discovery reloaded");
                     self.state.set_catalog(catalog);
+                    self.state.tokenizers().set_plan(plan);
                 }
                 Err(e) => tracing::warn!(
                     error = format!("{e:#}"),

@@ -41,6 +41,15 @@ pub enum GatewayError {
     /// The model is known but no worker for it is ready.
     #[error("no ready worker for model `{0}`")]
     NoReadyWorker(String),
+    /// The model's tokenizer is still loading or failing to load; routing it without tokens
+    /// would ignore every worker's cache, so its pool has to opt into that.
+    #[error("the tokenizer of model `{model}` {}; retry later", crate::tokenizer_registry::not_ready_text(*.failed))]
+    TokenizerNotReady {
+        /// The client's model name.
+        model: String,
+        /// At least one load attempt failed (else it is still loading).
+        failed: bool,
+    },
     /// The worker could not be reached or broke the connection.
     #[error("the upstream worker failed: {0}")]
     Upstream(String),
@@ -60,7 +69,7 @@ impl GatewayError {
             Self::UnknownModel(_) => 404,
             Self::BodyTooLarge { .. } => 413,
             Self::Upstream(_) => 502,
-            Self::NoReadyWorker(_) => 503,
+            Self::NoReadyWorker(_) | Self::TokenizerNotReady { .. } => 503,
             Self::UpstreamTimeout => 504,
             Self::Internal => 500,
         }
@@ -75,6 +84,7 @@ impl GatewayError {
             Self::UnknownModel(_) => "unknown_model",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::NoReadyWorker(_) => "no_ready_worker",
+            Self::TokenizerNotReady { .. } => "tokenizer_not_ready",
             Self::Upstream(_) => "upstream_error",
             Self::UpstreamTimeout => "upstream_timeout",
             Self::Internal => "internal",
@@ -85,7 +95,7 @@ impl GatewayError {
         match self {
             Self::MissingField(f) => Value::from(*f),
             Self::InvalidField { field, .. } => Value::from(field.as_str()),
-            Self::UnknownModel(_) => Value::from("model"),
+            Self::UnknownModel(_) | Self::TokenizerNotReady { .. } => Value::from("model"),
             _ => Value::Null,
         }
     }
@@ -103,6 +113,7 @@ impl GatewayError {
             Self::UnknownModel(_) => Value::from("model_not_found"),
             Self::BodyTooLarge { .. } => Value::from("request_too_large"),
             Self::NoReadyWorker(_) => Value::from("no_ready_worker"),
+            Self::TokenizerNotReady { .. } => Value::from("tokenizer_not_ready"),
             Self::MalformedJson(_) => Value::from("invalid_json"),
             Self::MissingField(_) => Value::from("missing_required_parameter"),
             Self::InvalidField { .. } => Value::from("invalid_value"),
@@ -178,12 +189,42 @@ mod tests {
             (GatewayError::BodyTooLarge { limit: 10 }, 413),
             (GatewayError::Upstream("reset".into()), 502),
             (GatewayError::NoReadyWorker("m".into()), 503),
+            (
+                GatewayError::TokenizerNotReady {
+                    model: "m".into(),
+                    failed: true,
+                },
+                503,
+            ),
             (GatewayError::UpstreamTimeout, 504),
             (GatewayError::Internal, 500),
         ];
         for (e, status) in cases {
             assert_eq!(e.status(), status, "{e:?}");
         }
+    }
+
+    #[test]
+    fn tokenizer_not_ready_says_loading_or_failing() {
+        let body = |failed| {
+            GatewayError::TokenizerNotReady {
+                model: "llama".into(),
+                failed,
+            }
+            .openai_body()
+        };
+        let loading = body(false);
+        assert_eq!(loading["error"]["code"], "tokenizer_not_ready");
+        assert_eq!(loading["error"]["type"], "service_unavailable_error");
+        assert_eq!(loading["error"]["param"], "model");
+        assert_eq!(
+            loading["error"]["message"],
+            "the tokenizer of model `llama` is still loading; retry later"
+        );
+        assert_eq!(
+            body(true)["error"]["message"],
+            "the tokenizer of model `llama` failed to load; the router keeps retrying; retry later"
+        );
     }
 
     #[test]

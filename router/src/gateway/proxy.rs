@@ -149,6 +149,12 @@ impl Gateway {
             Ok(Err(PickError::NoReadyWorker(_))) => {
                 Err(GatewayError::NoReadyWorker(route.client_model.clone()))
             }
+            Ok(Err(PickError::TokenizerNotReady { failed, .. })) => {
+                Err(GatewayError::TokenizerNotReady {
+                    model: route.client_model.clone(),
+                    failed,
+                })
+            }
             Err(e) => {
                 tracing::error!(error = %e, "routing decision failed");
                 Err(GatewayError::Internal)

@@ -65,8 +65,8 @@ pub use sidecars::{
 };
 pub use tokenizers::TokenizerDirs;
 
+use crate::tokenizer_registry::Tokenizers;
 use sidecars::SidecarView;
-use tokenizers::Tokenizers;
 
 /// Router settings the state needs (from flags).
 #[derive(Clone, Debug)]

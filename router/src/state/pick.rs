@@ -207,6 +207,15 @@ pub enum PickError {
     /// The model exists but no worker is routable now.
     #[error("no ready worker for model `{0}`")]
     NoReadyWorker(String),
+    /// The model's tokenizer is not loaded yet (or failing) and none of its pools allows
+    /// load-only routing.
+    #[error("the tokenizer of model `{model}` {}", crate::tokenizer_registry::not_ready_text(*.failed))]
+    TokenizerNotReady {
+        /// The client-facing model name.
+        model: String,
+        /// At least one load attempt failed (else it is still loading).
+        failed: bool,
+    },
 }
 
 impl PickError {
@@ -215,6 +224,7 @@ impl PickError {
         match self {
             PickError::UnknownModel(_) => "unknown_model",
             PickError::NoReadyWorker(_) => "no_ready_worker",
+            PickError::TokenizerNotReady { .. } => "tokenizer_not_ready",
         }
     }
 }
@@ -379,7 +389,7 @@ impl RouterState {
         }
 
         // Tokenize outside every lock: it is the expensive part.
-        let (tokens, degraded_reason) = match self.tokens_for(input, &resolved.backend_model) {
+        let (tokens, degraded_reason) = match self.tokens_for(input, &resolved.backend_model)? {
             Ok(t) => (Some(t), None),
             Err(reason) => {
                 if let Degraded::Failed(label) = reason {

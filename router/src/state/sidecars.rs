@@ -200,7 +200,11 @@ impl RouterState {
             // A re-snapshot keeps the worker routable (it was synced) while the rest arrives.
             Some(s) => {
                 let synced = s.synced && s.identity.epoch == identity.epoch && s.worker == worker;
-                *s = SidecarView { synced, ..view };
+                *s = SidecarView {
+                    synced,
+                    scrape_failed: s.scrape_failed,
+                    ..view
+                };
             }
             None => {
                 sidecars.insert(identity.worker_id.clone(), view);
@@ -424,6 +428,7 @@ impl RouterState {
             ("routable", 0),
             ("stale", 0),
             ("not_ready", 0),
+            ("disconnected", 0),
             ("unlisted", 0),
         ]
         .into_iter()
@@ -437,6 +442,8 @@ impl RouterState {
                 .set(i64::from(w.in_flight));
             let state = if !w.listed && !self.0.config.route_unlisted {
                 "unlisted"
+            } else if !w.sidecar_connected {
+                "disconnected"
             } else if !w.routable {
                 "not_ready"
             } else if w.stale {

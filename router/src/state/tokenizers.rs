@@ -7,13 +7,13 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use kvroute_tokenization::{ChatRequest, PromptInput, Tokenizer};
+use kvroute_tokenization::{ChatRequest, PromptInput};
 use serde::Deserialize;
 
-use super::pick::{PickInput, Prompt};
-use super::{RouterState, StateError};
+use super::RouterState;
+use super::pick::{PickError, PickInput, Prompt};
+use crate::tokenizer_registry::{Lookup, Tokenizers};
 
 /// Where each model's tokenizer lives.
 #[derive(Clone, Debug, Default)]
@@ -40,6 +40,12 @@ pub(super) enum Degraded {
     NoPrompt,
     /// Tokenization failed (label of the error).
     Failed(&'static str),
+    /// The model's tokenizer is configured but not loaded, and load-only routing is not
+    /// allowed: the request is refused, not degraded (see `tokens_for`).
+    NotLoaded {
+        /// At least one load attempt failed.
+        failed: bool,
+    },
 }
 
 impl Degraded {
@@ -48,56 +54,45 @@ impl Degraded {
             Degraded::NoTokenizer => "no_tokenizer",
             Degraded::NoPrompt => "no_prompt",
             Degraded::Failed(l) => l,
+            Degraded::NotLoaded { .. } => "tokenizer_not_ready",
         }
-    }
-}
-
-/// Loaded tokenizers, shared by model.
-pub(super) struct Tokenizers {
-    default: Option<Arc<Tokenizer>>,
-    per_model: BTreeMap<String, Arc<Tokenizer>>,
-}
-
-impl Tokenizers {
-    pub(super) fn load(dirs: &TokenizerDirs) -> Result<Self, StateError> {
-        let load = |dir: &PathBuf| {
-            Tokenizer::from_dir(dir)
-                .map(Arc::new)
-                .map_err(|source| StateError::Tokenizer {
-                    dir: dir.clone(),
-                    source,
-                })
-        };
-        let default = dirs.default.as_ref().map(load).transpose()?;
-        let mut per_model = BTreeMap::new();
-        for (model, dir) in &dirs.per_model {
-            per_model.insert(model.clone(), load(dir)?);
-        }
-        Ok(Self { default, per_model })
-    }
-
-    /// The tokenizer for the client-facing name, else the backend model, else the default.
-    pub(super) fn for_model(&self, name: &str, backend: &str) -> Option<&Tokenizer> {
-        self.per_model
-            .get(name)
-            .or_else(|| self.per_model.get(backend))
-            .or(self.default.as_ref())
-            .map(Arc::as_ref)
     }
 }
 
 impl RouterState {
-    /// The token ids of the request's prompt, or why there are none.
+    /// The tokenizer registry: the loader task fills it, discovery sets its plan.
+    pub fn tokenizers(&self) -> &Tokenizers {
+        &self.0.tokenizers
+    }
+
+    /// The prompt's token ids, or why the decision is degraded; a refusal when the model's
+    /// tokenizer is needed but not loaded and its pool does not allow load-only routing.
     pub(super) fn tokens_for(
         &self,
         input: &PickInput<'_>,
         backend_model: &str,
+    ) -> Result<Result<Vec<u32>, Degraded>, PickError> {
+        match self.encode_prompt(input, backend_model) {
+            Err(Degraded::NotLoaded { failed }) => Err(PickError::TokenizerNotReady {
+                model: input.model.to_string(),
+                failed,
+            }),
+            other => Ok(other),
+        }
+    }
+
+    fn encode_prompt(
+        &self,
+        input: &PickInput<'_>,
+        backend_model: &str,
     ) -> Result<Vec<u32>, Degraded> {
-        let tokenizer = || {
-            self.0
-                .tokenizers
-                .for_model(input.model, backend_model)
-                .ok_or(Degraded::NoTokenizer)
+        let tokenizer = || match self.0.tokenizers.lookup(input.model, backend_model) {
+            Lookup::Ready(t) => Ok(t),
+            Lookup::NotConfigured
+            | Lookup::NotLoaded {
+                load_only: true, ..
+            } => Err(Degraded::NoTokenizer),
+            Lookup::NotLoaded { failed, .. } => Err(Degraded::NotLoaded { failed }),
         };
         match input.prompt {
             Prompt::Tokens(t) => Ok(t.to_vec()),
