@@ -18,6 +18,7 @@ pub mod admin;
 pub mod churn;
 pub mod discovery;
 pub mod explain_cmd;
+pub mod fake_hub;
 pub mod gateway;
 pub mod ingest;
 pub mod metrics;

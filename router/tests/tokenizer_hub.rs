@@ -10,19 +10,16 @@
 //! counts them, and once loaded the model routes with token ids.
 
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
-use axum::http::{HeaderMap, Request, StatusCode, Uri, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{Request, StatusCode, header};
 use kvroute_crds::workerset::ResolvedTokenizer;
+use kvroute_router::fake_hub::{COMMIT, FakeHub, FakeHubConfig};
 use kvroute_router::metrics::RouterMetrics;
 use kvroute_router::state::{
     BodyKind, Catalog, DiscoveredWorker, PickError, PickInput, PoolView, Prompt, RouterConfig,
@@ -31,203 +28,22 @@ use kvroute_router::state::{
 use kvroute_router::tokenizer_loader::{Backoff, TokenizerLoader};
 use kvroute_router::tokenizer_registry::TokenizerPlan;
 use kvroute_router::tokenizer_source::{HubConfig, fetch};
-use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 const QWEN3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tokenizers/qwen3");
-const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 const REPO: &str = "Qwen/Qwen3-0.6B";
 const GATED: &str = "gated/qwen3";
 const TOKEN: &str = "hf_test_token";
 
-/// What the fake Hub saw and how it should misbehave.
-#[derive(Default)]
-struct HubLog {
-    /// (path, had an Authorization header)
-    requests: Mutex<Vec<(String, bool)>>,
-    /// Answer this many `tokenizer.json` requests with 500 first.
-    fail_tokenizer_json: AtomicU32,
-}
-
-struct FakeHub {
-    endpoint: String,
-    log: Arc<HubLog>,
-    stop: CancellationToken,
-}
-
-impl Drop for FakeHub {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-#[derive(Clone)]
-struct HubState {
-    log: Arc<HubLog>,
-    cdn: SocketAddr,
-}
-
-fn etag(bytes: &[u8]) -> String {
-    let mut h = DefaultHasher::new();
-    bytes.hash(&mut h);
-    format!("{:016x}{:08x}", h.finish(), bytes.len())
-}
-
-/// The repository's files (only these names; nothing else is ever read from disk).
-fn repo_file(name: &str) -> Option<Vec<u8>> {
-    ["tokenizer.json", "tokenizer_config.json"]
-        .contains(&name)
-        .then(|| std::fs::read(Path::new(QWEN3).join(name)).ok())
-        .flatten()
-}
-
-/// 206 for `Range: bytes=a-b` (end clamped), else 200.
-fn ranged(headers: &HeaderMap, bytes: &[u8], mut extra: Vec<(&'static str, String)>) -> Response {
-    let len = bytes.len();
-    let range = headers
-        .get(header::RANGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|r| r.strip_prefix("bytes="))
-        .and_then(|r| r.split_once('-'))
-        .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
-    let mut builder = Response::builder().header(header::ACCEPT_RANGES, "bytes");
-    let body = match range {
-        Some((a, b)) if a < len => {
-            let b = b.min(len - 1);
-            extra.push(("content-range", format!("bytes {a}-{b}/{len}")));
-            builder = builder.status(StatusCode::PARTIAL_CONTENT);
-            bytes[a..=b].to_vec()
-        }
-        Some(_) => {
-            return (StatusCode::RANGE_NOT_SATISFIABLE, "").into_response();
-        }
-        None => bytes.to_vec(),
-    };
-    for (k, v) in extra {
-        builder = builder.header(k, v);
-    }
-    builder
-        .body(Body::from(body))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
-}
-
-fn not_found(code: &str) -> Response {
-    (
-        StatusCode::NOT_FOUND,
-        [("x-error-code", code.to_string())],
-        "",
-    )
-        .into_response()
-}
-
-/// `/{repo}/resolve/{revision}/{file}`.
-async fn hub(State(s): State<HubState>, uri: Uri, headers: HeaderMap) -> Response {
-    let path = uri.path().to_string();
-    let auth = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    s.log.requests.lock().push((path.clone(), auth.is_some()));
-    let Some((repo, rest)) = path.trim_start_matches('/').split_once("/resolve/") else {
-        return not_found("RepoNotFound");
-    };
-    let Some((revision, file)) = rest.rsplit_once('/') else {
-        return not_found("EntryNotFound");
-    };
-    match repo {
-        REPO => {}
-        GATED if auth.as_deref() == Some(&format!("Bearer {TOKEN}")) => {}
-        GATED => return (StatusCode::UNAUTHORIZED, "gated").into_response(),
-        _ => return not_found("RepoNotFound"),
-    }
-    if revision != "main" && revision != COMMIT {
-        return not_found("RevisionNotFound");
-    }
-    let Some(bytes) = repo_file(file) else {
-        return not_found("EntryNotFound");
-    };
-    let tag = etag(&bytes);
-    if file == "tokenizer.json" {
-        if s.log
-            .fail_tokenizer_json
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return (StatusCode::INTERNAL_SERVER_ERROR, "try again").into_response();
-        }
-        // Large files live on the CDN: the Hub answers with a redirect that carries the
-        // file's identity (as it does for LFS files).
-        let location = format!("http://{}/cdn/{tag}", s.cdn);
-        return Response::builder()
-            .status(StatusCode::FOUND)
-            .header(header::LOCATION, location)
-            .header("x-linked-etag", format!("\"{tag}\""))
-            .header("x-linked-size", bytes.len().to_string())
-            .header("x-repo-commit", COMMIT)
-            .body(Body::empty())
-            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
-    }
-    ranged(
-        &headers,
-        &bytes,
-        vec![
-            ("etag", format!("\"{tag}\"")),
-            ("x-repo-commit", COMMIT.to_string()),
-        ],
-    )
-}
-
-/// `/cdn/{etag}`: the redirect target.
-async fn cdn(State(s): State<HubState>, uri: Uri, headers: HeaderMap) -> Response {
-    let path = uri.path().to_string();
-    s.log.requests.lock().push((path.clone(), false));
-    let bytes = repo_file("tokenizer.json").unwrap_or_default();
-    if path != format!("/cdn/{}", etag(&bytes)) {
-        return not_found("NoSuchKey");
-    }
-    ranged(&headers, &bytes, Vec::new())
-}
-
-async fn serve(app: Router, stop: CancellationToken) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
-    });
-    addr
-}
-
 async fn fake_hub() -> FakeHub {
-    let log = Arc::new(HubLog::default());
-    let stop = CancellationToken::new();
-    // The CDN is a second server: a redirect to another origin, which hf-hub reads the file's
-    // size from instead of following blindly.
-    let cdn_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind cdn");
-    let cdn_addr = cdn_listener.local_addr().expect("cdn addr");
-    let state = HubState {
-        log: log.clone(),
-        cdn: cdn_addr,
-    };
-    let cdn_app = Router::new().fallback(cdn).with_state(state.clone());
-    let cdn_stop = stop.clone();
-    tokio::spawn(async move {
-        let _ = axum::serve(cdn_listener, cdn_app)
-            .with_graceful_shutdown(cdn_stop.cancelled_owned())
-            .await;
-    });
-    let hub_addr = serve(Router::new().fallback(hub).with_state(state), stop.clone()).await;
-    FakeHub {
-        endpoint: format!("http://{hub_addr}"),
-        log,
-        stop,
-    }
+    FakeHub::start(FakeHubConfig {
+        files: PathBuf::from(QWEN3),
+        public: Some(vec![REPO.to_string()]),
+        gated: vec![(GATED.to_string(), TOKEN.to_string())],
+    })
+    .await
+    .expect("fake hub")
 }
 
 fn hub_config(hub: &FakeHub, cache: &Path, tokens: &Path) -> HubConfig {
