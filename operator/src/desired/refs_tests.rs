@@ -1,36 +1,36 @@
 //! Unit tests of the status-only kinds' status decisions.
 
 use super::*;
-    use k8s_openapi::jiff::Timestamp;
-    use kvroute_crds::AnyResource;
+use k8s_openapi::jiff::Timestamp;
+use kvroute_crds::AnyResource;
 
-    fn now() -> Time {
-        Time(Timestamp::from_second(1_700_000_000).expect("valid"))
-    }
+fn now() -> Time {
+    Time(Timestamp::from_second(1_700_000_000).expect("valid"))
+}
 
-    fn inventory(yaml: &str) -> Inventory {
-        let mut inv = Inventory::default();
-        for doc in kvroute_crds::parse_documents(yaml).expect("parses") {
-            match doc {
-                AnyResource::WorkerSet(w) => inv.worker_sets.push(w),
-                AnyResource::Provider(p) => inv.providers.push(p),
-                AnyResource::GatewayBackend(b) => inv.backends.push(b),
-                AnyResource::Pool(p) => inv.pools.push(p),
-                AnyResource::Secret(s) => {
-                    let keys = s.data.iter().flatten().map(|(k, _)| k.clone());
-                    let skeys = s.string_data.iter().flatten().map(|(k, _)| k.clone());
-                    inv.secrets.insert(
-                        s.metadata.name.clone().unwrap_or_default(),
-                        keys.chain(skeys).collect(),
-                    );
-                }
-                AnyResource::Policy(_) => {}
+fn inventory(yaml: &str) -> Inventory {
+    let mut inv = Inventory::default();
+    for doc in kvroute_crds::parse_documents(yaml).expect("parses") {
+        match doc {
+            AnyResource::WorkerSet(w) => inv.worker_sets.push(w),
+            AnyResource::Provider(p) => inv.providers.push(p),
+            AnyResource::GatewayBackend(b) => inv.backends.push(b),
+            AnyResource::Pool(p) => inv.pools.push(p),
+            AnyResource::Secret(s) => {
+                let keys = s.data.iter().flatten().map(|(k, _)| k.clone());
+                let skeys = s.string_data.iter().flatten().map(|(k, _)| k.clone());
+                inv.secrets.insert(
+                    s.metadata.name.clone().unwrap_or_default(),
+                    keys.chain(skeys).collect(),
+                );
             }
+            AnyResource::Policy(_) => {}
         }
-        inv
     }
+    inv
+}
 
-    const WORLD: &str = r#"
+const WORLD: &str = r#"
 apiVersion: kvroute.dev/v1alpha1
 kind: InferenceWorkerSet
 metadata: {name: qwen, labels: {tier: gpu}}
@@ -61,297 +61,294 @@ metadata: {name: openai}
 stringData: {token: x}
 "#;
 
-    fn pool(yaml: &str) -> InferencePoolSpec {
-        serde_saphyr::from_str(yaml).expect("pool parses")
-    }
+fn pool(yaml: &str) -> InferencePoolSpec {
+    serde_saphyr::from_str(yaml).expect("pool parses")
+}
 
-    #[test]
-    fn pool_lists_ready_targets_per_model_primaries_first() {
-        let inv = inventory(WORLD);
-        let spec = pool(
-            "targets: [{provider: openai, role: overflow}, {workerSetSelector: {matchLabels: {tier: gpu}}}]\nmodelAliases: [{name: chat, model: qwen3}]\n",
-        );
-        let (models, conds) = pool_status(&spec, Some(1), &[], &inv, &now());
-        assert_eq!(models.len(), 1, "cold has no ready workers: {models:?}");
-        assert_eq!(models[0].model, "qwen3");
-        assert_eq!(models[0].aliases, vec!["chat"]);
-        let names: Vec<_> = models[0]
-            .ready_targets
-            .iter()
-            .map(|t| (t.name.as_str(), t.role))
-            .collect();
-        assert_eq!(
-            names,
-            vec![
-                ("qwen", TargetRole::Primary),
-                ("openai", TargetRole::Overflow)
-            ]
-        );
-        assert!(condition::is_true(&conds, READY));
-        assert!(condition::is_true(&conds, RESOLVED_REFS));
-    }
+#[test]
+fn pool_lists_ready_targets_per_model_primaries_first() {
+    let inv = inventory(WORLD);
+    let spec = pool(
+        "targets: [{provider: openai, role: overflow}, {workerSetSelector: {matchLabels: {tier: gpu}}}]\nmodelAliases: [{name: chat, model: qwen3}]\n",
+    );
+    let (models, conds) = pool_status(&spec, Some(1), &[], &inv, &now());
+    assert_eq!(models.len(), 1, "cold has no ready workers: {models:?}");
+    assert_eq!(models[0].model, "qwen3");
+    assert_eq!(models[0].aliases, vec!["chat"]);
+    let names: Vec<_> = models[0]
+        .ready_targets
+        .iter()
+        .map(|t| (t.name.as_str(), t.role))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("qwen", TargetRole::Primary),
+            ("openai", TargetRole::Overflow)
+        ]
+    );
+    assert!(condition::is_true(&conds, READY));
+    assert!(condition::is_true(&conds, RESOLVED_REFS));
+}
 
-    #[test]
-    fn pool_pointing_at_nothing_says_so() {
-        let inv = inventory(WORLD);
-        let (models, conds) = pool_status(
-            &pool("targets: [{workerSet: ghost}]\n"),
-            None,
-            &[],
-            &inv,
-            &now(),
-        );
-        assert!(models.is_empty());
-        let r = condition::find(&conds, READY).expect("ready");
-        assert_eq!(
-            (r.status.as_str(), r.reason.as_str()),
-            ("False", "RefNotFound")
-        );
-        assert!(r.message.contains("\"ghost\" not found"));
-        let (_, conds) = pool_status(
-            &pool("targets: [{workerSetSelector: {matchLabels: {tier: tpu}}}]\n"),
-            None,
-            &[],
-            &inv,
-            &now(),
-        );
-        assert!(
-            condition::find(&conds, READY)
-                .expect("ready")
-                .message
-                .contains("matches no")
-        );
-        let (_, conds) = pool_status(
-            &pool("targets: [{workerSet: cold}]\n"),
-            None,
-            &[],
-            &inv,
-            &now(),
-        );
-        assert_eq!(
-            condition::find(&conds, READY).expect("ready").reason,
-            "NoReadyTargets"
-        );
-    }
+#[test]
+fn pool_pointing_at_nothing_says_so() {
+    let inv = inventory(WORLD);
+    let (models, conds) = pool_status(
+        &pool("targets: [{workerSet: ghost}]\n"),
+        None,
+        &[],
+        &inv,
+        &now(),
+    );
+    assert!(models.is_empty());
+    let r = condition::find(&conds, READY).expect("ready");
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_str()),
+        ("False", "RefNotFound")
+    );
+    assert!(r.message.contains("\"ghost\" not found"));
+    let (_, conds) = pool_status(
+        &pool("targets: [{workerSetSelector: {matchLabels: {tier: tpu}}}]\n"),
+        None,
+        &[],
+        &inv,
+        &now(),
+    );
+    assert!(
+        condition::find(&conds, READY)
+            .expect("ready")
+            .message
+            .contains("matches no")
+    );
+    let (_, conds) = pool_status(
+        &pool("targets: [{workerSet: cold}]\n"),
+        None,
+        &[],
+        &inv,
+        &now(),
+    );
+    assert_eq!(
+        condition::find(&conds, READY).expect("ready").reason,
+        "NoReadyTargets"
+    );
+}
 
-    #[test]
-    fn backend_secret_must_have_the_key() {
-        let inv = inventory(WORLD);
-        let spec: GatewayBackendSpec = serde_saphyr::from_str(
-            "url: https://x\nauth: {secretRef: {name: openai, key: apiKey}}\n",
-        )
-        .expect("parses");
-        let conds = backend_conditions(&spec, None, &[], &inv, &now());
-        let r = condition::find(&conds, RESOLVED_REFS).expect("refs");
-        assert_eq!(r.status, "False");
-        assert!(r.message.contains("has no key \"apiKey\""), "{}", r.message);
-        let spec: GatewayBackendSpec = serde_saphyr::from_str(
-            "url: https://x\nauth: {secretRef: {name: openai, key: token}}\n",
-        )
-        .expect("parses");
-        // Valid and resolved, but the router sends nothing to backends: not Ready.
-        let conds = backend_conditions(&spec, None, &[], &inv, &now());
-        assert!(condition::is_true(&conds, ACCEPTED));
-        assert!(condition::is_true(&conds, RESOLVED_REFS));
-        let ready = condition::find(&conds, READY).expect("ready");
-        assert_eq!(
-            (ready.status.as_str(), ready.reason.as_str()),
-            ("False", NOT_ENFORCED)
-        );
-        assert!(
-            ready.message.contains("does not send requests"),
-            "{}",
-            ready.message
-        );
-        assert!(settled(&conds));
-        let spec: GatewayBackendSpec =
-            serde_saphyr::from_str("url: https://x\nauth: {secretRef: {name: nope, key: token}}\n")
-                .expect("parses");
-        assert!(
-            condition::find(&backend_conditions(&spec, None, &[], &inv, &now()), READY)
-                .expect("ready")
-                .message
-                .contains("not found")
-        );
-    }
+#[test]
+fn backend_secret_must_have_the_key() {
+    let inv = inventory(WORLD);
+    let spec: GatewayBackendSpec =
+        serde_saphyr::from_str("url: https://x\nauth: {secretRef: {name: openai, key: apiKey}}\n")
+            .expect("parses");
+    let conds = backend_conditions(&spec, None, &[], &inv, &now());
+    let r = condition::find(&conds, RESOLVED_REFS).expect("refs");
+    assert_eq!(r.status, "False");
+    assert!(r.message.contains("has no key \"apiKey\""), "{}", r.message);
+    let spec: GatewayBackendSpec =
+        serde_saphyr::from_str("url: https://x\nauth: {secretRef: {name: openai, key: token}}\n")
+            .expect("parses");
+    // Valid and resolved, but the router sends nothing to backends: not Ready.
+    let conds = backend_conditions(&spec, None, &[], &inv, &now());
+    assert!(condition::is_true(&conds, ACCEPTED));
+    assert!(condition::is_true(&conds, RESOLVED_REFS));
+    let ready = condition::find(&conds, READY).expect("ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", NOT_ENFORCED)
+    );
+    assert!(
+        ready.message.contains("does not send requests"),
+        "{}",
+        ready.message
+    );
+    assert!(settled(&conds));
+    let spec: GatewayBackendSpec =
+        serde_saphyr::from_str("url: https://x\nauth: {secretRef: {name: nope, key: token}}\n")
+            .expect("parses");
+    assert!(
+        condition::find(&backend_conditions(&spec, None, &[], &inv, &now()), READY)
+            .expect("ready")
+            .message
+            .contains("not found")
+    );
+}
 
-    #[test]
-    fn provider_waits_for_its_backend() {
-        let inv = inventory(WORLD);
-        let spec: InferenceProviderSpec = serde_saphyr::from_str(
-            "kind: openai\nmodels: [m]\ngatewayBackendRef: {name: openai}\n",
-        )
-        .expect("parses");
-        // The backend exists but has no status yet: wait for it.
-        let conds = provider_conditions(&spec, None, &[], &inv, &now());
-        assert!(condition::is_true(&conds, RESOLVED_REFS));
-        assert_eq!(
-            condition::find(&conds, READY).expect("ready").reason,
-            "BackendNotAccepted"
-        );
-        assert!(!settled(&conds));
-        // Once the backend is accepted and resolved, the provider is as far as it can get.
-        let mut inv = inv;
-        let backend_conds = backend_conditions(&inv.backends[0].spec, None, &[], &inv, &now());
-        inv.backends[0].status = Some(GatewayBackendStatus {
-            observed_generation: None,
-            conditions: backend_conds,
-        });
-        let conds = provider_conditions(&spec, None, &[], &inv, &now());
-        let ready = condition::find(&conds, READY).expect("ready");
-        assert_eq!(
-            (ready.status.as_str(), ready.reason.as_str()),
-            ("False", NOT_ENFORCED)
-        );
-        assert!(
-            ready
-                .message
-                .contains("does not send requests to InferenceProviders"),
-            "{}",
-            ready.message
-        );
-        let spec: InferenceProviderSpec =
-            serde_saphyr::from_str("kind: openai\nmodels: [m]\ngatewayBackendRef: {name: nope}\n")
-                .expect("parses");
-        assert_eq!(
-            condition::find(&provider_conditions(&spec, None, &[], &inv, &now()), READY)
-                .expect("r")
-                .reason,
-            "RefNotFound"
-        );
-    }
+#[test]
+fn provider_waits_for_its_backend() {
+    let inv = inventory(WORLD);
+    let spec: InferenceProviderSpec =
+        serde_saphyr::from_str("kind: openai\nmodels: [m]\ngatewayBackendRef: {name: openai}\n")
+            .expect("parses");
+    // The backend exists but has no status yet: wait for it.
+    let conds = provider_conditions(&spec, None, &[], &inv, &now());
+    assert!(condition::is_true(&conds, RESOLVED_REFS));
+    assert_eq!(
+        condition::find(&conds, READY).expect("ready").reason,
+        "BackendNotAccepted"
+    );
+    assert!(!settled(&conds));
+    // Once the backend is accepted and resolved, the provider is as far as it can get.
+    let mut inv = inv;
+    let backend_conds = backend_conditions(&inv.backends[0].spec, None, &[], &inv, &now());
+    inv.backends[0].status = Some(GatewayBackendStatus {
+        observed_generation: None,
+        conditions: backend_conds,
+    });
+    let conds = provider_conditions(&spec, None, &[], &inv, &now());
+    let ready = condition::find(&conds, READY).expect("ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", NOT_ENFORCED)
+    );
+    assert!(
+        ready
+            .message
+            .contains("does not send requests to InferenceProviders"),
+        "{}",
+        ready.message
+    );
+    let spec: InferenceProviderSpec =
+        serde_saphyr::from_str("kind: openai\nmodels: [m]\ngatewayBackendRef: {name: nope}\n")
+            .expect("parses");
+    assert_eq!(
+        condition::find(&provider_conditions(&spec, None, &[], &inv, &now()), READY)
+            .expect("r")
+            .reason,
+        "RefNotFound"
+    );
+}
 
-    #[test]
-    fn policy_refs_and_invalid_spec() {
-        let inv = inventory(WORLD);
-        let spec: InferencePolicySpec = serde_saphyr::from_str(
+#[test]
+fn policy_refs_and_invalid_spec() {
+    let inv = inventory(WORLD);
+    let spec: InferencePolicySpec = serde_saphyr::from_str(
             "pool: chat\nrules: [{name: a, actions: {route: {allowedTargets: [qwen, ghost]}, overflow: {provider: openai, queueThreshold: 4}}}]\n",
         )
         .expect("parses");
-        let conds = policy_conditions(&spec, None, &[], &inv, &now());
-        let msg = &condition::find(&conds, RESOLVED_REFS)
-            .expect("refs")
-            .message;
-        assert!(
-            msg.contains("InferencePool \"chat\" not found") && msg.contains("\"ghost\""),
-            "{msg}"
-        );
-        assert!(!msg.contains("openai"));
-        let bad: InferencePolicySpec =
-            serde_saphyr::from_str("rules: [{name: a, actions: {}}]\n").expect("parses");
-        let conds = policy_conditions(&bad, None, &[], &inv, &now());
-        assert_eq!(
-            condition::find(&conds, READY).expect("r").reason,
-            "InvalidSpec"
-        );
-        let accepted = condition::find(&conds, ACCEPTED).expect("accepted");
-        assert_eq!(
-            (accepted.status.as_str(), accepted.reason.as_str()),
-            ("False", "InvalidSpec")
-        );
-        assert!(!settled(&conds));
-    }
+    let conds = policy_conditions(&spec, None, &[], &inv, &now());
+    let msg = &condition::find(&conds, RESOLVED_REFS)
+        .expect("refs")
+        .message;
+    assert!(
+        msg.contains("InferencePool \"chat\" not found") && msg.contains("\"ghost\""),
+        "{msg}"
+    );
+    assert!(!msg.contains("openai"));
+    let bad: InferencePolicySpec =
+        serde_saphyr::from_str("rules: [{name: a, actions: {}}]\n").expect("parses");
+    let conds = policy_conditions(&bad, None, &[], &inv, &now());
+    assert_eq!(
+        condition::find(&conds, READY).expect("r").reason,
+        "InvalidSpec"
+    );
+    let accepted = condition::find(&conds, ACCEPTED).expect("accepted");
+    assert_eq!(
+        (accepted.status.as_str(), accepted.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+    assert!(!settled(&conds));
+}
 
-    #[test]
-    fn a_valid_policy_is_accepted_and_says_nothing_enforces_it() {
-        let inv = inventory(WORLD);
-        let spec: InferencePolicySpec = serde_saphyr::from_str(
+#[test]
+fn a_valid_policy_is_accepted_and_says_nothing_enforces_it() {
+    let inv = inventory(WORLD);
+    let spec: InferencePolicySpec = serde_saphyr::from_str(
             "rules: [{name: a, actions: {route: {allowedTargets: [qwen]}, overflow: {provider: openai, queueThreshold: 4}}}]\n",
         )
         .expect("parses");
-        let conds = policy_conditions(&spec, Some(2), &[], &inv, &now());
-        let types: Vec<&str> = conds.iter().map(|c| c.type_.as_str()).collect();
-        assert_eq!(types, vec![ACCEPTED, RESOLVED_REFS, READY]);
-        assert!(condition::is_true(&conds, ACCEPTED));
-        assert!(condition::is_true(&conds, RESOLVED_REFS));
-        assert!(!condition::is_true(&conds, READY), "nothing enforces rules");
-        let ready = condition::find(&conds, READY).expect("ready");
-        assert_eq!(ready.reason, NOT_ENFORCED);
-        assert_eq!(
-            ready.message,
-            "1 rules accepted; the router does not enforce InferencePolicy rules yet"
-        );
-        assert!(settled(&conds), "nothing to re-check soon");
-        // A policy is never announced as ready: the event says it is not enforced.
-        let events = ready_events(&[], &conds);
-        assert_eq!(events.len(), 1);
-        assert_eq!(
-            (events[0].severity, events[0].reason.as_str()),
-            (Severity::Warning, NOT_ENFORCED)
-        );
-        assert!(ready_events(&conds, &conds).is_empty());
-    }
+    let conds = policy_conditions(&spec, Some(2), &[], &inv, &now());
+    let types: Vec<&str> = conds.iter().map(|c| c.type_.as_str()).collect();
+    assert_eq!(types, vec![ACCEPTED, RESOLVED_REFS, READY]);
+    assert!(condition::is_true(&conds, ACCEPTED));
+    assert!(condition::is_true(&conds, RESOLVED_REFS));
+    assert!(!condition::is_true(&conds, READY), "nothing enforces rules");
+    let ready = condition::find(&conds, READY).expect("ready");
+    assert_eq!(ready.reason, NOT_ENFORCED);
+    assert_eq!(
+        ready.message,
+        "1 rules accepted; the router does not enforce InferencePolicy rules yet"
+    );
+    assert!(settled(&conds), "nothing to re-check soon");
+    // A policy is never announced as ready: the event says it is not enforced.
+    let events = ready_events(&[], &conds);
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        (events[0].severity, events[0].reason.as_str()),
+        (Severity::Warning, NOT_ENFORCED)
+    );
+    assert!(ready_events(&conds, &conds).is_empty());
+}
 
-    #[test]
-    fn pool_settles_only_when_ready() {
-        let inv = inventory(WORLD);
-        let (_, conds) = pool_status(
-            &pool("targets: [{workerSet: qwen}]\n"),
-            None,
-            &[],
-            &inv,
-            &now(),
-        );
-        assert!(condition::is_true(&conds, ACCEPTED) && condition::is_true(&conds, READY));
-        assert!(settled(&conds));
-        let (_, waiting) = pool_status(
-            &pool("targets: [{workerSet: cold}]\n"),
-            None,
-            &[],
-            &inv,
-            &now(),
-        );
-        assert!(!settled(&waiting));
-        let events = ready_events(&conds, &waiting);
-        assert_eq!(
-            (events[0].severity, events[0].reason.as_str()),
-            (Severity::Warning, "NoReadyTargets")
-        );
-        assert_eq!(ready_events(&waiting, &conds)[0].severity, Severity::Normal);
-    }
+#[test]
+fn pool_settles_only_when_ready() {
+    let inv = inventory(WORLD);
+    let (_, conds) = pool_status(
+        &pool("targets: [{workerSet: qwen}]\n"),
+        None,
+        &[],
+        &inv,
+        &now(),
+    );
+    assert!(condition::is_true(&conds, ACCEPTED) && condition::is_true(&conds, READY));
+    assert!(settled(&conds));
+    let (_, waiting) = pool_status(
+        &pool("targets: [{workerSet: cold}]\n"),
+        None,
+        &[],
+        &inv,
+        &now(),
+    );
+    assert!(!settled(&waiting));
+    let events = ready_events(&conds, &waiting);
+    assert_eq!(
+        (events[0].severity, events[0].reason.as_str()),
+        (Severity::Warning, "NoReadyTargets")
+    );
+    assert_eq!(ready_events(&waiting, &conds)[0].severity, Severity::Normal);
+}
 
-    #[test]
-    fn generic_decision_needs_what_it_reads_and_keeps_transition_times() {
-        let backend: GatewayBackend = serde_saphyr::from_str(
+#[test]
+fn generic_decision_needs_what_it_reads_and_keeps_transition_times() {
+    let backend: GatewayBackend = serde_saphyr::from_str(
             "apiVersion: kvroute.dev/v1alpha1\nkind: GatewayBackend\nmetadata: {name: b, generation: 5}\nspec: {url: 'https://x', tls: {caSecretRef: {name: s, key: ca}}, auth: {secretRef: {name: s, key: token}}}\n",
         )
         .expect("parses");
-        let needs = backend.needs();
-        assert_eq!(needs.secrets, BTreeSet::from(["s".to_string()]));
-        assert!(!needs.worker_sets && !needs.providers && !needs.pools && !needs.backends);
-        let mut inv = Inventory::default();
-        inv.secrets.insert(
-            "s".into(),
-            BTreeSet::from(["ca".to_string(), "token".to_string()]),
-        );
-        let first = backend.decide(&inv, &now());
-        assert_eq!(first.observed_generation, Some(5));
-        assert_eq!(GatewayBackend::conditions(&first).len(), 3);
-        let mut seen = backend.clone();
-        seen.status = Some(first.clone());
-        let later = Time(Timestamp::from_second(1_700_000_600).expect("valid"));
-        assert_eq!(
-            seen.decide(&inv, &later),
-            first,
-            "unchanged: nothing to write"
-        );
-        let policy: InferencePolicy = serde_saphyr::from_str(
+    let needs = backend.needs();
+    assert_eq!(needs.secrets, BTreeSet::from(["s".to_string()]));
+    assert!(!needs.worker_sets && !needs.providers && !needs.pools && !needs.backends);
+    let mut inv = Inventory::default();
+    inv.secrets.insert(
+        "s".into(),
+        BTreeSet::from(["ca".to_string(), "token".to_string()]),
+    );
+    let first = backend.decide(&inv, &now());
+    assert_eq!(first.observed_generation, Some(5));
+    assert_eq!(GatewayBackend::conditions(&first).len(), 3);
+    let mut seen = backend.clone();
+    seen.status = Some(first.clone());
+    let later = Time(Timestamp::from_second(1_700_000_600).expect("valid"));
+    assert_eq!(
+        seen.decide(&inv, &later),
+        first,
+        "unchanged: nothing to write"
+    );
+    let policy: InferencePolicy = serde_saphyr::from_str(
             "apiVersion: kvroute.dev/v1alpha1\nkind: InferencePolicy\nmetadata: {name: p}\nspec: {rules: [{name: a, actions: {route: {localOnly: true}}}]}\n",
         )
         .expect("parses");
-        let needs = policy.needs();
-        assert!(needs.worker_sets && needs.providers && needs.pools && needs.secrets.is_empty());
-    }
+    let needs = policy.needs();
+    assert!(needs.worker_sets && needs.providers && needs.pools && needs.secrets.is_empty());
+}
 
-    #[test]
-    fn selector_expressions() {
-        let labels = BTreeMap::from([("a".to_string(), "1".to_string())]);
-        let sel: LabelSelector = serde_json::from_value(serde_json::json!({"matchExpressions": [
+#[test]
+fn selector_expressions() {
+    let labels = BTreeMap::from([("a".to_string(), "1".to_string())]);
+    let sel: LabelSelector = serde_json::from_value(serde_json::json!({"matchExpressions": [
             {"key": "a", "operator": "In", "values": ["1", "2"]}, {"key": "b", "operator": "DoesNotExist"}]})).expect("sel");
-        assert!(selector_matches(&sel, &labels));
-        let sel: LabelSelector = serde_json::from_value(
-            serde_json::json!({"matchExpressions": [{"key": "a", "operator": "Bogus"}]}),
-        )
-        .expect("sel");
-        assert!(!selector_matches(&sel, &labels));
-    }
+    assert!(selector_matches(&sel, &labels));
+    let sel: LabelSelector = serde_json::from_value(
+        serde_json::json!({"matchExpressions": [{"key": "a", "operator": "Bogus"}]}),
+    )
+    .expect("sel");
+    assert!(!selector_matches(&sel, &labels));
+}
