@@ -20,28 +20,45 @@ use crate::msgpack::{Int, MAX_SKIP_DEPTH, Reader};
 /// (see [`DecodeError::reason`]).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DecodeError {
+    /// The input ended inside a value.
     #[error("payload truncated at byte {0}")]
     Truncated(usize),
+    /// A value of another msgpack type than the field needs.
     #[error("expected {expected} at byte {at}")]
-    UnexpectedType { expected: &'static str, at: usize },
+    UnexpectedType {
+        /// What the decoder needed there.
+        expected: &'static str,
+        /// Byte offset of the value.
+        at: usize,
+    },
+    /// A string that is not UTF-8.
     #[error("invalid UTF-8 string at byte {0}")]
     InvalidUtf8(usize),
+    /// An unknown value nested too deeply to skip.
     #[error("msgpack nesting deeper than {MAX_SKIP_DEPTH}")]
     TooDeep,
+    /// The batch is an array of a length vLLM never sends.
     #[error("event batch is neither a 2/3-element array nor a map")]
     BadBatchShape,
+    /// An event map without `type`, or an empty tagged array.
     #[error("event without a type")]
     MissingType,
+    /// A required field is absent (`events`, `block_hashes`, `token_ids`).
     #[error("event is missing field {0}")]
     MissingField(&'static str),
+    /// A token id outside `u32`.
     #[error("token id {0} does not fit in 32 bits")]
     TokenOutOfRange(i128),
+    /// A `bin` block hash shorter than 8 bytes.
     #[error("block hash bytes shorter than 8 ({0})")]
     HashTooShort(usize),
+    /// An integer outside its field's range.
     #[error("integer out of range at byte {0}")]
     IntOutOfRange(usize),
+    /// A ZMQ message with fewer than 2 frames.
     #[error("message has {0} frames, expected at least 2")]
     FrameCount(usize),
+    /// A sequence frame shorter than 8 bytes.
     #[error("sequence frame has {0} bytes, expected at least 8")]
     SeqFrame(usize),
 }

@@ -120,11 +120,13 @@ pub struct BlockStored {
     pub parent: Option<u64>,
     /// Tokens of all stored blocks, concatenated.
     pub token_ids: Vec<u32>,
+    /// Tokens per block.
     pub block_size: Option<u32>,
     /// Deprecated by vLLM; kept so that a written event says what was read.
     pub lora_id: Option<i64>,
     /// Where the blocks live ("GPU" for the prefix cache; see [`MEDIUM_GPU`]).
     pub medium: Option<String>,
+    /// The LoRA adapter the blocks were computed with.
     pub lora_name: Option<String>,
     /// One entry per block (may be shorter than `block_hashes`); an empty entry is vLLM's
     /// `None` (no extra keys) and is written as nil.
@@ -154,7 +156,12 @@ pub enum RawExtraKey {
     /// A bare string: the LoRA name or the cache salt.
     Str(String),
     /// A multimodal item `(identifier, offset)`.
-    Multimodal { id: String, offset: i64 },
+    Multimodal {
+        /// The item's identifier (a content hash).
+        id: String,
+        /// Where the item starts, relative to the block.
+        offset: i64,
+    },
     /// Any other value (e.g. a digest), as its complete msgpack encoding. The encoder writes
     /// these bytes unchanged, so they must hold exactly one msgpack value that is neither a
     /// string nor a `(string, int)` pair.
@@ -164,6 +171,7 @@ pub enum RawExtraKey {
 /// `BlockRemoved`: blocks were evicted.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BlockRemoved {
+    /// vLLM's hashes of the evicted blocks (read like [`BlockStored::block_hashes`]).
     pub block_hashes: Vec<u64>,
     /// Where the blocks lived (see [`BlockStored::medium`]).
     pub medium: Option<String>,

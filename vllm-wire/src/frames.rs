@@ -21,7 +21,9 @@ pub const END_MARKER_SEQ: u64 = u64::MAX;
 /// A ZMQ message split into its parts (live PUB message or replay reply).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Frames<'a> {
+    /// The sequence number ([`END_MARKER_SEQ`] for the end of a replay).
     pub seq: u64,
+    /// The msgpack payload (empty in the end marker).
     pub payload: &'a [u8],
 }
 
@@ -96,8 +98,10 @@ pub fn replay_request<B: From<Vec<u8>>>(start: u64) -> [B; 2] {
 /// Why a replay request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ReplayRequestError {
+    /// Only empty frames.
     #[error("replay request has no sequence frame")]
     Missing,
+    /// A sequence frame of another length than 8.
     #[error("replay sequence frame has {0} bytes, expected 8")]
     BadLength(usize),
 }

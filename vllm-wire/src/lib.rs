@@ -20,6 +20,8 @@
 //! them), [`frames`] (ZMQ frames, sequence numbers, replay). Facts about the format:
 //! `reference/vllm-interfaces.md`; real captures in `testdata/vllm-capture` back the tests.
 
+#![warn(missing_docs)]
+
 pub mod decode;
 pub mod encode;
 pub mod event;
