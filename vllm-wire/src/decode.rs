@@ -13,7 +13,7 @@
 
 use thiserror::Error;
 
-use crate::event::{BlockRemoved, BlockStored, EventBatch, KvEvent, RawExtraKey};
+use crate::event::{BlockRemoved, BlockStored, EventBatch, KvEvent, RawExtraKey, placement_skip};
 use crate::msgpack::{Int, MAX_SKIP_DEPTH, Reader};
 
 /// Why a frame or payload could not be decoded. Variant names double as metric labels
@@ -194,32 +194,49 @@ impl EventFields {
         Ok(())
     }
 
+    /// A required field; an event about another tier or group may lack it (it is not
+    /// tracked, so it must not fail the whole batch).
+    fn required<T: Default>(
+        value: Option<T>,
+        name: &'static str,
+        untracked: bool,
+    ) -> Result<T, DecodeError> {
+        match value {
+            Some(v) => Ok(v),
+            None if untracked => Ok(T::default()),
+            None => Err(DecodeError::MissingField(name)),
+        }
+    }
+
     fn into_event(self, ty: &str) -> Result<KvEvent, DecodeError> {
         match ty {
             "AllBlocksCleared" => Ok(KvEvent::Cleared),
-            "BlockRemoved" => Ok(KvEvent::Removed(BlockRemoved {
-                block_hashes: self
-                    .block_hashes
-                    .ok_or(DecodeError::MissingField("block_hashes"))?,
-                medium: self.medium,
-                group_idx: self.group_idx,
-            })),
-            "BlockStored" => Ok(KvEvent::Stored(BlockStored {
-                block_hashes: self
-                    .block_hashes
-                    .ok_or(DecodeError::MissingField("block_hashes"))?,
-                parent: self.parent,
-                token_ids: self
-                    .token_ids
-                    .ok_or(DecodeError::MissingField("token_ids"))?,
-                block_size: self.block_size,
-                lora_id: self.lora_id,
-                medium: self.medium,
-                lora_name: self.lora_name,
-                extra_keys: self.extra_keys,
-                group_idx: self.group_idx,
-                kv_cache_spec_kind: self.kind,
-            })),
+            "BlockRemoved" => {
+                let untracked =
+                    placement_skip(self.medium.as_deref(), self.group_idx, None).is_some();
+                Ok(KvEvent::Removed(BlockRemoved {
+                    block_hashes: Self::required(self.block_hashes, "block_hashes", untracked)?,
+                    medium: self.medium,
+                    group_idx: self.group_idx,
+                }))
+            }
+            "BlockStored" => {
+                let untracked =
+                    placement_skip(self.medium.as_deref(), self.group_idx, self.kind.as_deref())
+                        .is_some();
+                Ok(KvEvent::Stored(BlockStored {
+                    block_hashes: Self::required(self.block_hashes, "block_hashes", untracked)?,
+                    parent: self.parent,
+                    token_ids: Self::required(self.token_ids, "token_ids", untracked)?,
+                    block_size: self.block_size,
+                    lora_id: self.lora_id,
+                    medium: self.medium,
+                    lora_name: self.lora_name,
+                    extra_keys: self.extra_keys,
+                    group_idx: self.group_idx,
+                    kv_cache_spec_kind: self.kind,
+                }))
+            }
             other => Ok(KvEvent::Unknown(other.to_owned())),
         }
     }
@@ -556,6 +573,20 @@ mod tests {
         assert_eq!(
             decode_batch(&[0xc1]).map_err(|e| e.reason()),
             Err("unexpected_type")
+        );
+        // [0, [{"type": "BlockRemoved", "medium": "CPU"}]]: an offload-tier event may lack them.
+        let mut b = vec![0x92, 0x00, 0x91, 0x82, 0xa4];
+        b.extend_from_slice(b"type");
+        b.push(0xac);
+        b.extend_from_slice(b"BlockRemoved");
+        b.push(0xa6);
+        b.extend_from_slice(b"medium");
+        b.push(0xa3);
+        b.extend_from_slice(b"CPU");
+        let removed = decode_batch(&b).unwrap();
+        assert_eq!(
+            removed.events[0].skip_reason(),
+            Some(SkipReason::OtherMedium)
         );
     }
 }

@@ -92,7 +92,7 @@ impl KvEvent {
     }
 }
 
-fn placement_skip(
+pub(crate) fn placement_skip(
     medium: Option<&str>,
     group_idx: Option<i64>,
     kind: Option<&str>,
