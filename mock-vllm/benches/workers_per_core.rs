@@ -12,10 +12,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use kvroute_mock_vllm::engine::{
-    Engine, EngineConfig, EngineEvent, EngineRequest, KvEvent, Profile,
-};
-use kvroute_mock_vllm::kv_wire;
+use kvroute_mock_vllm::engine::{Engine, EngineConfig, EngineEvent, EngineRequest, Profile};
+use kvroute_vllm_wire::{self as wire, KvEvent};
 
 const USERS: u64 = 64;
 const SIM_SECONDS: f64 = 60.0;
@@ -59,7 +57,7 @@ fn simulate() -> (u64, u64) {
             }
         }
         if !kv.is_empty() {
-            black_box(kv_wire::encode_batch(now, &kv, 0));
+            black_box(wire::encode_batch(now, &kv, Some(0)));
         }
         for _ in 0..finished {
             engine.submit(request(next_id), now).unwrap();

@@ -11,13 +11,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use kvroute_vllm_wire::KvEvent;
 use parking_lot::RwLock;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::engine::{
-    Engine, EngineConfig, EngineEvent, EngineRequest, FinishReason, KvEvent, Load, RequestTiming,
+    Engine, EngineConfig, EngineEvent, EngineRequest, FinishReason, Load, RequestTiming,
     SubmitError, Usage,
 };
 use crate::kv_publisher::PublisherMsg;

@@ -13,14 +13,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use kvroute_vllm_wire::{self as wire, KvEvent};
 use parking_lot::Mutex;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
-
-use crate::engine::KvEvent;
-use crate::kv_wire::{self, END_MARKER_SEQ};
 
 /// vLLM's `--kv-events-config` (vllm/config/kv_events.py); unknown keys are ignored.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -196,7 +194,11 @@ impl PublishLoop {
                     }
                     let seq = self.next_seq;
                     self.next_seq += 1;
-                    let payload = Bytes::from(kv_wire::encode_batch(ts, &events, self.dp_rank));
+                    let payload = Bytes::from(wire::encode_batch(
+                        ts,
+                        &events,
+                        Some(i64::from(self.dp_rank)),
+                    ));
                     {
                         let mut buf = self.buffer.lock();
                         buf.push_back((seq, payload.clone()));
@@ -204,12 +206,8 @@ impl PublishLoop {
                             buf.pop_front();
                         }
                     }
-                    let frames = vec![
-                        self.topic.clone(),
-                        Bytes::copy_from_slice(&seq.to_be_bytes()),
-                        payload,
-                    ];
-                    let Ok(msg) = ZmqMessage::try_from(frames) else {
+                    let frames = wire::live_message(self.topic.clone(), seq, payload);
+                    let Ok(msg) = ZmqMessage::try_from(frames.to_vec()) else {
                         continue;
                     };
                     // Like ZMQ past the high-water mark: a failed send is dropped, the seq gap
@@ -244,7 +242,7 @@ impl Replay {
                 continue;
             }
             let identity = frames.remove(0);
-            let start = match kv_wire::parse_replay_request(&frames) {
+            let start = match wire::parse_replay_request(&frames) {
                 Ok(s) => s,
                 Err(e) => {
                     warn!(error = %e, "bad KV event replay request");
@@ -259,26 +257,16 @@ impl Replay {
                 .cloned()
                 .collect();
             for (seq, payload) in batches {
-                let frames = vec![
-                    identity.clone(),
-                    Bytes::new(),
-                    self.topic.clone(),
-                    Bytes::copy_from_slice(&seq.to_be_bytes()),
-                    payload,
-                ];
+                let mut frames = vec![identity.clone()];
+                frames.extend(wire::replay_reply(self.topic.clone(), seq, payload));
                 if let Ok(m) = ZmqMessage::try_from(frames)
                     && self.socket.send(m).await.is_err()
                 {
                     break;
                 }
             }
-            let end = vec![
-                identity,
-                Bytes::new(),
-                Bytes::new(),
-                Bytes::copy_from_slice(&END_MARKER_SEQ),
-                Bytes::new(),
-            ];
+            let mut end = vec![identity];
+            end.extend(wire::replay_end::<Bytes>());
             if let Ok(m) = ZmqMessage::try_from(end) {
                 let _ = self.socket.send(m).await;
             }

@@ -6,18 +6,18 @@
 //!  HTTP (server.rs, openai.rs) --text.rs--> driver.rs (tokio; wall clock x speedup)
 //!        ^ SSE / JSON <---- ReqEvent ----------+  | step(now)
 //!                                              |  v
-//!   ZMQ PUB + ROUTER replay <-- kv_wire.rs <---+ engine (pure: scheduler, KV cache, profile)
-//!   (kv_publisher.rs)                              vllm_hash.rs (vLLM's block hashes)
+//!   ZMQ PUB + ROUTER replay <-- vllm-wire <----+ engine (pure: scheduler, KV cache, profile)
+//!   (kv_publisher.rs)  (encode_batch, frames)      vllm_hash.rs (vLLM's block hashes)
 //! ```
 //!
 //! [`engine`] is the pure model, also driven directly by the bench simulation and cloned by the
-//! oracle policy; [`vllm_hash`] reproduces vLLM's block hashes; [`kv_wire`] writes vLLM's
-//! msgpack event batches byte for byte.
+//! oracle policy; [`vllm_hash`] reproduces vLLM's block hashes. The engine emits the
+//! `kvroute-vllm-wire` event type, which that crate writes as vLLM's msgpack batches byte for
+//! byte.
 
 pub mod driver;
 pub mod engine;
 pub mod kv_publisher;
-pub mod kv_wire;
 pub mod metrics;
 pub mod openai;
 pub mod server;

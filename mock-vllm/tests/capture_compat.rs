@@ -6,11 +6,9 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use kvroute_mock_vllm::engine::{
-    Engine, EngineConfig, EngineEvent, EngineRequest, KvEvent, Profile,
-};
-use kvroute_mock_vllm::kv_wire;
+use kvroute_mock_vllm::engine::{Engine, EngineConfig, EngineEvent, EngineRequest, Profile};
 use kvroute_mock_vllm::vllm_hash::{self, ExtraKeys, HashAlgo};
+use kvroute_vllm_wire::{BlockRemoved, BlockStored, KvEvent, RawExtraKey, encode_batch};
 use serde_json::Value;
 
 fn capture_dir() -> PathBuf {
@@ -116,19 +114,14 @@ fn shape(v: &rmpv::Value) -> String {
 
 fn hashes_of(ev: &KvEvent) -> Vec<u64> {
     match ev {
-        KvEvent::BlockStored { block_hashes, .. } | KvEvent::BlockRemoved { block_hashes } => {
-            block_hashes.clone()
-        }
-        KvEvent::AllBlocksCleared => Vec::new(),
+        KvEvent::Stored(BlockStored { block_hashes, .. })
+        | KvEvent::Removed(BlockRemoved { block_hashes, .. }) => block_hashes.clone(),
+        KvEvent::Cleared | KvEvent::Unknown(_) => Vec::new(),
     }
 }
 
-fn kind(ev: &KvEvent) -> (&'static str, usize) {
-    match ev {
-        KvEvent::BlockStored { block_hashes, .. } => ("BlockStored", block_hashes.len()),
-        KvEvent::BlockRemoved { block_hashes } => ("BlockRemoved", block_hashes.len()),
-        KvEvent::AllBlocksCleared => ("AllBlocksCleared", 0),
-    }
+fn kind(ev: &KvEvent) -> (&str, usize) {
+    (ev.type_name(), hashes_of(ev).len())
 }
 
 fn live_payload(i: usize) -> Vec<u8> {
@@ -199,12 +192,12 @@ fn replaying_the_captured_session_publishes_what_vllm_published() {
                 .map(|h| h.as_array().unwrap().iter().map(as_u64).collect())
                 .unwrap_or_default();
             match ev {
-                KvEvent::BlockStored {
+                KvEvent::Stored(BlockStored {
                     token_ids,
-                    parent_block_hash,
+                    parent,
                     extra_keys,
                     ..
-                } => {
+                }) => {
                     let cap_tokens: Vec<u32> = cap_ev["token_ids"]
                         .as_array()
                         .unwrap()
@@ -224,22 +217,33 @@ fn replaying_the_captured_session_publishes_what_vllm_published() {
                         ours_to_theirs.insert(o, *t);
                     }
                     let cap_parent = cap_ev["parent_block_hash"].clone();
-                    match parent_block_hash {
+                    match parent {
                         None => assert!(cap_parent.is_null(), "batch {i}"),
                         Some(p) => assert_eq!(ours_to_theirs.get(p), Some(&as_u64(&cap_parent))),
                     }
-                    let cap_extra: Vec<Option<Vec<String>>> =
-                        serde_json::from_value(cap_ev["extra_keys"].clone()).unwrap();
+                    let cap_extra: Vec<Vec<RawExtraKey>> =
+                        serde_json::from_value::<Vec<Option<Vec<String>>>>(
+                            cap_ev["extra_keys"].clone(),
+                        )
+                        .unwrap()
+                        .into_iter()
+                        .map(|keys| {
+                            keys.unwrap_or_default()
+                                .into_iter()
+                                .map(RawExtraKey::Str)
+                                .collect()
+                        })
+                        .collect();
                     assert_eq!(extra_keys, &cap_extra, "batch {i} ({tag}) extra_keys");
                 }
-                KvEvent::BlockRemoved { block_hashes } => {
+                KvEvent::Removed(BlockRemoved { block_hashes, .. }) => {
                     let mapped: Vec<u64> = block_hashes.iter().map(|h| ours_to_theirs[h]).collect();
                     assert_eq!(mapped, theirs, "batch {i} ({tag}): eviction order");
                     if mapped != *block_hashes {
                         byte_exact = false;
                     }
                 }
-                KvEvent::AllBlocksCleared => {}
+                KvEvent::Cleared | KvEvent::Unknown(_) => {}
             }
         }
 
@@ -247,7 +251,7 @@ fn replaying_the_captured_session_publishes_what_vllm_published() {
         // BlockStored header: 0.32 wrote a fixmap, 0.33 writes map16) where the values agree.
         let cap_bytes = live_payload(cap["index"].as_u64().unwrap() as usize);
         let ts = decode(&cap_bytes)[0].as_f64().unwrap();
-        let our_bytes = kv_wire::encode_batch(ts, batch, 0);
+        let our_bytes = encode_batch(ts, batch, Some(0));
         assert_eq!(
             shape(&decode(&our_bytes)),
             shape(&decode(&cap_bytes)),
@@ -294,7 +298,7 @@ fn vllm_0_33_synthetic_payloads_byte_for_byte() {
         &mut now,
     );
     assert_eq!(
-        kv_wire::encode_batch(ts, &first[0], 0),
+        encode_batch(ts, &first[0], Some(0)),
         synthetic["stored_first_block_int"]
     );
     let second = run(
@@ -309,25 +313,21 @@ fn vllm_0_33_synthetic_payloads_byte_for_byte() {
         &mut now,
     );
     assert_eq!(
-        kv_wire::encode_batch(ts, &second[0], 0),
+        encode_batch(ts, &second[0], Some(0)),
         synthetic["stored_with_parent_int"]
     );
     // Evicting: a 3-block cache forces out blocks 2 then 1 (tail of the chain first).
     let stored = hashes_of(&second[0][0]);
     let removed = vec![
-        KvEvent::BlockRemoved {
-            block_hashes: vec![stored[1]],
-        },
-        KvEvent::BlockRemoved {
-            block_hashes: vec![stored[0]],
-        },
+        KvEvent::Removed(BlockRemoved::on_gpu(vec![stored[1]])),
+        KvEvent::Removed(BlockRemoved::on_gpu(vec![stored[0]])),
     ];
     assert_eq!(
-        kv_wire::encode_batch(ts, &removed, 0),
+        encode_batch(ts, &removed, Some(0)),
         synthetic["removed_int"]
     );
     assert_eq!(
-        kv_wire::encode_batch(ts, &[KvEvent::AllBlocksCleared], 0),
+        encode_batch(ts, &[KvEvent::Cleared], Some(0)),
         synthetic["all_blocks_cleared"]
     );
 }

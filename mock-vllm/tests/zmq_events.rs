@@ -125,8 +125,14 @@ async fn pub_stream_replay_and_restart() {
         "seqs are contiguous"
     );
     last += 1;
-    let payload = rmpv::decode::read_value(&mut next.get(2).unwrap().as_ref()).unwrap();
-    assert_eq!(payload.as_array().unwrap().len(), 3);
+    let batch = kvroute_vllm_wire::decode_batch(next.get(2).unwrap()).unwrap();
+    assert_eq!(batch.dp_rank, Some(0));
+    assert!(!batch.events.is_empty());
+    assert!(
+        batch.events.iter().all(|e| e.skip_reason().is_none()),
+        "{:?}",
+        batch.events
+    );
 
     // Replay everything: all batches 0..=last, then the end marker.
     let replies = replay(&replay_ep, 0).await;

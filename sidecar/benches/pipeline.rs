@@ -17,7 +17,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kvroute_proto::v1::{WorkerReport, worker_report};
 use kvroute_sidecar::push::to_delta;
 use kvroute_sidecar::state::{ApplyStats, Ops, ResidentSet, StateConfig};
-use kvroute_sidecar::wire::decode_batch;
+use kvroute_vllm_wire::decode_batch;
 use prost::Message as _;
 use rmpv::Value;
 

@@ -16,11 +16,11 @@ use std::sync::Arc;
 
 use kvroute_hash::BlockHash;
 use kvroute_proto::v1::LoadSample;
+use kvroute_vllm_wire::KvEvent;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::state::{ApplyStats, Ops, ResidentSet};
-use crate::wire::KvEvent;
 
 /// What a pusher should send next.
 #[derive(Debug)]
@@ -303,7 +303,7 @@ impl Hub {
 mod tests {
     use super::*;
     use crate::state::StateConfig;
-    use crate::wire::BlockStored;
+    use kvroute_vllm_wire::BlockStored;
 
     fn hub() -> Hub {
         let state = ResidentSet::new(StateConfig {

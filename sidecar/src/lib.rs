@@ -2,7 +2,7 @@
 //! worker's KV cache and load to every router replica.
 //!
 //! ```text
-//! vLLM --ZMQ PUB [topic, seq, msgpack]--> zmq::Subscriber --wire::decode_batch--> seq::SeqTracker
+//! vLLM --ZMQ PUB [topic, seq, msgpack]--> zmq::Subscriber --vllm_wire::decode_batch--> seq::SeqTracker
 //!      <--ROUTER replay (DEALER)---------/                                          |
 //!                                         hub::Hub { state::ResidentSet (vLLM hash -> kvroute hash) }
 //! vLLM --/metrics--> scrape::Scraper --+                                            |
@@ -10,8 +10,9 @@
 //! admin: /metrics, /healthz
 //! ```
 //!
-//! Pure modules: [`wire`] (vLLM msgpack), [`state`] (resident set, re-hashing), [`seq`]
-//! (gaps and restarts). Adapters: [`zmq`], [`scrape`], [`gpu`], [`push`], [`admin`].
+//! Pure modules: [`state`] (resident set, re-hashing), [`seq`] (gaps and restarts); vLLM's
+//! wire format is the `kvroute-vllm-wire` crate. Adapters: [`zmq`], [`scrape`], [`gpu`],
+//! [`push`], [`admin`].
 
 pub mod admin;
 pub mod gpu;
@@ -21,7 +22,6 @@ pub mod push;
 pub mod scrape;
 pub mod seq;
 pub mod state;
-pub mod wire;
 pub mod zmq;
 
 use std::net::SocketAddr;

@@ -16,8 +16,7 @@ use std::collections::hash_map::Entry;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use kvroute_hash::{BlockHash, ExtraKey, block_hash, encode_extra, root_hash};
-
-use crate::wire::{BlockRemoved, BlockStored, KvEvent, RawExtraKey};
+use kvroute_vllm_wire::{BlockRemoved, BlockStored, KvEvent, RawExtraKey};
 
 /// Hasher for maps keyed by block hashes, which are already uniformly distributed digests
 /// (vLLM's sha256/xxhash, kvroute's xxh3): one multiply instead of SipHash. The keys come
@@ -198,8 +197,12 @@ impl ResidentSet {
         self.refs.clear();
     }
 
-    /// Applies one event, appending the resulting changes to `ops`.
+    /// Applies one event, appending the resulting changes to `ops`. Events about another
+    /// tier or KV-cache group, and unknown ones, change nothing ([`KvEvent::skip_reason`]).
     pub fn apply(&mut self, event: &KvEvent, ops: &mut Ops, stats: &mut ApplyStats) {
+        if event.skip_reason().is_some() {
+            return;
+        }
         match event {
             KvEvent::Stored(s) => self.store(s, ops, stats),
             KvEvent::Removed(r) => self.remove(r, ops, stats),
@@ -208,7 +211,7 @@ impl ResidentSet {
                 stats.cleared += 1;
                 ops.cleared();
             }
-            KvEvent::Skipped(_) => {}
+            KvEvent::Unknown(_) => {}
         }
     }
 
@@ -329,7 +332,7 @@ impl ResidentSet {
 /// Maps a block's published extra keys to kvroute's (hash/SPEC.md): the LoRA name is dropped
 /// (it is in the root), a bare string on a sequence's first block is the cache salt, a
 /// `(id, offset)` pair a multimodal item (a negative offset is reinterpreted as u64), anything
-/// else is kept as an opaque string.
+/// else is kept as an opaque string: the lowercase hex of its msgpack bytes.
 pub fn map_extra_keys(
     raw: &[RawExtraKey],
     lora: Option<&str>,
@@ -339,13 +342,24 @@ pub fn map_extra_keys(
         .filter_map(|k| match k {
             RawExtraKey::Str(s) if Some(s.as_str()) == lora => None,
             RawExtraKey::Str(s) if first_of_sequence => Some(ExtraKey::CacheSalt(s.clone())),
-            RawExtraKey::Str(s) | RawExtraKey::Other(s) => Some(ExtraKey::Other(s.clone())),
+            RawExtraKey::Str(s) => Some(ExtraKey::Other(s.clone())),
+            RawExtraKey::Other(raw) => Some(ExtraKey::Other(hex(raw))),
             RawExtraKey::Multimodal { id, offset } => Some(ExtraKey::Multimodal {
                 id: id.clone(),
                 offset: *offset as u64,
             }),
         })
         .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 fn encode_block_extra(
@@ -417,6 +431,7 @@ mod tests {
         s.apply(
             &KvEvent::Removed(BlockRemoved {
                 block_hashes: vec![12, 77],
+                ..Default::default()
             }),
             &mut ops,
             &mut st,
@@ -438,6 +453,7 @@ mod tests {
         s.apply(
             &KvEvent::Removed(BlockRemoved {
                 block_hashes: vec![1],
+                ..Default::default()
             }),
             &mut ops,
             &mut st,
@@ -446,6 +462,7 @@ mod tests {
         s.apply(
             &KvEvent::Removed(BlockRemoved {
                 block_hashes: vec![2],
+                ..Default::default()
             }),
             &mut ops,
             &mut st,
@@ -496,5 +513,39 @@ mod tests {
             map_extra_keys(&raw[2..], None, false),
             vec![ExtraKey::Other("tenant".into())]
         );
+        // Any other value: the hex of its msgpack bytes (a 1-byte bin here).
+        assert_eq!(
+            map_extra_keys(&[RawExtraKey::Other(vec![0xc4, 0x01, 0xaa])], None, true),
+            vec![ExtraKey::Other("c401aa".into())]
+        );
+    }
+
+    #[test]
+    fn other_tiers_groups_and_unknown_events_change_nothing() {
+        let mut s = set();
+        let (mut ops, mut st) = (Ops::default(), ApplyStats::default());
+        s.apply(&stored(&[11], None, 0, 4), &mut ops, &mut st);
+        let mut on_cpu = stored(&[12], None, 0, 4);
+        let mut other_group = stored(&[13], None, 4, 4);
+        if let (KvEvent::Stored(c), KvEvent::Stored(g)) = (&mut on_cpu, &mut other_group) {
+            c.medium = Some("CPU".into());
+            g.group_idx = Some(1);
+        }
+        let cpu_removal = KvEvent::Removed(BlockRemoved {
+            block_hashes: vec![11],
+            medium: Some("CPU".into()),
+            group_idx: None,
+        });
+        for ev in [
+            on_cpu,
+            other_group,
+            cpu_removal,
+            KvEvent::Unknown("Future".into()),
+        ] {
+            s.apply(&ev, &mut ops, &mut st);
+        }
+        assert_eq!(s.len(), 1);
+        assert!(s.kvroute_hash(11).is_some());
+        assert_eq!((st.stored, st.removed, st.unknown_removed), (1, 0, 0));
     }
 }

@@ -6,19 +6,20 @@
 //!                                        | restart / lost: Hub::resync (new epoch)
 //! ```
 //!
-//! Only I/O, gaps and replays happen here; decoding is `wire`, sequencing `seq`, state `state`.
+//! Only I/O, gaps and replays happen here; decoding is `kvroute-vllm-wire`, sequencing `seq`,
+//! state `state`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use kvroute_vllm_wire::{self as wire, DecodeError, KvEvent};
 use tokio_util::sync::CancellationToken;
 use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use crate::hub::Hub;
 use crate::metrics::SidecarMetrics;
 use crate::seq::{Live, Replayed, SeqTracker};
-use crate::wire::{self, DecodeError, KvEvent};
 
 /// How the sidecar reaches vLLM's sockets.
 #[derive(Debug, Clone)]
@@ -202,11 +203,8 @@ impl Subscriber {
         options.connect_timeout(self.config.replay_timeout);
         let mut dealer = DealerSocket::with_options(options);
         dealer.connect(endpoint).await?;
-        let request = ZmqMessage::try_from(vec![
-            Bytes::new(),
-            Bytes::copy_from_slice(&from.to_be_bytes()),
-        ])
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let request = ZmqMessage::try_from(wire::replay_request::<Bytes>(from).to_vec())
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         dealer.send(request).await?;
         loop {
             let frames = dealer.recv().await?.into_vec();
@@ -250,11 +248,13 @@ impl Subscriber {
             Err(e) => return self.decode_error(&e),
         };
         for event in &batch.events {
-            let label = match event {
-                KvEvent::Stored(_) => "stored",
-                KvEvent::Removed(_) => "removed",
-                KvEvent::Cleared => "cleared",
-                KvEvent::Skipped(r) => r.reason(),
+            let label = match (event, event.skip_reason()) {
+                (_, Some(skip)) => skip.reason(),
+                (KvEvent::Stored(_), None) => "stored",
+                (KvEvent::Removed(_), None) => "removed",
+                (KvEvent::Cleared, None) => "cleared",
+                // Never reached: an unknown event always has a skip reason.
+                (KvEvent::Unknown(_), None) => "unknown_type",
             };
             self.metrics.events.with_label_values(&[label]).inc();
         }

@@ -22,15 +22,13 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use anyhow::{Context, bail};
-use kvroute_mock_vllm::engine::{
-    Engine, EngineConfig, EngineEvent, EngineRequest, KvEvent as EngineKv, Profile,
-};
+use kvroute_mock_vllm::engine::{Engine, EngineConfig, EngineEvent, EngineRequest, Profile};
 use kvroute_router::routing::{
     AssignmentId, CoreConfig, LoadSample, Policy, RouteRequest, RoutingCore, WorkerId,
     policy_by_name,
 };
 use kvroute_sidecar::state::{ApplyStats, Op, Ops, ResidentSet, StateConfig};
-use kvroute_sidecar::wire::{BlockRemoved, BlockStored, KvEvent as WireKv, RawExtraKey};
+use kvroute_vllm_wire::KvEvent;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -546,10 +544,10 @@ impl Sim<'_> {
             return;
         };
         self.workers[worker].stepping = false;
-        let mut kv: Vec<WireKv> = Vec::new();
+        let mut kv: Vec<KvEvent> = Vec::new();
         for ev in out.events {
             match ev {
-                EngineEvent::Kv(e) => kv.push(to_wire(e)),
+                EngineEvent::Kv(e) => kv.push(e),
                 EngineEvent::FirstToken { id, at } => {
                     if let Some(l) = self.live.get_mut(&id) {
                         l.first_token = Some(at);
@@ -670,37 +668,6 @@ fn true_ttft(
         t = out.end();
     }
     f64::INFINITY
-}
-
-/// The mock engine's event as the sidecar decodes it from vLLM's wire format.
-fn to_wire(e: EngineKv) -> WireKv {
-    match e {
-        EngineKv::BlockStored {
-            block_hashes,
-            parent_block_hash,
-            token_ids,
-            block_size,
-            lora_name,
-            extra_keys,
-        } => WireKv::Stored(BlockStored {
-            block_hashes,
-            parent: parent_block_hash,
-            token_ids,
-            block_size: u32::try_from(block_size).ok(),
-            lora_name,
-            extra_keys: extra_keys
-                .into_iter()
-                .map(|k| {
-                    k.unwrap_or_default()
-                        .into_iter()
-                        .map(RawExtraKey::Str)
-                        .collect()
-                })
-                .collect(),
-        }),
-        EngineKv::BlockRemoved { block_hashes } => WireKv::Removed(BlockRemoved { block_hashes }),
-        EngineKv::AllBlocksCleared => WireKv::Cleared,
-    }
 }
 
 /// Requests finished per simulated minute.

@@ -30,6 +30,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
 
+use kvroute_vllm_wire::{BlockRemoved, BlockStored, KvEvent, RawExtraKey};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -182,27 +183,8 @@ pub enum EngineEvent {
         reason: FinishReason,
         timing: RequestTiming,
     },
-    /// A KV-cache event as vLLM publishes it.
+    /// A KV-cache event as vLLM publishes it (GPU tier, group 0: one full-attention group).
     Kv(KvEvent),
-}
-
-/// vLLM's KV-cache events (`vllm.distributed.kv_events`).
-#[derive(Clone, Debug, PartialEq)]
-pub enum KvEvent {
-    /// Full blocks became cached; `token_ids` holds all of them concatenated.
-    BlockStored {
-        block_hashes: Vec<u64>,
-        parent_block_hash: Option<u64>,
-        token_ids: Vec<u32>,
-        block_size: usize,
-        lora_name: Option<String>,
-        /// One entry per block: the bare extra keys (LoRA name, cache salt) or `None`.
-        extra_keys: Vec<Option<Vec<String>>>,
-    },
-    /// Cached blocks were evicted (vLLM sends one hash per event).
-    BlockRemoved { block_hashes: Vec<u64> },
-    /// The prefix cache was reset.
-    AllBlocksCleared,
 }
 
 /// The result of one step.
@@ -565,7 +547,7 @@ impl Engine {
         }
         self.pool.clear_cache();
         if self.config.kv_events {
-            self.pending_kv.push(KvEvent::AllBlocksCleared);
+            self.pending_kv.push(KvEvent::Cleared);
         }
         true
     }
@@ -651,9 +633,9 @@ impl Engine {
                 events.push(EngineEvent::Kv(kv));
             }
             for h in self.evicted.drain(..) {
-                events.push(EngineEvent::Kv(KvEvent::BlockRemoved {
-                    block_hashes: vec![h],
-                }));
+                events.push(EngineEvent::Kv(KvEvent::Removed(BlockRemoved::on_gpu(
+                    vec![h],
+                ))));
             }
         } else {
             self.evicted.clear();
@@ -933,28 +915,31 @@ impl Engine {
 
     fn block_stored(&self, r: &Request, from: usize, to: usize) -> KvEvent {
         let bs = self.config.block_size;
+        // Per block: the bare extra keys vLLM publishes (LoRA name, then the cache salt on
+        // block 0); none is vLLM's `None`.
         let extra_keys = (from..to)
             .map(|i| {
                 let mut keys = Vec::new();
                 if let Some(l) = &r.lora_name {
-                    keys.push(l.to_string());
+                    keys.push(RawExtraKey::Str(l.to_string()));
                 }
                 if i == 0
                     && let Some(s) = &r.cache_salt
                 {
-                    keys.push(s.to_string());
+                    keys.push(RawExtraKey::Str(s.to_string()));
                 }
-                (!keys.is_empty()).then_some(keys)
+                keys
             })
             .collect();
-        KvEvent::BlockStored {
+        KvEvent::Stored(BlockStored {
             block_hashes: r.hashes[from..to].to_vec(),
-            parent_block_hash: from.checked_sub(1).map(|p| r.hashes[p]),
+            parent: from.checked_sub(1).map(|p| r.hashes[p]),
             token_ids: r.tokens[from * bs..to * bs].to_vec(),
-            block_size: bs,
+            block_size: u32::try_from(bs).ok(),
             lora_name: r.lora_name.as_deref().map(str::to_string),
             extra_keys,
-        }
+            ..BlockStored::on_gpu()
+        })
     }
 }
 

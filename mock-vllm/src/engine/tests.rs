@@ -155,22 +155,22 @@ fn blocks_stored_in_order_including_generated_tokens() {
     assert_eq!(generated.len(), 20);
     // 20 + 20 - 1 = 39 tokens computed: 2 full blocks, stored in two events.
     assert_eq!(kv.len(), 2, "{kv:?}");
-    let KvEvent::BlockStored {
+    let KvEvent::Stored(BlockStored {
         block_hashes: h0,
-        parent_block_hash: None,
+        parent: None,
         token_ids: t0,
         ..
-    } = &kv[0]
+    }) = &kv[0]
     else {
         panic!("{:?}", kv[0])
     };
     assert_eq!(h0.len(), 1);
     assert_eq!(t0, &pr[..16]);
-    let KvEvent::BlockStored {
-        parent_block_hash: Some(parent),
+    let KvEvent::Stored(BlockStored {
+        parent: Some(parent),
         token_ids: t1,
         ..
-    } = &kv[1]
+    }) = &kv[1]
     else {
         panic!("{:?}", kv[1])
     };
@@ -186,8 +186,10 @@ fn golden_hashes_in_events() {
     let mut e = engine(p, |c| c.block_size = 16);
     e.submit(req(1, (1..=33).collect(), 1), 0.0).unwrap();
     let kv = kv_events(&drain(&mut e, 0.0));
-    assert!(matches!(&kv[0], KvEvent::BlockStored { block_hashes, .. }
-        if block_hashes == &vec![8866452693264111234, 807986237951177663]));
+    assert!(
+        matches!(&kv[0], KvEvent::Stored(BlockStored { block_hashes, .. })
+        if block_hashes == &vec![8866452693264111234, 807986237951177663])
+    );
 }
 
 #[test]
@@ -205,23 +207,23 @@ fn prefix_sharing_like_the_vllm_capture() {
     assert_eq!(finished(&outs_b, 2).0.cached_tokens, 64);
     let kv_a = kv_events(&outs_a);
     let kv_b = kv_events(&outs_b);
-    let KvEvent::BlockStored {
+    let KvEvent::Stored(BlockStored {
         block_hashes: ha, ..
-    } = &kv_a[0]
+    }) = &kv_a[0]
     else {
         panic!()
     };
     assert_eq!(ha.len(), 3);
-    let KvEvent::BlockStored {
+    let KvEvent::Stored(BlockStored {
         block_hashes: hb,
-        parent_block_hash,
+        parent,
         ..
-    } = &kv_b[0]
+    }) = &kv_b[0]
     else {
         panic!()
     };
     assert_eq!(hb.len(), 1);
-    assert_eq!(parent_block_hash, &Some(ha[1]));
+    assert_eq!(parent, &Some(ha[1]));
 }
 
 #[test]
@@ -231,9 +233,9 @@ fn eviction_is_lru_and_tail_blocks_go_first() {
     let mut e = engine(p, |c| c.num_blocks = 8);
     e.submit(req(1, prompt(0, 49), 1), 0.0).unwrap(); // 3 full blocks + 1 partial
     let kv1 = kv_events(&drain(&mut e, 0.0));
-    let KvEvent::BlockStored {
+    let KvEvent::Stored(BlockStored {
         block_hashes: a, ..
-    } = &kv1[0]
+    }) = &kv1[0]
     else {
         panic!()
     };
@@ -244,7 +246,7 @@ fn eviction_is_lru_and_tail_blocks_go_first() {
     let removed: Vec<u64> = kv3
         .iter()
         .filter_map(|k| match k {
-            KvEvent::BlockRemoved { block_hashes } => Some(block_hashes[0]),
+            KvEvent::Removed(r) => Some(r.block_hashes[0]),
             _ => None,
         })
         .collect();
@@ -302,8 +304,8 @@ fn reset_prefix_cache_clears_and_announces_on_the_next_step() {
     assert_eq!(e.cached_prefix_tokens(&prompt(0, 64)), 0);
     e.submit(req(2, prompt(0, 64), 1), 10.0).unwrap();
     let kv = kv_events(&drain(&mut e, 10.0));
-    assert_eq!(kv[0], KvEvent::AllBlocksCleared);
-    assert!(matches!(kv[1], KvEvent::BlockStored { .. }));
+    assert_eq!(kv[0], KvEvent::Cleared);
+    assert!(matches!(kv[1], KvEvent::Stored(_)));
 }
 
 #[test]
@@ -385,11 +387,11 @@ fn cache_salt_separates_caches() {
         e.cached_prefix_tokens_with(&prompt(0, 64), Some("tenant-a"), None),
         48
     );
-    let KvEvent::BlockStored { extra_keys, .. } = &kv[0] else {
+    let KvEvent::Stored(BlockStored { extra_keys, .. }) = &kv[0] else {
         panic!()
     };
-    assert_eq!(extra_keys[0], Some(vec!["tenant-a".to_string()]));
-    assert_eq!(extra_keys[1], None);
+    assert_eq!(extra_keys[0], [RawExtraKey::Str("tenant-a".to_string())]);
+    assert_eq!(extra_keys[1], []);
 }
 
 #[test]
