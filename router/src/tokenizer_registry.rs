@@ -120,11 +120,7 @@ struct Discovered {
 /// How a client is told about a tokenizer that is not loaded (no internals: where it comes
 /// from and why it failed are in `/debug/tokenizers` and the logs).
 pub fn not_ready_text(failed: bool) -> &'static str {
-    if failed {
-        "failed to load; the router keeps retrying"
-    } else {
-        "is still loading"
-    }
+    crate::gateway::error::tokenizer_not_ready_text(failed)
 }
 
 /// Sets `kvroute_router_tokenizer_loaded{model}` for every discovered model (reset first, so

@@ -20,6 +20,11 @@
 #[allow(dead_code)]
 mod index;
 
+/// The worker ids the index keys its blocks by.
+#[path = "../../../router/src/routing/workers.rs"]
+#[allow(dead_code)]
+mod workers;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -201,18 +206,18 @@ trait Indexer {
 
 struct Kvroute {
     ix: index::KvIndex,
-    ids: Vec<index::WorkerId>,
-    out: Vec<(index::WorkerId, usize)>,
+    ids: Vec<workers::WorkerId>,
+    out: Vec<(workers::WorkerId, usize)>,
     scratch: Vec<u64>,
     /// (worker, store?, block hashes)
-    pending: Vec<(index::WorkerId, bool, Vec<u64>)>,
+    pending: Vec<(workers::WorkerId, bool, Vec<u64>)>,
 }
 
 impl Kvroute {
     fn new(workers: u32) -> Self {
-        let mut ix = index::KvIndex::new(1);
+        let ix = index::KvIndex::new(1);
         let ids = (0..workers)
-            .map(|w| ix.upsert_worker(&format!("w{w}"), 16))
+            .map(workers::WorkerId)
             .collect();
         Self {
             ix,
@@ -243,9 +248,9 @@ impl Indexer for Kvroute {
     fn ingest(&mut self) {
         for (w, store, blocks) in &self.pending {
             if *store {
-                self.ix.apply_stored(*w, blocks, 0.0);
+                self.ix.apply_stored(*w, blocks);
             } else {
-                self.ix.apply_removed(*w, blocks, 0.0);
+                self.ix.apply_removed(*w, blocks);
             }
         }
     }
@@ -255,11 +260,11 @@ impl Indexer for Kvroute {
                 self.scratch.clear();
                 self.scratch.extend(blocks.iter().map(|b| b.chained));
                 self.ix
-                    .apply_stored(self.ids[*worker as usize], &self.scratch, 0.0);
+                    .apply_stored(self.ids[*worker as usize], &self.scratch);
             }
             Event::Remove { worker, blocks } => {
                 self.ix
-                    .apply_removed(self.ids[*worker as usize], blocks, 0.0);
+                    .apply_removed(self.ids[*worker as usize], blocks);
             }
         }
     }

@@ -10,9 +10,15 @@
 #[allow(dead_code)]
 mod index;
 
+/// The worker ids the index keys its blocks by.
+#[path = "../../src/routing/workers.rs"]
+#[allow(dead_code)]
+mod workers;
+
 use std::collections::HashSet;
 
-use index::{KvIndex, WorkerId};
+use index::KvIndex;
+use workers::WorkerId;
 use libfuzzer_sys::fuzz_target;
 
 const WORKERS: usize = 6;

@@ -43,7 +43,7 @@ pub enum GatewayError {
     NoReadyWorker(String),
     /// The model's tokenizer is still loading or failing to load; routing it without tokens
     /// would ignore every worker's cache, so its pool has to opt into that.
-    #[error("the tokenizer of model `{model}` {}; retry later", crate::tokenizer_registry::not_ready_text(*.failed))]
+    #[error("the tokenizer of model `{model}` {}; retry later", tokenizer_not_ready_text(*.failed))]
     TokenizerNotReady {
         /// The client's model name.
         model: String,
@@ -167,6 +167,15 @@ pub fn anthropic_from_upstream(status: u16, body: &[u8]) -> Value {
         })
         .unwrap_or_else(|| format!("the upstream worker answered with status {status}"));
     json!({"type": "error", "error": {"type": anthropic_error_type(status), "message": message}})
+}
+
+/// How a tokenizer that is not loaded is described to clients: still loading, or failing.
+pub fn tokenizer_not_ready_text(failed: bool) -> &'static str {
+    if failed {
+        "failed to load; the router keeps retrying"
+    } else {
+        "is still loading"
+    }
 }
 
 #[cfg(test)]
