@@ -153,6 +153,16 @@ mod tests {
     }
 
     #[test]
+    fn crds_stay_small_enough_for_client_side_apply() {
+        // `kubectl apply` (client-side) copies the object into the last-applied-configuration
+        // annotation, and annotations hold at most 256 KiB: keep each CRD well below.
+        for crd in crds() {
+            let size = serde_json::to_string(&crd).expect("serializes").len();
+            assert!(size < 96 * 1024, "{} is {size} bytes", crd.spec.names.kind);
+        }
+    }
+
+    #[test]
     fn without_cel_strips_every_rule_and_nothing_else() {
         for crd in crds() {
             let stripped = without_cel(&crd);
