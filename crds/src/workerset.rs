@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements,
-    TopologySpreadConstraint, Toleration, Volume, VolumeMount,
+    Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+    TopologySpreadConstraint, Volume, VolumeMount,
 };
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -183,9 +183,15 @@ pub const RESERVED_ENGINE_FLAGS: &[(&str, &str)] = &[
     ("--served-model-name", "set from model.servedName"),
     ("--host", "the engine listens on 0.0.0.0"),
     ("--port", "set from engine.port"),
-    ("--block-size", "set from blockSize, which the router hashes with"),
+    (
+        "--block-size",
+        "set from blockSize, which the router hashes with",
+    ),
     ("--kv-events-config", "set from kvEvents"),
-    ("--no-enable-prefix-caching", "the router routes on prefix caching"),
+    (
+        "--no-enable-prefix-caching",
+        "the router routes on prefix caching",
+    ),
     ("--tensor-parallel-size", "set from gpu.count"),
     ("-tp", "set from gpu.count"),
     ("--speedup", "set from engine.speedup"),
@@ -206,7 +212,10 @@ fn compact_schema<T: JsonSchema>(generator: &mut schemars::SchemaGenerator) -> s
     fn strip(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::Object(map) => {
-                if map.get("description").is_some_and(serde_json::Value::is_string) {
+                if map
+                    .get("description")
+                    .is_some_and(serde_json::Value::is_string)
+                {
                     map.remove("description");
                 }
                 map.values_mut().for_each(strip);
@@ -688,11 +697,16 @@ impl InferenceWorkerSetSpec {
             }
             let path = m.mount_path.trim_end_matches('/');
             if !m.mount_path.starts_with('/') {
-                issues.push(SpecIssue::new(at("mountPath"), "mountPath must be absolute"));
+                issues.push(SpecIssue::new(
+                    at("mountPath"),
+                    "mountPath must be absolute",
+                ));
             } else if gpu && path == SHM_MOUNT_PATH {
                 issues.push(SpecIssue::new(
                     at("mountPath"),
-                    format!("{SHM_MOUNT_PATH} is the operator's shared-memory mount on GPU engines"),
+                    format!(
+                        "{SHM_MOUNT_PATH} is the operator's shared-memory mount on GPU engines"
+                    ),
                 ));
             } else if self.volume_mounts[..i]
                 .iter()
@@ -924,10 +938,14 @@ mod tests {
         let good = "model: {name: m}\nenv: [{name: HF_TOKEN, valueFrom: {secretKeyRef: {name: s, key: k}}}]\nvolumes: [{name: cache, persistentVolumeClaim: {claimName: c}}]\nvolumeMounts: [{name: cache, mountPath: /root/.cache/huggingface}]\n";
         assert!(fields(good).is_empty(), "{:?}", spec(good).validate());
         assert_eq!(
-            fields("model: {name: m}\nenv: [{name: KVROUTE_SIDECAR_MODEL, value: x}, {name: A, value: '1'}, {name: A, value: '2'}]\n"),
+            fields(
+                "model: {name: m}\nenv: [{name: KVROUTE_SIDECAR_MODEL, value: x}, {name: A, value: '1'}, {name: A, value: '2'}]\n"
+            ),
             ["spec.env[0].name", "spec.env[2].name"]
         );
-        let s = spec("model: {name: m}\nvolumes: [{name: dshm, emptyDir: {}}, {name: kvroute-tokenizer, emptyDir: {}}, {name: Bad_Name, emptyDir: {}}, {name: c, emptyDir: {}}, {name: c, emptyDir: {}}]\n");
+        let s = spec(
+            "model: {name: m}\nvolumes: [{name: dshm, emptyDir: {}}, {name: kvroute-tokenizer, emptyDir: {}}, {name: Bad_Name, emptyDir: {}}, {name: c, emptyDir: {}}, {name: c, emptyDir: {}}]\n",
+        );
         let issues = s.validate();
         let f: Vec<_> = issues.iter().map(|i| i.field.as_str()).collect();
         assert_eq!(
@@ -939,7 +957,11 @@ mod tests {
                 "spec.volumes[4].name"
             ]
         );
-        assert!(issues[0].message.contains("reserved for the operator"), "{}", issues[0]);
+        assert!(
+            issues[0].message.contains("reserved for the operator"),
+            "{}",
+            issues[0]
+        );
         // /dev/shm is the operator's on GPU engines only; mounts need a declared volume.
         let clash = "volumes: [{name: shm, emptyDir: {}}]\nvolumeMounts: [{name: shm, mountPath: /dev/shm/}, {name: nope, mountPath: /x}, {name: shm, mountPath: rel}]\n";
         assert_eq!(
@@ -951,10 +973,17 @@ mod tests {
             ]
         );
         assert_eq!(
-            fields(&format!("model: {{name: m}}\nengine: {{mode: mock}}\n{clash}")),
-            ["spec.volumeMounts[1].name", "spec.volumeMounts[2].mountPath"]
+            fields(&format!(
+                "model: {{name: m}}\nengine: {{mode: mock}}\n{clash}"
+            )),
+            [
+                "spec.volumeMounts[1].name",
+                "spec.volumeMounts[2].mountPath"
+            ]
         );
-        let s = spec("model: {name: m}\nengine: {args: [--max-model-len, '8192', '--block-size=32', --port, '9000', --enforce-eager]}\n");
+        let s = spec(
+            "model: {name: m}\nengine: {args: [--max-model-len, '8192', '--block-size=32', --port, '9000', --enforce-eager]}\n",
+        );
         let issues = s.validate();
         let f: Vec<_> = issues.iter().map(|i| i.field.as_str()).collect();
         assert_eq!(f, ["spec.engine.args[2]", "spec.engine.args[3]"]);

@@ -652,7 +652,10 @@ priorityClassName: inference-high
             .as_ref()
             .and_then(|v| v.secret_key_ref.as_ref())
             .expect("secret ref");
-        assert_eq!((token.name.as_str(), token.key.as_str()), ("hf-token", "token"));
+        assert_eq!(
+            (token.name.as_str(), token.key.as_str()),
+            ("hf-token", "token")
+        );
         assert_eq!(engine.env_from.as_ref(), Some(&w.spec.env_from));
         // The operator's /dev/shm first, then the user's mounts and volumes.
         let mounts: Vec<_> = engine
@@ -678,7 +681,10 @@ priorityClassName: inference-high
                 .map(|c| c.claim_name.as_str()),
             Some("model-cache")
         );
-        assert_eq!(pod.image_pull_secrets.as_ref(), Some(&w.spec.image_pull_secrets));
+        assert_eq!(
+            pod.image_pull_secrets.as_ref(),
+            Some(&w.spec.image_pull_secrets)
+        );
         assert_eq!(pod.affinity, w.spec.affinity);
         assert!(pod.affinity.is_some());
         assert_eq!(
@@ -710,7 +716,12 @@ priorityClassName: inference-high
         );
         let d = desired_deployment(&w, &cfg()).expect("builds");
         let pod = d.spec.and_then(|s| s.template.spec).expect("pod");
-        let names: Vec<_> = pod.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+        let names: Vec<_> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
         assert_eq!(names, ["cache"]);
         let mounts = pod.containers[0].volume_mounts.clone().expect("mounts");
         assert_eq!(mounts.len(), 1);
