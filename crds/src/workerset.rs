@@ -101,11 +101,11 @@ pub struct InferenceWorkerSetSpec {
     /// (`valueFrom.secretKeyRef`) for a gated model. Names starting with `KVROUTE_` are
     /// reserved (kvroute's own binaries read their settings from them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = MAX_ENV))]
+    #[schemars(schema_with = "env_schema")]
     pub env: Vec<EnvVar>,
     /// Whole ConfigMaps or Secrets exposed as environment variables of the engine container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = MAX_ENV_FROM))]
+    #[schemars(schema_with = "env_from_schema")]
     pub env_from: Vec<EnvFromSource>,
     /// Extra pod volumes, e.g. a PersistentVolumeClaim holding the model-weight cache. Names
     /// starting with `kvroute-` and the name `dshm` are reserved for the operator's own.
@@ -115,7 +115,7 @@ pub struct InferenceWorkerSetSpec {
     /// Mounts of pod volumes into the engine container, e.g. the weight cache at
     /// `/root/.cache/huggingface`. `/dev/shm` is the operator's on GPU engines.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = MAX_VOLUMES))]
+    #[schemars(schema_with = "volume_mounts_schema")]
     pub volume_mounts: Vec<VolumeMount>,
     /// Secrets for pulling the engine and sidecar images from a private registry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -128,7 +128,7 @@ pub struct InferenceWorkerSetSpec {
     pub affinity: Option<Affinity>,
     /// How worker pods spread over zones or nodes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 8))]
+    #[schemars(schema_with = "spread_schema")]
     pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
     /// PriorityClass of the worker pods (GPU workers often preempt batch jobs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -204,10 +204,11 @@ pub const MAX_ENV_FROM: u32 = 16;
 /// Most extra volumes (and volume mounts) a WorkerSet may add.
 pub const MAX_VOLUMES: u32 = 32;
 
-/// `T`'s schema without descriptions. The Kubernetes types' descriptions are long (the
-/// `Volume` schema alone would add over 100 kB to the CRD) and documented upstream; the types,
-/// required fields and enums stay, so the API server still refuses what the operator could
-/// not read back.
+/// `T`'s schema without descriptions, for the Kubernetes types that the WorkerSet passes
+/// through to its pods. Their descriptions are long (the `Volume` schema alone would add over
+/// 100 kB to the CRD) and documented upstream (`kubectl explain pod.spec`); the types, required
+/// fields and enums stay, so the API server still refuses what the operator could not read
+/// back.
 fn compact_schema<T: JsonSchema>(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     fn strip(v: &mut serde_json::Value) {
         match v {
@@ -229,10 +230,33 @@ fn compact_schema<T: JsonSchema>(generator: &mut schemars::SchemaGenerator) -> s
     schemars::Schema::try_from(value).unwrap_or_default()
 }
 
-/// Schema of `spec.volumes`: compact `Volume` items, at most [`MAX_VOLUMES`].
+/// A list of compact `T` items, at most `max`.
+fn compact_list<T: JsonSchema>(
+    generator: &mut schemars::SchemaGenerator,
+    max: u32,
+) -> schemars::Schema {
+    let items = compact_schema::<T>(generator);
+    schemars::json_schema!({"type": "array", "maxItems": max, "items": items})
+}
+
+fn env_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    compact_list::<EnvVar>(generator, MAX_ENV)
+}
+
+fn env_from_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    compact_list::<EnvFromSource>(generator, MAX_ENV_FROM)
+}
+
 fn volumes_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    let items = compact_schema::<Volume>(generator);
-    schemars::json_schema!({"type": "array", "maxItems": MAX_VOLUMES, "items": items})
+    compact_list::<Volume>(generator, MAX_VOLUMES)
+}
+
+fn volume_mounts_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    compact_list::<VolumeMount>(generator, MAX_VOLUMES)
+}
+
+fn spread_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    compact_list::<TopologySpreadConstraint>(generator, 8)
 }
 
 /// Schema of `spec.affinity`: a compact `Affinity`.
