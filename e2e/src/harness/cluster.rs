@@ -341,13 +341,18 @@ async fn server_has_cel(client: &kube::Client) -> anyhow::Result<bool> {
         .apiserver_version()
         .await
         .context("API server version")?;
-    // Minor versions may carry a suffix ("25+" on some distributions).
+    Ok(cel_supported(&info.major, &info.minor))
+}
+
+/// `major.minor` is 1.25 or later; minor versions may carry a suffix (`25+` on some
+/// distributions).
+fn cel_supported(major: &str, minor: &str) -> bool {
     let number = |s: &str| {
         s.trim_end_matches(|c: char| !c.is_ascii_digit())
             .parse::<u32>()
             .unwrap_or(0)
     };
-    Ok((number(&info.major), number(&info.minor)) >= (1, 25))
+    (number(major), number(minor)) >= (1, 25)
 }
 
 /// Create, or replace at the current resourceVersion. Not server-side apply: the 1.20 API
@@ -372,4 +377,18 @@ async fn create_or_replace(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cel_rules_are_kept_from_1_25_on() {
+        assert!(!cel_supported("1", "20"));
+        assert!(!cel_supported("1", "24+"));
+        assert!(cel_supported("1", "25"));
+        assert!(cel_supported("1", "33+"));
+        assert!(!cel_supported("", ""));
+    }
 }
