@@ -20,6 +20,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 pub mod backend;
+pub mod cel;
 pub mod condition;
 pub mod documents;
 pub mod gpu;
@@ -150,6 +151,52 @@ mod tests {
         );
         assert_eq!(spec["required"], serde_json::json!(["model"]));
         assert!(spec["x-kubernetes-validations"].is_array());
+    }
+
+    #[test]
+    fn every_cel_rule_walks_only_bounded_lists_and_strings() {
+        let mut total = 0;
+        for crd in crds() {
+            let root = &schema_of(&crd)["openAPIV3Schema"];
+            total += cel::rules(root).len();
+            let findings = cel::check_schema(root);
+            assert!(
+                findings.is_empty(),
+                "{}:\n{}",
+                crd.spec.names.kind,
+                findings
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+        assert!(total >= 16, "{total} rules");
+    }
+
+    #[test]
+    fn docs_give_every_cel_rule_a_cost() {
+        // Table cells escape `|` as `\|`.
+        let docs = include_str!("../../docs/crds.md").replace("\\|", "|");
+        for crd in crds() {
+            for (at, rule) in cel::rules(&schema_of(&crd)["openAPIV3Schema"]) {
+                assert!(
+                    docs.contains(&format!("`{rule}`")),
+                    "docs/crds.md lacks {} {at}: {rule}",
+                    crd.spec.names.kind
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn crds_stay_small_enough_for_client_side_apply() {
+        // `kubectl apply` (client-side) copies the object into the last-applied-configuration
+        // annotation, and annotations hold at most 256 KiB: keep each CRD well below.
+        for crd in crds() {
+            let size = serde_json::to_string(&crd).expect("serializes").len();
+            assert!(size < 96 * 1024, "{} is {size} bytes", crd.spec.names.kind);
+        }
     }
 
     #[test]

@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 use crate::condition::Condition;
 use crate::validation::SpecIssue;
 
+/// Most targets a route action may list (as many as a pool may have).
+pub const MAX_ROUTE_TARGETS: u32 = 64;
+
 /// Desired state of an InferencePolicy.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
@@ -124,11 +127,14 @@ pub struct RuleActions {
     {"rule": "size(self.allowedTargets) == 0 || self.preferredTargets.all(t, t in self.allowedTargets)", "message": "preferredTargets must be a subset of allowedTargets"}
 ]))]
 pub struct RouteAction {
-    /// Only these targets may serve the request (all when empty).
+    /// Only these targets may serve the request (all when empty). Bounded like a pool's
+    /// targets, so that the subset rule stays cheap for the API server (docs/crds.md).
     #[serde(default)]
+    #[schemars(length(max = MAX_ROUTE_TARGETS), inner(length(min = 1, max = 253)))]
     pub allowed_targets: Vec<String>,
     /// Tried first when their predicted TTFT is competitive.
     #[serde(default)]
+    #[schemars(length(max = MAX_ROUTE_TARGETS), inner(length(min = 1, max = 253)))]
     pub preferred_targets: Vec<String>,
     /// Never leave the cluster (no providers), e.g. for `pii`.
     #[serde(default)]

@@ -3,14 +3,17 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+    TopologySpreadConstraint, Volume, VolumeMount,
+};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::condition::Condition;
 use crate::gpu::{DEFAULT_GPU_PRODUCT, KNOWN_GPU_PRODUCTS, is_known_product};
-use crate::validation::SpecIssue;
+use crate::validation::{SpecIssue, is_dns_label};
 
 /// vLLM image used when `spec.engine.image` is empty and the engine mode is `vllm`.
 pub const DEFAULT_VLLM_IMAGE: &str = "vllm/vllm-openai:v0.33.0";
@@ -94,6 +97,43 @@ pub struct InferenceWorkerSetSpec {
     /// Extra node selector labels, merged with the GPU product selector.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Environment variables of the engine container, e.g. `HF_TOKEN` from a Secret
+    /// (`valueFrom.secretKeyRef`) for a gated model. Names starting with `KVROUTE_` are
+    /// reserved (kvroute's own binaries read their settings from them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "env_schema")]
+    pub env: Vec<EnvVar>,
+    /// Whole ConfigMaps or Secrets exposed as environment variables of the engine container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "env_from_schema")]
+    pub env_from: Vec<EnvFromSource>,
+    /// Extra pod volumes, e.g. a PersistentVolumeClaim holding the model-weight cache. Names
+    /// starting with `kvroute-` and the name `dshm` are reserved for the operator's own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "volumes_schema")]
+    pub volumes: Vec<Volume>,
+    /// Mounts of pod volumes into the engine container, e.g. the weight cache at
+    /// `/root/.cache/huggingface`. `/dev/shm` is the operator's on GPU engines.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "volume_mounts_schema")]
+    pub volume_mounts: Vec<VolumeMount>,
+    /// Secrets for pulling the engine and sidecar images from a private registry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Node and pod (anti-)affinity of the worker pods, e.g. to spread workers over nodes or
+    /// keep them near a cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "affinity_schema")]
+    pub affinity: Option<Affinity>,
+    /// How worker pods spread over zones or nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "spread_schema")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// PriorityClass of the worker pods (GPU workers often preempt batch jobs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
     /// The kvroute sidecar next to each engine.
     #[serde(default)]
     pub sidecar: SidecarSpec,
@@ -125,6 +165,103 @@ pub struct ModelSpec {
     /// repository id, not a path or URL), else `name`, at revision `main`, without a token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<TokenizerSpec>,
+}
+
+/// Prefix of environment variable names reserved for kvroute's binaries (`KVROUTE_<COMPONENT>_`
+/// flags of the mock engine and the sidecar).
+pub const RESERVED_ENV_PREFIX: &str = "KVROUTE_";
+/// Prefix of volume names reserved for volumes the operator adds to worker pods.
+pub const RESERVED_VOLUME_PREFIX: &str = "kvroute-";
+/// The operator's shared-memory volume on GPU engines (vLLM's tensor-parallel workers need a
+/// large `/dev/shm`).
+pub const SHM_VOLUME: &str = "dshm";
+/// Where [`SHM_VOLUME`] is mounted in the engine container.
+pub const SHM_MOUNT_PATH: &str = "/dev/shm";
+/// Engine flags the operator sets from the spec, with the field to use instead.
+pub const RESERVED_ENGINE_FLAGS: &[(&str, &str)] = &[
+    ("--model", "set from model.source"),
+    ("--served-model-name", "set from model.servedName"),
+    ("--host", "the engine listens on 0.0.0.0"),
+    ("--port", "set from engine.port"),
+    (
+        "--block-size",
+        "set from blockSize, which the router hashes with",
+    ),
+    ("--kv-events-config", "set from kvEvents"),
+    (
+        "--no-enable-prefix-caching",
+        "the router routes on prefix caching",
+    ),
+    ("--tensor-parallel-size", "set from gpu.count"),
+    ("-tp", "set from gpu.count"),
+    ("--speedup", "set from engine.speedup"),
+];
+
+/// Most environment variables a WorkerSet may add to its engine.
+pub const MAX_ENV: u32 = 128;
+/// Most `envFrom` sources a WorkerSet may add to its engine.
+pub const MAX_ENV_FROM: u32 = 16;
+/// Most extra volumes (and volume mounts) a WorkerSet may add.
+pub const MAX_VOLUMES: u32 = 32;
+
+/// `T`'s schema without descriptions, for the Kubernetes types that the WorkerSet passes
+/// through to its pods. Their descriptions are long (the `Volume` schema alone would add over
+/// 100 kB to the CRD) and documented upstream (`kubectl explain pod.spec`); the types, required
+/// fields and enums stay, so the API server still refuses what the operator could not read
+/// back.
+fn compact_schema<T: JsonSchema>(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                if map
+                    .get("description")
+                    .is_some_and(serde_json::Value::is_string)
+                {
+                    map.remove("description");
+                }
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut value = T::json_schema(generator).to_value();
+    strip(&mut value);
+    schemars::Schema::try_from(value).unwrap_or_default()
+}
+
+/// A list of compact `T` items, at most `max`.
+fn compact_list<T: JsonSchema>(
+    generator: &mut schemars::SchemaGenerator,
+    max: u32,
+) -> schemars::Schema {
+    let items = compact_schema::<T>(generator);
+    schemars::json_schema!({"type": "array", "maxItems": max, "items": items})
+}
+
+fn env_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    compact_list::<EnvVar>(generator, MAX_ENV)
+}
+
+fn env_from_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    compact_list::<EnvFromSource>(generator, MAX_ENV_FROM)
+}
+
+fn volumes_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    compact_list::<Volume>(generator, MAX_VOLUMES)
+}
+
+fn volume_mounts_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    compact_list::<VolumeMount>(generator, MAX_VOLUMES)
+}
+
+fn spread_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    compact_list::<TopologySpreadConstraint>(generator, 8)
+}
+
+/// Schema of `spec.affinity`: a compact `Affinity`.
+fn affinity_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    compact_schema::<Affinity>(generator)
 }
 
 /// Longest repository id accepted (`owner/name`; the Hub allows 96 characters per part).
@@ -295,8 +432,11 @@ pub struct EngineSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub image: Option<String>,
-    /// Extra engine arguments appended after the ones kvroute sets.
+    /// Extra engine arguments appended after the ones kvroute sets. Flags that kvroute sets
+    /// from other fields ([`RESERVED_ENGINE_FLAGS`], e.g. `--block-size`) are rejected: vLLM
+    /// takes the last occurrence, so a repeat would silently override the spec.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
     pub args: Vec<String>,
     /// HTTP port of the engine's OpenAI API.
     #[serde(default = "default_engine_port")]
@@ -489,6 +629,7 @@ impl InferenceWorkerSetSpec {
                 ));
             }
         }
+        issues.extend(self.validate_pod());
         if self.engine.speedup.is_some() && self.engine.mode != EngineMode::Mock {
             issues.push(SpecIssue::new(
                 "spec.engine.speedup",
@@ -520,6 +661,93 @@ impl InferenceWorkerSetSpec {
                         self.gpu.product,
                         KNOWN_GPU_PRODUCTS.join(", ")
                     ),
+                ));
+            }
+        }
+        issues
+    }
+}
+
+impl InferenceWorkerSetSpec {
+    /// What users add to the worker pods must not collide with what the operator sets there:
+    /// reserved or repeated env names, reserved or repeated volume names, mounts of volumes
+    /// that do not exist or over `/dev/shm` on GPU engines, and engine flags the operator
+    /// owns.
+    fn validate_pod(&self) -> Vec<SpecIssue> {
+        let mut issues = Vec::new();
+        for (i, e) in self.env.iter().enumerate() {
+            let f = format!("spec.env[{i}].name");
+            if e.name.is_empty() {
+                issues.push(SpecIssue::new(f, "env name must not be empty"));
+            } else if e.name.starts_with(RESERVED_ENV_PREFIX) {
+                issues.push(SpecIssue::new(
+                    f,
+                    format!(
+                        "env {:?} is reserved: names starting with {RESERVED_ENV_PREFIX} configure kvroute's own binaries",
+                        e.name
+                    ),
+                ));
+            } else if self.env[..i].iter().any(|o| o.name == e.name) {
+                issues.push(SpecIssue::new(f, format!("duplicate env {:?}", e.name)));
+            }
+        }
+        for (i, v) in self.volumes.iter().enumerate() {
+            let f = format!("spec.volumes[{i}].name");
+            if v.name == SHM_VOLUME || v.name.starts_with(RESERVED_VOLUME_PREFIX) {
+                issues.push(SpecIssue::new(
+                    f,
+                    format!(
+                        "volume name {:?} is reserved for the operator ({SHM_VOLUME:?} and names starting with {RESERVED_VOLUME_PREFIX:?})",
+                        v.name
+                    ),
+                ));
+            } else if !is_dns_label(&v.name) {
+                issues.push(SpecIssue::new(
+                    f,
+                    format!("volume name {:?} is not a DNS-1123 label", v.name),
+                ));
+            } else if self.volumes[..i].iter().any(|o| o.name == v.name) {
+                issues.push(SpecIssue::new(f, format!("duplicate volume {:?}", v.name)));
+            }
+        }
+        let gpu = self.engine.mode == EngineMode::Vllm;
+        for (i, m) in self.volume_mounts.iter().enumerate() {
+            let at = |f: &str| format!("spec.volumeMounts[{i}].{f}");
+            if !self.volumes.iter().any(|v| v.name == m.name) {
+                issues.push(SpecIssue::new(
+                    at("name"),
+                    format!("volume {:?} is not in spec.volumes", m.name),
+                ));
+            }
+            let path = m.mount_path.trim_end_matches('/');
+            if !m.mount_path.starts_with('/') {
+                issues.push(SpecIssue::new(
+                    at("mountPath"),
+                    "mountPath must be absolute",
+                ));
+            } else if gpu && path == SHM_MOUNT_PATH {
+                issues.push(SpecIssue::new(
+                    at("mountPath"),
+                    format!(
+                        "{SHM_MOUNT_PATH} is the operator's shared-memory mount on GPU engines"
+                    ),
+                ));
+            } else if self.volume_mounts[..i]
+                .iter()
+                .any(|o| o.mount_path.trim_end_matches('/') == path)
+            {
+                issues.push(SpecIssue::new(
+                    at("mountPath"),
+                    format!("duplicate mountPath {:?}", m.mount_path),
+                ));
+            }
+        }
+        for (i, arg) in self.engine.args.iter().enumerate() {
+            let flag = arg.split_once('=').map_or(arg.as_str(), |(f, _)| f);
+            if let Some((_, why)) = RESERVED_ENGINE_FLAGS.iter().find(|(r, _)| *r == flag) {
+                issues.push(SpecIssue::new(
+                    format!("spec.engine.args[{i}]"),
+                    format!("{flag} is owned by the operator: {why}"),
                 ));
             }
         }
@@ -724,6 +952,66 @@ mod tests {
         assert!(!looks_like_repo_id("/models/x"));
         assert!(is_revision("refs/pr/1"));
         assert!(!is_revision("/main"));
+    }
+
+    #[test]
+    fn pod_settings_that_clash_with_the_operators_are_issues() {
+        let fields = |yaml: &str| -> Vec<String> {
+            spec(yaml).validate().into_iter().map(|i| i.field).collect()
+        };
+        let good = "model: {name: m}\nenv: [{name: HF_TOKEN, valueFrom: {secretKeyRef: {name: s, key: k}}}]\nvolumes: [{name: cache, persistentVolumeClaim: {claimName: c}}]\nvolumeMounts: [{name: cache, mountPath: /root/.cache/huggingface}]\n";
+        assert!(fields(good).is_empty(), "{:?}", spec(good).validate());
+        assert_eq!(
+            fields(
+                "model: {name: m}\nenv: [{name: KVROUTE_SIDECAR_MODEL, value: x}, {name: A, value: '1'}, {name: A, value: '2'}]\n"
+            ),
+            ["spec.env[0].name", "spec.env[2].name"]
+        );
+        let s = spec(
+            "model: {name: m}\nvolumes: [{name: dshm, emptyDir: {}}, {name: kvroute-tokenizer, emptyDir: {}}, {name: Bad_Name, emptyDir: {}}, {name: c, emptyDir: {}}, {name: c, emptyDir: {}}]\n",
+        );
+        let issues = s.validate();
+        let f: Vec<_> = issues.iter().map(|i| i.field.as_str()).collect();
+        assert_eq!(
+            f,
+            [
+                "spec.volumes[0].name",
+                "spec.volumes[1].name",
+                "spec.volumes[2].name",
+                "spec.volumes[4].name"
+            ]
+        );
+        assert!(
+            issues[0].message.contains("reserved for the operator"),
+            "{}",
+            issues[0]
+        );
+        // /dev/shm is the operator's on GPU engines only; mounts need a declared volume.
+        let clash = "volumes: [{name: shm, emptyDir: {}}]\nvolumeMounts: [{name: shm, mountPath: /dev/shm/}, {name: nope, mountPath: /x}, {name: shm, mountPath: rel}]\n";
+        assert_eq!(
+            fields(&format!("model: {{name: m}}\n{clash}")),
+            [
+                "spec.volumeMounts[0].mountPath",
+                "spec.volumeMounts[1].name",
+                "spec.volumeMounts[2].mountPath"
+            ]
+        );
+        assert_eq!(
+            fields(&format!(
+                "model: {{name: m}}\nengine: {{mode: mock}}\n{clash}"
+            )),
+            [
+                "spec.volumeMounts[1].name",
+                "spec.volumeMounts[2].mountPath"
+            ]
+        );
+        let s = spec(
+            "model: {name: m}\nengine: {args: [--max-model-len, '8192', '--block-size=32', --port, '9000', --enforce-eager]}\n",
+        );
+        let issues = s.validate();
+        let f: Vec<_> = issues.iter().map(|i| i.field.as_str()).collect();
+        assert_eq!(f, ["spec.engine.args[2]", "spec.engine.args[3]"]);
+        assert!(issues[0].message.contains("blockSize"), "{}", issues[0]);
     }
 
     #[test]

@@ -45,8 +45,10 @@ pub const DEPLOY_NAMESPACE: &str = "kvroute-system";
 pub const OPERATOR_NAME: &str = "kvroute-operator";
 /// Admin port of the operator.
 pub const ADMIN_PORT: i32 = 8080;
-/// Oldest Kubernetes the operator runs on (what the e2e tier tests).
-pub const MIN_KUBE_VERSION: &str = "1.20.0";
+/// Oldest Kubernetes the CRDs install on: their CEL validation rules need 1.25 (docs/crds.md).
+/// The operator itself also runs on older servers (the e2e tier uses 1.20, installing the CRDs
+/// without their rules), but that is a test arrangement, not a supported install.
+pub const MIN_KUBE_VERSION: &str = "1.25.0";
 
 /// The operator image of this version.
 pub fn operator_image() -> String {
@@ -207,8 +209,10 @@ pub fn operator_deployment_spec(image: &str) -> DeploymentSpec {
 }
 
 /// Example resources (CSV `alm-examples`, and a working start for users): a vLLM WorkerSet on
-/// L40S, a pool with a provider for overflow, a policy, the provider and its backend. What the
-/// router does not act on yet is said by [`example_note`].
+/// L40S, a pool with a provider for overflow, a policy, the provider and its backend, and a
+/// gated model with its Hub token from a Secret and a weight cache on a PersistentVolumeClaim.
+/// What the router does not act on yet, and what must exist first, is said by
+/// [`example_note`].
 pub fn examples() -> Vec<Value> {
     vec![
         json!({
@@ -254,13 +258,52 @@ pub fn examples() -> Vec<Value> {
             "spec": {"url": "https://api.openai.com", "tls": {"sni": "api.openai.com"},
                      "auth": {"secretRef": {"name": "openai-credentials", "key": "apiKey"}, "type": "bearer"}}
         }),
+        json!({
+            "apiVersion": kvroute_crds::API_VERSION, "kind": "InferenceWorkerSet",
+            "metadata": {"name": GATED_EXAMPLE},
+            "spec": {
+                "model": {
+                    "name": "meta-llama/Llama-3.1-8B-Instruct",
+                    "servedName": "llama-3.1-8b",
+                    "tokenizer": {"hub": {"tokenSecretRef": {"name": "hf-token", "key": "token"}}}
+                },
+                "replicas": 2,
+                "engine": {"mode": "vllm", "args": ["--max-model-len", "16384"]},
+                "gpu": {"count": 1, "product": "NVIDIA-L40S"},
+                "resources": {"requests": {"cpu": "8", "memory": "48Gi"}, "limits": {"memory": "64Gi"}},
+                "env": [
+                    {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+                ],
+                "volumes": [
+                    {"name": "model-cache", "persistentVolumeClaim": {"claimName": "model-cache"}}
+                ],
+                "volumeMounts": [
+                    {"name": "model-cache", "mountPath": HF_CACHE_PATH}
+                ]
+            }
+        }),
     ]
 }
 
+/// Name of the gated-model example WorkerSet.
+const GATED_EXAMPLE: &str = "llama-3-1-8b";
+/// The Hugging Face cache of the vLLM image (it runs as root; `HF_HOME` unset).
+const HF_CACHE_PATH: &str = "/root/.cache/huggingface";
+
 /// A comment put above an example in `deploy/examples.yaml`, for kinds or fields the router
 /// does not act on yet, so that nobody applies them expecting an effect.
-pub fn example_note(kind: &str) -> Option<&'static str> {
-    match kind {
+pub fn example_note(example: &Value) -> Option<&'static str> {
+    if example["metadata"]["name"] == GATED_EXAMPLE {
+        return Some(
+            "# A gated model. Create first, in this WorkerSet's namespace:\n\
+             #   kubectl create secret generic hf-token --from-literal=token=hf_...\n\
+             #   a PersistentVolumeClaim `model-cache` for the weights (ReadWriteMany when the\n\
+             #   replicas may land on different nodes; ReadWriteOnce pins them to one node).\n\
+             # The router downloads the tokenizer with the same Secret from its own namespace\n\
+             # (kvroute-system): create `hf-token` there too.\n",
+        );
+    }
+    match example["kind"].as_str().unwrap_or_default() {
         "InferencePool" => Some(
             "# The router routes the pool's models to its WorkerSet targets. The provider target is\n\
              # resolved but receives no traffic yet (InferenceProviders are not enforced).\n",
@@ -641,7 +684,7 @@ pub fn deploy_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
     let examples: Vec<String> = examples()
         .iter()
         .map(|e| {
-            let note = example_note(e["kind"].as_str().unwrap_or_default());
+            let note = example_note(e);
             to_yaml_with_note(e, note.unwrap_or_default())
         })
         .collect::<anyhow::Result<_>>()?;
@@ -676,13 +719,58 @@ mod tests {
     }
 
     #[test]
+    fn gated_example_gets_its_token_from_a_secret_and_a_weight_cache() {
+        use crate::desired::workerset::deployment::desired_deployment;
+        use crate::desired::workerset::fixtures::{cfg, ws};
+        let example = examples()
+            .into_iter()
+            .find(|e| e["metadata"]["name"] == GATED_EXAMPLE)
+            .expect("gated example");
+        let d = desired_deployment(&ws(&example["spec"].to_string()), &cfg()).expect("builds");
+        let pod = d.spec.and_then(|s| s.template.spec).expect("pod");
+        let engine = &pod.containers[0];
+        let token = engine
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "HF_TOKEN")
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.secret_key_ref.as_ref())
+            .expect("HF_TOKEN from a Secret");
+        assert_eq!(
+            (token.name.as_str(), token.key.as_str()),
+            ("hf-token", "token")
+        );
+        let mount = engine
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == HF_CACHE_PATH)
+            .expect("cache mount");
+        let volume = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == mount.name)
+            .expect("cache volume");
+        assert_eq!(
+            volume
+                .persistent_volume_claim
+                .as_ref()
+                .map(|c| c.claim_name.as_str()),
+            Some("model-cache")
+        );
+        assert!(example_note(&example).is_some_and(|n| n.contains("hf-token")));
+    }
+
+    #[test]
     fn examples_parse_as_typed_resources_and_validate() {
         let yaml: Vec<String> = examples()
             .iter()
             .map(|e| serde_json::to_string(e).expect("json"))
             .collect();
         let docs = kvroute_crds::parse_documents(&yaml.join("\n---\n")).expect("parse");
-        assert_eq!(docs.len(), 5);
+        assert_eq!(docs.len(), 6);
         for d in docs {
             let issues = match d {
                 kvroute_crds::AnyResource::WorkerSet(w) => w.spec.validate(),

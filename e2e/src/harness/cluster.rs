@@ -285,6 +285,18 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> 
         .collect();
     files.sort();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    // The CRDs need 1.25 (CEL rules; docs/crds.md), but the API server that builds here is
+    // 1.20, which does not know `x-kubernetes-validations`. Install them without the rules on
+    // such a server, so the tier tests what the operator does; the rules are then checked
+    // only by the operator's `validate()` (their twins), which the e2e tests rely on.
+    let cel = server_has_cel(client).await?;
+    let prepare = |crd: CustomResourceDefinition| {
+        if cel {
+            crd
+        } else {
+            kvroute_crds::without_cel(&crd)
+        }
+    };
     let mut names = Vec::new();
     for file in &files {
         let text =
@@ -298,7 +310,7 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> 
             let crd: CustomResourceDefinition = serde_json::from_value(doc)
                 .with_context(|| format!("a CRD in {}", file.display()))?;
             let name = crd.metadata.name.clone().context("CRD without a name")?;
-            create_or_replace(&api, crd).await?;
+            create_or_replace(&api, prepare(crd)).await?;
             names.push(name);
         }
     }
@@ -308,7 +320,7 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> 
         tracing::warn!(dir = %dir.display(), "no CRD YAML found; installing kvroute_crds::crds()");
         for crd in kvroute_crds::crds() {
             let name = crd.metadata.name.clone().context("CRD without a name")?;
-            create_or_replace(&api, crd).await?;
+            create_or_replace(&api, prepare(crd)).await?;
             names.push(name);
         }
     }
@@ -321,6 +333,26 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> 
         .with_context(|| format!("CRD {name} not established within 30 s"))??;
     }
     Ok(names)
+}
+
+/// Whether the API server evaluates CEL validation rules (1.25 and later).
+async fn server_has_cel(client: &kube::Client) -> anyhow::Result<bool> {
+    let info = client
+        .apiserver_version()
+        .await
+        .context("API server version")?;
+    Ok(cel_supported(&info.major, &info.minor))
+}
+
+/// `major.minor` is 1.25 or later; minor versions may carry a suffix (`25+` on some
+/// distributions).
+fn cel_supported(major: &str, minor: &str) -> bool {
+    let number = |s: &str| {
+        s.trim_end_matches(|c: char| !c.is_ascii_digit())
+            .parse::<u32>()
+            .unwrap_or(0)
+    };
+    (number(major), number(minor)) >= (1, 25)
 }
 
 /// Create, or replace at the current resourceVersion. Not server-side apply: the 1.20 API
@@ -345,4 +377,18 @@ async fn create_or_replace(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cel_rules_are_kept_from_1_25_on() {
+        assert!(!cel_supported("1", "20"));
+        assert!(!cel_supported("1", "24+"));
+        assert!(cel_supported("1", "25"));
+        assert!(cel_supported("1", "33+"));
+        assert!(!cel_supported("", ""));
+    }
 }

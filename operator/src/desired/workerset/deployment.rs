@@ -1,6 +1,7 @@
 //! The Deployment running a WorkerSet's workers: the engine (vLLM or the mock) and the kvroute
-//! sidecar in one pod, GPU requests, node selector and tolerations, and a template hash that
-//! rolls the pods on any change that affects them.
+//! sidecar in one pod, GPU requests, node selector and tolerations, the user's pod settings
+//! (env, volumes, pull secrets, affinity, spread, priority) passed through, and a template hash
+//! that rolls the pods on any change that affects them.
 
 use std::collections::BTreeMap;
 
@@ -17,7 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvroute_crds::gpu::{GPU_PRODUCT_LABEL, GPU_RESOURCE};
 use kvroute_crds::workerset::{
-    DEFAULT_VLLM_IMAGE, EngineMode, InferenceWorkerSet, InferenceWorkerSetSpec,
+    DEFAULT_VLLM_IMAGE, EngineMode, InferenceWorkerSet, InferenceWorkerSetSpec, SHM_MOUNT_PATH,
+    SHM_VOLUME,
 };
 
 use super::{ENGINE_CONTAINER, Meta, SIDECAR_CONTAINER, labels, meta, selector_labels};
@@ -133,6 +135,11 @@ fn env_field(name: &str, field_path: &str) -> EnvVar {
     }
 }
 
+/// `None` for an empty list, so that a spec without the field renders (and hashes) as before.
+fn non_empty<T>(items: Vec<T>) -> Option<Vec<T>> {
+    (!items.is_empty()).then_some(items)
+}
+
 fn engine_container(spec: &InferenceWorkerSetSpec, cfg: &OperatorConfig) -> Container {
     let (command, args) = engine_command(spec);
     let gpu = spec.engine.mode == EngineMode::Vllm;
@@ -174,13 +181,18 @@ fn engine_container(spec: &InferenceWorkerSetSpec, cfg: &OperatorConfig) -> Cont
         startup_probe: Some(http_probe("/health", "http", 10, startup_failures)),
         readiness_probe: Some(http_probe("/health", "http", 5, 3)),
         liveness_probe: Some(http_probe("/health", "http", 10, 6)),
-        volume_mounts: gpu.then(|| {
-            vec![VolumeMount {
-                name: "dshm".to_string(),
-                mount_path: "/dev/shm".to_string(),
+        env: non_empty(spec.env.clone()),
+        env_from: non_empty(spec.env_from.clone()),
+        volume_mounts: non_empty(
+            gpu.then(|| VolumeMount {
+                name: SHM_VOLUME.to_string(),
+                mount_path: SHM_MOUNT_PATH.to_string(),
                 ..Default::default()
-            }]
-        }),
+            })
+            .into_iter()
+            .chain(spec.volume_mounts.iter().cloned())
+            .collect(),
+        ),
         ..Default::default()
     }
 }
@@ -274,17 +286,25 @@ fn pod_spec(name: &str, spec: &InferenceWorkerSetSpec, cfg: &OperatorConfig) -> 
         ],
         node_selector: (!node_selector.is_empty()).then_some(node_selector),
         tolerations: (!tolerations.is_empty()).then_some(tolerations),
-        // vLLM needs a large /dev/shm for tensor-parallel workers.
-        volumes: gpu.then(|| {
-            vec![Volume {
-                name: "dshm".to_string(),
+        // vLLM needs a large /dev/shm for tensor-parallel workers. The user's volumes come
+        // after the operator's; `validate()` keeps their names apart.
+        volumes: non_empty(
+            gpu.then(|| Volume {
+                name: SHM_VOLUME.to_string(),
                 empty_dir: Some(EmptyDirVolumeSource {
                     medium: Some("Memory".to_string()),
                     ..Default::default()
                 }),
                 ..Default::default()
-            }]
-        }),
+            })
+            .into_iter()
+            .chain(spec.volumes.iter().cloned())
+            .collect(),
+        ),
+        image_pull_secrets: non_empty(spec.image_pull_secrets.clone()),
+        affinity: spec.affinity.clone(),
+        topology_spread_constraints: non_empty(spec.topology_spread_constraints.clone()),
+        priority_class_name: spec.priority_class_name.clone(),
         termination_grace_period_seconds: Some(30),
         ..Default::default()
     }
@@ -581,6 +601,131 @@ mod tests {
         assert_eq!(base, hash("model: {name: m}\nreplicas: 7\n"));
         assert_ne!(base, hash("model: {name: m}\nblockSize: 32\n"));
         assert_ne!(base, hash("model: {name: m}\nengine: {args: [--x]}\n"));
+        assert_ne!(base, hash("model: {name: m}\npriorityClassName: high\n"));
+        assert_ne!(base, hash("model: {name: m}\nenv: [{name: A, value: b}]\n"));
+    }
+
+    const POD_SETTINGS: &str = r#"
+model: {name: meta-llama/Llama-3.1-8B-Instruct}
+engine: {args: [--max-model-len, '8192']}
+resources:
+  requests: {cpu: '8', memory: 64Gi}
+  limits: {memory: 96Gi}
+env:
+- name: HF_TOKEN
+  valueFrom: {secretKeyRef: {name: hf-token, key: token}}
+- {name: VLLM_LOGGING_LEVEL, value: DEBUG}
+envFrom: [{configMapRef: {name: engine-env}}]
+volumes:
+- name: model-cache
+  persistentVolumeClaim: {claimName: model-cache}
+volumeMounts:
+- {name: model-cache, mountPath: /root/.cache/huggingface}
+imagePullSecrets: [{name: registry}]
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector: {matchLabels: {app: x}}
+topologySpreadConstraints:
+- {maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}
+priorityClassName: inference-high
+"#;
+
+    #[test]
+    fn pod_settings_pass_through_to_the_engine_and_the_pod() {
+        let w = ws(POD_SETTINGS);
+        assert!(w.spec.validate().is_empty(), "{:?}", w.spec.validate());
+        let d = desired_deployment(&w, &cfg()).expect("builds");
+        let pod = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.clone())
+            .expect("pod");
+        let engine = &pod.containers[0];
+        let env = engine.env.clone().expect("env");
+        assert_eq!(env, w.spec.env);
+        let token = env[0]
+            .value_from
+            .as_ref()
+            .and_then(|v| v.secret_key_ref.as_ref())
+            .expect("secret ref");
+        assert_eq!(
+            (token.name.as_str(), token.key.as_str()),
+            ("hf-token", "token")
+        );
+        assert_eq!(engine.env_from.as_ref(), Some(&w.spec.env_from));
+        // The operator's /dev/shm first, then the user's mounts and volumes.
+        let mounts: Vec<_> = engine
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                ("dshm", "/dev/shm"),
+                ("model-cache", "/root/.cache/huggingface")
+            ]
+        );
+        let volumes = pod.volumes.clone().expect("volumes");
+        assert_eq!(volumes.len(), 2);
+        assert_eq!(volumes[1], w.spec.volumes[0]);
+        assert_eq!(
+            volumes[1]
+                .persistent_volume_claim
+                .as_ref()
+                .map(|c| c.claim_name.as_str()),
+            Some("model-cache")
+        );
+        assert_eq!(
+            pod.image_pull_secrets.as_ref(),
+            Some(&w.spec.image_pull_secrets)
+        );
+        assert_eq!(pod.affinity, w.spec.affinity);
+        assert!(pod.affinity.is_some());
+        assert_eq!(
+            pod.topology_spread_constraints.as_ref(),
+            Some(&w.spec.topology_spread_constraints)
+        );
+        assert_eq!(pod.priority_class_name.as_deref(), Some("inference-high"));
+        // CPU and memory pass through next to the GPU the operator adds.
+        let resources = engine.resources.clone().expect("resources");
+        let requests = resources.requests.expect("requests");
+        assert_eq!(requests.get("cpu"), Some(&Quantity("8".into())));
+        assert_eq!(requests.get("memory"), Some(&Quantity("64Gi".into())));
+        assert_eq!(requests.get(GPU_RESOURCE), Some(&Quantity("1".into())));
+        let limits = resources.limits.expect("limits");
+        assert_eq!(limits.get("memory"), Some(&Quantity("96Gi".into())));
+        assert_eq!(limits.get(GPU_RESOURCE), Some(&Quantity("1".into())));
+        let args = engine.args.clone().expect("args");
+        assert_eq!(args[args.len() - 2..], ["--max-model-len", "8192"]);
+        // The sidecar gets none of the engine's env or mounts.
+        let sidecar = &pod.containers[1];
+        assert!(sidecar.env.iter().flatten().all(|e| e.name != "HF_TOKEN"));
+        assert!(sidecar.volume_mounts.is_none());
+    }
+
+    #[test]
+    fn mock_engine_gets_user_volumes_without_the_shm_volume() {
+        let w = ws(
+            "model: {name: m}\nengine: {mode: mock}\nvolumes: [{name: cache, emptyDir: {}}]\nvolumeMounts: [{name: cache, mountPath: /cache}]\n",
+        );
+        let d = desired_deployment(&w, &cfg()).expect("builds");
+        let pod = d.spec.and_then(|s| s.template.spec).expect("pod");
+        let names: Vec<_> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(names, ["cache"]);
+        let mounts = pod.containers[0].volume_mounts.clone().expect("mounts");
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts[0].mount_path, "/cache");
     }
 
     #[test]

@@ -353,6 +353,36 @@ mod tests {
     }
 
     #[test]
+    fn env_or_volume_clashing_with_the_operators_is_an_invalid_spec_condition() {
+        let w = ws(
+            "model: {name: m}\nenv: [{name: KVROUTE_SIDECAR_ROUTER, value: x}]\nvolumes: [{name: dshm, emptyDir: {}}]\n",
+        );
+        let issues = w.spec.validate();
+        assert_eq!(issues.len(), 2, "{issues:?}");
+        let st = desired_status(&w, &issues, RolloutFacts::default(), &[], &now());
+        let degraded = condition::find(&st.conditions, DEGRADED).expect("degraded");
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "InvalidSpec")
+        );
+        assert!(
+            degraded
+                .message
+                .contains("spec.env[0].name: env \"KVROUTE_SIDECAR_ROUTER\" is reserved")
+                && degraded
+                    .message
+                    .contains("spec.volumes[0].name: volume name \"dshm\" is reserved"),
+            "{}",
+            degraded.message
+        );
+        let ready = condition::find(&st.conditions, READY).expect("ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "InvalidSpec")
+        );
+    }
+
+    #[test]
     fn crash_looping_pod_degrades_and_transitions_become_events() {
         let w = ws("model: {name: m}\n");
         let crashing: Pod = serde_json::from_value(serde_json::json!({
