@@ -167,8 +167,10 @@ fn array_header(out: &mut Vec<u8>, n: usize) {
 /// Why a replay request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReplayRequestError {
+    /// Every frame after the identity is empty.
     #[error("replay request has no sequence frame")]
     Missing,
+    /// The sequence frame is not a big-endian u64.
     #[error("replay sequence frame has {0} bytes, expected 8")]
     BadLength(usize),
 }

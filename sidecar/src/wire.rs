@@ -25,28 +25,45 @@ const MAX_SKIP_DEPTH: usize = 64;
 /// (see [`DecodeError::reason`]).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DecodeError {
+    /// The payload ends inside a value that starts at this byte.
     #[error("payload truncated at byte {0}")]
     Truncated(usize),
+    /// A value of another msgpack type than the field needs.
     #[error("expected {expected} at byte {at}")]
-    UnexpectedType { expected: &'static str, at: usize },
+    UnexpectedType {
+        /// What the field needs.
+        expected: &'static str,
+        /// Where the value starts.
+        at: usize,
+    },
+    /// A string that is not UTF-8.
     #[error("invalid UTF-8 string at byte {0}")]
     InvalidUtf8(usize),
+    /// Values nested deeper than the skip limit.
     #[error("msgpack nesting deeper than {MAX_SKIP_DEPTH}")]
     TooDeep,
+    /// The batch is not `[ts, events]`, `[ts, events, dp_rank]` or a map.
     #[error("event batch is neither a 2/3-element array nor a map")]
     BadBatchShape,
+    /// An event array or map without its type tag.
     #[error("event without a type")]
     MissingType,
+    /// An event without a field it needs.
     #[error("event is missing field {0}")]
     MissingField(&'static str),
+    /// A token id outside `u32`.
     #[error("token id {0} does not fit in 32 bits")]
     TokenOutOfRange(i128),
+    /// A block hash given as bytes, fewer than 8 of them.
     #[error("block hash bytes shorter than 8 ({0})")]
     HashTooShort(usize),
+    /// An integer that does not fit the field's type.
     #[error("integer out of range at byte {0}")]
     IntOutOfRange(usize),
+    /// A ZMQ message with fewer than the sequence and payload frames.
     #[error("message has {0} frames, expected at least 2")]
     FrameCount(usize),
+    /// A sequence frame shorter than 8 bytes.
     #[error("sequence frame has {0} bytes, expected at least 8")]
     SeqFrame(usize),
 }
@@ -76,6 +93,7 @@ impl DecodeError {
 pub struct EventBatch {
     /// Publisher wall-clock time, seconds since the epoch.
     pub ts: f64,
+    /// The events, in the order vLLM produced them.
     pub events: Vec<KvEvent>,
     /// Data-parallel rank of the publishing engine, when sent.
     pub dp_rank: Option<i64>,
@@ -84,7 +102,9 @@ pub struct EventBatch {
 /// A decoded KV-cache event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvEvent {
+    /// Full blocks became resident.
     Stored(BlockStored),
+    /// Blocks were evicted.
     Removed(BlockRemoved),
     /// The whole prefix cache was reset.
     Cleared,
@@ -123,7 +143,9 @@ pub struct BlockStored {
     pub parent: Option<u64>,
     /// Tokens of all stored blocks, concatenated.
     pub token_ids: Vec<u32>,
+    /// Tokens per block, when the event says.
     pub block_size: Option<u32>,
+    /// The LoRA adapter the blocks were computed with, if any.
     pub lora_name: Option<String>,
     /// One entry per block (may be shorter than `block_hashes`; missing = no extra keys).
     pub extra_keys: Vec<Vec<RawExtraKey>>,
@@ -135,7 +157,12 @@ pub enum RawExtraKey {
     /// A bare string: the LoRA name or the cache salt.
     Str(String),
     /// A multimodal item `(identifier, offset)`.
-    Multimodal { id: String, offset: i64 },
+    Multimodal {
+        /// The item's identifier.
+        id: String,
+        /// Where the item starts in the prompt (token offset).
+        offset: i64,
+    },
     /// Anything else (e.g. a digest), rendered as a string.
     Other(String),
 }
@@ -143,13 +170,16 @@ pub enum RawExtraKey {
 /// `BlockRemoved`: blocks were evicted.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BlockRemoved {
+    /// vLLM's hashes of the evicted blocks (as u64, see [`read_hash`]).
     pub block_hashes: Vec<u64>,
 }
 
 /// A ZMQ message split into its parts (live PUB message or replay reply).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Frames<'a> {
+    /// The publisher's sequence number.
     pub seq: u64,
+    /// The msgpack `EventBatch`.
     pub payload: &'a [u8],
 }
 
@@ -513,7 +543,9 @@ fn render_other(r: &mut Reader<'_>) -> Result<RawExtraKey, DecodeError> {
 /// A msgpack integer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Int {
+    /// An unsigned value (positive fixint, uint 8 to 64).
     U(u64),
+    /// A signed value (negative fixint, int 8 to 64).
     I(i64),
 }
 
@@ -525,6 +557,7 @@ pub struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// A cursor at the start of `buf`.
     pub fn new(buf: &'a [u8]) -> Self {
         Reader { buf, pos: 0 }
     }

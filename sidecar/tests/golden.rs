@@ -3,6 +3,8 @@
 //! published token ids is pinned; applying the live stream leaves the resident set that the
 //! capture's timeline implies, and it equals the router-side chain over the prompts' tokens.
 
+#![allow(clippy::unwrap_used)] // test helpers (outside #[test] fns): a panic is the failure report
+
 use std::collections::{BTreeSet, HashMap};
 
 use base64::Engine as _;
