@@ -1,3 +1,6 @@
+//! Compiles `proto/kvroute.proto` into the tonic client and server code that `src/lib.rs`
+//! includes, with the vendored `protoc` unless `PROTOC` names one.
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("PROTOC").is_none() {
         // SAFETY-free: build scripts are single-threaded when this runs.

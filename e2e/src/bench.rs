@@ -72,18 +72,22 @@ pub struct BenchArgs {
     /// Sessions per run (default: the workload's own).
     #[arg(long, env = "KVROUTE_BENCH_SESSIONS")]
     pub sessions: Option<usize>,
-    /// Override the shared-prefix prefix count / length, question and output lengths.
+    /// Override: number of shared prefixes.
     #[arg(long)]
     pub prefixes: Option<usize>,
+    /// Override: tokens per shared prefix.
     #[arg(long)]
     pub prefix_tokens: Option<usize>,
+    /// Override: tokens of each question after the prefix.
     #[arg(long)]
     pub question_tokens: Option<usize>,
+    /// Override: output tokens per request (the lower bound with `--max-output-tokens`).
     #[arg(long)]
     pub output_tokens: Option<u32>,
     /// Draw each request's output length from `--output-tokens..=--max-output-tokens`.
     #[arg(long)]
     pub max_output_tokens: Option<u32>,
+    /// Override: turns per session.
     #[arg(long)]
     pub turns: Option<usize>,
     /// Delay between a worker event and the router seeing it (sidecar + network), ms.
@@ -154,39 +158,60 @@ pub struct BenchArgs {
 /// Everything one benchmark run produced.
 #[derive(Clone, Debug, Serialize)]
 pub struct SuiteResult {
+    /// The settings the run used.
     pub config: SuiteConfig,
     /// workload -> policy -> figures, in run order.
     pub workloads: Vec<WorkloadResult>,
 }
 
 #[derive(Clone, Debug, Serialize)]
+/// The settings of a run, as the JSON report records them.
 pub struct SuiteConfig {
+    /// `sim` or `live`.
     pub mode: String,
+    /// Workers behind the router.
     pub workers: usize,
+    /// Seed of the workload draw and the policies' tie-breaks.
     pub seed: u64,
+    /// Concurrency of the headline run.
     pub concurrency: usize,
+    /// Concurrency levels of the goodput sweep.
     pub sweep: Vec<usize>,
+    /// Open-loop session rate (per second) of the headline run, instead of the closed loop.
     pub rate: Option<f64>,
+    /// Delay between a worker event and the router seeing it, ms.
     pub report_delay_ms: f64,
+    /// Sidecar load-scrape interval, ms.
     pub scrape_interval_ms: f64,
+    /// The worker profile's name or path.
     pub profile: String,
+    /// Whether this was the small CI run.
     pub quick: bool,
     /// Headline runs pooled per policy (seeds `seed..seed + repeats`).
     pub repeats: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
+/// One workload's figures, for every policy.
 pub struct WorkloadResult {
+    /// The workload as run (after overrides).
     pub spec: WorkloadSpec,
+    /// One entry per policy, in run order.
     pub policies: Vec<PolicyResult>,
 }
 
 #[derive(Clone, Debug, Serialize)]
+/// One policy's figures on one workload.
 pub struct PolicyResult {
+    /// The policy's name.
     pub policy: String,
+    /// Figures of the headline run.
     pub summary: Summary,
+    /// Peak goodput (requests/min) under the batch SLO, over the sweep.
     pub peak_goodput_rpm: f64,
+    /// Peak goodput (requests/min) under the interactive SLO, over the sweep.
     pub peak_goodput_interactive_rpm: f64,
+    /// Every level of the concurrency sweep.
     pub sweep: Vec<SweepPoint>,
     /// TTFTs of the headline run (for the CDF chart).
     #[serde(skip)]
@@ -453,6 +478,7 @@ fn write_records(
     Ok(())
 }
 
+/// Prints the Markdown table and writes the JSON, Markdown and SVG files the flags ask for.
 pub fn write_outputs(result: &SuiteResult, args: &BenchArgs) -> anyhow::Result<()> {
     let table = report::markdown(result);
     println!("{table}");

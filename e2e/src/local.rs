@@ -71,11 +71,13 @@ pub struct DeployConfig<'a> {
     pub name: &'a str,
     /// Served model name.
     pub model: &'a str,
+    /// Mock workers to start, each with a sidecar.
     pub workers: usize,
     /// Clock speed-up of the mock workers.
     pub speedup: f64,
     /// Mock worker profile (built-in name or file).
     pub profile: &'a str,
+    /// Tokenizer directory for the workers and the router.
     pub tokenizer: &'a Path,
     /// Logs go to `<log_dir>/<policy>/<process>.log`.
     pub log_dir: &'a Path,

@@ -42,7 +42,12 @@ pub enum ExtraKey {
     /// A request's `cache_salt`; only on the first block of a sequence.
     CacheSalt(String),
     /// A multimodal item overlapping the block: its identifier and offset in the prompt.
-    Multimodal { id: String, offset: u64 },
+    Multimodal {
+        /// The item's identifier, as vLLM publishes it.
+        id: String,
+        /// Where the item starts in the prompt (token offset), as vLLM publishes it.
+        offset: u64,
+    },
     /// Any other key vLLM publishes, rendered as a string.
     Other(String),
 }

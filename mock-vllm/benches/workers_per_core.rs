@@ -8,6 +8,8 @@
 //!
 //! `cargo bench -p kvroute-mock-vllm --bench workers_per_core`
 
+#![allow(missing_docs)] // criterion_main! generates an undocumented `pub fn main`
+
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -33,12 +35,14 @@ fn request(id: u64) -> EngineRequest {
 
 /// Simulates one loaded worker for `SIM_SECONDS`; returns (steps, generated tokens).
 fn simulate() -> (u64, u64) {
-    let profile = Profile::builtin("l40s-qwen3-32b-fp8").unwrap();
+    let profile = Profile::builtin("l40s-qwen3-32b-fp8").expect("a built-in profile");
     let cfg = EngineConfig::from_profile(&profile);
     let mut engine = Engine::new(profile, cfg);
     let mut next_id = 0;
     for _ in 0..USERS {
-        engine.submit(request(next_id), 0.0).unwrap();
+        engine
+            .submit(request(next_id), 0.0)
+            .expect("the bench prompt fits the profile");
         next_id += 1;
     }
     let (mut now, mut steps, mut tokens) = (0.0, 0u64, 0u64);
@@ -60,7 +64,9 @@ fn simulate() -> (u64, u64) {
             black_box(wire::encode_batch(now, &kv, Some(0)));
         }
         for _ in 0..finished {
-            engine.submit(request(next_id), now).unwrap();
+            engine
+                .submit(request(next_id), now)
+                .expect("the bench prompt fits the profile");
             next_id += 1;
         }
     }

@@ -33,6 +33,8 @@ pub struct Clock {
 }
 
 impl Clock {
+    /// A clock at simulated 0 now, `unix_origin` being that instant in Unix time; a `speedup`
+    /// that is not a positive finite number counts as 1.
     pub fn new(speedup: f64, unix_origin: f64) -> Self {
         Self {
             wall_origin: Instant::now(),
@@ -66,11 +68,19 @@ impl Clock {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ReqEvent {
     /// A generated token at simulated time `at`.
-    Token { token: u32, at: f64 },
+    Token {
+        /// The token id.
+        token: u32,
+        /// The end of the step that produced it, in simulated seconds.
+        at: f64,
+    },
     /// The request finished.
     Finished {
+        /// Token counts for the response's `usage`.
         usage: Usage,
+        /// Why it stopped (the response's `finish_reason`).
         reason: FinishReason,
+        /// When it arrived, was first scheduled, got its first token and finished.
         timing: RequestTiming,
     },
     /// The engine restarted under the request.
@@ -79,9 +89,13 @@ pub enum ReqEvent {
 
 /// Commands to the driver.
 pub enum Cmd {
+    /// Start a request: the engine's answer goes to `reply`, then its tokens and end to `events`.
     Submit {
+        /// The request as the engine takes it.
         req: EngineRequest,
+        /// Where the request's tokens and its end are sent.
         events: mpsc::UnboundedSender<ReqEvent>,
+        /// Accepted, or why not.
         reply: oneshot::Sender<Result<(), SubmitError>>,
     },
     /// The client went away.
@@ -95,8 +109,11 @@ pub enum Cmd {
 /// What the HTTP side can read without asking the driver.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
+    /// The engine's load after its last step.
     pub load: Load,
+    /// The engine's configuration (a restart keeps it).
     pub config: EngineConfig,
+    /// Engine restarts since the process started.
     pub restarts: u64,
 }
 
@@ -118,6 +135,8 @@ pub struct Driver {
 }
 
 impl Driver {
+    /// The driver over `engine`, fed by `rx`, and the snapshot it keeps current for the HTTP side.
+    /// `restart_after = Some(n)` restarts the engine after every `n` finished requests (0: never).
     pub fn new(
         engine: Engine,
         rx: mpsc::UnboundedReceiver<Cmd>,

@@ -24,13 +24,21 @@ use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct KvEventsConfig {
+    /// Whether the engine produces KV events at all.
     pub enable_kv_cache_events: bool,
+    /// The publisher kind: `zmq` (the default when absent) or `null` (none).
     pub publisher: Option<String>,
+    /// The PUB socket's endpoint, bound or connected (see [`pub_should_bind`]).
     pub endpoint: String,
+    /// The ROUTER endpoint that answers replay requests from a sequence number; none when absent.
     pub replay_endpoint: Option<String>,
+    /// How many batches the replay buffer keeps.
     pub buffer_steps: usize,
+    /// vLLM's PUB high-water mark; accepted for compatibility, not applied by the mock.
     pub hwm: usize,
+    /// Capacity of the queue between the engine and the publisher task.
     pub max_queue_size: usize,
+    /// The ZMQ topic frame sent before each batch (empty by default).
     pub topic: String,
 }
 
@@ -80,7 +88,12 @@ fn bind_address(endpoint: &str) -> String {
 #[derive(Debug)]
 pub enum PublisherMsg {
     /// One engine step's events, with the batch timestamp (seconds since the epoch).
-    Batch { ts: f64, events: Vec<KvEvent> },
+    Batch {
+        /// The batch timestamp, seconds since the Unix epoch.
+        ts: f64,
+        /// The step's KV events, in order.
+        events: Vec<KvEvent>,
+    },
     /// The engine restarted: sequence numbers start again at 0 and the buffer empties.
     Restart,
 }
@@ -88,7 +101,10 @@ pub enum PublisherMsg {
 /// Where the sockets ended up (ports resolved).
 #[derive(Clone, Debug, Default)]
 pub struct PublisherEndpoints {
+    /// The PUB socket's address: the bound one (the OS's port for port 0) or the one it
+    /// connects to.
     pub pub_endpoint: Option<String>,
+    /// The replay ROUTER socket's bound address, when replay is configured.
     pub replay_endpoint: Option<String>,
 }
 
@@ -96,7 +112,9 @@ type ReplayBuffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
 
 /// The running publisher: send it [`PublisherMsg`]s.
 pub struct Publisher {
+    /// Where the engine sends its batches and restarts.
     pub tx: mpsc::Sender<PublisherMsg>,
+    /// The addresses the sockets ended up on.
     pub endpoints: PublisherEndpoints,
 }
 

@@ -27,6 +27,7 @@ pub const FINISH_REASONS: &[&str] = &["stop", "length", "abort", "error", "repet
 /// The mock's metrics, registered on one registry.
 #[derive(Clone)]
 pub struct Metrics {
+    /// The registry `/metrics` renders.
     pub registry: Registry,
     running: Gauge,
     waiting: Gauge,

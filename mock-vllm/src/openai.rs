@@ -13,13 +13,18 @@ use serde_json::{Value, json};
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ApiError {
+    /// The HTTP status.
     pub status: u16,
+    /// The error's `type` (e.g. `BadRequestError`).
     pub kind: &'static str,
+    /// The error's `message`.
     pub message: String,
+    /// The request field at fault, if any (`param`).
     pub param: Option<String>,
 }
 
 impl ApiError {
+    /// A 400 `BadRequestError` with this message.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self {
             status: 400,
@@ -29,6 +34,7 @@ impl ApiError {
         }
     }
 
+    /// vLLM's 404 for a `model` it does not serve.
     pub fn model_not_found(model: &str) -> Self {
         Self {
             status: 404,
@@ -38,6 +44,7 @@ impl ApiError {
         }
     }
 
+    /// A 500 `InternalServerError` with this message.
     pub fn internal(message: impl Into<String>) -> Self {
         Self {
             status: 500,
@@ -93,14 +100,21 @@ struct RawParams {
 /// The sampling and streaming parameters the mock honours.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequestParams {
+    /// The requested `model`; `None` means the served one.
     pub model: Option<String>,
     /// `max_completion_tokens`, else `max_tokens`, else what fits in `max_model_len`.
     pub max_tokens: Option<u32>,
+    /// `stream`: answer with server-sent events.
     pub stream: bool,
+    /// `stream_options.include_usage`: end the stream with a usage chunk.
     pub include_usage: bool,
+    /// `stream_options.continuous_usage_stats`: usage on every chunk (streams only).
     pub continuous_usage_stats: bool,
+    /// `ignore_eos`: generate until the length limit.
     pub ignore_eos: bool,
+    /// `cache_salt`: mixed into the first block's hash, as in vLLM.
     pub cache_salt: Option<String>,
+    /// `return_token_ids`: put the prompt's and the output's token ids in the response.
     pub return_token_ids: bool,
 }
 
@@ -178,15 +192,20 @@ impl RequestParams {
 /// Which endpoint a response belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
+    /// `/v1/chat/completions`.
     Chat,
+    /// `/v1/completions`.
     Completions,
 }
 
 /// Token counts for a `usage` object.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UsageCounts {
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
+    /// Tokens generated.
     pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
 }
 
@@ -206,10 +225,15 @@ pub fn usage_json(u: UsageCounts, details: bool) -> Value {
 /// What a response needs to know about its request.
 #[derive(Clone, Debug)]
 pub struct ResponseMeta {
+    /// The response id (`chatcmpl-…` or `cmpl-…`).
     pub id: String,
+    /// The `created` Unix time, in seconds.
     pub created: u64,
+    /// The model name the response reports.
     pub model: String,
+    /// Which endpoint's shape to answer in.
     pub endpoint: Endpoint,
+    /// The prompt's token ids, sent when the request set `return_token_ids`.
     pub prompt_token_ids: Option<Vec<u32>>,
 }
 
@@ -320,7 +344,9 @@ pub enum ChunkDelta<'a> {
     Role,
     /// New text, with the ids that produced it when `return_token_ids` is set.
     Text {
+        /// The new text.
         text: &'a str,
+        /// The ids that produced it.
         token_ids: Option<&'a [u32]>,
     },
 }

@@ -29,20 +29,31 @@ pub const VLLM_VERSION: &str = "0.33.0";
 
 /// Everything the handlers share.
 pub struct AppState {
+    /// Requests, aborts and resets to the engine's driver.
     pub cmd: mpsc::UnboundedSender<Cmd>,
+    /// The load and configuration the driver last published.
     pub snapshot: Arc<RwLock<Snapshot>>,
+    /// The metrics `/metrics` renders.
     pub metrics: Metrics,
+    /// Turns token ids into text and prompts into token ids.
     pub text: TextModel,
     /// Served model names; the first is reported in responses.
     pub served: Vec<String>,
     /// A local directory (tokenizer) routers may load, or the `--model` value.
     pub model_path: String,
+    /// The tokenizer directory reported by `/server_info` and `/model_info`, if one was given.
     pub tokenizer_path: Option<String>,
+    /// `--enable-prompt-tokens-details`: report cached tokens in `usage`.
     pub prompt_tokens_details: bool,
+    /// The timing profile's name or path, reported by `/server_info`.
     pub profile: String,
+    /// How much faster than real time the engine runs.
     pub speedup: f64,
+    /// The KV event sockets' addresses, reported by `/server_info`.
     pub endpoints: PublisherEndpoints,
+    /// The next request id.
     pub next_id: AtomicU64,
+    /// The process start time in Unix seconds (the models' `created`).
     pub created: u64,
 }
 

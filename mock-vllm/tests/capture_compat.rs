@@ -3,6 +3,8 @@
 //! hashes, eviction order), encoded like msgspec; and vLLM 0.33's synthetic payloads must be
 //! reproduced byte for byte.
 
+#![allow(clippy::unwrap_used)] // test helpers (outside #[test] fns): a panic is the failure report
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 

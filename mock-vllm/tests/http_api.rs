@@ -2,6 +2,8 @@
 //! streaming and non-streaming completions, /tokenize golden ids, errors, cache hits in usage,
 //! and client disconnects aborting the request in the engine.
 
+#![allow(clippy::unwrap_used)] // test helpers (outside #[test] fns): a panic is the failure report
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

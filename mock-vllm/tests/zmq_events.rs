@@ -2,6 +2,8 @@
 //! a DEALER replay returns every buffered batch as `["", topic, seq, payload]` and then the end
 //! marker `["", "", ff*8, ""]`, and a restart sends seq back to 0.
 
+#![allow(clippy::unwrap_used)] // test helpers (outside #[test] fns): a panic is the failure report
+
 use std::time::{Duration, Instant};
 
 use kvroute_mock_vllm::driver::Cmd;

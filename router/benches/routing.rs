@@ -6,6 +6,8 @@
 //! - decision: an ~8k-token chat prompt, tokenize + hash + lookup + predict + choose;
 //! - memory per (block, worker), printed (counted by a wrapping global allocator and
 //!   estimated by the index).
+
+#![allow(missing_docs)] // criterion_main! generates an undocumented `pub fn main`
 #![allow(unsafe_code)] // the counting global allocator below
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -83,7 +83,9 @@ pub enum TokenizeInput {
     Chat(serde_json::Value),
     /// A completions prompt.
     Prompt {
+        /// The prompt text, encoded as is (no chat template).
         text: String,
+        /// Whether the tokenizer adds its special tokens (BOS and the like), as vLLM's flag.
         add_special_tokens: bool,
     },
 }

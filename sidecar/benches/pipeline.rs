@@ -11,6 +11,8 @@
 //!
 //! `cargo bench -p kvroute-sidecar --bench pipeline`
 
+#![allow(missing_docs)] // criterion_main! generates an undocumented `pub fn main`
+
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};

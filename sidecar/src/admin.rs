@@ -13,13 +13,18 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use crate::hub::Hub;
 use crate::metrics::SidecarMetrics;
 
+/// What the admin endpoints read.
 #[derive(Clone)]
 pub struct AdminState {
+    /// The registry `/metrics` renders.
     pub registry: Registry,
+    /// The gauges set at scrape time (resident blocks, epoch).
     pub metrics: SidecarMetrics,
+    /// The resident set `/debug/resident` lists.
     pub hub: Arc<Hub>,
 }
 
+/// The admin HTTP routes: `/metrics`, `/healthz` and `/debug/resident`.
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))

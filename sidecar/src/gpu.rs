@@ -27,6 +27,8 @@ impl GpuProbe {
         GpuProbe { nvml: None }
     }
 
+    /// The first GPU's utilisation, memory and temperature now; `None` when the probe is
+    /// disabled or NVML fails.
     pub fn sample(&self) -> Option<GpuStats> {
         let device = self.nvml.as_ref()?.device_by_index(0).ok()?;
         let mut stats = GpuStats::default();

@@ -27,8 +27,11 @@ use crate::state::{ApplyStats, Ops, ResidentSet};
 pub enum Outgoing {
     /// Replace the router's view: every resident block, for this epoch and block size.
     Snapshot {
+        /// The epoch the blocks belong to.
         epoch: u64,
+        /// Tokens per block.
         block_size: u32,
+        /// Every resident block.
         blocks: Vec<BlockHash>,
     },
     /// Changes since the last take, in order.
@@ -84,6 +87,7 @@ pub struct Hub {
 }
 
 impl Hub {
+    /// A hub over `state` in `epoch`, each router queue holding at most `queue_cap_blocks` blocks.
     pub fn new(state: ResidentSet, epoch: u64, queue_cap_blocks: usize) -> Self {
         Hub {
             restarted: Notify::new(),
@@ -203,6 +207,7 @@ impl Hub {
         q.notify.clone()
     }
 
+    /// Forgets a router endpoint and its queue.
     pub fn unregister(&self, key: &str) {
         self.inner.lock().routers.remove(key);
     }
@@ -277,14 +282,17 @@ impl Hub {
             .map_or(0, |q| q.overflows)
     }
 
+    /// Most blocks a router queue holds before it becomes a snapshot request.
     pub fn queue_cap_blocks(&self) -> usize {
         self.queue_cap_blocks
     }
 
+    /// The current epoch (raised on every resync).
     pub fn epoch(&self) -> u64 {
         self.inner.lock().epoch
     }
 
+    /// How many blocks are resident.
     pub fn resident_blocks(&self) -> usize {
         self.inner.lock().state.len()
     }
@@ -294,6 +302,7 @@ impl Hub {
         self.inner.lock().state.blocks().collect()
     }
 
+    /// The block size: configured, or learned from the events or vLLM's metrics; `None` before.
     pub fn block_size(&self) -> Option<u32> {
         self.inner.lock().state.block_size()
     }

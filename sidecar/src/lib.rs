@@ -92,8 +92,10 @@ pub struct Args {
     /// Stable worker id (default: "<namespace>/<pod>", or the worker address).
     #[arg(long, env = "KVROUTE_SIDECAR_WORKER_ID")]
     pub worker_id: Option<String>,
+    /// Name of the worker's pod; with the namespace, the default worker id.
     #[arg(long, env = "KVROUTE_SIDECAR_POD_NAME", default_value = "")]
     pub pod_name: String,
+    /// Namespace of the worker's pod.
     #[arg(long, env = "KVROUTE_SIDECAR_POD_NAMESPACE", default_value = "")]
     pub pod_namespace: String,
     /// host:port where routers reach this worker's vLLM HTTP API.
@@ -142,11 +144,15 @@ pub struct Args {
 
 /// A started sidecar: its tasks, the shared hub and where the admin server listens.
 pub struct Running {
+    /// Where the admin HTTP server listens (the port the OS chose for port 0).
     pub admin_addr: SocketAddr,
     /// The bound SUB endpoint when the sidecar binds (e.g. with port 0).
     pub zmq_bound: Option<String>,
+    /// The resident set and router queues the tasks share.
     pub hub: Arc<Hub>,
+    /// The sidecar's metrics.
     pub metrics: SidecarMetrics,
+    /// Cancel it to stop every task.
     pub shutdown: CancellationToken,
     tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
 }

@@ -3,11 +3,14 @@
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
-/// Stream state values of `kvroute_sidecar_router_stream_state`.
+/// `kvroute_sidecar_router_stream_state` value: no stream to that router (waiting to retry).
 pub const STREAM_DISCONNECTED: i64 = 0;
+/// `kvroute_sidecar_router_stream_state` value: connecting to that router.
 pub const STREAM_CONNECTING: i64 = 1;
+/// `kvroute_sidecar_router_stream_state` value: the report stream is open.
 pub const STREAM_STREAMING: i64 = 2;
 
+/// The sidecar's metrics, registered on one registry and shared by its tasks.
 #[derive(Clone)]
 pub struct SidecarMetrics {
     /// KV events received, by type (stored, removed, cleared, skipped_<reason>).
@@ -32,8 +35,9 @@ pub struct SidecarMetrics {
     pub unknown_removed: IntCounter,
     /// Live batches dropped as duplicates of replayed ones.
     pub duplicates: IntCounter,
-    /// Current resident blocks and epoch.
+    /// Current resident blocks (set at scrape time).
     pub resident_blocks: IntGauge,
+    /// Current epoch (set at scrape time).
     pub epoch: IntGauge,
     /// Per router: 0 disconnected, 1 connecting, 2 streaming.
     pub stream_state: IntGaugeVec,
@@ -45,8 +49,9 @@ pub struct SidecarMetrics {
     pub bytes_sent: IntCounterVec,
     /// Per router: reports sent, by kind.
     pub reports_sent: IntCounterVec,
-    /// Per router: stream (re)connections and failures.
+    /// Per router: stream (re)connections.
     pub connects: IntCounterVec,
+    /// Per router: connection attempts that failed.
     pub connect_failures: IntCounterVec,
     /// Snapshots sent, by router and reason.
     pub snapshots: IntCounterVec,
@@ -57,6 +62,7 @@ pub struct SidecarMetrics {
 }
 
 impl SidecarMetrics {
+    /// Creates every metric and registers it on `registry`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let cv = |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntCounterVec> {
             let c = IntCounterVec::new(Opts::new(format!("kvroute_sidecar_{name}"), help), labels)?;

@@ -33,20 +33,30 @@ use crate::state::{Op, Ops};
 /// Who the worker is, minus what the hub knows (epoch, block size).
 #[derive(Debug, Clone, Default)]
 pub struct IdentityTemplate {
+    /// Stable id of the worker, unique in the pool (e.g. `<namespace>/<pod>`).
     pub worker_id: String,
+    /// The worker's pod name (empty outside Kubernetes).
     pub pod: String,
+    /// The worker's namespace (empty outside Kubernetes).
     pub namespace: String,
+    /// host:port of the worker's OpenAI-compatible HTTP API.
     pub address: String,
+    /// The model the worker serves (its first served name).
     pub model: String,
+    /// The InferenceWorkerSet the worker belongs to (empty outside Kubernetes).
     pub worker_set: String,
 }
 
 /// Tunables of the router streams.
 #[derive(Debug, Clone)]
 pub struct PushConfig {
+    /// Most blocks in one report (a snapshot chunk or a delta batch).
     pub max_blocks_per_report: usize,
+    /// First delay before reconnecting to a router.
     pub backoff_initial: Duration,
+    /// Longest delay between reconnects (the delay doubles up to it).
     pub backoff_max: Duration,
+    /// How long connecting to a router may take.
     pub connect_timeout: Duration,
 }
 
@@ -71,6 +81,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// A backoff whose first delay is `initial`, doubling up to `max`.
     pub fn new(initial: Duration, max: Duration) -> Self {
         Backoff {
             next: initial,
@@ -79,12 +90,14 @@ impl Backoff {
         }
     }
 
+    /// The delay to wait now; the next one is twice as long, up to the cap.
     pub fn next_delay(&mut self) -> Duration {
         let d = self.next;
         self.next = (self.next * 2).min(self.max);
         d
     }
 
+    /// Back to the initial delay (after a successful connect).
     pub fn reset(&mut self) {
         self.next = self.initial;
     }
@@ -143,14 +156,21 @@ pub fn to_delta(batches: &[Ops]) -> Delta {
 
 /// One router endpoint's stream, reconnecting forever until shut down.
 pub struct Pusher {
+    /// The router's gRPC endpoint (`http://host:port`).
     pub endpoint: String,
+    /// Where the resident set and this router's queue live.
     pub hub: Arc<Hub>,
+    /// The worker identity sent in every snapshot.
     pub identity: IdentityTemplate,
+    /// Report size, backoff and connect timeout.
     pub config: PushConfig,
+    /// The sidecar's metrics (labelled with `endpoint`).
     pub metrics: SidecarMetrics,
 }
 
 impl Pusher {
+    /// Streams reports to the router until `shutdown`, reconnecting with backoff after each
+    /// failure.
     pub async fn run(self, shutdown: CancellationToken) {
         let notify = self.hub.register(&self.endpoint);
         let mut backoff = Backoff::new(self.config.backoff_initial, self.config.backoff_max);
@@ -340,16 +360,24 @@ impl Pusher {
 /// Keeps one [`Pusher`] per router endpoint: the static list plus the addresses a DNS name
 /// (a headless Service) resolves to, re-resolved every `resolve_every`.
 pub struct RouterSet {
+    /// Router endpoints always streamed to (`host:port` or a URL).
     pub static_routers: Vec<String>,
+    /// A DNS name (`host:port`) whose addresses are routers too, e.g. a headless Service.
     pub dns: Option<String>,
+    /// How often `dns` is resolved again.
     pub resolve_every: Duration,
+    /// Shared with every pusher.
     pub hub: Arc<Hub>,
+    /// The worker identity every pusher sends.
     pub identity: IdentityTemplate,
+    /// Every pusher's report size, backoff and connect timeout.
     pub config: PushConfig,
+    /// The sidecar's metrics.
     pub metrics: SidecarMetrics,
 }
 
 impl RouterSet {
+    /// Starts and stops pushers as the router set changes, until `shutdown` stops them all.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut running: HashMap<String, CancellationToken> = HashMap::new();
         loop {

@@ -21,12 +21,17 @@ use crate::metrics::SidecarMetrics;
 /// summed for queue lengths, and the maximum is taken for KV usage.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct VllmMetrics {
+    /// `vllm:num_requests_waiting`, summed over engines.
     pub waiting: Option<f64>,
+    /// `vllm:num_requests_running`, summed over engines.
     pub running: Option<f64>,
+    /// `vllm:kv_cache_usage_perc` (or the older `gpu_cache_usage_perc`), the largest over engines.
     pub kv_cache_usage: Option<f64>,
+    /// `block_size` of `vllm:cache_config_info`.
     pub block_size: Option<u32>,
     /// `num_gpu_blocks` of `vllm:cache_config_info` (KV cache size in blocks).
     pub num_gpu_blocks: Option<u64>,
+    /// `prefix_caching_hash_algo` of `vllm:cache_config_info` (logged, not used).
     pub hash_algo: Option<String>,
     /// `process_start_time_seconds` of the vLLM API process: changes when vLLM restarts.
     pub process_start_time: Option<f64>,
@@ -119,14 +124,21 @@ pub fn load_sample(m: &VllmMetrics, scrape_failed: bool, now_ms: u64) -> LoadSam
 
 /// Polls vLLM's `/metrics` and feeds load samples to the hub.
 pub struct Scraper {
+    /// vLLM's `/metrics` URL.
     pub url: String,
+    /// Time between scrapes.
     pub interval: Duration,
+    /// Receives the load samples, the block size and vLLM restarts.
     pub hub: Arc<Hub>,
+    /// Scrape outcomes are counted here.
     pub metrics: SidecarMetrics,
+    /// Adds GPU figures to each sample.
     pub gpu: GpuProbe,
 }
 
 impl Scraper {
+    /// Scrapes every `interval` until `shutdown` and sends the hub a load sample each time (on a
+    /// failed scrape: the last figures, marked failed).
     pub async fn run(self, shutdown: CancellationToken) {
         let client = match reqwest::Client::builder()
             .timeout(self.interval.max(Duration::from_millis(200)) * 4)

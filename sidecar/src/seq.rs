@@ -15,7 +15,10 @@ pub enum Live {
     /// Next in order: apply it.
     Apply,
     /// Messages `[from, seq)` are missing: replay them before this one.
-    Gap { from: u64 },
+    Gap {
+        /// The first sequence number missing (the next one expected).
+        from: u64,
+    },
     /// The sequence went backwards: the publisher restarted. The tracker has forgotten the
     /// old stream; reset the state, then call [`SeqTracker::on_live`] again with the same seq.
     Restart,
@@ -26,13 +29,16 @@ pub enum Live {
 /// What to do with a replayed message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Replayed {
+    /// Next in order: apply it.
     Apply,
     /// Seen already.
     Duplicate,
     /// The replay buffer no longer holds `expected..got`: the state must be rebuilt; the
     /// tracker continues from `got`, which should be applied after the reset.
     Lost {
+        /// The first sequence number missing.
         expected: u64,
+        /// The replayed message's sequence number.
         got: u64,
     },
 }
@@ -46,6 +52,7 @@ pub struct SeqTracker {
 }
 
 impl SeqTracker {
+    /// A tracker that has seen no message yet.
     pub fn new() -> Self {
         Self::default()
     }
@@ -55,6 +62,7 @@ impl SeqTracker {
         self.expected
     }
 
+    /// Classifies live message `seq` and, when it is applied, advances past it.
     pub fn on_live(&mut self, seq: u64) -> Live {
         if let Some((lo, hi)) = self.replayed {
             if (lo..hi).contains(&seq) {
@@ -80,6 +88,7 @@ impl SeqTracker {
         Live::Apply
     }
 
+    /// Classifies replayed message `seq`; the tracker continues after it unless it is a duplicate.
     pub fn on_replayed(&mut self, seq: u64) -> Replayed {
         let e = self.expected.unwrap_or(0);
         if seq < e {

@@ -48,8 +48,11 @@ type BlockMap<V> = HashMap<u64, V, BuildHasherDefault<BlockHasher>>;
 /// A change to the resident set, in the order it happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
+    /// These kvroute blocks became resident.
     Stored(Vec<BlockHash>),
+    /// These kvroute blocks stopped being resident.
     Removed(Vec<BlockHash>),
+    /// Every block was dropped (vLLM's `AllBlocksCleared`).
     Cleared,
 }
 
@@ -78,6 +81,7 @@ impl Ops {
         self.0.push(Op::Cleared);
     }
 
+    /// Whether no change was recorded.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -111,6 +115,7 @@ pub struct ApplyStats {
     pub bad_token_count: u64,
     /// Blocks refused because the set is at its cap.
     pub over_capacity: u64,
+    /// `AllBlocksCleared` events applied.
     pub cleared: u64,
 }
 
@@ -144,6 +149,7 @@ pub struct ResidentSet {
 }
 
 impl ResidentSet {
+    /// An empty set hashing with `config`'s model, LoRA and block size.
     pub fn new(config: StateConfig) -> Self {
         let base_root = root_hash(&config.model, config.default_lora.as_deref());
         ResidentSet {
@@ -172,6 +178,7 @@ impl ResidentSet {
         self.refs.len()
     }
 
+    /// Whether no block is resident.
     pub fn is_empty(&self) -> bool {
         self.refs.is_empty()
     }
@@ -181,6 +188,7 @@ impl ResidentSet {
         self.refs.keys().copied()
     }
 
+    /// Whether kvroute hash `h` is resident.
     pub fn contains(&self, h: BlockHash) -> bool {
         self.refs.contains_key(&h)
     }

@@ -24,9 +24,11 @@ use crate::seq::{Live, Replayed, SeqTracker};
 /// How the sidecar reaches vLLM's sockets.
 #[derive(Debug, Clone)]
 pub struct ZmqConfig {
+    /// vLLM's KV event endpoint (`tcp://host:port`), connected to or bound.
     pub endpoint: String,
     /// Bind the SUB socket (vLLM then connects); otherwise connect to vLLM's bound PUB.
     pub bind: bool,
+    /// The topic subscribed to (empty: every topic).
     pub topic: String,
     /// vLLM's ROUTER replay socket; without it every gap is a resync.
     pub replay_endpoint: Option<String>,
@@ -44,9 +46,14 @@ pub fn should_bind(endpoint: &str, bind_flag: bool) -> bool {
         || endpoint.starts_with("inproc://")
 }
 
+/// The ZMQ loop: receives vLLM's KV events, checks their sequence numbers, replays gaps and
+/// applies the events to the hub.
 pub struct Subscriber {
+    /// Endpoints, topic and replay settings.
     pub config: ZmqConfig,
+    /// Where the events are applied.
     pub hub: Arc<Hub>,
+    /// Event, gap, replay and resync counters.
     pub metrics: SidecarMetrics,
 }
 
@@ -69,6 +76,8 @@ impl Subscriber {
         Ok((sub, bound))
     }
 
+    /// Catches up by replay, then applies live messages until `shutdown`; `connect` says to
+    /// connect `sub` first, and to reconnect when the hub reports a vLLM restart.
     pub async fn run(
         self,
         mut sub: SubSocket,

@@ -1,6 +1,8 @@
 //! Component tests over real sockets on 127.0.0.1: a vLLM-shaped publisher (ZMQ PUB + ROUTER
 //! replay) -> the sidecar -> a test Ingest receiver (the router's view of the worker).
 
+#![allow(clippy::unwrap_used)] // test helpers (outside #[test] fns): a panic is the failure report
+
 mod common;
 
 use std::collections::BTreeSet;

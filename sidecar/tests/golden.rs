@@ -4,6 +4,8 @@
 //! the prompts' tokens. (That every frame decodes like vLLM decoded it is tested with the
 //! decoder, in kvroute-vllm-wire.)
 
+#![allow(clippy::unwrap_used)] // test helpers (outside #[test] fns): a panic is the failure report
+
 use std::collections::{BTreeSet, HashMap};
 
 use base64::Engine as _;

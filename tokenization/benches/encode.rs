@@ -11,6 +11,8 @@
 //! sources: code, prose, many distinct words); `hf_pipeline/*` is the same text through the
 //! `tokenizers` crate (what the fast path replaces).
 
+#![allow(missing_docs)] // criterion_main! generates an undocumented `pub fn main`
+
 use criterion::{Criterion, criterion_group, criterion_main};
 use kvroute_tokenization::{ChatRequest, PromptInput, Tokenizer};
 use serde_json::{Value, json};

@@ -271,7 +271,7 @@ fn is_qwen2_pre_tokenizer(v: &Value) -> bool {
 impl ByteBpe {
     /// The fast path for this `tokenizer.json`, or why there is none.
     pub(crate) fn from_json(tokenizer_json: &[u8]) -> Result<ByteBpe, String> {
-        let json: TokenizerJson =
+        let json: TokenizerJson<'_> =
             serde_json::from_slice(tokenizer_json).map_err(|e| format!("tokenizer.json: {e}"))?;
         let normalizer = match &json.normalizer {
             Value::Null => Normalizer::None,

@@ -87,7 +87,7 @@ fn raise_exception(message: Value) -> Result<Value, Error> {
 
 /// `strftime_now(fmt)`: the render's injected "now" (never the clock), formatted like Python's
 /// `datetime.now().strftime(fmt)`.
-fn strftime_now(state: &State, format: String) -> Result<Value, Error> {
+fn strftime_now(state: &State<'_, '_>, format: String) -> Result<Value, Error> {
     let now = state
         .lookup(NOW_VAR)
         .and_then(|v| v.as_str().map(str::to_string))

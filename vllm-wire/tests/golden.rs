@@ -2,6 +2,8 @@
 //! replay reply and synthetic payload decodes to what vLLM itself decoded (the capture's
 //! JSON), and encodes back to vLLM's own bytes wherever vLLM 0.33 would have written them.
 
+#![allow(clippy::unwrap_used)] // test helpers (outside #[test] fns): a panic is the failure report
+
 use std::collections::HashMap;
 
 use base64::Engine as _;

@@ -52,8 +52,11 @@ pub const DEFAULT_TOKENIZER: &str =
 /// Live settings beyond `BenchArgs` (from the environment, see the module doc).
 #[derive(Clone, Debug)]
 pub struct LiveConfig {
+    /// Clock speed-up of the mock workers.
     pub speedup: f64,
+    /// Tokenizer directory for the workers and the router.
     pub tokenizer: PathBuf,
+    /// Where the processes' logs are kept (when absent, a temporary directory).
     pub log_dir: Option<PathBuf>,
     /// (name, gateway URL) of routers started by someone else.
     pub external_routers: Vec<(String, String)>,

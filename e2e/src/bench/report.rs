@@ -63,11 +63,15 @@ pub fn num(x: f64) -> Value {
 
 /// One of the goals, checked against the figures.
 pub struct Goal {
+    /// What is measured, e.g. `shared-prefix: random / kvroute median TTFT`.
     pub goal: String,
     /// The goal's text with `{s}` for the policy in kvroute's place.
     key: String,
+    /// The measured figure.
     pub value: f64,
+    /// The target, e.g. `>= 20`.
     pub target: String,
+    /// Whether the figure meets the target.
     pub met: bool,
     /// The same figure with the oracle in kvroute's place, and whether it meets the target.
     pub oracle: Option<(f64, bool)>,
@@ -367,7 +371,9 @@ pub fn ttft_cdf_chart(w: &WorkloadResult) -> String {
 
 /// One line of a chart.
 pub struct Series {
+    /// The legend's label.
     pub name: String,
+    /// (x, y) points, in drawing order.
     pub points: Vec<(f64, f64)>,
 }
 

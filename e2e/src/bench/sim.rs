@@ -43,22 +43,32 @@ const MODEL: &str = "Qwen/Qwen3-32B-FP8";
 #[serde(rename_all = "kebab-case")]
 pub enum Arrivals {
     /// `users` clients, each sending its next turn as soon as the previous one finished.
-    Closed { users: usize },
+    Closed {
+        /// Concurrent clients.
+        users: usize,
+    },
     /// New sessions start at Poisson times (`rate_per_s`); a session's turns follow each
     /// other as in the closed loop.
-    Poisson { rate_per_s: f64 },
+    Poisson {
+        /// Mean session starts per simulated second.
+        rate_per_s: f64,
+    },
 }
 
 /// Settings of one simulated run.
 #[derive(Clone, Debug, Serialize)]
 pub struct SimConfig {
+    /// Simulated workers.
     pub workers: usize,
+    /// The worker profile's name or path.
     pub profile: String,
     /// Delay between a KV event / load sample on a worker and the router applying it.
     pub report_delay_s: f64,
     /// How often the sidecar scrapes the worker's load.
     pub scrape_interval_s: f64,
+    /// How requests arrive.
     pub arrivals: Arrivals,
+    /// Seed of the engines' token sampling and of the arrival times.
     pub seed: u64,
     /// Also simulate every request on every worker (as the oracle does) and record the true
     /// TTFTs, so a policy's regret can be measured. Slow; off in normal runs.
@@ -68,20 +78,27 @@ pub struct SimConfig {
 /// What happened to one request.
 #[derive(Clone, Debug, Serialize)]
 pub struct RequestRecord {
+    /// Index of the worker that served it.
     pub worker: usize,
+    /// When it arrived, simulated seconds.
     pub arrival: f64,
+    /// From arrival to first token, seconds.
     pub ttft: f64,
+    /// From arrival to the last token, seconds.
     pub e2e: f64,
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
+    /// Prompt tokens the worker's prefix cache held.
     pub cached_tokens: usize,
     /// Predicted TTFT of the chosen worker (NaN for the oracle / policies without one).
     pub predicted_ttft: f64,
     /// With `SimConfig::diagnose`: the TTFT the request would have had on each worker, had it
     /// been sent there at its arrival (empty otherwise).
     pub true_ttfts: Vec<f64>,
-    /// With `SimConfig::diagnose`: each worker's predicted TTFT and policy score, as the
-    /// decision record had them (empty for the oracle).
+    /// With `SimConfig::diagnose`: each worker's predicted TTFT, as the decision record had
+    /// them (empty for the oracle).
     pub predicted_ttfts: Vec<f64>,
+    /// With `SimConfig::diagnose`: each worker's policy score.
     pub scores: Vec<f64>,
     /// With `SimConfig::diagnose`: the decision record's candidates.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -91,6 +108,7 @@ pub struct RequestRecord {
 /// The outcome of one run.
 #[derive(Clone, Debug, Default)]
 pub struct RunResult {
+    /// Every completed request, in completion order.
     pub records: Vec<RequestRecord>,
     /// Requests the engine refused (prompt longer than the model or the cache).
     pub rejected: usize,
@@ -100,7 +118,9 @@ pub struct RunResult {
 
 /// A policy of the benchmark: one of the router's, or the oracle.
 pub enum SimPolicy {
+    /// One of the router's policies, choosing from the router's view of the workers.
     Router(Box<dyn Policy>),
+    /// Sends each request to the worker with the lowest true TTFT (simulated on every worker).
     Oracle,
 }
 

@@ -8,7 +8,9 @@ use super::sim::{RunResult, throughput_rpm};
 /// requests got their first token within `ttft_s`.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Slo {
+    /// The TTFT bound, seconds.
     pub ttft_s: f64,
+    /// The fraction of requests (0..1) that must meet it.
     pub attainment: f64,
 }
 
@@ -39,15 +41,23 @@ pub fn quantile(values: &[f64], q: f64) -> f64 {
 /// Headline figures of one policy on one workload.
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
+    /// Requests completed.
     pub requests: usize,
+    /// Requests the engine refused.
     pub rejected: usize,
+    /// Median TTFT, seconds.
     pub ttft_p50_s: f64,
+    /// 90th-percentile TTFT, seconds.
     pub ttft_p90_s: f64,
+    /// 99th-percentile TTFT, seconds.
     pub ttft_p99_s: f64,
+    /// Median end-to-end latency, seconds.
     pub e2e_p50_s: f64,
     /// Cached prompt tokens / prompt tokens (as vLLM reports `cached_tokens`).
     pub cache_hit_rate: f64,
+    /// Completed requests per simulated minute.
     pub throughput_rpm: f64,
+    /// Requests served by each worker, by index.
     pub requests_per_worker: Vec<usize>,
     /// Mean |predicted - observed| / observed TTFT of the chosen worker (policies that
     /// predict; NaN otherwise).
@@ -105,16 +115,24 @@ pub fn attainment(r: &RunResult, slo: Slo) -> f64 {
 /// One level of the concurrency sweep.
 #[derive(Clone, Debug, Serialize)]
 pub struct SweepPoint {
+    /// Concurrent clients.
     pub concurrency: usize,
+    /// Requests completed.
     pub requests: usize,
+    /// Completed requests per simulated minute.
     pub throughput_rpm: f64,
+    /// Median TTFT, seconds.
     pub ttft_p50_s: f64,
+    /// 90th-percentile TTFT, seconds.
     pub ttft_p90_s: f64,
+    /// Fraction of requests within the batch SLO's TTFT.
     pub attainment_batch: f64,
+    /// Fraction of requests within the interactive SLO's TTFT.
     pub attainment_interactive: f64,
 }
 
 impl SweepPoint {
+    /// The figures of run `r` at `concurrency`.
     pub fn of(concurrency: usize, r: &RunResult) -> Self {
         let ttft: Vec<f64> = r.records.iter().map(|x| x.ttft).collect();
         SweepPoint {

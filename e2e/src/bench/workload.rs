@@ -31,6 +31,7 @@ pub enum WorkloadKind {
 }
 
 impl WorkloadKind {
+    /// Every kind, in report order.
     pub const ALL: [WorkloadKind; 4] = [
         WorkloadKind::SharedPrefix,
         WorkloadKind::MultiTurn,
@@ -38,6 +39,7 @@ impl WorkloadKind {
         WorkloadKind::Mixed,
     ];
 
+    /// The kind's command-line and report name.
     pub fn name(self) -> &'static str {
         match self {
             WorkloadKind::SharedPrefix => "shared-prefix",
@@ -47,6 +49,7 @@ impl WorkloadKind {
         }
     }
 
+    /// The kind named `s`, if any.
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.name() == s)
     }
@@ -56,11 +59,13 @@ impl WorkloadKind {
 /// overridden from the command line.
 #[derive(Clone, Debug, Serialize)]
 pub struct WorkloadSpec {
+    /// Which generator builds the sessions.
     pub kind: WorkloadKind,
     /// Sessions to generate (each is one request for single-turn workloads).
     pub sessions: usize,
     /// shared-prefix: number of distinct prefixes and their length.
     pub prefixes: usize,
+    /// Tokens per shared prefix.
     pub prefix_tokens: usize,
     /// Per-request unique part (the question / user message).
     pub question_tokens: usize,
@@ -71,6 +76,7 @@ pub struct WorkloadSpec {
     pub max_output_tokens: Option<u32>,
     /// multi-turn: turns per conversation and the first turn's length.
     pub turns: usize,
+    /// Tokens of the first turn's message.
     pub first_turn_tokens: usize,
     /// mixed: number of tenants.
     pub tenants: usize,
@@ -138,6 +144,7 @@ impl WorkloadSpec {
 pub struct Turn {
     /// Appended after the history (previous turns and their replies).
     pub new_tokens: Vec<u32>,
+    /// Tokens to generate.
     pub max_tokens: u32,
 }
 
@@ -145,6 +152,7 @@ pub struct Turn {
 /// the model's replies) followed by its own `new_tokens`.
 #[derive(Clone, Debug)]
 pub struct Session {
+    /// The turns, in order.
     pub turns: Vec<Turn>,
     /// vLLM `cache_salt` of the tenant, if any.
     pub cache_salt: Option<String>,

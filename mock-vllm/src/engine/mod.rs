@@ -116,17 +116,28 @@ pub struct EngineRequest {
 /// Why a request could not be submitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
+    /// The prompt has no tokens.
     #[error("the prompt is empty")]
     EmptyPrompt,
+    /// The prompt is longer than `max_model_len` (vLLM's 400 message).
     #[error(
         "This model's maximum context length is {max_model_len} tokens. However, your request has {prompt_tokens} input tokens. Please reduce the length of the input messages."
     )]
     PromptTooLong {
+        /// Tokens in the prompt.
         prompt_tokens: usize,
+        /// The engine's maximum context length.
         max_model_len: usize,
     },
+    /// The prompt alone needs more KV blocks than the whole cache holds.
     #[error("the prompt needs {needed} KV blocks but the cache has {available}")]
-    LargerThanCache { needed: usize, available: usize },
+    LargerThanCache {
+        /// Blocks the prompt needs.
+        needed: usize,
+        /// Blocks in the cache.
+        available: usize,
+    },
+    /// Another live request has this id.
     #[error("request id {0} is already in use")]
     DuplicateId(u64),
 }
@@ -153,19 +164,24 @@ impl FinishReason {
 /// Token counts of a finished request, as vLLM reports them in `usage`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
     /// Prompt tokens served from the prefix cache when the request was first scheduled.
     pub cached_tokens: usize,
+    /// Tokens generated.
     pub completion_tokens: usize,
 }
 
 /// When things happened to a request, simulated seconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RequestTiming {
+    /// When the engine received it.
     pub arrival: f64,
     /// Start of the first step that computed part of it.
     pub first_scheduled: f64,
+    /// End of the step that produced its first token.
     pub first_token: f64,
+    /// End of the step that finished it.
     pub finished: f64,
 }
 
@@ -173,14 +189,28 @@ pub struct RequestTiming {
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
     /// The request's first output token exists (its TTFT point).
-    FirstToken { id: u64, at: f64 },
+    FirstToken {
+        /// The request.
+        id: u64,
+        /// End of the step that produced the token, in simulated seconds.
+        at: f64,
+    },
     /// One generated token (every token, the first included, after `FirstToken`).
-    Token { id: u64, token: u32 },
+    Token {
+        /// The request.
+        id: u64,
+        /// The token id.
+        token: u32,
+    },
     /// The request is done; its blocks are released (and stay cached until evicted).
     Finished {
+        /// The request.
         id: u64,
+        /// Token counts for the response's `usage`.
         usage: Usage,
+        /// Why it stopped.
         reason: FinishReason,
+        /// When it arrived, was first scheduled, got its first token and finished.
         timing: RequestTiming,
     },
     /// A KV-cache event as vLLM publishes it (GPU tier, group 0: one full-attention group).
@@ -212,7 +242,9 @@ impl StepOutput {
 /// A snapshot of the engine's load (what `/metrics` and `/get_load` show).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Load {
+    /// Requests not yet scheduled.
     pub waiting: usize,
+    /// Requests being prefilled or decoded.
     pub running: usize,
     /// Fraction of blocks referenced by requests (vLLM `kv_cache_usage_perc`, 0..1).
     pub kv_cache_usage: f64,
@@ -220,7 +252,9 @@ pub struct Load {
     pub waiting_prefill_tokens: usize,
     /// Tokens still to generate (upper bound: `max_tokens` minus generated) over all requests.
     pub pending_decode_tokens: usize,
+    /// KV blocks in the cache (`kv_capacity_tokens / block_size`).
     pub num_blocks: usize,
+    /// Blocks held by live requests (the rest are free or only cached).
     pub used_blocks: usize,
     /// Distinct block hashes in the prefix cache.
     pub cached_blocks: usize,
@@ -235,11 +269,17 @@ pub struct EngineStats {
     pub prefix_cache_queries: u64,
     /// Of those, tokens found.
     pub prefix_cache_hits: u64,
+    /// Prompt tokens of requests that produced their first token.
     pub prompt_tokens: u64,
+    /// Tokens generated.
     pub generation_tokens: u64,
+    /// Times a running request was preempted to free blocks.
     pub num_preemptions: u64,
+    /// Engine steps run.
     pub steps: u64,
+    /// Requests finished (stop or length).
     pub finished: u64,
+    /// Requests aborted before they finished (client gone).
     pub aborted: u64,
 }
 
@@ -316,10 +356,12 @@ impl Engine {
         }
     }
 
+    /// The timing profile the engine simulates.
     pub fn profile(&self) -> &Profile {
         &self.profile
     }
 
+    /// The engine's configuration (cache geometry, limits, EOS).
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }

@@ -54,17 +54,33 @@ pub struct Profile {
 /// Why a profile could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
+    /// No built-in profile has this name.
     #[error("unknown built-in profile {0:?} (known: l40s-qwen3-32b-fp8, tiny)")]
     UnknownBuiltin(String),
+    /// The profile file could not be read.
     #[error("cannot read profile {path}: {source}")]
     Read {
+        /// The file's path.
         path: String,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The file is not a valid profile document (syntax, unknown or missing fields).
     #[error("invalid profile {path}: {message}")]
-    Parse { path: String, message: String },
+    Parse {
+        /// The file's path.
+        path: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// The profile parsed but its values are out of range.
     #[error("invalid profile {path}: {message}")]
-    Invalid { path: String, message: String },
+    Invalid {
+        /// The file's path.
+        path: String,
+        /// Which value is wrong and why.
+        message: String,
+    },
 }
 
 impl Profile {

@@ -50,6 +50,9 @@
 //! - Degraded (no tokens): no cache figures, predictions from queue and overhead alone, the
 //!   decision is marked `degraded` with reason `degraded_load_only`.
 
+// Routing takes the clock as an input (`now`); clippy.toml lists the clock reads denied here.
+#![deny(clippy::disallowed_methods)]
+
 mod admission;
 mod assign;
 mod choose;

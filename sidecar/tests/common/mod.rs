@@ -2,6 +2,7 @@
 //! and a kvroute Ingest receiver that models the router's view of the worker.
 
 #![allow(dead_code)]
+#![allow(clippy::unwrap_used)] // test helpers (outside #[test] fns): a panic is the failure report
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
