@@ -196,7 +196,7 @@ impl LeaseLoop {
             if leading {
                 self.publish(true);
             } else if *self.leader.borrow() {
-                self.step_down("lost the lease");
+                self.step_down("lease lost, or not renewed by the renew deadline");
                 last_renew = None;
             } else {
                 self.publish(false);

@@ -9,9 +9,10 @@
 //!  external proxies --gRPC Picker (Pick, Report*)--> pick    (--grpc-addr: Ingest + Picker + grpc.health.v1)
 //! ```
 //!
-//! [`run`] binds the three listeners, starts discovery, and serves until SIGTERM / ctrl-c, or
-//! until a critical task (a server, discovery, assignment expiry) dies, which ends the
-//! process with an error. The pure routing core is [`routing`]; [`state`] joins it to the
+//! [`run`] binds the three listeners, starts discovery, and serves until SIGTERM / ctrl-c
+//! (then drains: [`readiness`]), or until a critical task (a server, discovery, assignment
+//! expiry) dies, which ends the process with an error. `/readyz` and grpc.health.v1 follow
+//! the replica's [`readiness::Phase`] ([`health`]). The pure routing core is [`routing`]; [`state`] joins it to the
 //! adapters.
 
 pub mod admin;
@@ -571,6 +572,8 @@ impl Server {
                 "critical task ended; shutting down"
             );
         }
+        // After a failure too: nothing should be sent to a replica that is closing.
+        state.readiness().start_drain(tokio::time::Instant::now());
         for (service, status) in health::statuses(Phase::Draining) {
             reporter.set_service_status(service, status).await;
         }
