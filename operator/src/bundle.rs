@@ -50,9 +50,33 @@ pub const ADMIN_PORT: i32 = 8080;
 /// without their rules), but that is a test arrangement, not a supported install.
 pub const MIN_KUBE_VERSION: &str = "1.25.0";
 
+/// The image of kvroute component `name` (`operator`, `router`, `sidecar`, `mock-vllm`) at
+/// this version.
+pub fn component_image(name: &str) -> String {
+    format!("{}/kvroute-{name}:{VERSION}", crate::IMAGE_REPO)
+}
+
 /// The operator image of this version.
 pub fn operator_image() -> String {
-    format!("{}/kvroute-operator:{VERSION}", crate::IMAGE_REPO)
+    component_image("operator")
+}
+
+/// The images the operator deploys, each with the operator's environment variable that sets
+/// it (`--router-image` and so on): written into the operator's Deployment, and listed as the
+/// CSV's `relatedImages` so that mirroring tools (e.g. `oc adm catalog mirror`) copy them to
+/// a private registry.
+pub const DEPLOYED_IMAGES: [(&str, &str); 3] = [
+    ("router", "KVROUTE_OPERATOR_ROUTER_IMAGE"),
+    ("sidecar", "KVROUTE_OPERATOR_SIDECAR_IMAGE"),
+    ("mock-vllm", "KVROUTE_OPERATOR_MOCK_IMAGE"),
+];
+
+/// The CSV's `spec.relatedImages`: the operator and every image it deploys.
+pub fn related_images() -> Vec<Value> {
+    std::iter::once("operator")
+        .chain(DEPLOYED_IMAGES.iter().map(|(name, _)| *name))
+        .map(|name| json!({"name": format!("kvroute-{name}"), "image": component_image(name)}))
+        .collect()
 }
 
 /// A small kvroute logo (SVG).
@@ -139,19 +163,29 @@ pub fn operator_deployment_spec(image: &str) -> DeploymentSpec {
         name: "operator".to_string(),
         image: Some(image.to_string()),
         command: Some(vec!["kvroute-operator".to_string()]),
-        env: Some(vec![
-            env_field(
-                "KVROUTE_OPERATOR_NAMESPACE",
-                "metadata.annotations['olm.targetNamespaces']",
-            ),
-            env_field("KVROUTE_OPERATOR_LEASE_NAMESPACE", "metadata.namespace"),
-            env_field("KVROUTE_OPERATOR_IDENTITY", "metadata.name"),
-            EnvVar {
-                name: "KVROUTE_OPERATOR_ADMIN_ADDR".to_string(),
-                value: Some(format!("0.0.0.0:{ADMIN_PORT}")),
+        env: Some(
+            vec![
+                env_field(
+                    "KVROUTE_OPERATOR_NAMESPACE",
+                    "metadata.annotations['olm.targetNamespaces']",
+                ),
+                env_field("KVROUTE_OPERATOR_LEASE_NAMESPACE", "metadata.namespace"),
+                env_field("KVROUTE_OPERATOR_IDENTITY", "metadata.name"),
+                EnvVar {
+                    name: "KVROUTE_OPERATOR_ADMIN_ADDR".to_string(),
+                    value: Some(format!("0.0.0.0:{ADMIN_PORT}")),
+                    ..Default::default()
+                },
+            ]
+            .into_iter()
+            // Spelled out (not left to the flag defaults) so a private registry is one edit here.
+            .chain(DEPLOYED_IMAGES.iter().map(|(name, var)| EnvVar {
+                name: (*var).to_string(),
+                value: Some(component_image(name)),
                 ..Default::default()
-            },
-        ]),
+            }))
+            .collect(),
+        ),
         ports: Some(vec![ContainerPort {
             name: Some("admin".to_string()),
             container_port: ADMIN_PORT,
@@ -569,7 +603,8 @@ pub fn cluster_service_version() -> Value {
                     }]
                 }
             },
-            "customresourcedefinitions": {"owned": owned_crds()}
+            "customresourcedefinitions": {"owned": owned_crds()},
+            "relatedImages": related_images()
         }
     })
 }
@@ -703,6 +738,54 @@ pub fn deploy_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn csv_lists_every_image_and_the_operator_deployment_sets_them_by_flag_env() {
+        let csv = cluster_service_version();
+        let related: Vec<&str> = csv["spec"]["relatedImages"]
+            .as_array()
+            .expect("relatedImages")
+            .iter()
+            .filter_map(|i| i["image"].as_str())
+            .collect();
+        assert_eq!(
+            related,
+            ["operator", "router", "sidecar", "mock-vllm"]
+                .map(|c| format!("ghcr.io/kvroute/kvroute-{c}:{VERSION}"))
+        );
+        // The operator's own flags: env name -> default.
+        let cmd = <crate::Args as clap::Args>::augment_args(clap::Command::new("kvroute-operator"));
+        let flags: BTreeMap<String, String> = cmd
+            .get_arguments()
+            .filter_map(|a| {
+                let env = a.get_env()?.to_string_lossy().into_owned();
+                let default = a
+                    .get_default_values()
+                    .first()?
+                    .to_string_lossy()
+                    .into_owned();
+                Some((env, default))
+            })
+            .collect();
+        let spec = operator_deployment_spec(&operator_image());
+        let pod = spec.template.spec.expect("pod");
+        let env: BTreeMap<&str, &str> = pod.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .filter_map(|e| Some((e.name.as_str(), e.value.as_deref()?)))
+            .collect();
+        for (name, var) in DEPLOYED_IMAGES {
+            let image = component_image(name);
+            assert_eq!(env.get(var).copied(), Some(image.as_str()), "{var}");
+            assert_eq!(
+                flags.get(var),
+                Some(&image),
+                "{var} is a flag with that default"
+            );
+            assert!(related.contains(&image.as_str()));
+        }
+    }
 
     #[test]
     fn base64_matches_rfc4648_vectors() {

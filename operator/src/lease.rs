@@ -2,8 +2,23 @@
 //! [`Elector`] decision, and writes with the read resourceVersion (a PUT, so a concurrent
 //! writer makes ours fail with 409 instead of silently overwriting). Leadership is published on
 //! a `watch` channel; controllers run only while it reads `true`.
+//!
+//! Deadlines, on this process's (tokio) clock: a leader must renew within the *renew
+//! deadline* (2/3 of the lease duration), so that it stops writing before any other candidate
+//! can consider the lease expired (a full duration without change). Each round (read +
+//! write) therefore runs under a timeout: [`LeaseLoop::round_timeout`] (half the renew
+//! deadline), and for a leader never past its renew deadline. A leader whose renewals fail
+//! or hang until that deadline steps down: it publishes `false` (controllers stop) and
+//! competes again as a plain candidate.
+//!
+//! ```text
+//! renewed at t ---- rounds fail / time out ---- t + renew_deadline: step down ---- t + duration:
+//!                                                (controllers stop)                others may take over
+//! ```
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -21,6 +36,8 @@ pub struct LeaseLoop {
     name: String,
     elector: Elector,
     tick: Duration,
+    renew_deadline: Duration,
+    round_timeout: Duration,
     leader: watch::Sender<bool>,
     metrics: OperatorMetrics,
 }
@@ -36,7 +53,8 @@ fn record_of(lease: &Lease) -> LeaseRecord {
 }
 
 impl LeaseLoop {
-    /// A loop for Lease `name` in the namespace of `api`. It checks every lease duration / 5.
+    /// A loop for Lease `name` in the namespace of `api`. It checks every lease duration / 5;
+    /// the renew deadline is 2/3 of the duration, a round's timeout half of that.
     pub fn new(
         api: Api<Lease>,
         name: String,
@@ -45,21 +63,36 @@ impl LeaseLoop {
         metrics: OperatorMetrics,
     ) -> Self {
         let tick = (elector.lease_duration() / 5).max(Duration::from_millis(200));
+        let renew_deadline = elector.lease_duration().mul_f64(2.0 / 3.0);
         Self {
             api,
             name,
             elector,
             tick,
+            renew_deadline,
+            round_timeout: renew_deadline / 2,
             leader,
             metrics,
         }
+    }
+
+    /// How long a leader may go without a successful renewal before it steps down.
+    pub fn renew_deadline(&self) -> Duration {
+        self.renew_deadline
+    }
+
+    /// The longest one round may take (a leader's round also ends at its renew deadline).
+    pub fn round_timeout(&self) -> Duration {
+        self.round_timeout
     }
 
     /// One round: read, decide, write. Returns whether we lead afterwards and who holds the lease.
     async fn round(&mut self) -> Result<(bool, String), kube::Error> {
         let current = self.api.get_opt(&self.name).await?;
         let record = current.as_ref().map(record_of);
-        let decision = self.elector.decide(record.as_ref(), Instant::now());
+        let decision = self
+            .elector
+            .decide(record.as_ref(), Instant::now().into_std());
         let Some(next) = self
             .elector
             .record_for(&decision, record.as_ref(), String::new())
@@ -117,18 +150,28 @@ impl LeaseLoop {
 
     /// Runs until `shutdown`; then releases the lease if held, so a standby takes over at once.
     pub async fn run(mut self, shutdown: CancellationToken) {
+        // Start of the last round that renewed (a conservative stand-in for the renew time).
         let mut last_renew: Option<Instant> = None;
         let mut holder_seen = String::new();
-        let renew_deadline = self.elector.lease_duration().mul_f32(2.0 / 3.0);
         loop {
+            let started = Instant::now();
+            let deadline = self.leading_deadline(last_renew);
+            if deadline.is_some_and(|d| started >= d) {
+                self.step_down("renew deadline passed");
+                last_renew = None;
+            }
+            let budget = match self.leading_deadline(last_renew) {
+                Some(d) => d.saturating_duration_since(started).min(self.round_timeout),
+                None => self.round_timeout,
+            };
             let outcome = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                r = self.round() => r,
+                r = tokio::time::timeout(budget, self.round()) => r,
             };
             let leading = match outcome {
-                Ok((leading, holder)) => {
+                Ok(Ok((leading, holder))) => {
                     if leading {
-                        last_renew = Some(Instant::now());
+                        last_renew = Some(started);
                     }
                     if !holder.is_empty() && holder != holder_seen {
                         tracing::info!(holder = %holder, me = %self.elector.identity(), "lease holder changed");
@@ -137,31 +180,70 @@ impl LeaseLoop {
                     }
                     leading
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     // Keep leading only while the last renewal is fresh enough that nobody
                     // else can have taken over.
                     tracing::warn!(error = %e, "lease round failed");
-                    last_renew.is_some_and(|t| t.elapsed() < renew_deadline)
-                        && *self.leader.borrow()
+                    self.still_leading(last_renew)
+                }
+                Err(_) => {
+                    tracing::warn!(timeout_s = budget.as_secs_f64(), "lease round timed out");
+                    // What the unanswered write did is unknown: read afresh next round.
+                    self.elector.reset();
+                    self.still_leading(last_renew)
                 }
             };
-            if leading != *self.leader.borrow() {
-                tracing::info!(leading, identity = %self.elector.identity(), "leadership changed");
+            if leading {
+                self.publish(true);
+            } else if *self.leader.borrow() {
+                self.step_down("lease lost, or not renewed by the renew deadline");
+                last_renew = None;
+            } else {
+                self.publish(false);
             }
-            self.metrics.leader.set(i64::from(leading));
-            self.leader.send_replace(leading);
+            // Wake at the renew deadline if it comes before the next round.
+            let mut pause = self.tick;
+            if let Some(d) = self.leading_deadline(last_renew) {
+                pause = pause.min(d.saturating_duration_since(Instant::now()));
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(self.tick) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
         }
         if *self.leader.borrow() {
-            self.leader.send_replace(false);
-            self.metrics.leader.set(0);
+            self.publish(false);
             if let Err(e) = self.release().await {
                 tracing::warn!(error = %e, "could not release the lease");
             }
         }
+    }
+
+    /// The renew deadline while leading.
+    fn leading_deadline(&self, last_renew: Option<Instant>) -> Option<Instant> {
+        last_renew
+            .filter(|_| *self.leader.borrow())
+            .map(|t| t + self.renew_deadline)
+    }
+
+    fn still_leading(&self, last_renew: Option<Instant>) -> bool {
+        self.leading_deadline(last_renew)
+            .is_some_and(|d| Instant::now() < d)
+    }
+
+    fn step_down(&self, why: &str) {
+        if *self.leader.borrow() {
+            tracing::warn!(identity = %self.elector.identity(), why, "stepping down");
+        }
+        self.publish(false);
+    }
+
+    fn publish(&self, leading: bool) {
+        if leading != *self.leader.borrow() {
+            tracing::info!(leading, identity = %self.elector.identity(), "leadership changed");
+        }
+        self.metrics.leader.set(i64::from(leading));
+        self.leader.send_replace(leading);
     }
 
     async fn release(&self) -> Result<(), kube::Error> {

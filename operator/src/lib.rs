@@ -53,21 +53,21 @@ pub struct Args {
     #[arg(
         long,
         env = "KVROUTE_OPERATOR_ROUTER_IMAGE",
-        default_value = "ghcr.io/kvroute/kvroute-router:0.1.0"
+        default_value_t = bundle::component_image("router")
     )]
     pub router_image: String,
     /// Sidecar image (WorkerSets may override it).
     #[arg(
         long,
         env = "KVROUTE_OPERATOR_SIDECAR_IMAGE",
-        default_value = "ghcr.io/kvroute/kvroute-sidecar:0.1.0"
+        default_value_t = bundle::component_image("sidecar")
     )]
     pub sidecar_image: String,
     /// Mock worker image for `engine.mode: mock`.
     #[arg(
         long,
         env = "KVROUTE_OPERATOR_MOCK_IMAGE",
-        default_value = "ghcr.io/kvroute/kvroute-mock-vllm:0.1.0"
+        default_value_t = bundle::component_image("mock-vllm")
     )]
     pub mock_image: String,
     /// Router replicas.

@@ -1,5 +1,6 @@
 //! The lease loop against a mocked API server: it creates a missing Lease and leads; it follows
-//! a live Lease held by someone else; a write conflict (409) never makes it lead.
+//! a live Lease held by someone else; a write conflict (409) never makes it lead; a leader
+//! whose rounds hang steps down at its renew deadline.
 
 use std::pin::pin;
 use std::sync::Arc;
@@ -148,6 +149,90 @@ async fn follows_a_live_lease_and_never_leads_on_conflict() {
     // GET, PUT (409), then the next round's GET: the first round's outcome is published by now.
     calls_at_least(&calls, 3).await;
     assert!(!*rx.borrow(), "a conflicting write must not make it leader");
+    stop.cancel();
+    task.await.expect("stops");
+}
+
+/// Answers the first `answered` requests like `fake(None, false)`, then never answers (the
+/// requests stay pending: a hung API server). Returns the request log.
+fn hangs_after(answered: usize) -> (Client, Arc<Mutex<Vec<String>>>) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let recorded = calls.clone();
+    tokio::spawn(async move {
+        let mut handle = pin!(handle);
+        let mut pending = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let method = req.method().to_string();
+            recorded
+                .lock()
+                .push(format!("{method} {}", req.uri().path()));
+            if recorded.lock().len() > answered {
+                pending.push(send);
+                continue;
+            }
+            let body: Value =
+                serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap_or_default())
+                    .unwrap_or(Value::Null);
+            let resp = match method.as_str() {
+                "GET" => respond(StatusCode::NOT_FOUND, &status(404, "NotFound")),
+                _ => {
+                    let mut l = body;
+                    l["metadata"]["resourceVersion"] = json!("2");
+                    respond(StatusCode::OK, &l)
+                }
+            };
+            send.send_response(resp);
+        }
+    });
+    (Client::new(service, "kvroute-system"), calls)
+}
+
+// Paused time: the clock jumps to the next timer once every task waits, so the deadlines
+// below are exact and the test takes no wall time.
+#[tokio::test(start_paused = true)]
+async fn a_leader_whose_rounds_hang_steps_down_at_its_renew_deadline() {
+    // GET (404) and POST (created): leading. Every later request hangs.
+    let (client, calls) = hangs_after(2);
+    let metrics = OperatorMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    let (tx, mut rx) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let lease = LeaseLoop::new(
+        Api::<Lease>::namespaced(client, "kvroute-system"),
+        "kvroute-operator".into(),
+        Elector::new("op-a", Duration::from_secs(15)),
+        tx,
+        metrics,
+    );
+    let (renew_deadline, round_timeout) = (lease.renew_deadline(), lease.round_timeout());
+    assert_eq!(renew_deadline, Duration::from_secs(10));
+    assert!(round_timeout < renew_deadline);
+    let t0 = tokio::time::Instant::now();
+    let task = tokio::spawn(lease.run(stop.clone()));
+    rx.wait_for(|l| *l).await.expect("leads");
+    assert_eq!(
+        t0.elapsed(),
+        Duration::ZERO,
+        "the first round renewed at once"
+    );
+
+    // Round 2 (at the tick, 3 s) hangs and times out after `round_timeout` (8 s): the lease
+    // is still ours by the deadline, so it keeps leading; at 10 s it must stop.
+    // Bounded in virtual time: a leader that never steps down fails here instead of hanging.
+    tokio::time::timeout(renew_deadline * 6, rx.wait_for(|l| !*l))
+        .await
+        .expect("steps down before six renew deadlines")
+        .expect("steps down");
+    assert_eq!(t0.elapsed(), renew_deadline, "stepped down at the deadline");
+
+    // Afterwards it is a candidate again (reads, still hanging), never a leader.
+    tokio::time::sleep(renew_deadline * 3).await;
+    assert!(!*rx.borrow());
+    assert!(
+        calls.lock()[2..].iter().all(|c| c.starts_with("GET ")),
+        "no write after the first create: {:?}",
+        calls.lock()
+    );
     stop.cancel();
     task.await.expect("stops");
 }

@@ -3,9 +3,13 @@
 //! ```text
 //! GET  /metrics        Prometheus text (scrape-time gauges refreshed first)
 //! GET  /healthz        200 while the process runs
-//! GET  /readyz         200 when discovery has synced and >= 1 worker is routable for a model
-//!                      that can be served (its tokenizer loaded, or not needed), else 503;
-//!                      `?model=NAME` asks about one model
+//! GET  /readyz         200 when this replica should get traffic (crate::readiness: discovery
+//!                      synced, tokenizers loaded or failed, a listed worker streaming here;
+//!                      not draining), else 503 and why; `?model=NAME` asks whether one model
+//!                      can be served now (its tokenizer loaded or not needed, a routable worker)
+//! GET  /drain          the preStop hook: starts draining (/readyz and gRPC health say not
+//!                      ready, requests are still served) and answers after `--drain-delay-s`
+//!                      (GET because a kubelet httpGet hook can only GET)
 //! GET  /debug/workers  JSON: index size, and per worker its blocks, load, in-flight, state
 //! GET  /debug/tokenizers JSON: per model where its tokenizer comes from and whether it is
 //!                      loaded (state, failures, last error)
@@ -23,6 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
+use crate::readiness::Phase;
 use crate::state::{BodyKind, PickError, PickInput, RouterState};
 use crate::tokenizer_registry::refresh_gauges;
 
@@ -33,6 +38,7 @@ pub fn router(state: RouterState) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/drain", get(drain))
         .route("/debug/workers", get(workers))
         .route("/debug/tokenizers", get(tokenizers))
         .route("/debug/explain", post(explain))
@@ -58,45 +64,48 @@ struct ReadyQuery {
 
 async fn readyz(State(state): State<RouterState>, Query(q): Query<ReadyQuery>) -> Response {
     let unavailable = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+    let Some(name) = q.model else {
+        return match state.check_ready(Instant::now()) {
+            Ok(()) => "ready\n".into_response(),
+            Err(why) => unavailable(format!("{why}\n")),
+        };
+    };
     if !state.discovery_synced() {
         return unavailable("discovery has not synced\n".into());
     }
-    let blocked = state.tokenizers().blocked_models();
-    let report = state.workers_report(Instant::now());
-    let routable = |model: &str| {
-        report
-            .workers
-            .iter()
-            .any(|w| w.routable && w.model == model)
-    };
-    if let Some(name) = q.model {
-        let Some(resolved) = state.resolve_model(&name) else {
-            return (StatusCode::NOT_FOUND, format!("unknown model {name}\n")).into_response();
-        };
-        let backend = resolved.backend_model;
-        return if blocked.contains(&backend) {
-            unavailable(format!("tokenizer of {backend} not loaded\n"))
-        } else if !routable(&backend) {
-            unavailable(format!("no routable worker for {backend}\n"))
-        } else {
-            "ready\n".into_response()
-        };
+    if state.readiness().phase() == Phase::Draining {
+        return unavailable("shutting down\n".into());
     }
-    let servable = report
+    let Some(resolved) = state.resolve_model(&name) else {
+        return (StatusCode::NOT_FOUND, format!("unknown model {name}\n")).into_response();
+    };
+    let backend = resolved.backend_model;
+    if state.tokenizers().blocked_models().contains(&backend) {
+        unavailable(format!("tokenizer of {backend} not loaded\n"))
+    } else if !state
+        .workers_report(Instant::now())
         .workers
         .iter()
-        .any(|w| w.routable && !blocked.contains(&w.model));
-    if servable {
-        "ready\n".into_response()
-    } else if report.workers.iter().any(|w| w.routable) {
-        let models: Vec<String> = blocked.into_iter().collect();
-        unavailable(format!(
-            "no model can be served: tokenizer not loaded for {}\n",
-            models.join(", ")
-        ))
+        .any(|w| w.routable && w.model == backend)
+    {
+        unavailable(format!("no routable worker for {backend}\n"))
     } else {
-        unavailable("no routable worker\n".into())
+        "ready\n".into_response()
     }
+}
+
+/// The preStop hook: drain, then answer once the listeners may close (the kubelet sends
+/// SIGTERM after the answer; the router then closes at once, the delay having passed).
+async fn drain(State(state): State<RouterState>) -> Response {
+    let close_at = state.readiness().start_drain(tokio::time::Instant::now());
+    tracing::info!(
+        delay_s = close_at
+            .saturating_duration_since(tokio::time::Instant::now())
+            .as_secs_f64(),
+        "draining (preStop)"
+    );
+    tokio::time::sleep_until(close_at).await;
+    "drained\n".into_response()
 }
 
 async fn tokenizers(State(state): State<RouterState>) -> Response {

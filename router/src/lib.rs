@@ -9,9 +9,10 @@
 //!  external proxies --gRPC Picker (Pick, Report*)--> pick    (--grpc-addr: Ingest + Picker + grpc.health.v1)
 //! ```
 //!
-//! [`run`] binds the three listeners, starts discovery, and serves until SIGTERM / ctrl-c, or
-//! until a critical task (a server, discovery, assignment expiry) dies, which ends the
-//! process with an error. The pure routing core is [`routing`]; [`state`] joins it to the
+//! [`run`] binds the three listeners, starts discovery, and serves until SIGTERM / ctrl-c
+//! (then drains: [`readiness`]), or until a critical task (a server, discovery, assignment
+//! expiry) dies, which ends the process with an error. `/readyz` and grpc.health.v1 follow
+//! the replica's [`readiness::Phase`] ([`health`]). The pure routing core is [`routing`]; [`state`] joins it to the
 //! adapters.
 
 pub mod admin;
@@ -20,9 +21,11 @@ pub mod discovery;
 pub mod explain_cmd;
 pub mod fake_hub;
 pub mod gateway;
+pub mod health;
 pub mod ingest;
 pub mod metrics;
 pub mod pick;
+pub mod readiness;
 pub mod routing;
 pub mod state;
 pub mod tokenize_cmd;
@@ -44,9 +47,11 @@ use tracing::Instrument;
 
 use crate::discovery::kubernetes::KubernetesDiscovery;
 use crate::discovery::static_file::StaticDiscovery;
+use crate::health::HealthTask;
 use crate::ingest::IngestService;
 use crate::metrics::RouterMetrics;
 use crate::pick::{PickerService, UpkeepTask};
+use crate::readiness::Phase;
 use crate::state::{RouterConfig, RouterState, TokenizerDirs};
 use crate::tokenizer_loader::{Backoff, TokenizerLoader};
 use crate::tokenizer_source::HubConfig;
@@ -155,7 +160,13 @@ pub struct Args {
         default_value_t = 300.0
     )]
     pub upstream_read_timeout_s: f64,
-    /// Seconds to let in-flight requests finish after SIGTERM before exiting.
+    /// Seconds between the start of draining (SIGTERM, or `GET /drain` on the admin port: the
+    /// operator's preStop hook) and closing the listeners. Meanwhile `/readyz` and gRPC health
+    /// say not ready and requests are still served, so load balancers stop sending before
+    /// connections are refused.
+    #[arg(long, env = "KVROUTE_ROUTER_DRAIN_DELAY_S", default_value_t = 0.0)]
+    pub drain_delay_s: f64,
+    /// Seconds to let in-flight requests finish after the listeners close before exiting.
     #[arg(long, env = "KVROUTE_ROUTER_SHUTDOWN_GRACE_S", default_value_t = 10.0)]
     pub shutdown_grace_s: f64,
     /// TTFT model prior: prefill tokens per second of a worker before any first token was
@@ -202,6 +213,7 @@ impl Default for Args {
             max_retries: 2,
             upstream_connect_timeout_s: 2.0,
             upstream_read_timeout_s: 300.0,
+            drain_delay_s: 0.0,
             shutdown_grace_s: 10.0,
             prior_prefill_rate: 4_800.0,
             prior_overhead_s: 0.05,
@@ -323,6 +335,7 @@ impl Server {
             max_retries,
             upstream_connect_timeout_s,
             upstream_read_timeout_s,
+            drain_delay_s,
             shutdown_grace_s,
             prior_prefill_rate,
             prior_overhead_s,
@@ -343,6 +356,7 @@ impl Server {
             route_unlisted,
             tokenizers: tokenizer_dirs(&tokenizer)?,
             predictor: predictor_prior(prior_prefill_rate, prior_overhead_s, prior_itl_s)?,
+            drain_delay: secs("drain-delay-s", drain_delay_s)?,
         };
         let metrics = RouterMetrics::register(&prometheus::Registry::new())?;
         let state = RouterState::new(router_config, metrics)?;
@@ -409,8 +423,12 @@ impl Server {
         &self.state
     }
 
-    /// Serves until `shutdown` fires (then drains for up to the grace period) or a critical
-    /// task ends (then returns its error).
+    /// Serves until `shutdown` fires or a critical task ends (then returns its error).
+    ///
+    /// Shutdown in order: draining begins ([`readiness`]: `/readyz` 503, gRPC health
+    /// NOT_SERVING, requests still served) unless the preStop hook began it already; after
+    /// `--drain-delay-s` from that start the listeners close; in-flight requests then get up to
+    /// `--shutdown-grace-s`. A failed task skips the drain: the replica is broken.
     pub async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let Self {
             state,
@@ -423,24 +441,34 @@ impl Server {
             grace,
         } = self;
         let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
+        // `shutdown` asks to stop; `close` closes the listeners and stops every task.
+        let close = CancellationToken::new();
 
-        let (health, health_service) = tonic_health::server::health_reporter();
-        health
-            .set_serving::<kvroute_proto::v1::ingest_server::IngestServer<IngestService>>()
-            .await;
-        health
-            .set_serving::<kvroute_proto::v1::picker_server::PickerServer<PickerService>>()
-            .await;
-        health
-            .set_service_status("", tonic_health::ServingStatus::Serving)
-            .await;
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let health = HealthTask {
+            state: state.clone(),
+            reporter: reporter.clone(),
+        };
+        // Judged before the first connection can ask: NOT_SERVING (but Ingest) unless ready.
+        if let Err(why) = state.check_ready(std::time::Instant::now()) {
+            tracing::info!(%why, "not ready yet");
+        }
+        health.apply(state.readiness().phase()).await;
+        let stop = close.clone();
+        tasks.spawn(
+            async move {
+                health.run(stop).await;
+                ("health", Ok(()))
+            }
+            .instrument(tracing::info_span!("health")),
+        );
         let grpc_server = tonic::transport::Server::builder()
             .add_service(health_service)
-            .add_service(IngestService::new(state.clone(), shutdown.clone()).into_server())
+            .add_service(IngestService::new(state.clone(), close.clone()).into_server())
             .add_service(PickerService::new(state.clone()).into_server())
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(grpc),
-                shutdown.clone().cancelled_owned(),
+                close.clone().cancelled_owned(),
             );
         tasks.spawn(
             async move { ("grpc", grpc_server.await.context("gRPC server")) }
@@ -449,7 +477,7 @@ impl Server {
 
         let dispatch: Arc<dyn gateway::Dispatch> = Arc::new(state.clone());
         let gw = gateway::router_with(dispatch, gateway).context("build the HTTP gateway")?;
-        let stop = shutdown.clone();
+        let stop = close.clone();
         tasks.spawn(
             async move {
                 // TCP_NODELAY: SSE writes are small; with Nagle's algorithm each token waits
@@ -468,7 +496,7 @@ impl Server {
         );
 
         let admin_router = admin::router(state.clone());
-        let stop = shutdown.clone();
+        let stop = close.clone();
         tasks.spawn(
             async move {
                 let r = axum::serve(admin, admin_router)
@@ -479,7 +507,7 @@ impl Server {
             .instrument(tracing::info_span!("admin")),
         );
 
-        let stop = shutdown.clone();
+        let stop = close.clone();
         let upkeep = UpkeepTask::new(state.clone());
         tasks.spawn(
             async move {
@@ -489,7 +517,7 @@ impl Server {
             .instrument(tracing::info_span!("upkeep")),
         );
 
-        let stop = shutdown.clone();
+        let stop = close.clone();
         tasks.spawn(
             async move {
                 tokenizer_loader.run(stop).await;
@@ -498,7 +526,7 @@ impl Server {
             .instrument(tracing::info_span!("tokenizers")),
         );
 
-        let stop = shutdown.clone();
+        let stop = close.clone();
         match discovery {
             Discovery::Static(d) => {
                 tasks.spawn(
@@ -522,21 +550,35 @@ impl Server {
         let mut failure: Option<anyhow::Error> = None;
         tokio::select! {
             biased;
-            () = shutdown.cancelled() => tracing::info!("shutting down"),
-            Some(joined) = tasks.join_next() => {
-                let err = match joined {
-                    Ok((name, Ok(()))) => anyhow::anyhow!("{name} task ended unexpectedly"),
-                    Ok((name, Err(e))) => e.context(format!("{name} task failed")),
-                    Err(e) => anyhow::anyhow!("a task panicked: {e}"),
-                };
-                tracing::error!(error = format!("{err:#}"), "critical task ended; shutting down");
-                failure = Some(err);
-                shutdown.cancel();
+            () = shutdown.cancelled() => {
+                let close_at = state.readiness().start_drain(tokio::time::Instant::now());
+                tracing::info!(
+                    delay_s = close_at
+                        .saturating_duration_since(tokio::time::Instant::now())
+                        .as_secs_f64(),
+                    "draining: not ready, still serving"
+                );
+                tokio::select! {
+                    biased;
+                    () = tokio::time::sleep_until(close_at) => {}
+                    Some(joined) = tasks.join_next() => failure = Some(task_failure(joined)),
+                }
+                tracing::info!("closing the listeners");
             }
+            Some(joined) = tasks.join_next() => failure = Some(task_failure(joined)),
         }
-        health
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
+        if let Some(err) = &failure {
+            tracing::error!(
+                error = format!("{err:#}"),
+                "critical task ended; shutting down"
+            );
+        }
+        // After a failure too: nothing should be sent to a replica that is closing.
+        state.readiness().start_drain(tokio::time::Instant::now());
+        for (service, status) in health::statuses(Phase::Draining) {
+            reporter.set_service_status(service, status).await;
+        }
+        close.cancel();
         let drained = tokio::time::timeout(grace, async {
             while let Some(joined) = tasks.join_next().await {
                 if let Ok((name, Err(e))) = joined {
@@ -560,6 +602,17 @@ impl Server {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// The error of a task that ended while the router was serving.
+fn task_failure(
+    joined: Result<(&'static str, anyhow::Result<()>), tokio::task::JoinError>,
+) -> anyhow::Error {
+    match joined {
+        Ok((name, Ok(()))) => anyhow::anyhow!("{name} task ended unexpectedly"),
+        Ok((name, Err(e))) => e.context(format!("{name} task failed")),
+        Err(e) => anyhow::anyhow!("a task panicked: {e}"),
     }
 }
 

@@ -9,7 +9,7 @@
 //! discovery --set_plan(TokenizerPlan)--> entries{model: source, loaded?, failures}
 //!                                  \--watch--> TokenizerLoader --loaded / failed--^
 //! RouterState::tokens_for --lookup(name, backend)--> Ready | NotLoaded | NotConfigured
-//! admin /readyz, /debug/tokenizers --report()      metrics --refresh_gauges()
+//! readiness --first_load_pending()  admin /readyz?model=, /debug/tokenizers --report()      metrics --refresh_gauges()
 //! ```
 //!
 //! A model whose source is known but whose tokenizer is not loaded is *not ready*: requests
@@ -305,6 +305,19 @@ impl Tokenizers {
             .collect()
     }
 
+    /// Discovered models whose tokenizer has neither loaded nor failed yet and whose pools do
+    /// not allow load-only routing: what a starting router waits for before it is ready
+    /// (see [`crate::readiness`]).
+    pub fn first_load_pending(&self) -> BTreeSet<String> {
+        let inner = self.inner.read();
+        inner
+            .entries
+            .iter()
+            .filter(|(m, e)| e.loaded.is_none() && e.failures == 0 && !inner.load_only.contains(*m))
+            .map(|(m, _)| m.clone())
+            .collect()
+    }
+
     /// Every discovered model and whether its tokenizer is loaded (for the
     /// `kvroute_router_tokenizer_loaded` gauge).
     pub fn loaded_states(&self) -> Vec<(String, bool)> {
@@ -417,7 +430,13 @@ mod tests {
                 ..
             }
         ));
+        assert_eq!(
+            t.first_load_pending(),
+            BTreeSet::from(["qwen3".to_string()])
+        );
         assert_eq!(t.failed("qwen3", &src, "network", "down".into()), 1);
+        // Failed once: still blocked, but no longer what start-up waits for.
+        assert!(t.first_load_pending().is_empty());
         assert!(matches!(
             t.lookup("qwen3", "qwen3"),
             Lookup::NotLoaded { failed: true, .. }

@@ -568,6 +568,113 @@ async fn unreported_assignments_expire_and_are_released() {
     r.shutdown().await;
 }
 
+/// grpc.health.v1 status of `service`.
+async fn health_of(grpc_url: &str, service: &str) -> i32 {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let channel = tonic::transport::Endpoint::from_shared(grpc_url.to_string())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .expect("check")
+        .into_inner()
+        .status
+}
+
+/// Readiness from start to drain, over the admin port and grpc.health.v1: a replica whose
+/// discovery lists a worker is not ready until that worker's sidecar streams to it (the
+/// Ingest service serves meanwhile); once ready it stays ready; on shutdown it says not ready
+/// while it still serves, for `--drain-delay-s`.
+#[tokio::test]
+async fn not_ready_until_a_listed_worker_streams_and_unready_while_draining() {
+    use tonic_health::pb::health_check_response::ServingStatus::{NotServing, Serving};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("router.yaml");
+    std::fs::write(&path, STATIC_CONFIG).expect("write config");
+    let mut r = Router::start(|a| {
+        a.config = Some(path.clone());
+        a.route_unlisted = false;
+        // Longer than the test: the drain is observed, then the server task is aborted.
+        a.drain_delay_s = 600.0;
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let readyz = || async {
+        let resp = http
+            .get(r.admin_url("/readyz"))
+            .send()
+            .await
+            .expect("readyz");
+        (
+            resp.status().as_u16(),
+            resp.text().await.unwrap_or_default(),
+        )
+    };
+    let (status, text) = readyz().await;
+    assert_eq!(status, 503);
+    assert!(text.contains("1 listed worker"), "{text}");
+    let grpc = r.grpc_url();
+    assert_eq!(health_of(&grpc, "").await, NotServing as i32);
+    assert_eq!(
+        health_of(&grpc, "kvroute.v1.Picker").await,
+        NotServing as i32
+    );
+    assert_eq!(health_of(&grpc, "kvroute.v1.Ingest").await, Serving as i32);
+
+    let mut sc = Sidecar::connect(
+        &grpc,
+        snapshot(
+            0,
+            Some(identity("default/w0", "127.0.0.1:21", 1)),
+            vec![],
+            true,
+            true,
+        ),
+    )
+    .await
+    .expect("listed sidecar");
+    sc.expect_ack(0).await;
+    // The health task re-judges readiness by itself (nobody asks /readyz here).
+    let mut serving = false;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !serving {
+        assert!(Instant::now() < deadline, "never SERVING");
+        serving = health_of(&grpc, "").await == Serving as i32;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(readyz().await.0, 200);
+    assert_eq!(health_of(&grpc, "kvroute.v1.Picker").await, Serving as i32);
+
+    // Drain: not ready everywhere, but requests are still served.
+    r.stop.cancel();
+    eventually("draining", || {
+        r.state.readiness().phase() == kvroute_router::readiness::Phase::Draining
+    })
+    .await;
+    let (status, text) = readyz().await;
+    assert_eq!((status, text.as_str()), (503, "shutting down\n"));
+    for service in ["", "kvroute.v1.Picker", "kvroute.v1.Ingest"] {
+        assert_eq!(
+            health_of(&grpc, service).await,
+            NotServing as i32,
+            "{service}"
+        );
+    }
+    let mut client = PickerClient::connect(grpc.clone()).await.expect("picker");
+    let resp = pick(&mut client, "chat-default", &tokens(32, 0))
+        .await
+        .expect("a draining router still routes");
+    assert_eq!(resp.worker_id, "default/w0");
+    if let Some(task) = r.task.take() {
+        task.abort();
+    }
+}
+
 #[tokio::test]
 async fn health_service_answers_serving() {
     use tonic_health::pb::health_check_response::ServingStatus;

@@ -158,7 +158,12 @@ pub struct Running {
 }
 
 impl Running {
-    /// Waits until a critical task ends (an error), or shutdown.
+    /// How long the tasks get to finish after shutdown (streams close gracefully within it)
+    /// before the rest are aborted.
+    pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
+    /// Waits until a critical task ends (an error), or shutdown; then lets the other tasks
+    /// finish (each router stream is closed gracefully) for up to [`Self::STOP_GRACE`].
     pub async fn wait(mut self) -> anyhow::Result<()> {
         let result = match self.tasks.join_next().await {
             Some(Ok((name, Ok(())))) if self.shutdown.is_cancelled() => {
@@ -171,6 +176,13 @@ impl Running {
             None => Ok(()),
         };
         self.shutdown.cancel();
+        let drained = tokio::time::timeout(Self::STOP_GRACE, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("tasks still running after the stop grace; aborting them");
+        }
         self.tasks.shutdown().await;
         result
     }
@@ -327,19 +339,43 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
     })
 }
 
-/// Runs the sidecar until a critical task fails or Ctrl-C.
+/// Runs the sidecar until a critical task fails, SIGTERM (the kubelet stopping the pod) or
+/// Ctrl-C; on a signal the router streams are closed gracefully and the exit status is 0.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .try_init();
     let running = start(args).await?;
+    let stop = stop_signal().context("listen for SIGTERM")?;
     let shutdown = running.shutdown.clone();
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            shutdown.cancel();
-        }
+        let signal = stop.await;
+        tracing::info!(signal, "stopping: closing the router streams");
+        shutdown.cancel();
     });
     running.wait().await
+}
+
+/// Resolves with the signal's name on the first SIGTERM or Ctrl-C (SIGINT). The handlers are
+/// installed before this returns, so a signal that arrives at once is not missed.
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = &'static str>> {
+    #[cfg(unix)]
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let ctrl_c = tokio::signal::ctrl_c();
+    Ok(async move {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = ctrl_c => "SIGINT",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = ctrl_c.await;
+            "ctrl-c"
+        }
+    })
 }
 
 /// A fresh epoch from the start time: later sidecar starts get larger epochs.

@@ -58,6 +58,8 @@ pub struct PushConfig {
     pub backoff_max: Duration,
     /// How long connecting to a router may take.
     pub connect_timeout: Duration,
+    /// On shutdown, how long to wait for the router to end its side after ours ended.
+    pub close_timeout: Duration,
 }
 
 impl Default for PushConfig {
@@ -68,6 +70,7 @@ impl Default for PushConfig {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(3),
+            close_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -180,12 +183,11 @@ impl Pusher {
             .with_label_values(&[&self.endpoint]);
         loop {
             state.set(STREAM_CONNECTING);
-            let result = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => break,
-                r = self.session(&notify, &mut backoff) => r,
-            };
+            let result = self.session(&notify, &mut backoff, &shutdown).await;
             state.set(STREAM_DISCONNECTED);
+            if shutdown.is_cancelled() {
+                break;
+            }
             self.metrics
                 .connect_failures
                 .with_label_values(&[&self.endpoint])
@@ -206,18 +208,24 @@ impl Pusher {
         self.hub.unregister(&self.endpoint);
     }
 
+    /// One stream, until it fails or `shutdown`: then the stream is closed gracefully (our
+    /// side ends, the router ends its side), so the router sees a clean end rather than a
+    /// reset.
     async fn session(
         &self,
         notify: &tokio::sync::Notify,
         backoff: &mut Backoff,
+        shutdown: &CancellationToken,
     ) -> anyhow::Result<()> {
-        let channel = tonic::transport::Endpoint::from_shared(self.endpoint.clone())
+        let endpoint = tonic::transport::Endpoint::from_shared(self.endpoint.clone())
             .context("router endpoint")?
             .connect_timeout(self.config.connect_timeout)
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .context("connect")?;
+            .tcp_nodelay(true);
+        let channel = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return Ok(()),
+            c = endpoint.connect() => c.context("connect")?,
+        };
         let mut client = IngestClient::new(channel);
         self.hub.request_snapshot(&self.endpoint);
         let (tx, rx) = mpsc::channel::<WorkerReport>(8);
@@ -231,11 +239,12 @@ impl Pusher {
             self.count_sent(report);
             permit.send(outbox.pop_front().unwrap_or_default());
         }
-        let mut inbound = client
-            .report(ReceiverStream::new(rx))
-            .await
-            .context("open Report stream")?
-            .into_inner();
+        let open = client.report(ReceiverStream::new(rx));
+        let mut inbound = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return Ok(()),
+            r = open => r.context("open Report stream")?.into_inner(),
+        };
         self.metrics
             .connects
             .with_label_values(&[&self.endpoint])
@@ -262,6 +271,7 @@ impl Pusher {
         loop {
             tokio::select! {
                 biased;
+                () = shutdown.cancelled() => break,
                 ctrl = inbound.message() => match ctrl.context("router stream")? {
                     Some(IngestControl { body: Some(ingest_control::Body::SnapshotRequest(r)) }) => {
                         tracing::info!(router = %self.endpoint, reason = %r.reason, "router asked for a snapshot");
@@ -291,6 +301,18 @@ impl Pusher {
                 overflows_seen = o;
             }
         }
+        // Shutdown: end our side (no more reports), then let the router end its side.
+        drop(tx);
+        let closed = tokio::time::timeout(self.config.close_timeout, async {
+            while let Ok(Some(_)) = inbound.message().await {}
+        })
+        .await;
+        if closed.is_err() {
+            tracing::debug!(router = %self.endpoint, "router did not end the stream in time");
+        } else {
+            tracing::info!(router = %self.endpoint, "stream closed");
+        }
+        Ok(())
     }
 
     /// Moves what the hub has for this router into the outbox as numbered reports.
@@ -377,8 +399,15 @@ pub struct RouterSet {
 }
 
 impl RouterSet {
-    /// Starts and stops pushers as the router set changes, until `shutdown` stops them all.
+    /// Starts and stops pushers as the router set changes until `shutdown`, then waits for
+    /// every pusher to close its stream.
     pub async fn run(self, shutdown: CancellationToken) {
+        let mut pushers = tokio::task::JoinSet::new();
+        self.follow(&shutdown, &mut pushers).await;
+        while pushers.join_next().await.is_some() {}
+    }
+
+    async fn follow(&self, shutdown: &CancellationToken, pushers: &mut tokio::task::JoinSet<()>) {
         let mut running: HashMap<String, CancellationToken> = HashMap::new();
         loop {
             let mut wanted: BTreeSet<String> =
@@ -417,7 +446,7 @@ impl RouterSet {
                     metrics: self.metrics.clone(),
                 };
                 let span = tracing::info_span!("pusher", router = %endpoint);
-                tokio::spawn(tracing::Instrument::instrument(
+                pushers.spawn(tracing::Instrument::instrument(
                     pusher.run(token.clone()),
                     span,
                 ));

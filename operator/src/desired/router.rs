@@ -8,6 +8,16 @@
 //! Mounting (optional volumes, in the router's namespace) means the router needs no extra
 //! Secret rights for tokens, and a missing Secret only delays that one model's tokenizer.
 //!
+//! Readiness: the Deployment's readiness probe is the router's `/readyz` on the admin port
+//! (ready = discovery synced, tokenizers loaded or failed, a listed worker streaming to it;
+//! see `kvroute_router::readiness`), so the client Service only sends to ready replicas. The
+//! headless ingest Service publishes not-ready addresses: sidecars must reach a replica that
+//! is not ready yet, since its readiness waits for their streams. Shutdown: a preStop
+//! `httpGet /drain` (the distroless image has no `sleep`) makes the replica unready while it
+//! keeps serving for [`DRAIN_DELAY_S`], so endpoints update before the listeners close; then
+//! SIGTERM, and `--shutdown-grace-s` for in-flight requests, all within
+//! [`TERMINATION_GRACE_S`].
+//!
 //! RBAC scope follows the watch scope: with `--namespace` set the router gets a Role and
 //! RoleBinding in that namespace; watching all namespaces it needs the same read rules
 //! cluster-wide, so it gets a ClusterRole and ClusterRoleBinding. The rules come from
@@ -17,9 +27,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, PodSpec,
-    PodTemplateSpec, Probe, SecretVolumeSource, Service, ServiceAccount, ServicePort, ServiceSpec,
-    TCPSocketAction, Volume, VolumeMount,
+    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
+    Lifecycle, LifecycleHandler, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
@@ -44,8 +54,16 @@ pub const HTTP_PORT: i32 = 8080;
 pub const INGEST_PORT: i32 = 9000;
 /// The Pick API is served by the same gRPC server as ingest.
 pub const PICK_PORT: i32 = INGEST_PORT;
-/// Admin port (`/metrics`, `/healthz`).
+/// Admin port (`/metrics`, `/healthz`, `/readyz`, `/drain`).
 pub const ADMIN_PORT: i32 = 9091;
+/// Seconds a terminating router stays unready but serving before its listeners close
+/// (`kvroute-router --drain-delay-s`, run by the preStop hook): time for the endpoint
+/// removal to reach kube-proxy and other load balancers.
+pub const DRAIN_DELAY_S: i64 = 5;
+/// Seconds in-flight requests get once the listeners closed (`--shutdown-grace-s`).
+pub const SHUTDOWN_GRACE_S: i64 = 15;
+/// The pod's termination grace: the drain, the shutdown grace and a margin before SIGKILL.
+pub const TERMINATION_GRACE_S: i64 = DRAIN_DELAY_S + SHUTDOWN_GRACE_S + 10;
 /// `HF_HOME` of the router pods: an `emptyDir` that caches downloaded tokenizer files.
 pub const HF_HOME: &str = "/var/cache/kvroute/huggingface";
 /// Size limit of the tokenizer cache volume (tokenizer files are megabytes per model).
@@ -122,6 +140,14 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar {
         name: name.to_string(),
         value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+fn admin_get(path: &str) -> HTTPGetAction {
+    HTTPGetAction {
+        path: Some(path.to_string()),
+        port: IntOrString::String("admin".into()),
         ..Default::default()
     }
 }
@@ -258,20 +284,22 @@ pub fn desired_router(cfg: &OperatorConfig, mounts: &TokenizerMounts) -> RouterO
             port("admin", ADMIN_PORT),
         ]),
         readiness_probe: Some(Probe {
-            tcp_socket: Some(TCPSocketAction {
-                port: IntOrString::String("http".into()),
-                ..Default::default()
-            }),
-            period_seconds: Some(5),
+            http_get: Some(admin_get("/readyz")),
+            period_seconds: Some(2),
+            failure_threshold: Some(1),
             ..Default::default()
         }),
         liveness_probe: Some(Probe {
-            tcp_socket: Some(TCPSocketAction {
-                port: IntOrString::String("http".into()),
-                ..Default::default()
-            }),
+            http_get: Some(admin_get("/healthz")),
             period_seconds: Some(10),
             failure_threshold: Some(6),
+            ..Default::default()
+        }),
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                http_get: Some(admin_get("/drain")),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         ..Default::default()
@@ -291,6 +319,7 @@ pub fn desired_router(cfg: &OperatorConfig, mounts: &TokenizerMounts) -> RouterO
                 }),
                 spec: Some(PodSpec {
                     service_account_name: Some(ROUTER_NAME.to_string()),
+                    termination_grace_period_seconds: Some(TERMINATION_GRACE_S),
                     containers: vec![container],
                     volumes: Some(volumes),
                     ..Default::default()
@@ -316,6 +345,8 @@ pub fn desired_router(cfg: &OperatorConfig, mounts: &TokenizerMounts) -> RouterO
         metadata: meta(INGEST_SERVICE, Some(ns)),
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_string()),
+            // A starting replica is not ready until sidecars stream to it.
+            publish_not_ready_addresses: Some(true),
             selector: Some(selector()),
             ports: Some(vec![svc_port("grpc", INGEST_PORT)]),
             ..Default::default()
@@ -351,6 +382,11 @@ fn router_env(cfg: &OperatorConfig) -> Vec<EnvVar> {
         env("KVROUTE_ROUTER_HTTP_ADDR", format!("0.0.0.0:{HTTP_PORT}")),
         env("KVROUTE_ROUTER_GRPC_ADDR", format!("0.0.0.0:{INGEST_PORT}")),
         env("KVROUTE_ROUTER_ADMIN_ADDR", format!("0.0.0.0:{ADMIN_PORT}")),
+        env("KVROUTE_ROUTER_DRAIN_DELAY_S", DRAIN_DELAY_S.to_string()),
+        env(
+            "KVROUTE_ROUTER_SHUTDOWN_GRACE_S",
+            SHUTDOWN_GRACE_S.to_string(),
+        ),
     ];
     if !cfg.watch_namespace.is_empty() {
         vars.push(env("KVROUTE_ROUTER_NAMESPACE", cfg.watch_namespace.clone()));
@@ -468,6 +504,70 @@ mod tests {
         assert_eq!(env.get("KVROUTE_ROUTER_TOKENIZER_FETCH"), Some(&"true"));
         // The token is mounted, never put in the environment.
         assert!(!env.contains_key("HF_TOKEN"));
+    }
+
+    #[test]
+    fn clients_reach_ready_routers_and_sidecars_reach_every_router() {
+        let o = desired_router(&cfg(""), &TokenizerMounts::default());
+        let pod = o.deployment.spec.expect("spec").template.spec.expect("pod");
+        let c = &pod.containers[0];
+        let get = |h: Option<&HTTPGetAction>| {
+            let h = h.expect("httpGet");
+            (h.path.clone().unwrap_or_default(), h.port.clone())
+        };
+        let admin = IntOrString::String("admin".into());
+        let readiness = c.readiness_probe.as_ref().expect("readiness");
+        assert_eq!(
+            get(readiness.http_get.as_ref()),
+            ("/readyz".into(), admin.clone())
+        );
+        assert!(readiness.tcp_socket.is_none());
+        let pre_stop = c
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.pre_stop.as_ref())
+            .expect("preStop");
+        assert_eq!(get(pre_stop.http_get.as_ref()), ("/drain".into(), admin));
+        // The admin port the probes name is the port the router listens on.
+        let env: BTreeMap<&str, &str> = c
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default()))
+            .collect();
+        let admin_port = c
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some("admin"))
+            .expect("admin port")
+            .container_port;
+        assert_eq!(
+            env.get("KVROUTE_ROUTER_ADMIN_ADDR").copied(),
+            Some(format!("0.0.0.0:{admin_port}").as_str())
+        );
+        // Drain and grace both fit before the kubelet's SIGKILL.
+        let drain: i64 = env["KVROUTE_ROUTER_DRAIN_DELAY_S"].parse().expect("drain");
+        let grace: i64 = env["KVROUTE_ROUTER_SHUTDOWN_GRACE_S"]
+            .parse()
+            .expect("grace");
+        assert!(drain > 0);
+        assert!(
+            drain + grace < pod.termination_grace_period_seconds.expect("grace period"),
+            "{drain} + {grace}"
+        );
+        // Clients: ready replicas only. Sidecars: every replica, ready or not.
+        assert_ne!(
+            o.service.spec.expect("spec").publish_not_ready_addresses,
+            Some(true)
+        );
+        assert_eq!(
+            o.ingest_service
+                .spec
+                .expect("spec")
+                .publish_not_ready_addresses,
+            Some(true)
+        );
     }
 
     #[test]

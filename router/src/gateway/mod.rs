@@ -72,7 +72,7 @@ pub fn router_with(
         .route("/v1/models", get(proxy::models))
         // Clients and load generators (GuideLLM, OpenAI-compatible health checks) probe
         // `GET /health` on the API port, as vLLM serves it; the router answers while it runs.
-        // Readiness (a routable worker) is the admin port's `/readyz`.
+        // Readiness (crate::readiness) is the admin port's `/readyz`.
         .route("/health", get(|| async { axum::http::StatusCode::OK }))
         .with_state(gw))
 }

@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 
 use crate::metrics::RouterMetrics;
+use crate::readiness::{Phase, Readiness, StartupView, startup_blocker};
 use crate::routing::{
     AssignmentId, CoreConfig, Policy, PredictedTtft, PredictedTtftConfig, PredictorConfig,
     RoutingCore, policy_by_name,
@@ -92,6 +93,8 @@ pub struct RouterConfig {
     pub tokenizers: TokenizerDirs,
     /// Prior of the TTFT predictor.
     pub predictor: PredictorConfig,
+    /// How long the listeners stay open once draining begins (see [`crate::readiness`]).
+    pub drain_delay: Duration,
 }
 
 impl Default for RouterConfig {
@@ -107,6 +110,7 @@ impl Default for RouterConfig {
             retire_after: Duration::from_secs(30),
             tokenizers: TokenizerDirs::default(),
             predictor: PredictorConfig::default(),
+            drain_delay: Duration::ZERO,
         }
     }
 }
@@ -129,6 +133,7 @@ struct Inner {
     sidecars: RwLock<HashMap<String, SidecarView>>,
     next_stream: AtomicU64,
     discovery_synced: AtomicBool,
+    readiness: Readiness,
 }
 
 /// Shared router state; cheap to clone.
@@ -176,6 +181,7 @@ impl RouterState {
             labels: HashMap::new(),
         };
         let tokenizers = Tokenizers::load(&config.tokenizers)?;
+        let readiness = Readiness::new(config.drain_delay);
         Ok(Self(Arc::new(Inner {
             config,
             metrics,
@@ -186,6 +192,7 @@ impl RouterState {
             sidecars: RwLock::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
             discovery_synced: AtomicBool::new(false),
+            readiness,
         })))
     }
 
@@ -282,8 +289,46 @@ impl RouterState {
         retired.len()
     }
 
-    /// Ready to serve: discovery synced and at least one routable worker.
-    pub fn ready(&self, now: Instant) -> bool {
-        self.discovery_synced() && self.workers_report(now).workers.iter().any(|w| w.routable)
+    // ---------------------------------------------------------------- readiness
+
+    /// The replica's phase (starting, ready, draining).
+    pub fn readiness(&self) -> &Readiness {
+        &self.0.readiness
+    }
+
+    /// Whether this replica should be sent traffic (see [`crate::readiness`]): a starting
+    /// replica is judged at `now` and latches to ready once nothing blocks it. `Err` says
+    /// why not.
+    pub fn check_ready(&self, now: Instant) -> Result<(), String> {
+        match self.0.readiness.phase() {
+            Phase::Ready => return Ok(()),
+            Phase::Draining => return Err("shutting down".into()),
+            Phase::Starting => {}
+        }
+        let view = StartupView {
+            discovery_synced: self.discovery_synced(),
+            tokenizers_pending: self.0.tokenizers.first_load_pending(),
+            listed_workers: self
+                .0
+                .catalog
+                .read()
+                .workers
+                .iter()
+                .filter(|w| w.ready)
+                .count(),
+            routable_workers: self
+                .workers_report(now)
+                .workers
+                .iter()
+                .filter(|w| w.routable)
+                .count(),
+        };
+        if let Some(why) = startup_blocker(&view) {
+            return Err(why);
+        }
+        match self.0.readiness.mark_ready() {
+            Phase::Draining => Err("shutting down".into()),
+            _ => Ok(()),
+        }
     }
 }

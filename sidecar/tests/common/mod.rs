@@ -23,8 +23,9 @@ use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage
 
 /// Batches kept for replay, by sequence number.
 type ReplayBuffer = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
-/// Control senders of the open streams.
-type Controls = Arc<Mutex<Vec<mpsc::Sender<Result<IngestControl, tonic::Status>>>>>;
+/// Control senders of the open streams (weak: a stream's reader task owns its sender, so the
+/// router's side ends when the reader does).
+type Controls = Arc<Mutex<Vec<mpsc::WeakSender<Result<IngestControl, tonic::Status>>>>>;
 
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -233,6 +234,10 @@ pub struct View {
     /// Per-stream sequence numbers that were not 0, 1, 2, ...
     pub seq_errors: usize,
     pub first_report_not_snapshot: usize,
+    /// Streams the sidecar ended cleanly (end of stream).
+    pub clean_ends: usize,
+    /// Streams that ended with an error (e.g. reset by a dying sidecar).
+    pub error_ends: usize,
     next_seq: u64,
     in_snapshot: bool,
 }
@@ -297,7 +302,7 @@ impl Ingest for Receiver {
     ) -> Result<tonic::Response<ControlStream>, tonic::Status> {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(64);
-        self.controls.lock().push(tx.clone());
+        self.controls.lock().push(tx.downgrade());
         let view = self.view.clone();
         let mut reading = self.reading.clone();
         {
@@ -310,8 +315,16 @@ impl Ingest for Receiver {
                 if reading.wait_for(|r| *r).await.is_err() {
                     return;
                 }
-                let Ok(Some(report)) = inbound.message().await else {
-                    return;
+                let report = match inbound.message().await {
+                    Ok(Some(report)) => report,
+                    Ok(None) => {
+                        view.lock().clean_ends += 1;
+                        return;
+                    }
+                    Err(_) => {
+                        view.lock().error_ends += 1;
+                        return;
+                    }
                 };
                 view.lock().apply(&report);
                 let ack = IngestControl {
@@ -386,7 +399,12 @@ impl Router {
 
     /// Asks every open stream for a fresh snapshot.
     pub async fn request_snapshot(&self) {
-        let senders: Vec<_> = self.controls.lock().clone();
+        let senders: Vec<_> = self
+            .controls
+            .lock()
+            .iter()
+            .filter_map(mpsc::WeakSender::upgrade)
+            .collect();
         for tx in senders {
             let req = IngestControl {
                 body: Some(ingest_control::Body::SnapshotRequest(
@@ -402,7 +420,10 @@ impl Router {
     /// Stops the server and drops every stream (a router restart).
     pub async fn stop(self) -> SocketAddr {
         // End every open stream with an error, as a dying router would.
-        let senders: Vec<_> = std::mem::take(&mut *self.controls.lock());
+        let senders: Vec<_> = std::mem::take(&mut *self.controls.lock())
+            .iter()
+            .filter_map(mpsc::WeakSender::upgrade)
+            .collect();
         for tx in senders {
             let _ = tx
                 .send(Err(tonic::Status::unavailable("router restarting")))
