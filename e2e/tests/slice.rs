@@ -9,7 +9,8 @@
 //! Asserts: a request with prefix P lands on worker X; the next request with P goes to X too;
 //! once X is loaded (router-side assignments with long uncached suffixes) so that another
 //! worker is predicted faster, a request with P goes elsewhere; a worker whose sidecar dies is
-//! reported stale; after everything is released the router's in-flight count is zero.
+//! reported stale with its blocks kept and is no candidate; after everything is released the
+//! router's in-flight count is zero.
 //! Prompts are token ids (/v1/completions), so no tokenizer is needed on either side.
 
 use std::path::Path;
@@ -340,7 +341,8 @@ async fn run(slice: Slice) -> anyhow::Result<()> {
     let third = slice.complete(&second).await?;
     assert_ne!(third, x, "a loaded X must lose to an idle worker");
 
-    // 4. Kill the sidecar of a worker: the router reports it stale (its blocks kept).
+    // 4. Kill the sidecar of a worker: the router reports it stale with its blocks kept, and
+    //    it is no candidate while its stream is closed.
     let victim = slice.workers.iter().position(|w| w.id != x).unwrap_or(0);
     let victim_id = slice.workers[victim].id.clone();
     let mut slice = slice;
@@ -356,12 +358,17 @@ async fn run(slice: Slice) -> anyhow::Result<()> {
             .map(|_| ()))
     })
     .await?;
-    let rec = slice.explain(&p).await?;
-    assert_eq!(
-        candidate(&rec, &victim_id).and_then(|c| c["stale"].as_bool()),
-        Some(true),
-        "{rec}"
+    let rows = slice.worker_rows().await?;
+    let row = rows
+        .iter()
+        .find(|w| w["id"] == victim_id.as_str())
+        .context("victim row")?;
+    assert!(
+        row["routable"] == false && row["index_blocks"].as_u64().unwrap_or(0) > 0,
+        "{row}"
     );
+    let rec = slice.explain(&p).await?;
+    assert!(candidate(&rec, &victim_id).is_none(), "{rec}");
 
     // 5. Release the held assignments; nothing stays in flight.
     for id in held {
