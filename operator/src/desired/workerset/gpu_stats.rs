@@ -113,6 +113,46 @@ mod tests {
         }
     }
 
+    /// Only vLLM workers get the wiring: the mock engine has no GPU to list.
+    #[test]
+    fn desired_deployment_wires_vllm_workers_only() {
+        use super::super::deployment::desired_deployment;
+        use super::super::fixtures::{cfg, ws};
+        let pod = |yaml: &str| {
+            desired_deployment(&ws(yaml), &cfg())
+                .expect("builds")
+                .spec
+                .and_then(|s| s.template.spec)
+                .expect("pod spec")
+        };
+        let has_volume = |p: &PodSpec| {
+            p.volumes
+                .iter()
+                .flatten()
+                .any(|v| v.name == GPU_LIST_VOLUME)
+        };
+        let vllm = pod("model: {name: m}\n");
+        assert!(has_volume(&vllm));
+        assert_eq!(
+            vllm.containers[0].command.as_ref().map(|c| c[0].as_str()),
+            Some("/bin/sh")
+        );
+        let mock = pod("model: {name: m}\nengine: {mode: mock}\n");
+        assert!(!has_volume(&mock));
+        assert_eq!(
+            mock.containers[0].command.as_deref(),
+            Some(&["kvroute-mock-vllm".to_string()][..])
+        );
+        let sidecar_env = |p: &PodSpec| {
+            p.containers[1]
+                .env
+                .iter()
+                .flatten()
+                .any(|e| e.name == "NVIDIA_VISIBLE_DEVICES")
+        };
+        assert!(sidecar_env(&vllm) && !sidecar_env(&mock));
+    }
+
     #[test]
     fn engine_is_wrapped_sidecar_sees_all_gpus_and_reads_the_list() {
         let mut p = pod();
