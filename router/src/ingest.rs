@@ -24,7 +24,7 @@ use std::time::Instant;
 use futures::{Stream, StreamExt};
 use kvroute_proto::v1::ingest_server::{Ingest, IngestServer};
 use kvroute_proto::v1::{
-    Ack, DeltaOp as WireDeltaOp, IngestControl, SnapshotRequest, WorkerReport, delta_op,
+    Ack, DeltaOp as WireDeltaOp, GpuStats, IngestControl, SnapshotRequest, WorkerReport, delta_op,
     ingest_control, worker_report,
 };
 use tokio::sync::mpsc;
@@ -32,6 +32,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::routing::GpuStatus;
 use crate::state::{DeltaOp, LoadView, RouterState, SidecarIdentity, SnapshotRefused};
 
 /// Where a stream is in its protocol.
@@ -177,6 +178,7 @@ impl Session {
                     },
                     scrape_failed: load.scrape_failed || !usage_known,
                     kv_capacity_tokens: load.kv_capacity_tokens,
+                    gpus: gpus_from_wire(load.gpus, load.gpu),
                 };
                 self.owned(state.sidecar_load(self.stream, self.worker_id(), view, now))?;
                 m.ingest_reports.with_label_values(&["load"]).inc();
@@ -294,6 +296,36 @@ impl Session {
             Err(Status::aborted("a newer stream reports for this worker"))
         }
     }
+}
+
+/// The worker's GPUs from a load sample: `gpus`, or `gpu` alone from a sidecar that predates
+/// `gpus`; each classified (degraded or not) here, once.
+fn gpus_from_wire(gpus: Vec<GpuStats>, first: Option<GpuStats>) -> Vec<GpuStatus> {
+    let gpus = if gpus.is_empty() {
+        first.into_iter().collect()
+    } else {
+        gpus
+    };
+    gpus.into_iter()
+        .map(|g| {
+            GpuStatus {
+                index: g.index,
+                uuid: g.uuid,
+                utilization_percent: g.utilization_percent.min(100),
+                memory_used_bytes: g.memory_used_bytes,
+                memory_total_bytes: g.memory_total_bytes,
+                temperature_celsius: g.temperature_celsius,
+                power_milliwatts: g.power_milliwatts,
+                sm_clock_mhz: g.sm_clock_mhz,
+                throttle_reasons: g.throttle_reasons,
+                ecc_uncorrected_errors: g.ecc_uncorrected_errors,
+                recent_xid: g.recent_xid,
+                xid_events: g.xid_events,
+                issues: Vec::new(),
+            }
+            .classified()
+        })
+        .collect()
 }
 
 fn snapshot_request(reason: String) -> IngestControl {

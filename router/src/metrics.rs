@@ -10,7 +10,7 @@
 //! ids or tenants.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -59,6 +59,17 @@ pub struct RouterMetrics {
     pub index_blocks: IntGaugeVec,
     /// Router-side in-flight assignments per worker (set at scrape time).
     pub in_flight: IntGaugeVec,
+    /// 1 for a worker with a degraded GPU (throttled by heat, power brake or HW slowdown,
+    /// recent critical XID, uncorrected ECC; see `routing/gpu.rs`), else 0 (set at scrape time).
+    pub gpu_degraded: IntGaugeVec,
+    /// GPU utilisation 0..1 per worker and GPU (NVML index), from load samples.
+    pub gpu_utilization: GaugeVec,
+    /// GPU temperature per worker and GPU, degrees Celsius.
+    pub gpu_temperature: GaugeVec,
+    /// GPU memory in use per worker and GPU, bytes.
+    pub gpu_memory_used: GaugeVec,
+    /// GPU power draw per worker and GPU, watts.
+    pub gpu_power: GaugeVec,
     /// Workers by state (`routable`, `stale`, `not_ready`, `disconnected`: stream closed, not
     /// routable until it reconnects, retired if discovery drops it; `unlisted`), at scrape time.
     pub workers: IntGaugeVec,
@@ -155,6 +166,31 @@ impl RouterMetrics {
                 "Assignments made by this router and not yet released, per worker.",
                 &["worker"],
             )?,
+            gpu_degraded: gauge_vec(
+                "kvroute_router_worker_gpu_degraded",
+                "1 when one of the worker's GPUs is degraded (thermal/power-brake/HW slowdown, XID, uncorrected ECC).",
+                &["worker"],
+            )?,
+            gpu_utilization: float_gauge_vec(
+                "kvroute_router_worker_gpu_utilization_ratio",
+                "GPU utilisation (0..1) per worker and GPU, from sidecar load samples.",
+                &["worker", "gpu"],
+            )?,
+            gpu_temperature: float_gauge_vec(
+                "kvroute_router_worker_gpu_temperature_celsius",
+                "GPU temperature per worker and GPU.",
+                &["worker", "gpu"],
+            )?,
+            gpu_memory_used: float_gauge_vec(
+                "kvroute_router_worker_gpu_memory_used_bytes",
+                "GPU memory in use per worker and GPU.",
+                &["worker", "gpu"],
+            )?,
+            gpu_power: float_gauge_vec(
+                "kvroute_router_worker_gpu_power_watts",
+                "GPU power draw per worker and GPU.",
+                &["worker", "gpu"],
+            )?,
             workers: gauge_vec(
                 "kvroute_router_workers",
                 "Known workers by state.",
@@ -216,6 +252,11 @@ impl RouterMetrics {
         registry.register(Box::new(m.released.clone()))?;
         registry.register(Box::new(m.index_blocks.clone()))?;
         registry.register(Box::new(m.in_flight.clone()))?;
+        registry.register(Box::new(m.gpu_degraded.clone()))?;
+        registry.register(Box::new(m.gpu_utilization.clone()))?;
+        registry.register(Box::new(m.gpu_temperature.clone()))?;
+        registry.register(Box::new(m.gpu_memory_used.clone()))?;
+        registry.register(Box::new(m.gpu_power.clone()))?;
         registry.register(Box::new(m.workers.clone()))?;
         registry.register(Box::new(m.sidecar_streams.clone()))?;
         registry.register(Box::new(m.sidecar_stream_events.clone()))?;
@@ -239,6 +280,11 @@ impl RouterMetrics {
         forget(&self.ttft_prediction_error, key);
         forget(&self.index_blocks, key);
         forget(&self.in_flight, key);
+        forget(&self.gpu_degraded, key);
+        forget(&self.gpu_utilization, key);
+        forget(&self.gpu_temperature, key);
+        forget(&self.gpu_memory_used, key);
+        forget(&self.gpu_power, key);
     }
 
     /// The registry the metrics live in.
@@ -279,6 +325,10 @@ fn counter_vec(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<In
 
 fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
     IntGaugeVec::new(Opts::new(name, help), labels)
+}
+
+fn float_gauge_vec(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
+    GaugeVec::new(Opts::new(name, help), labels)
 }
 
 fn histogram_vec(

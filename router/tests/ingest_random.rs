@@ -358,9 +358,9 @@ impl Harness {
             assert_eq!(w.epoch, m.epoch, "epoch of {}", w.id);
             assert_eq!(w.sidecar_connected, m.open, "connection of {}", w.id);
             assert_eq!(w.synced, m.synced, "sync of {}", w.id);
-            let failed = w.load.map(|l| l.scrape_failed);
+            let failed = w.load.as_ref().map(|l| l.scrape_failed);
             assert_eq!(failed, m.load_failed, "load sample of {}", w.id);
-            if let Some(load) = w.load {
+            if let Some(load) = &w.load {
                 assert!(
                     (0.0..=1.0).contains(&load.kv_usage),
                     "KV usage of {} is {}",

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use kvroute_proto::v1::ingest_client::IngestClient;
 use kvroute_proto::v1::picker_client::PickerClient;
 use kvroute_proto::v1::{
-    Delta, DeltaOp, IngestControl, LoadSample, PickRequest, ReportDoneRequest,
+    Delta, DeltaOp, GpuStats, IngestControl, LoadSample, PickRequest, ReportDoneRequest,
     ReportFirstTokenRequest, SnapshotChunk, WorkerIdentity, WorkerReport, delta_op, ingest_control,
     pick_response, worker_report,
 };
@@ -150,8 +150,31 @@ fn load(seq: u64, waiting: u32) -> WorkerReport {
             gpu: None,
             scrape_failed: false,
             kv_capacity_tokens: 0,
+            gpus: Vec::new(),
         })),
     }
+}
+
+/// A load sample with one GPU whose clocks carry `throttle_reasons`.
+fn load_with_gpu(seq: u64, throttle_reasons: u64) -> WorkerReport {
+    let gpu = GpuStats {
+        utilization_percent: 90,
+        memory_used_bytes: 40 << 30,
+        memory_total_bytes: 48 << 30,
+        temperature_celsius: if throttle_reasons == 0 { 60 } else { 92 },
+        power_milliwatts: 300_000,
+        sm_clock_mhz: 1_500,
+        index: 0,
+        uuid: format!("GPU-{seq}-{throttle_reasons}"),
+        throttle_reasons,
+        ..GpuStats::default()
+    };
+    let mut r = load(seq, 0);
+    if let Some(worker_report::Body::Load(l)) = r.body.as_mut() {
+        l.gpu = Some(gpu.clone());
+        l.gpus = vec![gpu];
+    }
+    r
 }
 
 /// A fake sidecar stream.
@@ -908,5 +931,83 @@ async fn chat_requests_are_tokenized_and_failures_degrade_visibly() {
         ),
         "{metrics}"
     );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_throttling_gpu_shows_in_workers_explain_and_metrics_and_loses_the_tie() {
+    let r = Router::start(|_| {}).await;
+    let mut streams = Vec::new();
+    for (name, addr, throttle) in [("hot", "127.0.0.1:21", 0x40), ("cool", "127.0.0.1:22", 0)] {
+        let mut sc = Sidecar::connect(
+            &r.grpc_url(),
+            snapshot(0, Some(identity(name, addr, 1)), vec![], true, true),
+        )
+        .await
+        .expect("stream");
+        sc.expect_ack(0).await;
+        sc.send(load_with_gpu(1, throttle)).await;
+        sc.expect_ack(1).await;
+        streams.push(sc);
+    }
+
+    let hot = worker_row(&r, "hot").expect("hot row");
+    assert!(hot.gpu_degraded);
+    let gpus = &hot.load.as_ref().expect("load").gpus;
+    assert_eq!(gpus.len(), 1);
+    assert_eq!(gpus[0].temperature_celsius, 92);
+    assert_eq!(
+        gpus[0].issues,
+        [kvroute_router::routing::GpuIssue::ThermalSlowdown]
+    );
+    assert!(!worker_row(&r, "cool").expect("cool row").gpu_degraded);
+
+    // Same (empty) cache and load: a tie but for the GPU.
+    let p = tokens(64, 5_000);
+    let input = PickInput {
+        model: MODEL,
+        prompt: Prompt::Tokens(&p),
+        cache_salt: None,
+        lora: None,
+        headers: None,
+        resolved: None,
+        exclude: &[],
+        max_tokens: None,
+    };
+    let rec = r.state.explain(&input, Instant::now()).expect("explain");
+    assert_eq!(rec.chosen, "cool");
+    let flag = |w: &str| {
+        rec.candidates
+            .iter()
+            .find(|c| c.worker == w)
+            .map(|c| c.figures.gpu_degraded)
+    };
+    assert_eq!((flag("hot"), flag("cool")), (Some(true), Some(false)));
+    let mut client = PickerClient::connect(r.grpc_url()).await.expect("picker");
+    for _ in 0..5 {
+        let resp = pick(&mut client, MODEL, &p).await.expect("pick");
+        assert_eq!(resp.worker_id, "cool");
+    }
+
+    let metrics = reqwest::get(r.admin_url("/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        metrics.contains("kvroute_router_worker_gpu_degraded{worker=\"hot\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .contains("kvroute_router_worker_gpu_temperature_celsius{gpu=\"0\",worker=\"hot\"} 92")
+    );
+
+    // A healthy sample clears it.
+    streams[0].send(load_with_gpu(2, 0)).await;
+    streams[0].expect_ack(2).await;
+    assert!(!worker_row(&r, "hot").expect("hot row").gpu_degraded);
+    drop(streams);
     r.shutdown().await;
 }

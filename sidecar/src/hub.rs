@@ -178,7 +178,7 @@ impl Hub {
     pub fn set_load(&self, sample: LoadSample) {
         let mut g = self.inner.lock();
         for q in g.routers.values_mut() {
-            q.load = Some(sample);
+            q.load = Some(sample.clone());
             q.notify.notify_one();
         }
     }

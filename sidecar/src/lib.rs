@@ -32,7 +32,7 @@ use anyhow::Context as _;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::gpu::GpuProbe;
+use crate::gpu::{DeviceFilter, GpuProbe};
 use crate::hub::Hub;
 use crate::metrics::SidecarMetrics;
 use crate::push::{IdentityTemplate, PushConfig, RouterSet};
@@ -140,6 +140,11 @@ pub struct Args {
     /// Skip NVML (no GPU stats).
     #[arg(long, env = "KVROUTE_SIDECAR_NO_GPU", default_value_t = false)]
     pub no_gpu: bool,
+    /// File naming the engine container's GPUs (UUIDs or indices, as in
+    /// `NVIDIA_VISIBLE_DEVICES`); GPU stats cover only those. Empty: every GPU NVML shows.
+    /// The operator sets it (docs/gpu.md).
+    #[arg(long, env = "KVROUTE_SIDECAR_GPU_DEVICES_FILE", default_value = "")]
+    pub gpu_devices_file: String,
 }
 
 /// A started sidecar: its tasks, the shared hub and where the admin server listens.
@@ -213,6 +218,7 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         max_blocks_per_report,
         replay_timeout_ms,
         no_gpu,
+        gpu_devices_file,
     } = args;
     anyhow::ensure!(
         !routers.is_empty() || router_dns.is_some(),
@@ -294,7 +300,12 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
     let gpu = if no_gpu {
         GpuProbe::disabled()
     } else {
-        tokio::task::spawn_blocking(GpuProbe::init).await?
+        let filter = if gpu_devices_file.is_empty() {
+            DeviceFilter::All
+        } else {
+            DeviceFilter::File(gpu_devices_file.into())
+        };
+        tokio::task::spawn_blocking(move || GpuProbe::init(filter)).await?
     };
     let scraper = scrape::Scraper {
         url: vllm_url,

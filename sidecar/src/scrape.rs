@@ -114,6 +114,7 @@ pub fn load_sample(m: &VllmMetrics, scrape_failed: bool, now_ms: u64) -> LoadSam
         num_requests_running: clamp(m.running),
         kv_cache_usage: m.kv_cache_usage.unwrap_or(0.0).clamp(0.0, 1.0),
         gpu: None,
+        gpus: Vec::new(),
         scrape_failed,
         kv_capacity_tokens: match (m.num_gpu_blocks, m.block_size) {
             (Some(n), Some(bs)) => n.saturating_mul(u64::from(bs)),
@@ -139,7 +140,7 @@ pub struct Scraper {
 impl Scraper {
     /// Scrapes every `interval` until `shutdown` and sends the hub a load sample each time (on a
     /// failed scrape: the last figures, marked failed).
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         let client = match reqwest::Client::builder()
             .timeout(self.interval.max(Duration::from_millis(200)) * 4)
             .build()
@@ -202,8 +203,10 @@ impl Scraper {
                     true
                 }
             };
-            let mut sample = load_sample(&last, failed, now_ms());
-            sample.gpu = self.gpu.sample();
+            let now = now_ms();
+            let mut sample = load_sample(&last, failed, now);
+            sample.gpus = self.gpu.sample(now);
+            sample.gpu = sample.gpus.first().cloned();
             self.hub.set_load(sample);
         }
     }

@@ -37,6 +37,9 @@ pub struct Candidate {
     pub expected_cached_tokens: f64,
     /// Its reports stopped or are too old: cache and load figures are not trusted as is.
     pub stale: bool,
+    /// One of its GPUs is degraded (throttled by heat, power brake or HW slowdown, a recent
+    /// critical XID, uncorrected ECC errors), from its last load report; see `gpu.rs`.
+    pub gpu_degraded: bool,
     /// Requests waiting, from its last load report.
     pub waiting: u32,
     /// Requests running, from its last load report.
@@ -288,6 +291,12 @@ pub struct PredictedTtftConfig {
     /// 0.5, six seeds; independent prompts' p90 was its one gain, 2.53 vs 2.71 s). Useful for
     /// workers that do not report a capacity. 0 disables it.
     pub kv_balance: f64,
+    /// Seconds added to the score of a candidate with a degraded GPU while at least one
+    /// candidate is healthy: it loses ties and close calls, yet still takes work when the
+    /// healthy workers are predicted this much slower (a throttled GPU is slow, not down; a
+    /// dead one fails its readiness probe and leaves the pool). Not added when every
+    /// candidate is degraded. 0 disables it.
+    pub gpu_degraded_penalty_s: f64,
 }
 
 impl Default for PredictedTtftConfig {
@@ -298,6 +307,7 @@ impl Default for PredictedTtftConfig {
             cache_affinity: 1.0,
             saturated_kv_usage: 0.9,
             kv_balance: 0.0,
+            gpu_degraded_penalty_s: 1.0,
         }
     }
 }
@@ -369,14 +379,19 @@ impl Policy for PredictedTtft {
             .map(|c| c.active_kv_tokens)
             .min()
             .unwrap_or(0);
+        let any_healthy_gpu = ctx.candidates.iter().any(|c| !c.gpu_degraded);
         let scores: Vec<f64> = ctx
             .candidates
             .iter()
             .map(|c| {
                 if c.predicted_ttft.is_finite() {
-                    c.predicted_ttft
+                    let mut score = c.predicted_ttft
                         + self.affinity_penalty(c, best_cached)
-                        + self.kv_balance_penalty(c, least_active)
+                        + self.kv_balance_penalty(c, least_active);
+                    if c.gpu_degraded && any_healthy_gpu {
+                        score += self.cfg.gpu_degraded_penalty_s;
+                    }
+                    score
                 } else {
                     f64::MAX
                 }
@@ -649,5 +664,61 @@ mod tests {
             .choose(&ctx, 0.0)
             .expect("decision");
         assert_eq!(d.chosen, WorkerId(0));
+    }
+
+    #[test]
+    fn a_degraded_gpu_loses_the_tie_and_explain_shows_it() {
+        let ctx = |a_degraded: bool, b_degraded: bool| ChoiceContext {
+            prompt_tokens: 100,
+            degraded: false,
+            candidates: vec![
+                Candidate {
+                    gpu_degraded: a_degraded,
+                    ..cand(0, 0.2, 0)
+                },
+                Candidate {
+                    gpu_degraded: b_degraded,
+                    ..cand(1, 0.2, 0)
+                },
+            ],
+        };
+        // Equal predictions tie and both get picked across seeds; a degraded GPU never does.
+        let picks = |c: &ChoiceContext| -> Vec<WorkerId> {
+            (0..20)
+                .map(|seed| {
+                    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), seed);
+                    p.choose(c, 0.0).expect("decision").chosen
+                })
+                .collect()
+        };
+        let healthy = picks(&ctx(false, false));
+        assert!(healthy.contains(&WorkerId(0)) && healthy.contains(&WorkerId(1)));
+        assert!(picks(&ctx(true, false)).iter().all(|w| *w == WorkerId(1)));
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        let d = p.choose(&ctx(true, false), 0.0).expect("decision");
+        assert_eq!(d.reason, Reason::LowestPredictedTtft);
+        assert!(
+            (d.candidates[0].score - 1.2).abs() < 1e-12,
+            "0.2 + 1 s penalty"
+        );
+        let json = serde_json::to_value(&d).unwrap();
+        assert_eq!(json["candidates"][0]["gpu_degraded"], true);
+        assert_eq!(json["candidates"][1]["gpu_degraded"], false);
+        // Every candidate degraded: no penalty, the tie stays a tie.
+        let d = p.choose(&ctx(true, true), 0.0).expect("decision");
+        assert_eq!(d.reason, Reason::TieBreak);
+        assert!((d.candidates[0].score - 0.2).abs() < 1e-12);
+        // Clearly faster despite the penalty: the degraded worker still takes the request.
+        let c = ChoiceContext {
+            candidates: vec![
+                Candidate {
+                    gpu_degraded: true,
+                    ..cand(0, 0.2, 0)
+                },
+                cand(1, 2.0, 0),
+            ],
+            ..ctx(false, false)
+        };
+        assert_eq!(p.choose(&c, 0.0).expect("decision").chosen, WorkerId(0));
     }
 }

@@ -23,6 +23,7 @@ use serde::Serialize;
 use super::admission::KvReleases;
 use super::assign::{Assignment, AssignmentId, Assignments, FirstToken, WorkerInflight};
 use super::choose::{Decision, Policy};
+use super::gpu::GpuStatus;
 use super::index::KvIndex;
 use super::overlay::Overlay;
 use super::plan::Plan;
@@ -217,6 +218,14 @@ impl RoutingCore {
         slot.load_at = now;
         slot.freed_since_report = 0;
         self.workers.touch(w, now);
+    }
+
+    /// `w`'s GPUs as its latest load sample described them (sent even when the sidecar's
+    /// scrape of vLLM failed: they come from NVML). An empty list clears them.
+    pub fn gpus(&mut self, w: WorkerId, gpus: Vec<GpuStatus>) {
+        if let Some(slot) = self.workers.get_mut(w) {
+            slot.gpus = gpus;
+        }
     }
 
     /// `w`'s report stream closed: it is no candidate until a new stream snapshots it. Its

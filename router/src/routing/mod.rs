@@ -47,6 +47,10 @@
 //!   recompute the leading tokens the best-cached non-saturated candidate holds) + KV-balance
 //!   charge (`kv_balance` x prefill time of the router's outstanding uncached tokens beyond
 //!   the least-occupied candidate's). Both are in each candidate's `score`.
+//! - GPU degraded (`Candidate.gpu_degraded`, see `gpu.rs`: a GPU throttled by heat, power
+//!   brake or HW slowdown, a recent critical XID, uncorrected ECC): kvroute adds
+//!   `gpu_degraded_penalty_s` (1 s) to its score while some candidate is healthy, so it loses
+//!   ties and close calls but still takes work when the healthy ones are clearly slower.
 //! - Degraded (no tokens): no cache figures, predictions from queue and overhead alone, the
 //!   decision is marked `degraded` with reason `degraded_load_only`.
 
@@ -57,6 +61,7 @@ mod admission;
 mod assign;
 mod choose;
 mod core;
+mod gpu;
 mod index;
 mod overlay;
 mod plan;
@@ -74,6 +79,7 @@ pub use choose::{
     PredictedTtftConfig, Reason,
 };
 pub use core::{CoreConfig, IndexStats, Retired, RouteRequest, RoutingCore};
+pub use gpu::{GpuIssue, GpuStatus};
 pub use index::KvIndex;
 pub use plan::Plan;
 pub use policies::{

@@ -175,6 +175,7 @@ impl RoutingCore {
             pending_blocks,
             expected_cached_tokens,
             stale,
+            gpu_degraded: slot.gpu_degraded(),
             waiting: load.waiting,
             running: load.running,
             kv_usage: load.kv_usage,

@@ -20,6 +20,8 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use super::gpu::GpuStatus;
+
 /// A worker, as the routing core numbers it: a slot in the worker table. Ids of retired
 /// workers are reused, so an id is only meaningful while its worker is in the table.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -69,12 +71,19 @@ pub struct Worker {
     /// KV tokens the router's requests on it freed (ended after their first token) since its
     /// last load report: still counted in the reported usage.
     pub freed_since_report: u64,
+    /// Its GPUs as the latest load sample described them (empty: no GPU stats, healthy).
+    pub gpus: Vec<GpuStatus>,
 }
 
 impl Worker {
     /// True when its stream is closed or it has not reported for more than `max_age`.
     pub fn is_stale(&self, now: f64, max_age: f64) -> bool {
         !self.stream_open || now - self.last_report > max_age
+    }
+
+    /// True when one of its GPUs is degraded (throttled from outside, XID, ECC).
+    pub fn gpu_degraded(&self) -> bool {
+        self.gpus.iter().any(GpuStatus::degraded)
     }
 
     /// KV cache size in tokens from its latest load sample (0: unknown).
@@ -125,6 +134,7 @@ impl WorkerTable {
             load: LoadSample::default(),
             load_at: f64::NEG_INFINITY,
             freed_since_report: 0,
+            gpus: Vec::new(),
         };
         // The lowest free id first, so that a steady pool keeps small, dense ids.
         self.free.sort_unstable_by(|a, b| b.cmp(a));

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::RouterState;
 use super::catalog::{DiscoveredWorker, find_sidecar};
-use crate::routing::{LoadSample, WorkerId};
+use crate::routing::{GpuStatus, LoadSample, WorkerId};
 
 /// Identity of a reporting worker (from the first snapshot chunk).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub struct SidecarIdentity {
 }
 
 /// A load sample from a sidecar.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct LoadView {
     /// Requests waiting.
     pub waiting: u32,
@@ -47,6 +47,8 @@ pub struct LoadView {
     pub scrape_failed: bool,
     /// KV cache size in tokens (0: unknown).
     pub kv_capacity_tokens: u64,
+    /// Its GPUs (empty: no GPU stats), each with why it is degraded if it is.
+    pub gpus: Vec<GpuStatus>,
 }
 
 /// Block changes in one delta op.
@@ -126,6 +128,8 @@ pub struct WorkerReport {
     pub last_report_age_s: Option<f64>,
     /// Last load sample.
     pub load: Option<LoadView>,
+    /// One of its GPUs is degraded (`load.gpus[].issues`): kvroute's score penalises it.
+    pub gpu_degraded: bool,
     /// Router in-flight assignments (waiting first token + decoding).
     pub in_flight: u32,
     /// Of which waiting for the first token.
@@ -284,7 +288,8 @@ impl RouterState {
     }
 
     /// Records a load sample. A sample whose scrape failed is noted for display but neither
-    /// feeds the predictor nor counts as a sign of life.
+    /// feeds the predictor nor counts as a sign of life; its GPU stats (from NVML, not the
+    /// scrape) apply either way.
     pub fn sidecar_load(&self, stream: u64, worker: &str, load: LoadView, now: Instant) -> bool {
         let t = self.secs(now);
         let Some(w) = self.owned(stream, worker) else {
@@ -293,6 +298,8 @@ impl RouterState {
         if let Some(s) = self.0.sidecars.write().get_mut(worker) {
             s.scrape_failed = load.scrape_failed;
         }
+        let mut core = self.0.core.lock();
+        core.routing.gpus(w, load.gpus);
         if !load.scrape_failed {
             let sample = LoadSample {
                 waiting: load.waiting,
@@ -300,7 +307,7 @@ impl RouterState {
                 kv_usage: load.kv_usage,
                 kv_capacity_tokens: load.kv_capacity_tokens,
             };
-            self.0.core.lock().routing.load(w, sample, t);
+            core.routing.load(w, sample, t);
         }
         true
     }
@@ -389,7 +396,9 @@ impl RouterState {
                         kv_usage: sl.load.kv_usage,
                         scrape_failed: s.is_some_and(|s| s.scrape_failed),
                         kv_capacity_tokens: sl.load.kv_capacity_tokens,
+                        gpus: sl.gpus.clone(),
                     }),
+                gpu_degraded: slot.is_some_and(|sl| sl.gpu_degraded()),
                 in_flight: infl.outstanding(),
                 waiting_first_token: infl.waiting,
             }
@@ -424,6 +433,15 @@ impl RouterState {
         let m = &self.0.metrics;
         m.index_blocks.reset();
         m.in_flight.reset();
+        m.gpu_degraded.reset();
+        for g in [
+            &m.gpu_utilization,
+            &m.gpu_temperature,
+            &m.gpu_memory_used,
+            &m.gpu_power,
+        ] {
+            g.reset();
+        }
         let mut by_state: BTreeMap<&str, i64> = [
             ("routable", 0),
             ("stale", 0),
@@ -440,6 +458,27 @@ impl RouterState {
             m.in_flight
                 .with_label_values(&[&w.id])
                 .set(i64::from(w.in_flight));
+            let gpus = w.load.as_ref().map_or(&[][..], |l| l.gpus.as_slice());
+            if !gpus.is_empty() {
+                m.gpu_degraded
+                    .with_label_values(&[&w.id])
+                    .set(i64::from(w.gpu_degraded));
+            }
+            for g in gpus {
+                let labels = [w.id.as_str(), &g.index.to_string()];
+                m.gpu_utilization
+                    .with_label_values(&labels)
+                    .set(f64::from(g.utilization_percent) / 100.0);
+                m.gpu_temperature
+                    .with_label_values(&labels)
+                    .set(f64::from(g.temperature_celsius));
+                m.gpu_memory_used
+                    .with_label_values(&labels)
+                    .set(g.memory_used_bytes as f64);
+                m.gpu_power
+                    .with_label_values(&labels)
+                    .set(f64::from(g.power_milliwatts) / 1_000.0);
+            }
             let state = if !w.listed && !self.0.config.route_unlisted {
                 "unlisted"
             } else if !w.sidecar_connected {

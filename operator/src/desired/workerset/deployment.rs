@@ -279,7 +279,7 @@ fn pod_spec(name: &str, spec: &InferenceWorkerSetSpec, cfg: &OperatorConfig) -> 
             });
         }
     }
-    PodSpec {
+    let mut pod = PodSpec {
         containers: vec![
             engine_container(spec, cfg),
             sidecar_container(name, spec, cfg),
@@ -307,7 +307,11 @@ fn pod_spec(name: &str, spec: &InferenceWorkerSetSpec, cfg: &OperatorConfig) -> 
         priority_class_name: spec.priority_class_name.clone(),
         termination_grace_period_seconds: Some(30),
         ..Default::default()
+    };
+    if gpu {
+        super::gpu_stats::expose_engine_gpus(&mut pod);
     }
+    pod
 }
 
 /// Stable 64-bit hash (xxh3) of a pod template, hex encoded.
@@ -413,10 +417,9 @@ mod tests {
         assert_eq!(c.len(), 2);
         let engine = &c[0];
         assert_eq!(engine.image.as_deref(), Some(DEFAULT_VLLM_IMAGE));
-        assert_eq!(
-            engine.command.as_deref(),
-            Some(&["vllm".to_string(), "serve".to_string()][..])
-        );
+        // Wrapped by gpu_stats.rs: `/bin/sh -c <list GPUs> <name> vllm serve`.
+        let command = engine.command.clone().expect("command");
+        assert_eq!(command[4..], ["vllm".to_string(), "serve".to_string()]);
         let args = engine.args.clone().expect("args");
         assert_eq!(args[0], "Qwen/Qwen3-32B-FP8");
         let after = |flag: &str| {

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! InferenceWorkerSet --deployment.rs--> Deployment (engine + sidecar containers, template hash)
+//!                      (+ gpu_stats.rs: the sidecar's NVML sees the engine's GPUs)
 //!                    --service.rs-----> headless Service (one DNS record per worker)
 //! Deployment + Pods  --status.rs------> InferenceWorkerSetStatus (+ events for transitions)
 //! ```
@@ -17,6 +18,7 @@
 // The children build on the shared names and labels below; this module imports nothing from
 // them, so dependencies point one way (children -> mod).
 pub mod deployment;
+pub mod gpu_stats;
 pub mod service;
 pub mod status;
 
