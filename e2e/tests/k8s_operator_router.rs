@@ -266,10 +266,34 @@ async fn the_operators_router_routes_cache_aware_and_survives_a_rollout() -> any
         !metrics.contains("kvroute_router_degraded_decisions_total{"),
         "the operator's router made degraded (load-only) decisions:\n{metrics}"
     );
-    assert!(
-        routed >= random + 0.15,
-        "cache-aware routing hit {routed:.3} of prompt tokens, random {random:.3}"
-    );
+    if routed < random + 0.15 {
+        let workers = http
+            .get(format!("{admin}/debug/workers"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let mut sidecars = String::new();
+        for pod in workers_of(&kubelet) {
+            // The sidecar's admin port (operator default).
+            let m = http
+                .get(format!("http://{}:9090/metrics", pod.ip))
+                .send()
+                .await?
+                .text()
+                .await?;
+            for l in m
+                .lines()
+                .filter(|l| l.starts_with("kvroute_sidecar_resident_blocks"))
+            {
+                sidecars += &format!("{} {l}\n", pod.name);
+            }
+        }
+        bail!(
+            "cache-aware routing hit {routed:.3} of prompt tokens, random {random:.3}\n\
+             sidecars:\n{sidecars}/debug/workers: {workers}"
+        );
+    }
 
     // A WorkerSet change rolls every pod while requests keep succeeding.
     let before: Vec<String> = workers_of(&kubelet).into_iter().map(|p| p.name).collect();

@@ -57,12 +57,38 @@ pub struct Subscriber {
     pub metrics: SidecarMetrics,
 }
 
+/// One connect attempt's limit (see [`Subscriber::open`]).
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(1);
+
+/// Connects `sub` to `endpoint`, starting a fresh attempt whenever one times out, until it
+/// connects (true) or `shutdown` (false).
+async fn connect_soon(
+    sub: &mut SubSocket,
+    endpoint: &str,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<bool> {
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Ok(false),
+            r = sub.connect(endpoint) => match r {
+                Ok(()) => return Ok(true),
+                Err(zeromq::ZmqError::ConnectTimeout(_)) => continue,
+                Err(e) => return Err(e.into()),
+            },
+        }
+    }
+}
+
 impl Subscriber {
     /// Opens the SUB socket (bound or connecting) and returns the bound endpoint, if bound.
     pub async fn open(&self) -> anyhow::Result<(SubSocket, Option<String>)> {
         let mut options = SocketOptions::default();
-        // vLLM may start after us: keep trying to connect forever (SUB reconnects itself).
-        options.no_connect_timeout();
+        // vLLM may start long after us. The crate retries a refused connect with a backoff
+        // that grows to 30 s, so one attempt is cut at CONNECT_ATTEMPT and `connect` starts
+        // a fresh one: vLLM is reached within about a second of binding (after that the SUB
+        // socket reconnects by itself).
+        options.connect_timeout(CONNECT_ATTEMPT);
         let mut sub = SubSocket::with_options(options);
         let bound = if should_bind(&self.config.endpoint, self.config.bind) {
             let ep = sub
@@ -84,12 +110,8 @@ impl Subscriber {
         connect: bool,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
-        if connect {
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return Ok(()),
-                r = sub.connect(&self.config.endpoint) => r?,
-            }
+        if connect && !connect_soon(&mut sub, &self.config.endpoint, &shutdown).await? {
+            return Ok(());
         }
         let mut tracker = SeqTracker::new();
         self.catch_up(&mut tracker).await;
@@ -102,10 +124,8 @@ impl Subscriber {
                     tracing::info!("vLLM restarted: reconnecting the SUB socket");
                     drop(sub);
                     sub = self.open().await?.0;
-                    tokio::select! {
-                        biased;
-                        _ = shutdown.cancelled() => return Ok(()),
-                        r = sub.connect(&self.config.endpoint) => r?,
+                    if !connect_soon(&mut sub, &self.config.endpoint, &shutdown).await? {
+                        return Ok(());
                     }
                     tracker = SeqTracker::new();
                     self.catch_up(&mut tracker).await;
