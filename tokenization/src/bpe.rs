@@ -1,9 +1,10 @@
-//! Our own encoder for byte-level BPE tokenizers of the Qwen2 shape: the same ids as the
-//! `tokenizers` crate, several times faster on text it has not seen.
+//! Our own encoder for byte-level BPE tokenizers of the Qwen2 and Llama 3 shapes: the same
+//! ids as the `tokenizers` crate, several times faster on text it has not seen.
 //!
 //! ```text
-//!  piece (no added tokens) ─NFC if needed─► pretokenize::split_qwen2 ─► word
+//!  piece (no added tokens) ─NFC if needed─► pretokenize::SplitPattern::split ─► word
 //!      word ─word cache hit──────────────────────────────────────────► ids
+//!      word ─ignore_merges and the whole word is in the vocab─────────► id (cached)
 //!      word ─miss: bytes → byte-level symbols → merges by (rank, pos)─► ids (cached)
 //! ```
 //!
@@ -11,16 +12,17 @@
 //! which costs far more than the regex or the merges (about 20 ms for an 8k-token prompt);
 //! we keep only what ids depend on. [`ByteBpe::from_json`] accepts a `tokenizer.json` only
 //! when its normaliser, pre-tokeniser and model are exactly the shape implemented here
-//! (NFC or none; Split on the Qwen2 regex, Isolated, then ByteLevel without regex or prefix
-//! space; BPE without dropout, unknown token, affixes, byte fallback or ignore_merges; no
-//! truncation or padding); any other tokenizer keeps the `tokenizers` path.
+//! (NFC or none; Split on the Qwen2 or Llama 3 regex, Isolated, then ByteLevel without regex
+//! or prefix space; BPE without dropout, unknown token, affixes or byte fallback, with or
+//! without ignore_merges; no truncation or padding); any other tokenizer keeps the
+//! `tokenizers` path.
 //!
 //! The merge loop mirrors `tokenizers`' `Word::merge_all`: a min-heap of (rank, position)
 //! with stale entries skipped when the pair at that position no longer yields the same id.
 
 use crate::TokenizeError;
 use crate::pipeline;
-use crate::pretokenize::{self, QWEN2_PATTERN};
+use crate::pretokenize::SplitPattern;
 use parking_lot::RwLock;
 use serde::Deserialize;
 use serde_json::Value;
@@ -115,6 +117,10 @@ enum Normalizer {
 /// The byte-level BPE fast path of one tokenizer.
 pub(crate) struct ByteBpe {
     normalizer: Normalizer,
+    split: SplitPattern,
+    /// With `ignore_merges`, a word that is itself in the vocab is that one token (the vocab
+    /// keyed by the bytes each entry stands for); `None` without it.
+    whole_words: Option<FastMap<Box<[u8]>, u32>>,
     /// Id of the one-byte symbol for each byte.
     byte_ids: [u32; 256],
     merges: MergeMap,
@@ -241,31 +247,30 @@ fn byte_chars() -> [char; 256] {
     table
 }
 
-fn is_qwen2_pre_tokenizer(v: &Value) -> bool {
-    let Some(steps) = v
+/// The split of a `Sequence[Split(regex, Isolated), ByteLevel(no regex, no prefix space)]`
+/// pre-tokenizer whose regex we implement.
+fn split_pattern(v: &Value) -> Option<SplitPattern> {
+    let steps = v
         .get("type")
         .and_then(Value::as_str)
         .filter(|t| *t == "Sequence")
         .and_then(|_| v.get("pretokenizers"))
-        .and_then(Value::as_array)
-    else {
-        return false;
-    };
+        .and_then(Value::as_array)?;
     let [split, byte_level] = steps.as_slice() else {
-        return false;
+        return None;
     };
+    let pattern = split
+        .get("pattern")
+        .and_then(|p| p.get("Regex"))
+        .and_then(Value::as_str)
+        .and_then(SplitPattern::from_regex)?;
     let split_ok = split.get("type").and_then(Value::as_str) == Some("Split")
-        && split
-            .get("pattern")
-            .and_then(|p| p.get("Regex"))
-            .and_then(Value::as_str)
-            == Some(QWEN2_PATTERN)
         && split.get("behavior").and_then(Value::as_str) == Some("Isolated")
         && split.get("invert").and_then(Value::as_bool) == Some(false);
     let byte_level_ok = byte_level.get("type").and_then(Value::as_str) == Some("ByteLevel")
         && byte_level.get("add_prefix_space").and_then(Value::as_bool) == Some(false)
         && byte_level.get("use_regex").and_then(Value::as_bool) == Some(false);
-    split_ok && byte_level_ok
+    (split_ok && byte_level_ok).then_some(pattern)
 }
 
 impl ByteBpe {
@@ -282,9 +287,9 @@ impl ByteBpe {
             }
             other => return Err(format!("normalizer {other}")),
         };
-        if !is_qwen2_pre_tokenizer(&json.pre_tokenizer) {
-            return Err("pre-tokenizer is not the Qwen2 split + byte level".into());
-        }
+        let Some(split) = split_pattern(&json.pre_tokenizer) else {
+            return Err("pre-tokenizer is not a Qwen2/Llama 3 split + byte level".into());
+        };
         if !json.truncation.is_null() || !json.padding.is_null() {
             return Err("truncation or padding configured".into());
         }
@@ -296,7 +301,6 @@ impl ByteBpe {
             || !empty(&m.continuing_subword_prefix)
             || !empty(&m.end_of_word_suffix)
             || m.byte_fallback
-            || m.ignore_merges
         {
             return Err("BPE options the fast path does not implement".into());
         }
@@ -336,8 +340,26 @@ impl ByteBpe {
         }
         let distinct: std::collections::HashSet<u32> = merges.values().map(|m| m.1).collect();
         let unique_merge_ids = distinct.len() == merges.len();
+        let whole_words = m.ignore_merges.then(|| {
+            let mut byte_of: FastMap<char, u8> = FastMap::default();
+            for (b, c) in (0u8..=255).zip(chars) {
+                byte_of.insert(c, b);
+            }
+            let mut words = FastMap::with_capacity_and_hasher(m.vocab.len(), Default::default());
+            for (token, &id) in &m.vocab {
+                // An entry with a char outside the byte table never equals a word's symbols.
+                let bytes: Option<Box<[u8]>> =
+                    token.chars().map(|c| byte_of.get(&c).copied()).collect();
+                if let Some(bytes) = bytes {
+                    words.insert(bytes, id);
+                }
+            }
+            words
+        });
         Ok(ByteBpe {
             normalizer,
+            split,
+            whole_words,
             byte_ids,
             merges,
             unique_merge_ids,
@@ -374,7 +396,7 @@ impl ByteBpe {
         let mut scratch = Scratch::default();
         {
             let words = cache.map.read();
-            pretokenize::split_qwen2(text, |word| {
+            self.split.split(text, |word| {
                 if let Some(ids) = words.get(word.as_bytes()) {
                     out.extend_from_slice(ids.as_slice());
                     return;
@@ -405,10 +427,15 @@ impl ByteBpe {
         }
     }
 
-    /// BPE on one word, with the result of `tokenizers`' `Word::merge_all`.
+    /// BPE on one word, with the result of `tokenizers`' `Word::merge_all` (or, with
+    /// `ignore_merges`, its whole-word lookup first).
     fn merge_word(&self, word: &[u8], s: &mut Scratch, out: &mut Vec<u32>) {
         if let [b] = word {
             out.push(self.byte_ids[usize::from(*b)]);
+            return;
+        }
+        if let Some(&id) = self.whole_words.as_ref().and_then(|w| w.get(word)) {
+            out.push(id);
             return;
         }
         if self.unique_merge_ids && word.len() <= MAX_SCANNED_WORD_BYTES {
