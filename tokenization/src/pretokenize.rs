@@ -18,6 +18,8 @@
 use regex_syntax::hir::{Class, HirKind};
 use std::sync::OnceLock;
 
+pub(crate) mod cased;
+
 /// The pre-tokenizer regex of Qwen2/Qwen3 `tokenizer.json`.
 pub(crate) const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -31,6 +33,10 @@ pub(crate) enum SplitPattern {
     Qwen2,
     /// [`LLAMA3_PATTERN`]: up to three digits per piece.
     Llama3,
+    /// [`cased::GPT_OSS_PATTERN`] (o200k): words split at letter case, contractions kept.
+    GptOss,
+    /// [`cased::MISTRAL_NEMO_PATTERN`]: the same without contractions, one digit per piece.
+    MistralNemo,
 }
 
 impl SplitPattern {
@@ -39,17 +45,25 @@ impl SplitPattern {
         match regex {
             QWEN2_PATTERN => Some(SplitPattern::Qwen2),
             LLAMA3_PATTERN => Some(SplitPattern::Llama3),
+            cased::GPT_OSS_PATTERN => Some(SplitPattern::GptOss),
+            cased::MISTRAL_NEMO_PATTERN => Some(SplitPattern::MistralNemo),
             _ => None,
         }
     }
 
     /// Splits `text` like the pre-tokenizer: calls `piece` with each piece, in order.
     pub(crate) fn split<'a>(self, text: &'a str, mut piece: impl FnMut(&'a str)) {
-        let t = tables();
-        let max_digits = match self {
-            SplitPattern::Qwen2 => 1,
-            SplitPattern::Llama3 => 3,
+        let (max_digits, contractions) = match self {
+            SplitPattern::Qwen2 => (1, true),
+            SplitPattern::Llama3 => (3, true),
+            SplitPattern::GptOss => (3, true),
+            SplitPattern::MistralNemo => (1, false),
         };
+        if matches!(self, SplitPattern::GptOss | SplitPattern::MistralNemo) {
+            cased::split(text, max_digits, contractions, piece);
+            return;
+        }
+        let t = tables();
         let mut pos = 0;
         while pos < text.len() {
             let end = match_end(t, text, pos, max_digits);
@@ -75,7 +89,7 @@ enum Kind {
 }
 
 /// The Unicode tables, built once per process from `regex-syntax`.
-struct Tables {
+pub(crate) struct Tables {
     ascii: [Kind; 128],
     /// Disjoint, sorted ranges of non-ASCII letters, numbers and whitespace.
     ranges: Vec<(u32, u32, Kind)>,
@@ -85,7 +99,7 @@ struct Tables {
 
 const FOLD_LETTERS: [char; 8] = ['s', 't', 'r', 'e', 'v', 'm', 'l', 'd'];
 
-fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
+pub(crate) fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
     let hir = match regex_syntax::parse(pattern) {
         Ok(h) => h,
         // The patterns are constants that regex-syntax accepts; an empty class here would
@@ -107,7 +121,7 @@ fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
     }
 }
 
-fn tables() -> &'static Tables {
+pub(crate) fn tables() -> &'static Tables {
     static TABLES: OnceLock<Tables> = OnceLock::new();
     TABLES.get_or_init(|| {
         let mut ranges: Vec<(u32, u32, Kind)> = Vec::new();
@@ -178,7 +192,8 @@ impl Tables {
         }
     }
 
-    fn folds(&self, letter: char, c: char) -> bool {
+    /// Whether `c` matches `(?i:letter)` (`letter` one of the contraction letters).
+    pub(crate) fn folds(&self, letter: char, c: char) -> bool {
         FOLD_LETTERS
             .iter()
             .position(|&l| l == letter)
@@ -189,7 +204,7 @@ impl Tables {
 
 /// The char at byte `i` and its byte length (`None` at the end).
 #[inline]
-fn char_at(text: &str, i: usize) -> Option<(char, usize)> {
+pub(crate) fn char_at(text: &str, i: usize) -> Option<(char, usize)> {
     let b = *text.as_bytes().get(i)?;
     if b < 0x80 {
         return Some((char::from(b), 1));

@@ -2,7 +2,7 @@
 //! `tokenizers` pipeline (the truth): generated text full of the cases where a hand-written
 //! pre-tokenizer could drift (Unicode classes, contractions, whitespace runs, NFC, special
 //! tokens inside text, long words), plus real files of the repository. Every family whose
-//! tokenizer takes the fast path (Qwen3, Llama 3.x) runs every test.
+//! tokenizer takes the fast path (Qwen3, Llama 3.x, gpt-oss, Mistral Nemo) runs every test.
 
 use kvroute_tokenization::Tokenizer;
 use std::path::PathBuf;
@@ -32,7 +32,7 @@ fn fast_families() -> &'static [(&'static str, Tokenizer)] {
     })
 }
 
-const FAST_FAMILIES: [&str; 2] = ["qwen3", "llama3"];
+const FAST_FAMILIES: [&str; 4] = ["qwen3", "llama3", "gpt-oss", "mistral-nemo"];
 
 /// Fragments the generator strings together.
 const FRAGMENTS: &[&str] = &[
@@ -209,6 +209,32 @@ const FRAGMENTS: &[&str] = &[
     "1234",
     "12345678901",
     "\u{663}\u{664}\u{665}\u{666}",
+    // letter case inside words, titlecase, modifier letters and marks (the cased split of
+    // gpt-oss and Mistral Nemo), slashes after punctuation
+    "camelCase",
+    "HTTPServer",
+    "iPhone",
+    "ABC",
+    "\u{1c5}",
+    "\u{2b0}",
+    "\u{2b0}A",
+    "a\u{2b0}B",
+    "\u{301}a",
+    "A\u{301}",
+    "A\u{301}B",
+    " \u{301}",
+    "\u{903}",
+    "\u{5d0}\u{5b8}",
+    "\u{e01}\u{e31}",
+    "://",
+    "\n/",
+    "/\n",
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|end|>",
+    "[INST]",
+    "[/INST]",
 ];
 
 fn xorshift(x: &mut u64) -> u64 {
@@ -305,7 +331,7 @@ fn every_ascii_triple_matches_tokenizers() {
     // All 3-byte strings over a class-covering ASCII alphabet: exercises each alternative of
     // the split regex at every boundary, including text ending in whitespace.
     let alphabet = [
-        "a", "S", "s", "'", " ", "\t", "\n", "\r", "1", ".", "l", "e",
+        "a", "S", "s", "'", " ", "\t", "\n", "\r", "1", ".", "l", "e", "/", "\u{301}", "\u{2b0}",
     ];
     for (family, t) in fast_families() {
         for a in alphabet {
