@@ -7,7 +7,8 @@
 //! (Metaspace instead of the file's byte-level split) and so its ids differ from what the
 //! file's own pipeline gives. kvroute uses the file as written: for such cases the ids are
 //! compared with `tokenizer_json_ids` (the file's pipeline on the same prompt), and the
-//! prompt, which is what the template decides, must still match exactly.
+//! prompt, which is what the template decides, must still match exactly. (transformers 5.24.0
+//! keeps the file's pipeline for DeepSeek-V3 and gives exactly `tokenizer_json_ids`.)
 
 use chrono::{DateTime, FixedOffset};
 use kvroute_tokenization::{ChatRequest, Tokenizer};
