@@ -19,6 +19,14 @@
 //!
 //! The merge loop mirrors `tokenizers`' `Word::merge_all`: a min-heap of (rank, position)
 //! with stale entries skipped when the pair at that position no longer yields the same id.
+//!
+//! [`SpBpe`] is the same merge loop for SentencePiece-style BPE (Gemma 3): spaces become `▁`,
+//! nothing splits the piece, symbols are characters with byte fallback (`<0xNN>`). The piece is
+//! still merged word by word (cut before a `▁` that follows another character), with a word
+//! cache: no vocab entry spans such a cut, so no merge can cross it, except after the few
+//! characters that some entry has right before a `▁` (`>` in Gemma's `>▁</`), where we do not
+//! cut.
+//! [`FastBpe`] is whichever of the two a `tokenizer.json` has the shape of.
 
 use crate::TokenizeError;
 use crate::pipeline;
@@ -142,6 +150,202 @@ impl std::fmt::Debug for ByteBpe {
             .field("normalizer", &self.normalizer)
             .field("merges", &self.merges.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// SentencePiece's visible space, `▁`.
+const SP_SPACE: char = '\u{2581}';
+
+/// Our encoder for a tokenizer of one of the shapes implemented here.
+pub(crate) enum FastBpe {
+    /// Byte-level BPE behind a hand-written split (Qwen2, Llama 3, gpt-oss, Mistral Nemo).
+    Byte(ByteBpe),
+    /// SentencePiece-style BPE with byte fallback (Gemma 3).
+    Sp(SpBpe),
+}
+
+impl FastBpe {
+    /// The fast path for this `tokenizer.json`, or why there is none.
+    pub(crate) fn from_json(tokenizer_json: &[u8]) -> Result<FastBpe, String> {
+        match ByteBpe::from_json(tokenizer_json) {
+            Ok(b) => Ok(FastBpe::Byte(b)),
+            Err(byte_level) => SpBpe::from_json(tokenizer_json)
+                .map(FastBpe::Sp)
+                .map_err(|sp| format!("{byte_level}; {sp}")),
+        }
+    }
+
+    /// Appends the ids of `piece` (text that contains no added token) to `out`.
+    pub(crate) fn encode_piece(
+        &self,
+        hf: &tokenizers::Tokenizer,
+        words: &WordCache,
+        piece: &str,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizeError> {
+        match self {
+            FastBpe::Byte(b) => b.encode_piece(hf, words, piece, out),
+            FastBpe::Sp(sp) => {
+                sp.encode_piece(words, piece, out);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for FastBpe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FastBpe::Byte(b) => b.fmt(f),
+            FastBpe::Sp(sp) => f
+                .debug_struct("SpBpe")
+                .field("merges", &sp.merges.len())
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+/// SentencePiece-style BPE: `Replace(" ", "▁")` normaliser, a `Split(" ")` pre-tokeniser
+/// that then never splits, BPE over characters with byte fallback, no unknown token needed.
+pub(crate) struct SpBpe {
+    /// Ids of single-character vocab entries.
+    chars: FastMap<char, u32>,
+    /// Id of `<0xNN>` for each byte.
+    byte_ids: [u32; 256],
+    merges: MergeMap,
+    /// Characters that some vocab entry has right before a `▁`: no word cut after them.
+    glued_before_space: Vec<char>,
+}
+
+impl SpBpe {
+    /// The SentencePiece fast path for this `tokenizer.json`, or why there is none.
+    pub(crate) fn from_json(tokenizer_json: &[u8]) -> Result<SpBpe, String> {
+        let json: TokenizerJson =
+            serde_json::from_slice(tokenizer_json).map_err(|e| format!("tokenizer.json: {e}"))?;
+        let replace: Value = serde_json::json!({
+            "type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"
+        });
+        if json.normalizer != replace {
+            return Err("normalizer is not Replace(' ', '\u{2581}')".into());
+        }
+        let split: Value = serde_json::json!({
+            "type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+            "invert": false
+        });
+        if json.pre_tokenizer != split {
+            return Err("pre-tokenizer is not Split(' ')".into());
+        }
+        if !json.truncation.is_null() || !json.padding.is_null() {
+            return Err("truncation or padding configured".into());
+        }
+        let m = json.model;
+        let empty = |s: &Option<String>| s.as_deref().is_none_or(str::is_empty);
+        if m.kind.as_deref().is_some_and(|k| k != "BPE")
+            || m.dropout.is_some()
+            || !empty(&m.continuing_subword_prefix)
+            || !empty(&m.end_of_word_suffix)
+            || !m.byte_fallback
+            || m.ignore_merges
+        {
+            return Err("BPE options the SentencePiece fast path does not implement".into());
+        }
+        let mut byte_ids = [0u32; 256];
+        for (b, slot) in (0u8..=255).zip(byte_ids.iter_mut()) {
+            *slot = *m
+                .vocab
+                .get(format!("<0x{b:02X}>").as_str())
+                .ok_or_else(|| format!("byte token <0x{b:02X}> missing from the vocab"))?;
+        }
+        let mut chars = FastMap::default();
+        let mut glued_before_space: Vec<char> = Vec::new();
+        for (token, &id) in &m.vocab {
+            let mut it = token.chars();
+            if let (Some(c), None) = (it.next(), it.next()) {
+                chars.insert(c, id);
+            }
+            let mut prev: Option<char> = None;
+            for c in token.chars() {
+                if c == SP_SPACE
+                    && let Some(p) = prev.filter(|&p| p != SP_SPACE)
+                    && !glued_before_space.contains(&p)
+                {
+                    glued_before_space.push(p);
+                }
+                prev = Some(c);
+            }
+        }
+        Ok(SpBpe {
+            chars,
+            byte_ids,
+            merges: merge_map(&m)?,
+            glued_before_space,
+        })
+    }
+
+    /// Appends the ids of `piece` (no added tokens): characters (or their bytes when not in
+    /// the vocab) merged by `merge_all`, word by word (see the module docs for why the cuts
+    /// change nothing), through the word cache.
+    fn encode_piece(&self, words: &WordCache, piece: &str, out: &mut Vec<u32>) {
+        let text = piece.replace(' ', "\u{2581}");
+        let mut misses: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> = Vec::new();
+        let mut scratch = Scratch::default();
+        let mut ids: Vec<u32> = Vec::new();
+        {
+            let cache = words.map.read();
+            let mut start = 0;
+            let mut prev: Option<char> = None;
+            let mut word = |range: std::ops::Range<usize>, out: &mut Vec<u32>| {
+                let Some(w) = text.get(range.clone()) else {
+                    return;
+                };
+                if let Some(hit) = cache.get(w.as_bytes()) {
+                    out.extend_from_slice(hit.as_slice());
+                    return;
+                }
+                ids.clear();
+                for c in w.chars() {
+                    match self.chars.get(&c) {
+                        Some(&id) => ids.push(id),
+                        None => {
+                            let mut buf = [0u8; 4];
+                            ids.extend(
+                                c.encode_utf8(&mut buf)
+                                    .bytes()
+                                    .map(|b| self.byte_ids[usize::from(b)]),
+                            );
+                        }
+                    }
+                }
+                let at = out.len();
+                merge_ids_heap(&self.merges, ids.drain(..), &mut scratch, out);
+                if w.len() <= MAX_CACHED_WORD_BYTES {
+                    misses.push((range, at..out.len()));
+                }
+            };
+            for (i, c) in text.char_indices() {
+                if c == SP_SPACE
+                    && i > start
+                    && prev.is_some_and(|p| p != SP_SPACE && !self.glued_before_space.contains(&p))
+                {
+                    word(start..i, out);
+                    start = i;
+                }
+                prev = Some(c);
+            }
+            word(start..text.len(), out);
+        }
+        if misses.is_empty() {
+            return;
+        }
+        let mut cache = words.map.write();
+        if cache.len() + misses.len() > WORD_CACHE_ENTRIES {
+            cache.clear();
+        }
+        for (word, range) in misses {
+            if let (Some(w), Some(ids)) = (text.get(word), out.get(range)) {
+                cache.insert(w.as_bytes().into(), WordIds::new(ids));
+            }
+        }
     }
 }
 
@@ -273,6 +477,37 @@ fn split_pattern(v: &Value) -> Option<SplitPattern> {
     (split_ok && byte_level_ok).then_some(pattern)
 }
 
+/// The merges as `(left id, right id) -> (rank, merged id)`.
+fn merge_map(m: &ModelJson<'_>) -> Result<MergeMap, String> {
+    let mut merges = MergeMap::with_capacity_and_hasher(m.merges.len(), Default::default());
+    let mut joined = String::new();
+    for (rank, merge) in m.merges.iter().enumerate() {
+        let (a, b) = match merge {
+            MergeJson::Pair(a, b) => (a.as_ref(), b.as_ref()),
+            MergeJson::Line(line) => {
+                let mut parts = line.split(' ');
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(a), Some(b), None) => (a, b),
+                    _ => return Err(format!("merge {line:?}")),
+                }
+            }
+        };
+        let id = |s: &str| {
+            m.vocab
+                .get(s)
+                .copied()
+                .ok_or_else(|| format!("merge token {s:?} missing from the vocab"))
+        };
+        let rank = u32::try_from(rank).map_err(|_| "too many merges".to_string())?;
+        // Later duplicates win, as when `tokenizers` collects its merge map.
+        joined.clear();
+        joined.push_str(a);
+        joined.push_str(b);
+        merges.insert(pair_key(id(a)?, id(b)?), (rank, id(&joined)?));
+    }
+    Ok(merges)
+}
+
 impl ByteBpe {
     /// The fast path for this `tokenizer.json`, or why there is none.
     pub(crate) fn from_json(tokenizer_json: &[u8]) -> Result<ByteBpe, String> {
@@ -312,32 +547,7 @@ impl ByteBpe {
                 .get(c.encode_utf8(&mut [0; 4]) as &str)
                 .ok_or_else(|| format!("byte symbol {c:?} missing from the vocab"))?;
         }
-        let mut merges = MergeMap::with_capacity_and_hasher(m.merges.len(), Default::default());
-        let mut joined = String::new();
-        for (rank, merge) in m.merges.iter().enumerate() {
-            let (a, b) = match merge {
-                MergeJson::Pair(a, b) => (a.as_ref(), b.as_ref()),
-                MergeJson::Line(line) => {
-                    let mut parts = line.split(' ');
-                    match (parts.next(), parts.next(), parts.next()) {
-                        (Some(a), Some(b), None) => (a, b),
-                        _ => return Err(format!("merge {line:?}")),
-                    }
-                }
-            };
-            let id = |s: &str| {
-                m.vocab
-                    .get(s)
-                    .copied()
-                    .ok_or_else(|| format!("merge token {s:?} missing from the vocab"))
-            };
-            let rank = u32::try_from(rank).map_err(|_| "too many merges".to_string())?;
-            // Later duplicates win, as when `tokenizers` collects its merge map.
-            joined.clear();
-            joined.push_str(a);
-            joined.push_str(b);
-            merges.insert(pair_key(id(a)?, id(b)?), (rank, id(&joined)?));
-        }
+        let merges = merge_map(&m)?;
         let distinct: std::collections::HashSet<u32> = merges.values().map(|m| m.1).collect();
         let unique_merge_ids = distinct.len() == merges.len();
         let whole_words = m.ignore_merges.then(|| {
@@ -498,68 +708,79 @@ impl ByteBpe {
         out.extend_from_slice(&s.ids);
     }
 
-    /// `merge_all`'s own algorithm: a min-heap of (rank, position), stale entries skipped.
+    /// `merge_all` on the word's byte symbols.
     fn merge_word_heap(&self, word: &[u8], s: &mut Scratch, out: &mut Vec<u32>) {
-        s.symbols.clear();
-        s.heap.clear();
-        let n = word.len();
-        for (i, &b) in word.iter().enumerate() {
-            s.symbols.push(Symbol {
-                id: self.byte_ids[usize::from(b)],
-                prev: i.wrapping_sub(1),
-                next: if i + 1 < n { i + 1 } else { NONE },
-                live: true,
-            });
-        }
-        for (pos, w) in s.symbols.windows(2).enumerate() {
-            if let [l, r] = w
-                && let Some(&(rank, new_id)) = self.merges.get(&pair_key(l.id, r.id))
-            {
-                s.heap.push(Reverse((rank, pos, new_id)));
-            }
-        }
-        while let Some(Reverse((_, pos, new_id))) = s.heap.pop() {
-            let Some(&cur) = s.symbols.get(pos) else {
-                continue;
-            };
-            if !cur.live || cur.next == NONE {
-                continue;
-            }
-            let Some(&right) = s.symbols.get(cur.next) else {
-                continue;
-            };
-            if self.merges.get(&pair_key(cur.id, right.id)).map(|m| m.1) != Some(new_id) {
-                continue;
-            }
-            let right_pos = cur.next;
-            if let Some(r) = s.symbols.get_mut(right_pos) {
-                r.live = false;
-            }
-            if let Some(after) = s.symbols.get_mut(right.next) {
-                after.prev = pos;
-            }
-            let merged = Symbol {
-                id: new_id,
-                prev: cur.prev,
-                next: right.next,
-                live: true,
-            };
-            if let Some(c) = s.symbols.get_mut(pos) {
-                *c = merged;
-            }
-            if let Some(prev) = s.symbols.get(merged.prev)
-                && let Some(&(rank, id)) = self.merges.get(&pair_key(prev.id, new_id))
-            {
-                s.heap.push(Reverse((rank, merged.prev, id)));
-            }
-            if let Some(next) = s.symbols.get(merged.next)
-                && let Some(&(rank, id)) = self.merges.get(&pair_key(new_id, next.id))
-            {
-                s.heap.push(Reverse((rank, pos, id)));
-            }
-        }
-        out.extend(s.symbols.iter().filter(|s| s.live).map(|s| s.id));
+        let ids = word.iter().map(|&b| self.byte_ids[usize::from(b)]);
+        merge_ids_heap(&self.merges, ids, s, out);
     }
+}
+
+/// `merge_all`'s own algorithm: a min-heap of (rank, position), stale entries skipped.
+fn merge_ids_heap(
+    merges: &MergeMap,
+    ids: impl ExactSizeIterator<Item = u32>,
+    s: &mut Scratch,
+    out: &mut Vec<u32>,
+) {
+    s.symbols.clear();
+    s.heap.clear();
+    let n = ids.len();
+    for (i, id) in ids.enumerate() {
+        s.symbols.push(Symbol {
+            id,
+            prev: i.wrapping_sub(1),
+            next: if i + 1 < n { i + 1 } else { NONE },
+            live: true,
+        });
+    }
+    for (pos, w) in s.symbols.windows(2).enumerate() {
+        if let [l, r] = w
+            && let Some(&(rank, new_id)) = merges.get(&pair_key(l.id, r.id))
+        {
+            s.heap.push(Reverse((rank, pos, new_id)));
+        }
+    }
+    while let Some(Reverse((_, pos, new_id))) = s.heap.pop() {
+        let Some(&cur) = s.symbols.get(pos) else {
+            continue;
+        };
+        if !cur.live || cur.next == NONE {
+            continue;
+        }
+        let Some(&right) = s.symbols.get(cur.next) else {
+            continue;
+        };
+        if merges.get(&pair_key(cur.id, right.id)).map(|m| m.1) != Some(new_id) {
+            continue;
+        }
+        let right_pos = cur.next;
+        if let Some(r) = s.symbols.get_mut(right_pos) {
+            r.live = false;
+        }
+        if let Some(after) = s.symbols.get_mut(right.next) {
+            after.prev = pos;
+        }
+        let merged = Symbol {
+            id: new_id,
+            prev: cur.prev,
+            next: right.next,
+            live: true,
+        };
+        if let Some(c) = s.symbols.get_mut(pos) {
+            *c = merged;
+        }
+        if let Some(prev) = s.symbols.get(merged.prev)
+            && let Some(&(rank, id)) = merges.get(&pair_key(prev.id, new_id))
+        {
+            s.heap.push(Reverse((rank, merged.prev, id)));
+        }
+        if let Some(next) = s.symbols.get(merged.next)
+            && let Some(&(rank, id)) = merges.get(&pair_key(new_id, next.id))
+        {
+            s.heap.push(Reverse((rank, pos, id)));
+        }
+    }
+    out.extend(s.symbols.iter().filter(|s| s.live).map(|s| s.id));
 }
 
 const NONE: usize = usize::MAX;

@@ -1,6 +1,6 @@
 //! [`Tokenizer`]: one loaded tokenizer directory, compiled once, shared by every request.
 
-use crate::bpe::ByteBpe;
+use crate::bpe::FastBpe;
 use crate::chat::{self, ChatRequest};
 use crate::config::{self, SpecialTokens, TokenizerFiles};
 use crate::pipeline;
@@ -35,7 +35,7 @@ pub struct Tokenizer {
     segments: SegmentEncoder,
     /// Our byte-level BPE for tokenizers of the shapes it implements (Qwen2/Qwen3, Llama 3,
     /// gpt-oss, Mistral Nemo).
-    fast: Option<Arc<ByteBpe>>,
+    fast: Option<Arc<FastBpe>>,
     /// The post-processor never adds ids (none, or ByteLevel): piecewise encoding is exact
     /// with `add_special_tokens = true` too.
     post_processor_adds_nothing: bool,
@@ -170,7 +170,7 @@ impl Tokenizer {
             .as_deref()
             .and_then(|t| hf.token_to_id(t));
         // A tokenizer of another shape simply keeps the `tokenizers` pipeline.
-        let fast = ByteBpe::from_json(&files.tokenizer_json).ok().map(Arc::new);
+        let fast = FastBpe::from_json(&files.tokenizer_json).ok().map(Arc::new);
         let segments = SegmentEncoder::new(&hf, DEFAULT_SEGMENT_CACHE_BYTES, fast.clone());
         let post_processor_adds_nothing = matches!(
             hf.get_post_processor(),

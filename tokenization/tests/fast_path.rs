@@ -2,7 +2,8 @@
 //! `tokenizers` pipeline (the truth): generated text full of the cases where a hand-written
 //! pre-tokenizer could drift (Unicode classes, contractions, whitespace runs, NFC, special
 //! tokens inside text, long words), plus real files of the repository. Every family whose
-//! tokenizer takes the fast path (Qwen3, Llama 3.x, gpt-oss, Mistral Nemo) runs every test.
+//! tokenizer takes the fast path (Qwen3, Llama 3.x, gpt-oss, Mistral Nemo, Gemma 3) runs every
+//! test.
 
 use kvroute_tokenization::Tokenizer;
 use std::path::PathBuf;
@@ -32,7 +33,7 @@ fn fast_families() -> &'static [(&'static str, Tokenizer)] {
     })
 }
 
-const FAST_FAMILIES: [&str; 4] = ["qwen3", "llama3", "gpt-oss", "mistral-nemo"];
+const FAST_FAMILIES: [&str; 5] = ["qwen3", "llama3", "gpt-oss", "mistral-nemo", "gemma3"];
 
 /// Fragments the generator strings together.
 const FRAGMENTS: &[&str] = &[
@@ -235,6 +236,15 @@ const FRAGMENTS: &[&str] = &[
     "<|end|>",
     "[INST]",
     "[/INST]",
+    // SentencePiece words (Gemma 3): `▁` runs, and the one vocab entry that glues a
+    // character to a following space (`>▁</`)
+    "<b> </b>",
+    "> </",
+    ">  </",
+    "\u{2581}",
+    "x\u{2581}\u{2581}y",
+    "<start_of_turn>",
+    "<end_of_turn>",
 ];
 
 fn xorshift(x: &mut u64) -> u64 {
