@@ -33,8 +33,8 @@ pub struct Tokenizer {
     bos_token_id: Option<u32>,
     max_token_id: u32,
     segments: SegmentEncoder,
-    /// Our byte-level BPE for tokenizers of the shapes it implements (Qwen2/Qwen3, Llama 3,
-    /// gpt-oss, Mistral Nemo).
+    /// Our BPE for tokenizers of the shapes it implements (byte-level: Qwen2/Qwen3, Llama 3,
+    /// gpt-oss, Mistral Nemo; SentencePiece-style: Gemma 3).
     fast: Option<Arc<FastBpe>>,
     /// The post-processor never adds ids (none, or ByteLevel): piecewise encoding is exact
     /// with `add_special_tokens = true` too.
@@ -201,9 +201,10 @@ impl Tokenizer {
         self
     }
 
-    /// Whether [`Self::encode_text`] uses kvroute's own byte-level BPE (tokenizers shaped
-    /// like Qwen2/Qwen3, Llama 3, gpt-oss or Mistral Nemo: NFC or no normaliser, one of their
-    /// split regexes, byte-level BPE) instead of the
+    /// Whether [`Self::encode_text`] uses kvroute's own BPE (tokenizers shaped like
+    /// Qwen2/Qwen3, Llama 3, gpt-oss or Mistral Nemo: NFC or no normaliser, one of their split
+    /// regexes, byte-level BPE; or like Gemma 3: SentencePiece-style BPE with byte fallback)
+    /// instead of the
     /// `tokenizers` pipeline. Both give the same ids; ours is several times faster on text
     /// not seen before.
     pub fn fast_path(&self) -> bool {
