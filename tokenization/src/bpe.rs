@@ -31,6 +31,7 @@
 use crate::TokenizeError;
 use crate::pipeline;
 use crate::pretokenize::SplitPattern;
+use crate::pretokenize::deepseek::DEEPSEEK_V3_PATTERNS;
 use parking_lot::RwLock;
 use serde::Deserialize;
 use serde_json::Value;
@@ -460,6 +461,29 @@ fn split_pattern(v: &Value) -> Option<SplitPattern> {
         .filter(|t| *t == "Sequence")
         .and_then(|_| v.get("pretokenizers"))
         .and_then(Value::as_array)?;
+    let isolated_regex = |split: &Value| -> Option<String> {
+        let ok = split.get("type").and_then(Value::as_str) == Some("Split")
+            && split.get("behavior").and_then(Value::as_str) == Some("Isolated")
+            && split.get("invert").and_then(Value::as_bool) == Some(false);
+        ok.then(|| {
+            split
+                .get("pattern")?
+                .get("Regex")?
+                .as_str()
+                .map(str::to_string)
+        })
+        .flatten()
+    };
+    let byte_level_ok = |byte_level: &Value| {
+        byte_level.get("type").and_then(Value::as_str) == Some("ByteLevel")
+            && byte_level.get("add_prefix_space").and_then(Value::as_bool) == Some(false)
+            && byte_level.get("use_regex").and_then(Value::as_bool) == Some(false)
+    };
+    if let [a, b, c, byte_level] = steps.as_slice() {
+        let regexes = [isolated_regex(a)?, isolated_regex(b)?, isolated_regex(c)?];
+        return (regexes == DEEPSEEK_V3_PATTERNS && byte_level_ok(byte_level))
+            .then_some(SplitPattern::DeepSeekV3);
+    }
     let [split, byte_level] = steps.as_slice() else {
         return None;
     };
@@ -513,8 +537,10 @@ impl ByteBpe {
     pub(crate) fn from_json(tokenizer_json: &[u8]) -> Result<ByteBpe, String> {
         let json: TokenizerJson =
             serde_json::from_slice(tokenizer_json).map_err(|e| format!("tokenizer.json: {e}"))?;
+        let no_normalizers = serde_json::json!({"type": "Sequence", "normalizers": []});
         let normalizer = match &json.normalizer {
             Value::Null => Normalizer::None,
+            v if *v == no_normalizers => Normalizer::None,
             v if v.get("type").and_then(Value::as_str) == Some("NFC")
                 && v.as_object().is_some_and(|o| o.len() == 1) =>
             {

@@ -15,8 +15,8 @@
 //!                                             ▼
 //!                                   prompt String ──segments.rs: split at added tokens,
 //!                                                   cached pieces──┐
-//!        bpe.rs + pretokenize.rs (Qwen2, Llama 3, gpt-oss and    ▼
-//!        Mistral Nemo shapes): NFC, the split regex by hand,
+//!        bpe.rs + pretokenize.rs (Qwen2, Llama 3, gpt-oss,       ▼
+//!        Mistral Nemo, DeepSeek-V3): NFC, the split regex by hand,
 //!        byte-level BPE, word cache; Gemma 3: SentencePiece-style
 //!        BPE with byte fallback, word cache ─────────────────────► Vec<u32>
 //!        (any other tokenizer: the `tokenizers` pipeline, pipeline.rs)

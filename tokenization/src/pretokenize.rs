@@ -5,7 +5,8 @@
 //! ```
 //!
 //! and its Llama 3 variant (cl100k's), which differs only in taking up to three digits at a
-//! time (`\p{N}{1,3}`), both with `behavior: Isolated`. Every character starts a match of some alternative (a letter,
+//! time (`\p{N}{1,3}`), both with `behavior: Isolated`. The o200k-style split of gpt-oss and
+//! Mistral Nemo is in `cased.rs`, DeepSeek-V3's three-step split in `deepseek.rs`. Every character starts a match of some alternative (a letter,
 //! a number, whitespace or anything else), so the split has no gaps and the pieces are the
 //! regex's successive leftmost-first matches. The scanner decides each match with the same
 //! preference order a backtracking engine follows, without backtracking.
@@ -19,6 +20,7 @@ use regex_syntax::hir::{Class, HirKind};
 use std::sync::OnceLock;
 
 pub(crate) mod cased;
+pub(crate) mod deepseek;
 
 /// The pre-tokenizer regex of Qwen2/Qwen3 `tokenizer.json`.
 pub(crate) const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -37,6 +39,8 @@ pub(crate) enum SplitPattern {
     GptOss,
     /// [`cased::MISTRAL_NEMO_PATTERN`]: the same without contractions, one digit per piece.
     MistralNemo,
+    /// [`deepseek::DEEPSEEK_V3_PATTERNS`]: three splits in sequence.
+    DeepSeekV3,
 }
 
 impl SplitPattern {
@@ -57,8 +61,12 @@ impl SplitPattern {
             SplitPattern::Qwen2 => (1, true),
             SplitPattern::Llama3 => (3, true),
             SplitPattern::GptOss => (3, true),
-            SplitPattern::MistralNemo => (1, false),
+            SplitPattern::MistralNemo | SplitPattern::DeepSeekV3 => (1, false),
         };
+        if self == SplitPattern::DeepSeekV3 {
+            deepseek::split(text, piece);
+            return;
+        }
         if matches!(self, SplitPattern::GptOss | SplitPattern::MistralNemo) {
             cased::split(text, max_digits, contractions, piece);
             return;

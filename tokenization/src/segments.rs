@@ -74,8 +74,18 @@ impl SegmentEncoder {
         let decoder = hf.get_added_tokens_decoder();
         let mut tokens: Vec<(u32, String)> = Vec::with_capacity(decoder.len());
         let mut safe = true;
+        // A `normalized` added token is matched in the normalised text: the same text when the
+        // normaliser changes nothing (none, or an empty sequence as in DeepSeek-V3).
+        let identity_normalizer = hf.get_normalizer().is_none_or(|n| {
+            serde_json::to_value(n).ok()
+                == Some(serde_json::json!({"type": "Sequence", "normalizers": []}))
+        });
         for (id, token) in decoder.iter() {
-            if token.normalized || token.lstrip || token.rstrip || token.single_word {
+            if (token.normalized && !identity_normalizer)
+                || token.lstrip
+                || token.rstrip
+                || token.single_word
+            {
                 safe = false;
             }
             tokens.push((*id, token.content.clone()));

@@ -34,7 +34,7 @@ pub struct Tokenizer {
     max_token_id: u32,
     segments: SegmentEncoder,
     /// Our BPE for tokenizers of the shapes it implements (byte-level: Qwen2/Qwen3, Llama 3,
-    /// gpt-oss, Mistral Nemo; SentencePiece-style: Gemma 3).
+    /// gpt-oss, Mistral Nemo, DeepSeek-V3; SentencePiece-style: Gemma 3).
     fast: Option<Arc<FastBpe>>,
     /// The post-processor never adds ids (none, or ByteLevel): piecewise encoding is exact
     /// with `add_special_tokens = true` too.
@@ -202,7 +202,7 @@ impl Tokenizer {
     }
 
     /// Whether [`Self::encode_text`] uses kvroute's own BPE (tokenizers shaped like
-    /// Qwen2/Qwen3, Llama 3, gpt-oss or Mistral Nemo: NFC or no normaliser, one of their split
+    /// Qwen2/Qwen3, Llama 3, gpt-oss, Mistral Nemo or DeepSeek-V3: NFC or no normaliser, their split
     /// regexes, byte-level BPE; or like Gemma 3: SentencePiece-style BPE with byte fallback)
     /// instead of the
     /// `tokenizers` pipeline. Both give the same ids; ours is several times faster on text

@@ -33,7 +33,14 @@ fn fast_families() -> &'static [(&'static str, Tokenizer)] {
     })
 }
 
-const FAST_FAMILIES: [&str; 5] = ["qwen3", "llama3", "gpt-oss", "mistral-nemo", "gemma3"];
+const FAST_FAMILIES: [&str; 6] = [
+    "qwen3",
+    "llama3",
+    "gpt-oss",
+    "mistral-nemo",
+    "gemma3",
+    "deepseek-v3",
+];
 
 /// Fragments the generator strings together.
 const FRAGMENTS: &[&str] = &[
@@ -245,6 +252,14 @@ const FRAGMENTS: &[&str] = &[
     "x\u{2581}\u{2581}y",
     "<start_of_turn>",
     "<end_of_turn>",
+    // DeepSeek-V3: digits, CJK runs and punctuation+letters split in three steps
+    "\u{4e00}\u{9fa5}",
+    "\u{9fa6}",
+    "\u{3041}\u{30a1}",
+    ".abc",
+    "#x",
+    "\u{ff01}a",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
 ];
 
 fn xorshift(x: &mut u64) -> u64 {

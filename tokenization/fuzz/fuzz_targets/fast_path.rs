@@ -2,7 +2,7 @@
 //! exactly those of the HuggingFace `tokenizers` pipeline (the truth).
 //!
 //! Input: a first byte picking the mode (its low bit) and the tokenizer family (Qwen3,
-//! Llama 3, gpt-oss, Mistral Nemo, Gemma 3), then either UTF-8 text (lossy) or bytes
+//! Llama 3, gpt-oss, Mistral Nemo, Gemma 3, DeepSeek-V3), then either UTF-8 text (lossy) or bytes
 //! that each pick a fragment (added tokens, contractions, Unicode classes, letter case, marks,
 //! whitespace mixes), so the fuzzer reaches the interesting boundaries quickly.
 #![no_main]
@@ -11,10 +11,17 @@ use kvroute_tokenization::Tokenizer;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
-const FAMILIES: [&str; 5] = ["qwen3", "llama3", "gpt-oss", "mistral-nemo", "gemma3"];
+const FAMILIES: [&str; 6] = [
+    "qwen3",
+    "llama3",
+    "gpt-oss",
+    "mistral-nemo",
+    "gemma3",
+    "deepseek-v3",
+];
 
 fn tokenizer(family: usize) -> &'static Tokenizer {
-    static T: [OnceLock<Tokenizer>; 5] = [const { OnceLock::new() }; 5];
+    static T: [OnceLock<Tokenizer>; 6] = [const { OnceLock::new() }; 6];
     let name = FAMILIES[family % FAMILIES.len()];
     T[family % FAMILIES.len()].get_or_init(|| {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -39,7 +46,7 @@ const FRAGMENTS: &[&str] = &[
     "\u{7f}", "\u{fffd}", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>",
     "<|im_", "|>", "<tool_call>", "camelCase", "HTTPServer", "\u{1c5}", "\u{2b0}", "A\u{301}",
     " \u{301}", "\u{5b8}", "/", "://", "123", "4567", "<|eot_id|>", "<|start|>", "<|end|>",
-    "[INST]", "> </", "<start_of_turn>", "\u{2581}",
+    "[INST]", "> </", "<start_of_turn>", "\u{2581}", "\u{4e2d}\u{9fa6}", ".abc", "\u{ff01}",
 ];
 
 fuzz_target!(|data: &[u8]| {
