@@ -10,6 +10,11 @@
 //! segment and word caches, on the synthetic chat and on a chat of varied text (this crate's
 //! sources: code, prose, many distinct words); `hf_pipeline/*` is the same text through the
 //! `tokenizers` crate (what the fast path replaces).
+//!
+//! Families: `family/<name>/cold_chat_8k` and `family/<name>/cold_varied_8k` are the cold
+//! cases for each vendored tokenizer (Qwen3, Llama 3, Gemma 3, DeepSeek-V3, gpt-oss, Mistral
+//! Nemo), each with its own template; run only them with
+//! `cargo bench -p kvroute-tokenization --bench encode -- family/`.
 
 #![allow(missing_docs)] // criterion_main! generates an undocumented `pub fn main`
 
@@ -21,7 +26,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 fn tokenizer() -> Tokenizer {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/tokenizers/qwen3");
+    family_tokenizer("qwen3")
+}
+
+fn family_tokenizer(family: &str) -> Tokenizer {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/tokenizers")
+        .join(family);
     match Tokenizer::from_dir(&dir) {
         Ok(t) => t,
         Err(e) => panic!("loading {}: {e}", dir.display()),
@@ -79,9 +90,12 @@ fn long_chat(t: &Tokenizer, target_tokens: usize) -> ChatRequest {
         s.push('.');
         s
     };
+    // Roles alternate user/assistant after the system prompt (Gemma's template insists).
     let mut messages: Vec<Value> = vec![json!({"role": "system", "content": sentence(400)})];
-    let mut req = ChatRequest::new(messages.clone());
     loop {
+        let mut turn = messages.clone();
+        turn.push(json!({"role": "user", "content": sentence(60)}));
+        let req = ChatRequest::new(turn);
         let n = match t.encode_chat(&req, chrono::DateTime::UNIX_EPOCH.fixed_offset()) {
             Ok(e) => e.token_ids.len(),
             Err(e) => panic!("{e}"),
@@ -89,10 +103,8 @@ fn long_chat(t: &Tokenizer, target_tokens: usize) -> ChatRequest {
         if n >= target_tokens {
             return req;
         }
-        messages.push(json!({"role": "user", "content": sentence(150)}));
+        messages.push(json!({"role": "user", "content": sentence(210)}));
         messages.push(json!({"role": "assistant", "content": sentence(250)}));
-        messages.push(json!({"role": "user", "content": sentence(60)}));
-        req = ChatRequest::new(messages.clone());
     }
 }
 
@@ -262,6 +274,52 @@ fn bench(c: &mut Criterion) {
     });
 }
 
+/// Cold render + encode of an ~8k-token chat (synthetic and varied text) for every family.
+fn bench_families(c: &mut Criterion) {
+    let now = chrono::DateTime::UNIX_EPOCH.fixed_offset();
+    for family in [
+        "qwen3",
+        "llama3",
+        "gemma3",
+        "deepseek-v3",
+        "gpt-oss",
+        "mistral-nemo",
+    ] {
+        let t = family_tokenizer(family);
+        let chat = long_chat(&t, 8192);
+        let varied = varied_chat(&t, 8192);
+        let count = |req: &ChatRequest| {
+            t.encode_chat(req, now)
+                .map(|e| e.token_ids.len())
+                .unwrap_or(0)
+        };
+        eprintln!(
+            "{family}: fast path {}, chat {} tokens, varied {} tokens",
+            t.fast_path(),
+            count(&chat),
+            count(&varied)
+        );
+        let mut fresh = Some(t);
+        let mut g = c.benchmark_group(format!("family/{family}"));
+        g.sample_size(10);
+        g.bench_function("cold_chat_8k", |b| {
+            b.iter_custom(|iters| {
+                cold_iter(&mut fresh, iters, |t| {
+                    black_box(t.encode_chat(&chat, now)).ok();
+                })
+            })
+        });
+        g.bench_function("cold_varied_8k", |b| {
+            b.iter_custom(|iters| {
+                cold_iter(&mut fresh, iters, |t| {
+                    black_box(t.encode_chat(&varied, now)).ok();
+                })
+            })
+        });
+        g.finish();
+    }
+}
+
 /// Loading the Qwen3 directory (what a router pays at startup), and the `tokenizers` crate's
 /// share of it; the rest is the fast path's vocab/merges tables and the templates.
 fn bench_load(c: &mut Criterion) {
@@ -279,5 +337,5 @@ fn bench_load(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench, bench_load);
+criterion_group!(benches, bench, bench_load, bench_families);
 criterion_main!(benches);

@@ -1,9 +1,10 @@
-//! Our own encoder for byte-level BPE tokenizers of the Qwen2 shape: the same ids as the
-//! `tokenizers` crate, several times faster on text it has not seen.
+//! Our own encoder for byte-level BPE tokenizers of the Qwen2 and Llama 3 shapes: the same
+//! ids as the `tokenizers` crate, several times faster on text it has not seen.
 //!
 //! ```text
-//!  piece (no added tokens) ─NFC if needed─► pretokenize::split_qwen2 ─► word
+//!  piece (no added tokens) ─NFC if needed─► pretokenize::SplitPattern::split ─► word
 //!      word ─word cache hit──────────────────────────────────────────► ids
+//!      word ─ignore_merges and the whole word is in the vocab─────────► id (cached)
 //!      word ─miss: bytes → byte-level symbols → merges by (rank, pos)─► ids (cached)
 //! ```
 //!
@@ -11,16 +12,26 @@
 //! which costs far more than the regex or the merges (about 20 ms for an 8k-token prompt);
 //! we keep only what ids depend on. [`ByteBpe::from_json`] accepts a `tokenizer.json` only
 //! when its normaliser, pre-tokeniser and model are exactly the shape implemented here
-//! (NFC or none; Split on the Qwen2 regex, Isolated, then ByteLevel without regex or prefix
-//! space; BPE without dropout, unknown token, affixes, byte fallback or ignore_merges; no
-//! truncation or padding); any other tokenizer keeps the `tokenizers` path.
+//! (NFC or none; Split on the Qwen2 or Llama 3 regex, Isolated, then ByteLevel without regex
+//! or prefix space; BPE without dropout, unknown token, affixes or byte fallback, with or
+//! without ignore_merges; no truncation or padding); any other tokenizer keeps the
+//! `tokenizers` path.
 //!
 //! The merge loop mirrors `tokenizers`' `Word::merge_all`: a min-heap of (rank, position)
 //! with stale entries skipped when the pair at that position no longer yields the same id.
+//!
+//! [`SpBpe`] is the same merge loop for SentencePiece-style BPE (Gemma 3): spaces become `▁`,
+//! nothing splits the piece, symbols are characters with byte fallback (`<0xNN>`). The piece is
+//! still merged word by word (cut before a `▁` that follows another character), with a word
+//! cache: no vocab entry spans such a cut, so no merge can cross it, except after the few
+//! characters that some entry has right before a `▁` (`>` in Gemma's `>▁</`), where we do not
+//! cut.
+//! [`FastBpe`] is whichever of the two a `tokenizer.json` has the shape of.
 
 use crate::TokenizeError;
 use crate::pipeline;
-use crate::pretokenize::{self, QWEN2_PATTERN};
+use crate::pretokenize::SplitPattern;
+use crate::pretokenize::deepseek::DEEPSEEK_V3_PATTERNS;
 use parking_lot::RwLock;
 use serde::Deserialize;
 use serde_json::Value;
@@ -115,6 +126,10 @@ enum Normalizer {
 /// The byte-level BPE fast path of one tokenizer.
 pub(crate) struct ByteBpe {
     normalizer: Normalizer,
+    split: SplitPattern,
+    /// With `ignore_merges`, a word that is itself in the vocab is that one token (the vocab
+    /// keyed by the bytes each entry stands for); `None` without it.
+    whole_words: Option<FastMap<Box<[u8]>, u32>>,
     /// Id of the one-byte symbol for each byte.
     byte_ids: [u32; 256],
     merges: MergeMap,
@@ -136,6 +151,202 @@ impl std::fmt::Debug for ByteBpe {
             .field("normalizer", &self.normalizer)
             .field("merges", &self.merges.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// SentencePiece's visible space, `▁`.
+const SP_SPACE: char = '\u{2581}';
+
+/// Our encoder for a tokenizer of one of the shapes implemented here.
+pub(crate) enum FastBpe {
+    /// Byte-level BPE behind a hand-written split (Qwen2, Llama 3, gpt-oss, Mistral Nemo).
+    Byte(ByteBpe),
+    /// SentencePiece-style BPE with byte fallback (Gemma 3).
+    Sp(SpBpe),
+}
+
+impl FastBpe {
+    /// The fast path for this `tokenizer.json`, or why there is none.
+    pub(crate) fn from_json(tokenizer_json: &[u8]) -> Result<FastBpe, String> {
+        match ByteBpe::from_json(tokenizer_json) {
+            Ok(b) => Ok(FastBpe::Byte(b)),
+            Err(byte_level) => SpBpe::from_json(tokenizer_json)
+                .map(FastBpe::Sp)
+                .map_err(|sp| format!("{byte_level}; {sp}")),
+        }
+    }
+
+    /// Appends the ids of `piece` (text that contains no added token) to `out`.
+    pub(crate) fn encode_piece(
+        &self,
+        hf: &tokenizers::Tokenizer,
+        words: &WordCache,
+        piece: &str,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizeError> {
+        match self {
+            FastBpe::Byte(b) => b.encode_piece(hf, words, piece, out),
+            FastBpe::Sp(sp) => {
+                sp.encode_piece(words, piece, out);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for FastBpe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FastBpe::Byte(b) => b.fmt(f),
+            FastBpe::Sp(sp) => f
+                .debug_struct("SpBpe")
+                .field("merges", &sp.merges.len())
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+/// SentencePiece-style BPE: `Replace(" ", "▁")` normaliser, a `Split(" ")` pre-tokeniser
+/// that then never splits, BPE over characters with byte fallback, no unknown token needed.
+pub(crate) struct SpBpe {
+    /// Ids of single-character vocab entries.
+    chars: FastMap<char, u32>,
+    /// Id of `<0xNN>` for each byte.
+    byte_ids: [u32; 256],
+    merges: MergeMap,
+    /// Characters that some vocab entry has right before a `▁`: no word cut after them.
+    glued_before_space: Vec<char>,
+}
+
+impl SpBpe {
+    /// The SentencePiece fast path for this `tokenizer.json`, or why there is none.
+    pub(crate) fn from_json(tokenizer_json: &[u8]) -> Result<SpBpe, String> {
+        let json: TokenizerJson =
+            serde_json::from_slice(tokenizer_json).map_err(|e| format!("tokenizer.json: {e}"))?;
+        let replace: Value = serde_json::json!({
+            "type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"
+        });
+        if json.normalizer != replace {
+            return Err("normalizer is not Replace(' ', '\u{2581}')".into());
+        }
+        let split: Value = serde_json::json!({
+            "type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+            "invert": false
+        });
+        if json.pre_tokenizer != split {
+            return Err("pre-tokenizer is not Split(' ')".into());
+        }
+        if !json.truncation.is_null() || !json.padding.is_null() {
+            return Err("truncation or padding configured".into());
+        }
+        let m = json.model;
+        let empty = |s: &Option<String>| s.as_deref().is_none_or(str::is_empty);
+        if m.kind.as_deref().is_some_and(|k| k != "BPE")
+            || m.dropout.is_some()
+            || !empty(&m.continuing_subword_prefix)
+            || !empty(&m.end_of_word_suffix)
+            || !m.byte_fallback
+            || m.ignore_merges
+        {
+            return Err("BPE options the SentencePiece fast path does not implement".into());
+        }
+        let mut byte_ids = [0u32; 256];
+        for (b, slot) in (0u8..=255).zip(byte_ids.iter_mut()) {
+            *slot = *m
+                .vocab
+                .get(format!("<0x{b:02X}>").as_str())
+                .ok_or_else(|| format!("byte token <0x{b:02X}> missing from the vocab"))?;
+        }
+        let mut chars = FastMap::default();
+        let mut glued_before_space: Vec<char> = Vec::new();
+        for (token, &id) in &m.vocab {
+            let mut it = token.chars();
+            if let (Some(c), None) = (it.next(), it.next()) {
+                chars.insert(c, id);
+            }
+            let mut prev: Option<char> = None;
+            for c in token.chars() {
+                if c == SP_SPACE
+                    && let Some(p) = prev.filter(|&p| p != SP_SPACE)
+                    && !glued_before_space.contains(&p)
+                {
+                    glued_before_space.push(p);
+                }
+                prev = Some(c);
+            }
+        }
+        Ok(SpBpe {
+            chars,
+            byte_ids,
+            merges: merge_map(&m)?,
+            glued_before_space,
+        })
+    }
+
+    /// Appends the ids of `piece` (no added tokens): characters (or their bytes when not in
+    /// the vocab) merged by `merge_all`, word by word (see the module docs for why the cuts
+    /// change nothing), through the word cache.
+    fn encode_piece(&self, words: &WordCache, piece: &str, out: &mut Vec<u32>) {
+        let text = piece.replace(' ', "\u{2581}");
+        let mut misses: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> = Vec::new();
+        let mut scratch = Scratch::default();
+        let mut ids: Vec<u32> = Vec::new();
+        {
+            let cache = words.map.read();
+            let mut start = 0;
+            let mut prev: Option<char> = None;
+            let mut word = |range: std::ops::Range<usize>, out: &mut Vec<u32>| {
+                let Some(w) = text.get(range.clone()) else {
+                    return;
+                };
+                if let Some(hit) = cache.get(w.as_bytes()) {
+                    out.extend_from_slice(hit.as_slice());
+                    return;
+                }
+                ids.clear();
+                for c in w.chars() {
+                    match self.chars.get(&c) {
+                        Some(&id) => ids.push(id),
+                        None => {
+                            let mut buf = [0u8; 4];
+                            ids.extend(
+                                c.encode_utf8(&mut buf)
+                                    .bytes()
+                                    .map(|b| self.byte_ids[usize::from(b)]),
+                            );
+                        }
+                    }
+                }
+                let at = out.len();
+                merge_ids_heap(&self.merges, ids.drain(..), &mut scratch, out);
+                if w.len() <= MAX_CACHED_WORD_BYTES {
+                    misses.push((range, at..out.len()));
+                }
+            };
+            for (i, c) in text.char_indices() {
+                if c == SP_SPACE
+                    && i > start
+                    && prev.is_some_and(|p| p != SP_SPACE && !self.glued_before_space.contains(&p))
+                {
+                    word(start..i, out);
+                    start = i;
+                }
+                prev = Some(c);
+            }
+            word(start..text.len(), out);
+        }
+        if misses.is_empty() {
+            return;
+        }
+        let mut cache = words.map.write();
+        if cache.len() + misses.len() > WORD_CACHE_ENTRIES {
+            cache.clear();
+        }
+        for (word, range) in misses {
+            if let (Some(w), Some(ids)) = (text.get(word), out.get(range)) {
+                cache.insert(w.as_bytes().into(), WordIds::new(ids));
+            }
+        }
     }
 }
 
@@ -241,31 +452,84 @@ fn byte_chars() -> [char; 256] {
     table
 }
 
-fn is_qwen2_pre_tokenizer(v: &Value) -> bool {
-    let Some(steps) = v
+/// The split of a `Sequence[Split(regex, Isolated), ByteLevel(no regex, no prefix space)]`
+/// pre-tokenizer whose regex we implement.
+fn split_pattern(v: &Value) -> Option<SplitPattern> {
+    let steps = v
         .get("type")
         .and_then(Value::as_str)
         .filter(|t| *t == "Sequence")
         .and_then(|_| v.get("pretokenizers"))
-        .and_then(Value::as_array)
-    else {
-        return false;
+        .and_then(Value::as_array)?;
+    let isolated_regex = |split: &Value| -> Option<String> {
+        let ok = split.get("type").and_then(Value::as_str) == Some("Split")
+            && split.get("behavior").and_then(Value::as_str) == Some("Isolated")
+            && split.get("invert").and_then(Value::as_bool) == Some(false);
+        ok.then(|| {
+            split
+                .get("pattern")?
+                .get("Regex")?
+                .as_str()
+                .map(str::to_string)
+        })
+        .flatten()
     };
+    let byte_level_ok = |byte_level: &Value| {
+        byte_level.get("type").and_then(Value::as_str) == Some("ByteLevel")
+            && byte_level.get("add_prefix_space").and_then(Value::as_bool) == Some(false)
+            && byte_level.get("use_regex").and_then(Value::as_bool) == Some(false)
+    };
+    if let [a, b, c, byte_level] = steps.as_slice() {
+        let regexes = [isolated_regex(a)?, isolated_regex(b)?, isolated_regex(c)?];
+        return (regexes == DEEPSEEK_V3_PATTERNS && byte_level_ok(byte_level))
+            .then_some(SplitPattern::DeepSeekV3);
+    }
     let [split, byte_level] = steps.as_slice() else {
-        return false;
+        return None;
     };
+    let pattern = split
+        .get("pattern")
+        .and_then(|p| p.get("Regex"))
+        .and_then(Value::as_str)
+        .and_then(SplitPattern::from_regex)?;
     let split_ok = split.get("type").and_then(Value::as_str) == Some("Split")
-        && split
-            .get("pattern")
-            .and_then(|p| p.get("Regex"))
-            .and_then(Value::as_str)
-            == Some(QWEN2_PATTERN)
         && split.get("behavior").and_then(Value::as_str) == Some("Isolated")
         && split.get("invert").and_then(Value::as_bool) == Some(false);
     let byte_level_ok = byte_level.get("type").and_then(Value::as_str) == Some("ByteLevel")
         && byte_level.get("add_prefix_space").and_then(Value::as_bool) == Some(false)
         && byte_level.get("use_regex").and_then(Value::as_bool) == Some(false);
-    split_ok && byte_level_ok
+    (split_ok && byte_level_ok).then_some(pattern)
+}
+
+/// The merges as `(left id, right id) -> (rank, merged id)`.
+fn merge_map(m: &ModelJson<'_>) -> Result<MergeMap, String> {
+    let mut merges = MergeMap::with_capacity_and_hasher(m.merges.len(), Default::default());
+    let mut joined = String::new();
+    for (rank, merge) in m.merges.iter().enumerate() {
+        let (a, b) = match merge {
+            MergeJson::Pair(a, b) => (a.as_ref(), b.as_ref()),
+            MergeJson::Line(line) => {
+                let mut parts = line.split(' ');
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(a), Some(b), None) => (a, b),
+                    _ => return Err(format!("merge {line:?}")),
+                }
+            }
+        };
+        let id = |s: &str| {
+            m.vocab
+                .get(s)
+                .copied()
+                .ok_or_else(|| format!("merge token {s:?} missing from the vocab"))
+        };
+        let rank = u32::try_from(rank).map_err(|_| "too many merges".to_string())?;
+        // Later duplicates win, as when `tokenizers` collects its merge map.
+        joined.clear();
+        joined.push_str(a);
+        joined.push_str(b);
+        merges.insert(pair_key(id(a)?, id(b)?), (rank, id(&joined)?));
+    }
+    Ok(merges)
 }
 
 impl ByteBpe {
@@ -273,8 +537,10 @@ impl ByteBpe {
     pub(crate) fn from_json(tokenizer_json: &[u8]) -> Result<ByteBpe, String> {
         let json: TokenizerJson<'_> =
             serde_json::from_slice(tokenizer_json).map_err(|e| format!("tokenizer.json: {e}"))?;
+        let no_normalizers = serde_json::json!({"type": "Sequence", "normalizers": []});
         let normalizer = match &json.normalizer {
             Value::Null => Normalizer::None,
+            v if *v == no_normalizers => Normalizer::None,
             v if v.get("type").and_then(Value::as_str) == Some("NFC")
                 && v.as_object().is_some_and(|o| o.len() == 1) =>
             {
@@ -282,9 +548,9 @@ impl ByteBpe {
             }
             other => return Err(format!("normalizer {other}")),
         };
-        if !is_qwen2_pre_tokenizer(&json.pre_tokenizer) {
-            return Err("pre-tokenizer is not the Qwen2 split + byte level".into());
-        }
+        let Some(split) = split_pattern(&json.pre_tokenizer) else {
+            return Err("pre-tokenizer is not a Qwen2/Llama 3 split + byte level".into());
+        };
         if !json.truncation.is_null() || !json.padding.is_null() {
             return Err("truncation or padding configured".into());
         }
@@ -296,7 +562,6 @@ impl ByteBpe {
             || !empty(&m.continuing_subword_prefix)
             || !empty(&m.end_of_word_suffix)
             || m.byte_fallback
-            || m.ignore_merges
         {
             return Err("BPE options the fast path does not implement".into());
         }
@@ -308,36 +573,29 @@ impl ByteBpe {
                 .get(c.encode_utf8(&mut [0; 4]) as &str)
                 .ok_or_else(|| format!("byte symbol {c:?} missing from the vocab"))?;
         }
-        let mut merges = MergeMap::with_capacity_and_hasher(m.merges.len(), Default::default());
-        let mut joined = String::new();
-        for (rank, merge) in m.merges.iter().enumerate() {
-            let (a, b) = match merge {
-                MergeJson::Pair(a, b) => (a.as_ref(), b.as_ref()),
-                MergeJson::Line(line) => {
-                    let mut parts = line.split(' ');
-                    match (parts.next(), parts.next(), parts.next()) {
-                        (Some(a), Some(b), None) => (a, b),
-                        _ => return Err(format!("merge {line:?}")),
-                    }
-                }
-            };
-            let id = |s: &str| {
-                m.vocab
-                    .get(s)
-                    .copied()
-                    .ok_or_else(|| format!("merge token {s:?} missing from the vocab"))
-            };
-            let rank = u32::try_from(rank).map_err(|_| "too many merges".to_string())?;
-            // Later duplicates win, as when `tokenizers` collects its merge map.
-            joined.clear();
-            joined.push_str(a);
-            joined.push_str(b);
-            merges.insert(pair_key(id(a)?, id(b)?), (rank, id(&joined)?));
-        }
+        let merges = merge_map(&m)?;
         let distinct: std::collections::HashSet<u32> = merges.values().map(|m| m.1).collect();
         let unique_merge_ids = distinct.len() == merges.len();
+        let whole_words = m.ignore_merges.then(|| {
+            let mut byte_of: FastMap<char, u8> = FastMap::default();
+            for (b, c) in (0u8..=255).zip(chars) {
+                byte_of.insert(c, b);
+            }
+            let mut words = FastMap::with_capacity_and_hasher(m.vocab.len(), Default::default());
+            for (token, &id) in &m.vocab {
+                // An entry with a char outside the byte table never equals a word's symbols.
+                let bytes: Option<Box<[u8]>> =
+                    token.chars().map(|c| byte_of.get(&c).copied()).collect();
+                if let Some(bytes) = bytes {
+                    words.insert(bytes, id);
+                }
+            }
+            words
+        });
         Ok(ByteBpe {
             normalizer,
+            split,
+            whole_words,
             byte_ids,
             merges,
             unique_merge_ids,
@@ -374,7 +632,7 @@ impl ByteBpe {
         let mut scratch = Scratch::default();
         {
             let words = cache.map.read();
-            pretokenize::split_qwen2(text, |word| {
+            self.split.split(text, |word| {
                 if let Some(ids) = words.get(word.as_bytes()) {
                     out.extend_from_slice(ids.as_slice());
                     return;
@@ -405,10 +663,15 @@ impl ByteBpe {
         }
     }
 
-    /// BPE on one word, with the result of `tokenizers`' `Word::merge_all`.
+    /// BPE on one word, with the result of `tokenizers`' `Word::merge_all` (or, with
+    /// `ignore_merges`, its whole-word lookup first).
     fn merge_word(&self, word: &[u8], s: &mut Scratch, out: &mut Vec<u32>) {
         if let [b] = word {
             out.push(self.byte_ids[usize::from(*b)]);
+            return;
+        }
+        if let Some(&id) = self.whole_words.as_ref().and_then(|w| w.get(word)) {
+            out.push(id);
             return;
         }
         if self.unique_merge_ids && word.len() <= MAX_SCANNED_WORD_BYTES {
@@ -471,68 +734,79 @@ impl ByteBpe {
         out.extend_from_slice(&s.ids);
     }
 
-    /// `merge_all`'s own algorithm: a min-heap of (rank, position), stale entries skipped.
+    /// `merge_all` on the word's byte symbols.
     fn merge_word_heap(&self, word: &[u8], s: &mut Scratch, out: &mut Vec<u32>) {
-        s.symbols.clear();
-        s.heap.clear();
-        let n = word.len();
-        for (i, &b) in word.iter().enumerate() {
-            s.symbols.push(Symbol {
-                id: self.byte_ids[usize::from(b)],
-                prev: i.wrapping_sub(1),
-                next: if i + 1 < n { i + 1 } else { NONE },
-                live: true,
-            });
-        }
-        for (pos, w) in s.symbols.windows(2).enumerate() {
-            if let [l, r] = w
-                && let Some(&(rank, new_id)) = self.merges.get(&pair_key(l.id, r.id))
-            {
-                s.heap.push(Reverse((rank, pos, new_id)));
-            }
-        }
-        while let Some(Reverse((_, pos, new_id))) = s.heap.pop() {
-            let Some(&cur) = s.symbols.get(pos) else {
-                continue;
-            };
-            if !cur.live || cur.next == NONE {
-                continue;
-            }
-            let Some(&right) = s.symbols.get(cur.next) else {
-                continue;
-            };
-            if self.merges.get(&pair_key(cur.id, right.id)).map(|m| m.1) != Some(new_id) {
-                continue;
-            }
-            let right_pos = cur.next;
-            if let Some(r) = s.symbols.get_mut(right_pos) {
-                r.live = false;
-            }
-            if let Some(after) = s.symbols.get_mut(right.next) {
-                after.prev = pos;
-            }
-            let merged = Symbol {
-                id: new_id,
-                prev: cur.prev,
-                next: right.next,
-                live: true,
-            };
-            if let Some(c) = s.symbols.get_mut(pos) {
-                *c = merged;
-            }
-            if let Some(prev) = s.symbols.get(merged.prev)
-                && let Some(&(rank, id)) = self.merges.get(&pair_key(prev.id, new_id))
-            {
-                s.heap.push(Reverse((rank, merged.prev, id)));
-            }
-            if let Some(next) = s.symbols.get(merged.next)
-                && let Some(&(rank, id)) = self.merges.get(&pair_key(new_id, next.id))
-            {
-                s.heap.push(Reverse((rank, pos, id)));
-            }
-        }
-        out.extend(s.symbols.iter().filter(|s| s.live).map(|s| s.id));
+        let ids = word.iter().map(|&b| self.byte_ids[usize::from(b)]);
+        merge_ids_heap(&self.merges, ids, s, out);
     }
+}
+
+/// `merge_all`'s own algorithm: a min-heap of (rank, position), stale entries skipped.
+fn merge_ids_heap(
+    merges: &MergeMap,
+    ids: impl ExactSizeIterator<Item = u32>,
+    s: &mut Scratch,
+    out: &mut Vec<u32>,
+) {
+    s.symbols.clear();
+    s.heap.clear();
+    let n = ids.len();
+    for (i, id) in ids.enumerate() {
+        s.symbols.push(Symbol {
+            id,
+            prev: i.wrapping_sub(1),
+            next: if i + 1 < n { i + 1 } else { NONE },
+            live: true,
+        });
+    }
+    for (pos, w) in s.symbols.windows(2).enumerate() {
+        if let [l, r] = w
+            && let Some(&(rank, new_id)) = merges.get(&pair_key(l.id, r.id))
+        {
+            s.heap.push(Reverse((rank, pos, new_id)));
+        }
+    }
+    while let Some(Reverse((_, pos, new_id))) = s.heap.pop() {
+        let Some(&cur) = s.symbols.get(pos) else {
+            continue;
+        };
+        if !cur.live || cur.next == NONE {
+            continue;
+        }
+        let Some(&right) = s.symbols.get(cur.next) else {
+            continue;
+        };
+        if merges.get(&pair_key(cur.id, right.id)).map(|m| m.1) != Some(new_id) {
+            continue;
+        }
+        let right_pos = cur.next;
+        if let Some(r) = s.symbols.get_mut(right_pos) {
+            r.live = false;
+        }
+        if let Some(after) = s.symbols.get_mut(right.next) {
+            after.prev = pos;
+        }
+        let merged = Symbol {
+            id: new_id,
+            prev: cur.prev,
+            next: right.next,
+            live: true,
+        };
+        if let Some(c) = s.symbols.get_mut(pos) {
+            *c = merged;
+        }
+        if let Some(prev) = s.symbols.get(merged.prev)
+            && let Some(&(rank, id)) = merges.get(&pair_key(prev.id, new_id))
+        {
+            s.heap.push(Reverse((rank, merged.prev, id)));
+        }
+        if let Some(next) = s.symbols.get(merged.next)
+            && let Some(&(rank, id)) = merges.get(&pair_key(new_id, next.id))
+        {
+            s.heap.push(Reverse((rank, pos, id)));
+        }
+    }
+    out.extend(s.symbols.iter().filter(|s| s.live).map(|s| s.id));
 }
 
 const NONE: usize = usize::MAX;

@@ -4,7 +4,9 @@
 //! (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 //! ```
 //!
-//! with `behavior: Isolated`. Every character starts a match of some alternative (a letter,
+//! and its Llama 3 variant (cl100k's), which differs only in taking up to three digits at a
+//! time (`\p{N}{1,3}`), both with `behavior: Isolated`. The o200k-style split of gpt-oss and
+//! Mistral Nemo is in `cased.rs`, DeepSeek-V3's three-step split in `deepseek.rs`. Every character starts a match of some alternative (a letter,
 //! a number, whitespace or anything else), so the split has no gaps and the pieces are the
 //! regex's successive leftmost-first matches. The scanner decides each match with the same
 //! preference order a backtracking engine follows, without backtracking.
@@ -17,8 +19,67 @@
 use regex_syntax::hir::{Class, HirKind};
 use std::sync::OnceLock;
 
-/// The pre-tokenizer regex this scanner implements, as written in Qwen2/Qwen3 `tokenizer.json`.
+pub(crate) mod cased;
+pub(crate) mod deepseek;
+
+/// The pre-tokenizer regex of Qwen2/Qwen3 `tokenizer.json`.
 pub(crate) const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The pre-tokenizer regex of Llama 3.x `tokenizer.json` (OpenAI's cl100k split).
+pub(crate) const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// A split regex this module implements by hand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SplitPattern {
+    /// [`QWEN2_PATTERN`]: one digit per piece.
+    Qwen2,
+    /// [`LLAMA3_PATTERN`]: up to three digits per piece.
+    Llama3,
+    /// [`cased::GPT_OSS_PATTERN`] (o200k): words split at letter case, contractions kept.
+    GptOss,
+    /// [`cased::MISTRAL_NEMO_PATTERN`]: the same without contractions, one digit per piece.
+    MistralNemo,
+    /// [`deepseek::DEEPSEEK_V3_PATTERNS`]: three splits in sequence.
+    DeepSeekV3,
+}
+
+impl SplitPattern {
+    /// The scanner for a `Split` pre-tokenizer's regex, if it is one of ours (exact text).
+    pub(crate) fn from_regex(regex: &str) -> Option<SplitPattern> {
+        match regex {
+            QWEN2_PATTERN => Some(SplitPattern::Qwen2),
+            LLAMA3_PATTERN => Some(SplitPattern::Llama3),
+            cased::GPT_OSS_PATTERN => Some(SplitPattern::GptOss),
+            cased::MISTRAL_NEMO_PATTERN => Some(SplitPattern::MistralNemo),
+            _ => None,
+        }
+    }
+
+    /// Splits `text` like the pre-tokenizer: calls `piece` with each piece, in order.
+    pub(crate) fn split<'a>(self, text: &'a str, mut piece: impl FnMut(&'a str)) {
+        let (max_digits, contractions) = match self {
+            SplitPattern::Qwen2 => (1, true),
+            SplitPattern::Llama3 => (3, true),
+            SplitPattern::GptOss => (3, true),
+            SplitPattern::MistralNemo | SplitPattern::DeepSeekV3 => (1, false),
+        };
+        if self == SplitPattern::DeepSeekV3 {
+            deepseek::split(text, piece);
+            return;
+        }
+        if matches!(self, SplitPattern::GptOss | SplitPattern::MistralNemo) {
+            cased::split(text, max_digits, contractions, piece);
+            return;
+        }
+        let t = tables();
+        let mut pos = 0;
+        while pos < text.len() {
+            let end = match_end(t, text, pos, max_digits);
+            piece(text.get(pos..end).unwrap_or_default());
+            pos = end;
+        }
+    }
+}
 
 /// What a character is to the pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +97,7 @@ enum Kind {
 }
 
 /// The Unicode tables, built once per process from `regex-syntax`.
-struct Tables {
+pub(crate) struct Tables {
     ascii: [Kind; 128],
     /// Disjoint, sorted ranges of non-ASCII letters, numbers and whitespace.
     ranges: Vec<(u32, u32, Kind)>,
@@ -46,7 +107,7 @@ struct Tables {
 
 const FOLD_LETTERS: [char; 8] = ['s', 't', 'r', 'e', 'v', 'm', 'l', 'd'];
 
-fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
+pub(crate) fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
     let hir = match regex_syntax::parse(pattern) {
         Ok(h) => h,
         // The patterns are constants that regex-syntax accepts; an empty class here would
@@ -68,7 +129,7 @@ fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
     }
 }
 
-fn tables() -> &'static Tables {
+pub(crate) fn tables() -> &'static Tables {
     static TABLES: OnceLock<Tables> = OnceLock::new();
     TABLES.get_or_init(|| {
         let mut ranges: Vec<(u32, u32, Kind)> = Vec::new();
@@ -139,7 +200,8 @@ impl Tables {
         }
     }
 
-    fn folds(&self, letter: char, c: char) -> bool {
+    /// Whether `c` matches `(?i:letter)` (`letter` one of the contraction letters).
+    pub(crate) fn folds(&self, letter: char, c: char) -> bool {
         FOLD_LETTERS
             .iter()
             .position(|&l| l == letter)
@@ -148,20 +210,9 @@ impl Tables {
     }
 }
 
-/// Splits `text` like the Qwen2 pre-tokenizer: calls `piece` with each piece, in order.
-pub(crate) fn split_qwen2<'a>(text: &'a str, mut piece: impl FnMut(&'a str)) {
-    let t = tables();
-    let mut pos = 0;
-    while pos < text.len() {
-        let end = match_end(t, text, pos);
-        piece(text.get(pos..end).unwrap_or_default());
-        pos = end;
-    }
-}
-
 /// The char at byte `i` and its byte length (`None` at the end).
 #[inline]
-fn char_at(text: &str, i: usize) -> Option<(char, usize)> {
+pub(crate) fn char_at(text: &str, i: usize) -> Option<(char, usize)> {
     let b = *text.as_bytes().get(i)?;
     if b < 0x80 {
         return Some((char::from(b), 1));
@@ -190,8 +241,9 @@ fn run_end(t: &Tables, text: &str, mut i: usize, keep: impl Fn(Kind) -> bool) ->
     i
 }
 
-/// The end of the match starting at `p` (`p < text.len()`, always `> p`).
-fn match_end(t: &Tables, text: &str, p: usize) -> usize {
+/// The end of the match starting at `p` (`p < text.len()`, always `> p`); `max_digits` is the
+/// `n` of `\p{N}{1,n}`.
+fn match_end(t: &Tables, text: &str, p: usize, max_digits: usize) -> usize {
     let Some((c0, n0)) = char_at(text, p) else {
         return text.len();
     };
@@ -228,9 +280,16 @@ fn match_end(t: &Tables, text: &str, p: usize) -> usize {
     if matches!(k0, Kind::Other | Kind::Space) && k1 == Some(Kind::Letter) {
         return run_end(t, text, p + n0, is_letter);
     }
-    // \p{N}
+    // \p{N}{1,max_digits}
     if k0 == Kind::Number {
-        return p + n0;
+        let mut end = p + n0;
+        for _ in 1..max_digits {
+            match char_at(text, end) {
+                Some((c, n)) if t.kind(c) == Kind::Number => end += n,
+                _ => break,
+            }
+        }
+        return end;
     }
     // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
     let other_run = |start: usize| -> usize {
@@ -266,8 +325,24 @@ mod tests {
 
     fn split(text: &str) -> Vec<&str> {
         let mut out = Vec::new();
-        split_qwen2(text, |p| out.push(p));
+        SplitPattern::Qwen2.split(text, |p| out.push(p));
         out
+    }
+
+    #[test]
+    fn llama3_takes_up_to_three_digits() {
+        let mut out = Vec::new();
+        SplitPattern::Llama3.split("a 1234567 x\u{b2}\u{b3}9", |p| out.push(p));
+        assert_eq!(out, ["a", " ", "123", "456", "7", " x", "\u{b2}\u{b3}9"]);
+        assert_eq!(
+            SplitPattern::from_regex(LLAMA3_PATTERN),
+            Some(SplitPattern::Llama3)
+        );
+        assert_eq!(
+            SplitPattern::from_regex(QWEN2_PATTERN),
+            Some(SplitPattern::Qwen2)
+        );
+        assert_eq!(SplitPattern::from_regex(r"\p{N}"), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! tokenizer has its shape, else by the `tokenizers` pipeline.
 
 use crate::TokenizeError;
-use crate::bpe::{ByteBpe, WordCache};
+use crate::bpe::{FastBpe, WordCache};
 use crate::pipeline;
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use parking_lot::Mutex;
@@ -53,7 +53,7 @@ pub(crate) struct SegmentEncoder {
     matcher: Option<(AhoCorasick, Vec<u32>)>,
     /// Our byte-level BPE, when the tokenizer has the shape it implements; else pieces go
     /// through the `tokenizers` pipeline.
-    fast: Option<Arc<ByteBpe>>,
+    fast: Option<Arc<FastBpe>>,
     words: WordCache,
     cache: Mutex<Generations>,
     capacity_bytes: usize,
@@ -69,13 +69,23 @@ impl SegmentEncoder {
     pub(crate) fn new(
         hf: &tokenizers::Tokenizer,
         capacity_bytes: usize,
-        fast: Option<Arc<ByteBpe>>,
+        fast: Option<Arc<FastBpe>>,
     ) -> Self {
         let decoder = hf.get_added_tokens_decoder();
         let mut tokens: Vec<(u32, String)> = Vec::with_capacity(decoder.len());
         let mut safe = true;
+        // A `normalized` added token is matched in the normalised text: the same text when the
+        // normaliser changes nothing (none, or an empty sequence as in DeepSeek-V3).
+        let identity_normalizer = hf.get_normalizer().is_none_or(|n| {
+            serde_json::to_value(n).ok()
+                == Some(serde_json::json!({"type": "Sequence", "normalizers": []}))
+        });
         for (id, token) in decoder.iter() {
-            if token.normalized || token.lstrip || token.rstrip || token.single_word {
+            if (token.normalized && !identity_normalizer)
+                || token.lstrip
+                || token.rstrip
+                || token.single_word
+            {
                 safe = false;
             }
             tokens.push((*id, token.content.clone()));

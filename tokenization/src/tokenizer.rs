@@ -1,6 +1,6 @@
 //! [`Tokenizer`]: one loaded tokenizer directory, compiled once, shared by every request.
 
-use crate::bpe::ByteBpe;
+use crate::bpe::FastBpe;
 use crate::chat::{self, ChatRequest};
 use crate::config::{self, SpecialTokens, TokenizerFiles};
 use crate::pipeline;
@@ -33,8 +33,9 @@ pub struct Tokenizer {
     bos_token_id: Option<u32>,
     max_token_id: u32,
     segments: SegmentEncoder,
-    /// Our byte-level BPE for tokenizers of the shape it implements (Qwen2/Qwen3).
-    fast: Option<Arc<ByteBpe>>,
+    /// Our BPE for tokenizers of the shapes it implements (byte-level: Qwen2/Qwen3, Llama 3,
+    /// gpt-oss, Mistral Nemo, DeepSeek-V3; SentencePiece-style: Gemma 3).
+    fast: Option<Arc<FastBpe>>,
     /// The post-processor never adds ids (none, or ByteLevel): piecewise encoding is exact
     /// with `add_special_tokens = true` too.
     post_processor_adds_nothing: bool,
@@ -169,7 +170,7 @@ impl Tokenizer {
             .as_deref()
             .and_then(|t| hf.token_to_id(t));
         // A tokenizer of another shape simply keeps the `tokenizers` pipeline.
-        let fast = ByteBpe::from_json(&files.tokenizer_json).ok().map(Arc::new);
+        let fast = FastBpe::from_json(&files.tokenizer_json).ok().map(Arc::new);
         let segments = SegmentEncoder::new(&hf, DEFAULT_SEGMENT_CACHE_BYTES, fast.clone());
         let post_processor_adds_nothing = matches!(
             hf.get_post_processor(),
@@ -200,8 +201,10 @@ impl Tokenizer {
         self
     }
 
-    /// Whether [`Self::encode_text`] uses kvroute's own byte-level BPE (tokenizers shaped
-    /// like Qwen2/Qwen3: NFC, the Qwen2 split regex, byte-level BPE) instead of the
+    /// Whether [`Self::encode_text`] uses kvroute's own BPE (tokenizers shaped like
+    /// Qwen2/Qwen3, Llama 3, gpt-oss, Mistral Nemo or DeepSeek-V3: NFC or no normaliser, their split
+    /// regexes, byte-level BPE; or like Gemma 3: SentencePiece-style BPE with byte fallback)
+    /// instead of the
     /// `tokenizers` pipeline. Both give the same ids; ours is several times faster on text
     /// not seen before.
     pub fn fast_path(&self) -> bool {

@@ -1,7 +1,9 @@
 //! Differential tests of kvroute's byte-level BPE fast path against the HuggingFace
 //! `tokenizers` pipeline (the truth): generated text full of the cases where a hand-written
 //! pre-tokenizer could drift (Unicode classes, contractions, whitespace runs, NFC, special
-//! tokens inside text, long words), plus real files of the repository.
+//! tokens inside text, long words), plus real files of the repository. Every family whose
+//! tokenizer takes the fast path (Qwen3, Llama 3.x, gpt-oss, Mistral Nemo, Gemma 3) runs every
+//! test.
 
 use kvroute_tokenization::Tokenizer;
 use std::path::PathBuf;
@@ -13,15 +15,32 @@ fn testdata(rel: &str) -> PathBuf {
         .join(rel)
 }
 
-fn qwen3() -> &'static Tokenizer {
-    static T: OnceLock<Tokenizer> = OnceLock::new();
-    T.get_or_init(
-        || match Tokenizer::from_dir(&testdata("tokenizers/qwen3")) {
-            Ok(t) => t.with_segment_cache_bytes(0),
-            Err(e) => panic!("{e}"),
-        },
-    )
+fn load(family: &str) -> Tokenizer {
+    match Tokenizer::from_dir(&testdata(&format!("tokenizers/{family}"))) {
+        Ok(t) => t.with_segment_cache_bytes(0),
+        Err(e) => panic!("{family}: {e}"),
+    }
 }
+
+/// The tokenizers of every family that takes the fast path, loaded once.
+fn fast_families() -> &'static [(&'static str, Tokenizer)] {
+    static T: OnceLock<Vec<(&'static str, Tokenizer)>> = OnceLock::new();
+    T.get_or_init(|| {
+        FAST_FAMILIES
+            .iter()
+            .map(|&family| (family, load(family)))
+            .collect()
+    })
+}
+
+const FAST_FAMILIES: [&str; 6] = [
+    "qwen3",
+    "llama3",
+    "gpt-oss",
+    "mistral-nemo",
+    "gemma3",
+    "deepseek-v3",
+];
 
 /// Fragments the generator strings together.
 const FRAGMENTS: &[&str] = &[
@@ -190,6 +209,57 @@ const FRAGMENTS: &[&str] = &[
     "|>",
     "<tool_call>",
     "<|vision_pad|>",
+    "<|begin_of_text|>",
+    "<|eot_id|>",
+    "<|start_header_id|>",
+    "<|python_tag|>",
+    // digit runs of every length around Llama 3's three-digit pieces
+    "1234",
+    "12345678901",
+    "\u{663}\u{664}\u{665}\u{666}",
+    // letter case inside words, titlecase, modifier letters and marks (the cased split of
+    // gpt-oss and Mistral Nemo), slashes after punctuation
+    "camelCase",
+    "HTTPServer",
+    "iPhone",
+    "ABC",
+    "\u{1c5}",
+    "\u{2b0}",
+    "\u{2b0}A",
+    "a\u{2b0}B",
+    "\u{301}a",
+    "A\u{301}",
+    "A\u{301}B",
+    " \u{301}",
+    "\u{903}",
+    "\u{5d0}\u{5b8}",
+    "\u{e01}\u{e31}",
+    "://",
+    "\n/",
+    "/\n",
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|end|>",
+    "[INST]",
+    "[/INST]",
+    // SentencePiece words (Gemma 3): `▁` runs, and the one vocab entry that glues a
+    // character to a following space (`>▁</`)
+    "<b> </b>",
+    "> </",
+    ">  </",
+    "\u{2581}",
+    "x\u{2581}\u{2581}y",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    // DeepSeek-V3: digits, CJK runs and punctuation+letters split in three steps
+    "\u{4e00}\u{9fa5}",
+    "\u{9fa6}",
+    "\u{3041}\u{30a1}",
+    ".abc",
+    "#x",
+    "\u{ff01}a",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
 ];
 
 fn xorshift(x: &mut u64) -> u64 {
@@ -222,20 +292,20 @@ fn generated(seed: u64, cases: usize) -> Vec<String> {
         .collect()
 }
 
-fn assert_same(t: &Tokenizer, text: &str) {
+fn assert_same(family: &str, t: &Tokenizer, text: &str) {
     let truth = match t.encode_text_uncached(text, false) {
         Ok(ids) => ids,
-        Err(e) => panic!("tokenizers failed on {text:?}: {e}"),
+        Err(e) => panic!("{family}: tokenizers failed on {text:?}: {e}"),
     };
     let ours = match t.encode_text(text, false) {
         Ok(ids) => ids,
-        Err(e) => panic!("fast path failed on {text:?}: {e}"),
+        Err(e) => panic!("{family}: fast path failed on {text:?}: {e}"),
     };
     if ours != truth {
         let at = ours.iter().zip(&truth).take_while(|(a, b)| a == b).count();
         let shown: String = text.chars().take(300).collect();
         panic!(
-            "ids differ from index {at} ({} vs {} ids) for {shown:?}",
+            "{family}: ids differ from index {at} ({} vs {} ids) for {shown:?}",
             ours.len(),
             truth.len()
         );
@@ -243,8 +313,10 @@ fn assert_same(t: &Tokenizer, text: &str) {
 }
 
 #[test]
-fn qwen3_takes_the_fast_path_and_the_tiny_tokenizer_does_not() {
-    assert!(qwen3().fast_path());
+fn fast_families_take_the_fast_path_and_the_tiny_tokenizer_does_not() {
+    for (family, t) in fast_families() {
+        assert!(t.fast_path(), "{family}");
+    }
     let tiny = match Tokenizer::from_dir(&testdata("vllm-capture/tokenizer")) {
         Ok(t) => t,
         Err(e) => panic!("{e}"),
@@ -255,24 +327,26 @@ fn qwen3_takes_the_fast_path_and_the_tiny_tokenizer_does_not() {
 
 #[test]
 fn generated_text_matches_tokenizers() {
-    let t = qwen3();
     let cases = generated(0x5eed_1234_abcd_0001, 6000);
-    for text in &cases {
-        assert_same(t, text);
-    }
-    // Once more with every word in the word cache.
-    for text in &cases {
-        assert_same(t, text);
+    for (family, t) in fast_families() {
+        for text in &cases {
+            assert_same(family, t, text);
+        }
+        // Once more with every word in the word cache.
+        for text in &cases {
+            assert_same(family, t, text);
+        }
     }
 }
 
 #[test]
 fn single_fragments_and_pairs_match_tokenizers() {
-    let t = qwen3();
-    for a in FRAGMENTS {
-        assert_same(t, a);
-        for b in FRAGMENTS {
-            assert_same(t, &format!("{a}{b}"));
+    for (family, t) in fast_families() {
+        for a in FRAGMENTS {
+            assert_same(family, t, a);
+            for b in FRAGMENTS {
+                assert_same(family, t, &format!("{a}{b}"));
+            }
         }
     }
 }
@@ -281,15 +355,16 @@ fn single_fragments_and_pairs_match_tokenizers() {
 fn every_ascii_triple_matches_tokenizers() {
     // All 3-byte strings over a class-covering ASCII alphabet: exercises each alternative of
     // the split regex at every boundary, including text ending in whitespace.
-    let t = qwen3();
     let alphabet = [
-        "a", "S", "s", "'", " ", "\t", "\n", "\r", "1", ".", "l", "e",
+        "a", "S", "s", "'", " ", "\t", "\n", "\r", "1", ".", "l", "e", "/", "\u{301}", "\u{2b0}",
     ];
-    for a in alphabet {
-        for b in alphabet {
-            for c in alphabet {
-                for d in ["", " ", "x", "\n"] {
-                    assert_same(t, &format!("{a}{b}{c}{d}"));
+    for (family, t) in fast_families() {
+        for a in alphabet {
+            for b in alphabet {
+                for c in alphabet {
+                    for d in ["", " ", "x", "\n", "1"] {
+                        assert_same(family, t, &format!("{a}{b}{c}{d}"));
+                    }
                 }
             }
         }
@@ -298,7 +373,6 @@ fn every_ascii_triple_matches_tokenizers() {
 
 #[test]
 fn repository_files_match_tokenizers() {
-    let t = qwen3();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let files = [
         root.join("src/bpe.rs"),
@@ -314,10 +388,12 @@ fn repository_files_match_tokenizers() {
             Err(e) => panic!("{}: {e}", path.display()),
         };
         // Whole file, and in chunks that start and end mid-line.
-        assert_same(t, &text);
         let chars: Vec<char> = text.chars().collect();
-        for chunk in chars.chunks(997) {
-            assert_same(t, &chunk.iter().collect::<String>());
+        for (family, t) in fast_families() {
+            assert_same(family, t, &text);
+            for chunk in chars.chunks(997) {
+                assert_same(family, t, &chunk.iter().collect::<String>());
+            }
         }
     }
 }

@@ -1,24 +1,36 @@
 //! Differential fuzzing of kvroute's byte-level BPE fast path: for any text, the ids must be
 //! exactly those of the HuggingFace `tokenizers` pipeline (the truth).
 //!
-//! Input: a first byte picking the mode, then either UTF-8 text (lossy) or bytes that each
-//! pick a fragment (added tokens, contractions, Unicode classes, whitespace mixes), so the
-//! fuzzer reaches the interesting boundaries quickly.
+//! Input: a first byte picking the mode (its low bit) and the tokenizer family (Qwen3,
+//! Llama 3, gpt-oss, Mistral Nemo, Gemma 3, DeepSeek-V3), then either UTF-8 text (lossy) or bytes
+//! that each pick a fragment (added tokens, contractions, Unicode classes, letter case, marks,
+//! whitespace mixes), so the fuzzer reaches the interesting boundaries quickly.
 #![no_main]
 
 use kvroute_tokenization::Tokenizer;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
-fn tokenizer() -> &'static Tokenizer {
-    static T: OnceLock<Tokenizer> = OnceLock::new();
-    T.get_or_init(|| {
+const FAMILIES: [&str; 6] = [
+    "qwen3",
+    "llama3",
+    "gpt-oss",
+    "mistral-nemo",
+    "gemma3",
+    "deepseek-v3",
+];
+
+fn tokenizer(family: usize) -> &'static Tokenizer {
+    static T: [OnceLock<Tokenizer>; 6] = [const { OnceLock::new() }; 6];
+    let name = FAMILIES[family % FAMILIES.len()];
+    T[family % FAMILIES.len()].get_or_init(|| {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../testdata/tokenizers/qwen3");
+            .join("../../testdata/tokenizers")
+            .join(name);
         let t = Tokenizer::from_dir(&dir)
-            .expect("qwen3 tokenizer")
+            .expect("tokenizer")
             .with_segment_cache_bytes(0);
-        assert!(t.fast_path());
+        assert!(t.fast_path(), "{name}");
         t
     })
 }
@@ -32,7 +44,9 @@ const FRAGMENTS: &[&str] = &[
     "\u{6587}", "\u{30ab}", "\u{3099}", "\u{ff41}", "\u{d55c}", "\u{1f600}", "\u{1f3fd}",
     "\u{200d}", "\u{fe0f}", "\u{627}", "\u{64b}", "\u{939}", "\u{94d}", "\u{e20}", "\u{0}",
     "\u{7f}", "\u{fffd}", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>",
-    "<|im_", "|>", "<tool_call>",
+    "<|im_", "|>", "<tool_call>", "camelCase", "HTTPServer", "\u{1c5}", "\u{2b0}", "A\u{301}",
+    " \u{301}", "\u{5b8}", "/", "://", "123", "4567", "<|eot_id|>", "<|start|>", "<|end|>",
+    "[INST]", "> </", "<start_of_turn>", "\u{2581}", "\u{4e2d}\u{9fa6}", ".abc", "\u{ff01}",
 ];
 
 fuzz_target!(|data: &[u8]| {
@@ -46,7 +60,7 @@ fuzz_target!(|data: &[u8]| {
             .map(|&b| FRAGMENTS[usize::from(b) % FRAGMENTS.len()])
             .collect()
     };
-    let t = tokenizer();
+    let t = tokenizer(usize::from(mode / 2));
     let truth = t.encode_text_uncached(&text, false).expect("tokenizers");
     let ours = t.encode_text(&text, false).expect("fast path");
     assert_eq!(ours, truth, "ids differ for {text:?}");
