@@ -221,7 +221,7 @@ pub(crate) struct SpBpe {
 impl SpBpe {
     /// The SentencePiece fast path for this `tokenizer.json`, or why there is none.
     pub(crate) fn from_json(tokenizer_json: &[u8]) -> Result<SpBpe, String> {
-        let json: TokenizerJson =
+        let json: TokenizerJson<'_> =
             serde_json::from_slice(tokenizer_json).map_err(|e| format!("tokenizer.json: {e}"))?;
         let replace: Value = serde_json::json!({
             "type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"
