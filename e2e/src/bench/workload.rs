@@ -72,7 +72,9 @@ pub struct WorkloadSpec {
     /// Tokens generated per request (the fewest, when `max_output_tokens` is set).
     pub output_tokens: u32,
     /// When set, each turn generates a length drawn uniformly from
-    /// `output_tokens..=max_output_tokens` instead of exactly `output_tokens`.
+    /// `output_tokens..=max_output_tokens` instead of exactly `output_tokens`. Left out of
+    /// the JSON report when unset, so reports of fixed-length workloads keep their shape.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u32>,
     /// multi-turn: turns per conversation and the first turn's length.
     pub turns: usize,
