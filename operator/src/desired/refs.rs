@@ -452,8 +452,42 @@ pub fn pool_status(
             out.len()
         ))
     };
-    let conditions = ref_conditions(&issues, &missing, readiness, generation, previous, now);
+    let mut conditions = ref_conditions(&issues, &missing, readiness, generation, previous, now);
+    conditions.extend(condition::merge_conditions(
+        previous,
+        vec![tokenizer_routing(spec, generation, now)],
+    ));
     (out, conditions)
+}
+
+/// Condition type saying what the routers do with the pool's models while a tokenizer is not
+/// loaded (the live state per router is its `/readyz?model=NAME` and `/debug/tokenizers`).
+pub const TOKENIZER_ROUTING: &str = "TokenizerRouting";
+
+/// The pool's [`TOKENIZER_ROUTING`] condition: refused until loaded, or load-only.
+fn tokenizer_routing(spec: &InferencePoolSpec, generation: Option<i64>, now: &Time) -> Condition {
+    let (reason, message) = if spec.routing.allow_load_only {
+        (
+            "LoadOnlyAllowed",
+            "while a router has not loaded a model's tokenizer it routes that model's requests \
+             on load alone (spec.routing.allowLoadOnly)",
+        )
+    } else {
+        (
+            "TokenizerRequired",
+            "while a router has not loaded a model's tokenizer it answers that model's requests \
+             with 503 tokenizer_not_ready and /readyz?model=NAME fails; set \
+             spec.routing.allowLoadOnly to route on load alone instead",
+        )
+    };
+    condition::condition(
+        TOKENIZER_ROUTING,
+        ConditionStatus::True,
+        reason,
+        message.to_string(),
+        generation,
+        now,
+    )
 }
 
 /// Policy conditions: its pool, overflow providers and route targets exist.

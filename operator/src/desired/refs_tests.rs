@@ -89,6 +89,11 @@ fn pool_lists_ready_targets_per_model_primaries_first() {
     );
     assert!(condition::is_true(&conds, READY));
     assert!(condition::is_true(&conds, RESOLVED_REFS));
+    let reason = |c: &[Condition]| condition::find(c, TOKENIZER_ROUTING).map(|c| c.reason.clone());
+    assert_eq!(reason(&conds).as_deref(), Some("TokenizerRequired"));
+    let load_only = pool("targets: [{workerSet: qwen}]\nrouting: {allowLoadOnly: true}\n");
+    let (_, conds) = pool_status(&load_only, Some(1), &[], &inv, &now());
+    assert_eq!(reason(&conds).as_deref(), Some("LoadOnlyAllowed"));
 }
 
 #[test]

@@ -660,7 +660,8 @@ priorityClassName: inference-high
             ("hf-token", "token")
         );
         assert_eq!(engine.env_from.as_ref(), Some(&w.spec.env_from));
-        // The operator's /dev/shm first, then the user's mounts and volumes.
+        // The operator's /dev/shm first, then the user's mounts and volumes, then the GPU
+        // list the sidecar reads (docs/gpu.md).
         let mounts: Vec<_> = engine
             .volume_mounts
             .iter()
@@ -671,11 +672,12 @@ priorityClassName: inference-high
             mounts,
             [
                 ("dshm", "/dev/shm"),
-                ("model-cache", "/root/.cache/huggingface")
+                ("model-cache", "/root/.cache/huggingface"),
+                ("kvroute-gpu", "/run/kvroute/gpu")
             ]
         );
         let volumes = pod.volumes.clone().expect("volumes");
-        assert_eq!(volumes.len(), 2);
+        assert_eq!(volumes.len(), 3);
         assert_eq!(volumes[1], w.spec.volumes[0]);
         assert_eq!(
             volumes[1]
@@ -706,10 +708,16 @@ priorityClassName: inference-high
         assert_eq!(limits.get(GPU_RESOURCE), Some(&Quantity("1".into())));
         let args = engine.args.clone().expect("args");
         assert_eq!(args[args.len() - 2..], ["--max-model-len", "8192"]);
-        // The sidecar gets none of the engine's env or mounts.
+        // The sidecar gets none of the engine's env or mounts, only the GPU list.
         let sidecar = &pod.containers[1];
         assert!(sidecar.env.iter().flatten().all(|e| e.name != "HF_TOKEN"));
-        assert!(sidecar.volume_mounts.is_none());
+        let sidecar_mounts: Vec<_> = sidecar
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.name.as_str())
+            .collect();
+        assert_eq!(sidecar_mounts, ["kvroute-gpu"]);
     }
 
     #[test]

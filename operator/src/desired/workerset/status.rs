@@ -223,7 +223,12 @@ pub fn desired_status(
             ),
             None => cond(DEGRADED, ConditionStatus::False, "AsExpected", ready_msg),
         };
-        vec![ready, progressing, degraded]
+        vec![
+            ready,
+            progressing,
+            degraded,
+            tokenizer_source(ws, generation, now),
+        ]
     };
     InferenceWorkerSetStatus {
         observed_generation: generation,
@@ -233,6 +238,47 @@ pub fn desired_status(
         workers,
         conditions: condition::merge_conditions(&previous.conditions, conditions),
     }
+}
+
+/// Condition type naming where the routers load this WorkerSet's tokenizer from.
+pub const TOKENIZER_SOURCE: &str = "TokenizerSource";
+
+/// The [`TOKENIZER_SOURCE`] condition: the source the routers resolve (whether a router has
+/// loaded it is that router's `/readyz?model=NAME`; what it does meanwhile is the pool's
+/// `TokenizerRouting` condition).
+fn tokenizer_source(ws: &InferenceWorkerSet, generation: Option<i64>, now: &Time) -> Condition {
+    use kvroute_crds::workerset::ResolvedTokenizer;
+    let served = ws.spec.model.served();
+    let (reason, from) = match ws.spec.model.tokenizer_source() {
+        ResolvedTokenizer::Hub {
+            repo,
+            revision,
+            token,
+        } => (
+            "HubRepository",
+            format!(
+                "Hugging Face repository {repo}@{revision}{}",
+                if token.is_some() {
+                    " (with a token)"
+                } else {
+                    ""
+                }
+            ),
+        ),
+        ResolvedTokenizer::ConfigMap(name) => (
+            "ConfigMap",
+            format!("ConfigMap {name} in the router's namespace"),
+        ),
+        ResolvedTokenizer::Path(path) => ("Path", format!("the router's directory {path}")),
+    };
+    condition::condition(
+        TOKENIZER_SOURCE,
+        ConditionStatus::True,
+        reason,
+        format!("routers tokenize model {served} with the tokenizer from {from}"),
+        generation,
+        now,
+    )
 }
 
 /// Events for transitions from `old` to `new` conditions: becoming ready, losing readiness,
@@ -319,6 +365,9 @@ mod tests {
         assert!(condition::is_true(&st.conditions, READY));
         assert!(!condition::is_true(&st.conditions, PROGRESSING));
         assert!(!condition::is_true(&st.conditions, DEGRADED));
+        let source = condition::find(&st.conditions, TOKENIZER_SOURCE).expect("tokenizer source");
+        assert_eq!(source.reason, "HubRepository");
+        assert!(source.message.contains("@main"), "{source:?}");
     }
 
     #[test]
