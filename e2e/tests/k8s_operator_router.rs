@@ -230,7 +230,10 @@ async fn the_operators_router_routes_cache_aware_and_survives_a_rollout() -> any
     .await
     .with_context(|| format!("kubelet problems: {:?}", kubelet.problems()))?;
     wait_for("the router's tokenizer is loaded", WAIT, || async {
-        let r = http.get(format!("{admin}/readyz")).send().await?;
+        let r = http
+            .get(format!("{admin}/readyz?model={SERVED}"))
+            .send()
+            .await?;
         Ok(r.status().is_success().then_some(()))
     })
     .await?;

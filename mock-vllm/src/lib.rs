@@ -163,8 +163,11 @@ pub struct RunningServer {
     pub endpoints: PublisherEndpoints,
     /// Sends commands to the engine driver (e.g. [`driver::Cmd::Restart`]).
     pub cmd: mpsc::UnboundedSender<driver::Cmd>,
-    /// The HTTP server task; it ends when the server fails.
+    /// The HTTP server task; it ends when the server fails, or after [`RunningServer::drain`]
+    /// once in-flight requests are done.
     pub http: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Starts a graceful shutdown of the HTTP server (see [`RunningServer::drain`]).
+    pub drain: tokio::sync::watch::Sender<bool>,
 }
 
 /// Builds the engine configuration from the flags and the profile.
@@ -304,13 +307,22 @@ pub async fn start(args: Args) -> anyhow::Result<RunningServer> {
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let http_addr = listener.local_addr()?;
     let app = server::router(state);
-    let http = tokio::spawn(async move { axum::serve(listener, app).await });
+    // Like vLLM's server on SIGTERM: stop accepting, let in-flight requests finish.
+    let (drain, mut draining) = tokio::sync::watch::channel(false);
+    let http = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = draining.wait_for(|d| *d).await;
+            })
+            .await
+    });
     info!(%http_addr, profile = %profile.name, speedup = args.speedup, "mock vLLM serving");
     Ok(RunningServer {
         http_addr,
         endpoints,
         cmd: cmd_tx,
         http,
+        drain,
     })
 }
 
@@ -354,7 +366,11 @@ fn rescue_known_flags(args: Args) -> Args {
     }
 }
 
-/// Runs the mock worker until Ctrl-C / SIGTERM; SIGHUP restarts the engine.
+/// Longest wait for in-flight requests after SIGTERM.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs the mock worker until Ctrl-C / SIGTERM (after in-flight requests finish); SIGHUP
+/// restarts the engine.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -364,7 +380,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .try_init();
     let args = rescue_known_flags(args);
     let server = start(args).await?;
-    let RunningServer { cmd, http, .. } = server;
+    let RunningServer {
+        cmd, http, drain, ..
+    } = server;
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("installing the SIGHUP handler")?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -373,7 +391,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(()),
-            _ = terminate.recv() => return Ok(()),
+            _ = terminate.recv() => {
+                // As vLLM does: no new requests, the ones in flight finish (bounded).
+                info!("SIGTERM: finishing in-flight requests");
+                let _ = drain.send(true);
+                let _ = tokio::time::timeout(DRAIN_LIMIT, &mut http).await;
+                return Ok(());
+            }
             _ = hangup.recv() => {
                 info!("SIGHUP: restarting the engine");
                 let _ = cmd.send(driver::Cmd::Restart);
