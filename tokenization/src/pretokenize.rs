@@ -96,11 +96,84 @@ enum Kind {
     Other,
 }
 
+/// What a pre-tokenizer's pattern needs to know of a character, by the regex classes it
+/// uses: an array for ASCII, a binary search over sorted disjoint ranges for the rest. Each
+/// scanner (Qwen2/Llama 3 here, `cased`, `deepseek`) builds one over its own kinds.
+pub(crate) struct ClassTable<K> {
+    ascii: [K; 128],
+    /// Disjoint, sorted ranges of the non-ASCII members of the classes.
+    ranges: Vec<(u32, u32, K)>,
+    other: K,
+}
+
+impl<K: Copy> ClassTable<K> {
+    /// A table where the characters of each regex class in `classes` have its kind, `\r` and
+    /// `\n` have `newline`, and everything else `other`. The classes must be disjoint.
+    pub(crate) fn new(classes: &[(&str, K)], newline: K, other: K) -> Self {
+        let mut ranges: Vec<(u32, u32, K)> = Vec::new();
+        for &(pattern, kind) in classes {
+            for (lo, hi) in class_ranges(pattern) {
+                ranges.push((lo, hi, kind));
+            }
+        }
+        ranges.sort_unstable_by_key(|r| r.0);
+        let kind_of = |c: u32| -> K {
+            if c == u32::from('\r') || c == u32::from('\n') {
+                return newline;
+            }
+            ranges
+                .iter()
+                .find(|r| r.0 <= c && c <= r.1)
+                .map_or(other, |r| r.2)
+        };
+        let ascii = std::array::from_fn(|c| kind_of(c as u32));
+        let ranges = ranges
+            .into_iter()
+            .filter(|r| r.1 >= 128)
+            .map(|(lo, hi, k)| (lo.max(128), hi, k))
+            .collect();
+        Self {
+            ascii,
+            ranges,
+            other,
+        }
+    }
+
+    /// The kind of an ASCII byte (`b < 128`).
+    #[inline]
+    pub(crate) fn ascii(&self, b: u8) -> K {
+        self.ascii
+            .get(usize::from(b))
+            .copied()
+            .unwrap_or(self.other)
+    }
+
+    /// The kind of `c`.
+    #[inline]
+    pub(crate) fn kind(&self, c: char) -> K {
+        let u = u32::from(c);
+        if let Some(k) = self.ascii.get(u as usize) {
+            return *k;
+        }
+        match self.ranges.binary_search_by(|r| {
+            if r.1 < u {
+                std::cmp::Ordering::Less
+            } else if r.0 > u {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        }) {
+            Ok(i) => self.ranges.get(i).map_or(self.other, |r| r.2),
+            Err(_) => self.other,
+        }
+    }
+}
+
 /// The Unicode tables, built once per process from `regex-syntax`.
 pub(crate) struct Tables {
-    ascii: [Kind; 128],
-    /// Disjoint, sorted ranges of non-ASCII letters, numbers and whitespace.
-    ranges: Vec<(u32, u32, Kind)>,
+    /// Letters, numbers, whitespace.
+    classes: ClassTable<Kind>,
     /// For each contraction letter (s, t, r, e, v, m, l, d): the characters `(?i:x)` matches.
     folds: [Vec<char>; 8],
 }
@@ -132,35 +205,15 @@ pub(crate) fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
 pub(crate) fn tables() -> &'static Tables {
     static TABLES: OnceLock<Tables> = OnceLock::new();
     TABLES.get_or_init(|| {
-        let mut ranges: Vec<(u32, u32, Kind)> = Vec::new();
-        for (pattern, kind) in [
-            (r"\p{L}", Kind::Letter),
-            (r"\p{N}", Kind::Number),
-            (r"\s", Kind::Space),
-        ] {
-            for (lo, hi) in class_ranges(pattern) {
-                ranges.push((lo, hi, kind));
-            }
-        }
-        ranges.sort_unstable_by_key(|r| r.0);
-        let kind_of = |c: u32| -> Kind {
-            if c == u32::from('\r') || c == u32::from('\n') {
-                return Kind::Newline;
-            }
-            ranges
-                .iter()
-                .find(|r| r.0 <= c && c <= r.1)
-                .map_or(Kind::Other, |r| r.2)
-        };
-        let mut ascii = [Kind::Other; 128];
-        for (c, slot) in (0u32..).zip(ascii.iter_mut()) {
-            *slot = kind_of(c);
-        }
-        let ranges: Vec<(u32, u32, Kind)> = ranges
-            .into_iter()
-            .filter(|r| r.1 >= 128)
-            .map(|(lo, hi, k)| (lo.max(128), hi, k))
-            .collect();
+        let classes = ClassTable::new(
+            &[
+                (r"\p{L}", Kind::Letter),
+                (r"\p{N}", Kind::Number),
+                (r"\s", Kind::Space),
+            ],
+            Kind::Newline,
+            Kind::Other,
+        );
         let folds = FOLD_LETTERS.map(|l| {
             let mut chars: Vec<char> = class_ranges(&format!("(?i:{l})"))
                 .into_iter()
@@ -171,33 +224,14 @@ pub(crate) fn tables() -> &'static Tables {
             }
             chars
         });
-        Tables {
-            ascii,
-            ranges,
-            folds,
-        }
+        Tables { classes, folds }
     })
 }
 
 impl Tables {
     #[inline]
     fn kind(&self, c: char) -> Kind {
-        let u = u32::from(c);
-        if let Some(k) = self.ascii.get(u as usize) {
-            return *k;
-        }
-        match self.ranges.binary_search_by(|r| {
-            if r.1 < u {
-                std::cmp::Ordering::Less
-            } else if r.0 > u {
-                std::cmp::Ordering::Greater
-            } else {
-                std::cmp::Ordering::Equal
-            }
-        }) {
-            Ok(i) => self.ranges.get(i).map_or(Kind::Other, |r| r.2),
-            Err(_) => Kind::Other,
-        }
+        self.classes.kind(c)
     }
 
     /// Whether `c` matches `(?i:letter)` (`letter` one of the contraction letters).
@@ -227,7 +261,7 @@ fn run_end(t: &Tables, text: &str, mut i: usize, keep: impl Fn(Kind) -> bool) ->
     let bytes = text.as_bytes();
     while let Some(&b) = bytes.get(i) {
         if b < 0x80 {
-            if !keep(t.ascii[usize::from(b)]) {
+            if !keep(t.classes.ascii(b)) {
                 break;
             }
             i += 1;

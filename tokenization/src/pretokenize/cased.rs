@@ -17,7 +17,7 @@
 //! Classes come from `regex-syntax` like the `tokenizers` crate's; the differential tests in
 //! `tests/fast_path.rs` hold the scanner to the regex.
 
-use super::{Tables, char_at, class_ranges, tables};
+use super::{ClassTable, Tables, char_at, tables};
 use std::sync::OnceLock;
 
 /// The pre-tokenizer regex of gpt-oss `tokenizer.json` (OpenAI's o200k split).
@@ -68,71 +68,38 @@ impl Kind {
     }
 }
 
-struct CasedTables {
-    ascii: [Kind; 128],
-    ranges: Vec<(u32, u32, Kind)>,
-}
+/// Letter case, marks, numbers and whitespace of the cased pattern.
+struct CasedTables(ClassTable<Kind>);
 
 fn cased_tables() -> &'static CasedTables {
     static T: OnceLock<CasedTables> = OnceLock::new();
     T.get_or_init(|| {
-        let mut ranges: Vec<(u32, u32, Kind)> = Vec::new();
-        for (pattern, kind) in [
-            (r"[\p{Lu}\p{Lt}]", Kind::Upper),
-            (r"\p{Ll}", Kind::Lower),
-            (r"[\p{Lm}\p{Lo}]", Kind::Both),
-            (r"\p{M}", Kind::Mark),
-            (r"\p{N}", Kind::Number),
-            (r"\s", Kind::Space),
-        ] {
-            for (lo, hi) in class_ranges(pattern) {
-                ranges.push((lo, hi, kind));
-            }
-        }
-        ranges.sort_unstable_by_key(|r| r.0);
-        let lookup = |ranges: &[(u32, u32, Kind)], c: u32| -> Kind {
-            if c == u32::from('\r') || c == u32::from('\n') {
-                return Kind::Newline;
-            }
-            ranges
-                .iter()
-                .find(|r| r.0 <= c && c <= r.1)
-                .map_or(Kind::Other, |r| r.2)
-        };
-        let mut ascii = [Kind::Other; 128];
-        for (c, slot) in (0u32..).zip(ascii.iter_mut()) {
-            *slot = lookup(&ranges, c);
-        }
-        CasedTables { ascii, ranges }
+        CasedTables(ClassTable::new(
+            &[
+                (r"[\p{Lu}\p{Lt}]", Kind::Upper),
+                (r"\p{Ll}", Kind::Lower),
+                (r"[\p{Lm}\p{Lo}]", Kind::Both),
+                (r"\p{M}", Kind::Mark),
+                (r"\p{N}", Kind::Number),
+                (r"\s", Kind::Space),
+            ],
+            Kind::Newline,
+            Kind::Other,
+        ))
     })
 }
 
 impl CasedTables {
     #[inline]
     fn kind(&self, c: char) -> Kind {
-        let u = u32::from(c);
-        if let Some(k) = self.ascii.get(u as usize) {
-            return *k;
-        }
-        match self.ranges.binary_search_by(|r| {
-            if r.1 < u {
-                std::cmp::Ordering::Less
-            } else if r.0 > u {
-                std::cmp::Ordering::Greater
-            } else {
-                std::cmp::Ordering::Equal
-            }
-        }) {
-            Ok(i) => self.ranges.get(i).map_or(Kind::Other, |r| r.2),
-            Err(_) => Kind::Other,
-        }
+        self.0.kind(c)
     }
 
     #[inline]
     fn kind_at(&self, text: &str, i: usize) -> Option<(Kind, usize)> {
         let b = *text.as_bytes().get(i)?;
         if b < 0x80 {
-            return Some((self.ascii[usize::from(b)], 1));
+            return Some((self.0.ascii(b), 1));
         }
         char_at(text, i).map(|(c, n)| (self.kind(c), n))
     }

@@ -12,7 +12,7 @@
 //! piece it runs on as the end of the text. Classes come from `regex-syntax`, like the
 //! `tokenizers` crate's; `tests/fast_path.rs` holds the scanner to the regexes.
 
-use super::{char_at, class_ranges};
+use super::{ClassTable, char_at};
 use std::sync::OnceLock;
 
 /// The three regexes of DeepSeek-V3 `tokenizer.json`, in order.
@@ -34,62 +34,29 @@ enum Kind {
     Other,
 }
 
-struct Tables {
-    ascii: [Kind; 128],
-    ranges: Vec<(u32, u32, Kind)>,
-}
+/// Letters, marks, numbers, punctuation/symbols and whitespace of DeepSeek-V3's patterns.
+struct Tables(ClassTable<Kind>);
 
 fn tables() -> &'static Tables {
     static T: OnceLock<Tables> = OnceLock::new();
     T.get_or_init(|| {
-        let mut ranges: Vec<(u32, u32, Kind)> = Vec::new();
-        for (pattern, kind) in [
-            (r"\p{L}", Kind::Letter),
-            (r"\p{M}", Kind::Mark),
-            (r"\p{N}", Kind::Number),
-            (r"[\p{P}\p{S}]", Kind::Punct),
-            (r"\s", Kind::Space),
-        ] {
-            for (lo, hi) in class_ranges(pattern) {
-                ranges.push((lo, hi, kind));
-            }
-        }
-        ranges.sort_unstable_by_key(|r| r.0);
-        let lookup = |c: u32| -> Kind {
-            if c == u32::from('\r') || c == u32::from('\n') {
-                return Kind::Newline;
-            }
-            ranges
-                .iter()
-                .find(|r| r.0 <= c && c <= r.1)
-                .map_or(Kind::Other, |r| r.2)
-        };
-        let mut ascii = [Kind::Other; 128];
-        for (c, slot) in (0u32..).zip(ascii.iter_mut()) {
-            *slot = lookup(c);
-        }
-        Tables { ascii, ranges }
+        Tables(ClassTable::new(
+            &[
+                (r"\p{L}", Kind::Letter),
+                (r"\p{M}", Kind::Mark),
+                (r"\p{N}", Kind::Number),
+                (r"[\p{P}\p{S}]", Kind::Punct),
+                (r"\s", Kind::Space),
+            ],
+            Kind::Newline,
+            Kind::Other,
+        ))
     })
 }
 
 impl Tables {
     fn kind(&self, c: char) -> Kind {
-        let u = u32::from(c);
-        if let Some(k) = self.ascii.get(u as usize) {
-            return *k;
-        }
-        match self.ranges.binary_search_by(|r| {
-            if r.1 < u {
-                std::cmp::Ordering::Less
-            } else if r.0 > u {
-                std::cmp::Ordering::Greater
-            } else {
-                std::cmp::Ordering::Equal
-            }
-        }) {
-            Ok(i) => self.ranges.get(i).map_or(Kind::Other, |r| r.2),
-            Err(_) => Kind::Other,
-        }
+        self.0.kind(c)
     }
 
     fn kind_at(&self, text: &str, i: usize) -> Option<(char, Kind, usize)> {
