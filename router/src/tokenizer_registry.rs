@@ -117,12 +117,6 @@ struct Discovered {
     load_only: BTreeSet<String>,
 }
 
-/// How a client is told about a tokenizer that is not loaded (no internals: where it comes
-/// from and why it failed are in `/debug/tokenizers` and the logs).
-pub fn not_ready_text(failed: bool) -> &'static str {
-    crate::gateway::error::tokenizer_not_ready_text(failed)
-}
-
 /// Sets `kvroute_router_tokenizer_loaded{model}` for every discovered model (reset first, so
 /// models discovery dropped disappear).
 pub fn refresh_gauges(tokenizers: &Tokenizers, gauge: &prometheus::IntGaugeVec) {

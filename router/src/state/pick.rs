@@ -209,7 +209,7 @@ pub enum PickError {
     NoReadyWorker(String),
     /// The model's tokenizer is not loaded yet (or failing) and none of its pools allows
     /// load-only routing.
-    #[error("the tokenizer of model `{model}` {}", crate::tokenizer_registry::not_ready_text(*.failed))]
+    #[error("the tokenizer of model `{model}` {}", crate::gateway::error::tokenizer_not_ready_text(*.failed))]
     TokenizerNotReady {
         /// The client-facing model name.
         model: String,
