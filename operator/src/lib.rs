@@ -20,6 +20,7 @@ pub mod generated;
 pub mod lease;
 pub mod metrics;
 pub mod permissions;
+pub mod pki;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
