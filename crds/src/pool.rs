@@ -55,6 +55,78 @@ pub struct InferencePoolSpec {
     /// How the router treats the pool's requests.
     #[serde(default, skip_serializing_if = "RoutingSpec::is_default")]
     pub routing: RoutingSpec,
+    /// Where the mTLS certificates of the pool's identities (its WorkerSets' sidecars, its
+    /// external picker, the router) come from: the operator's own CA unless an issuer is named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<PoolTlsSpec>,
+    /// The router's HTTP gateway for this pool's clients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<PoolGatewaySpec>,
+}
+
+/// Certificate source of a pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolTlsSpec {
+    /// A cert-manager issuer: the operator creates cert-manager `Certificate`s
+    /// (cert-manager.io/v1) instead of issuing from its own CA. Every pool that names one must
+    /// name the same; see docs/security.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer_ref: Option<IssuerRef>,
+}
+
+/// A cert-manager issuer reference.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuerRef {
+    /// Issuer name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// `Issuer` (namespaced: it must exist in every namespace that gets a Certificate) or
+    /// `ClusterIssuer`.
+    #[serde(default)]
+    pub kind: IssuerKind,
+    /// API group of the issuer.
+    #[serde(default = "IssuerRef::default_group")]
+    #[schemars(length(min = 1, max = 253))]
+    pub group: String,
+}
+
+impl IssuerRef {
+    fn default_group() -> String {
+        "cert-manager.io".to_string()
+    }
+}
+
+/// Kind of a cert-manager issuer.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub enum IssuerKind {
+    /// A namespaced issuer.
+    #[default]
+    Issuer,
+    /// A cluster-wide issuer.
+    ClusterIssuer,
+}
+
+/// Gateway settings of a pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolGatewaySpec {
+    /// TLS termination of the HTTP gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<GatewayTlsSpec>,
+}
+
+/// TLS termination of the router's HTTP gateway.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayTlsSpec {
+    /// A `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`) in the router's namespace; the
+    /// router terminates TLS with it.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
 }
 
 /// Routing settings of a pool.
@@ -237,6 +309,15 @@ mod tests {
 
     #[test]
     fn valid_pool() {
+        let s = spec(
+            "targets: [{workerSet: a}]\ntls: {issuerRef: {name: ca, kind: ClusterIssuer}}\ngateway: {tls: {secretName: gw}}\n",
+        );
+        assert!(s.validate().is_empty());
+        let issuer = s.tls.and_then(|t| t.issuer_ref).expect("issuer");
+        assert_eq!(
+            (issuer.kind, issuer.group.as_str()),
+            (IssuerKind::ClusterIssuer, "cert-manager.io")
+        );
         let s = spec(
             "targets:\n- workerSet: qwen\n- provider: openai\n  role: overflow\nmodelAliases:\n- {name: chat, model: qwen}\n",
         );

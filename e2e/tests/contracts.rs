@@ -27,6 +27,7 @@ fn operator_sets_only_router_flags_that_exist() {
             router_replicas: 2,
             router_namespace: "kvroute-system".into(),
             watch_namespace: watch.into(),
+            mtls: false,
         };
         let objects = desired_router(&cfg, &Default::default());
         let spec = objects.deployment.spec.expect("deployment spec");

@@ -6,6 +6,8 @@
 //!  InferenceWorkerSet --controller/workerset.rs--> Deployment (vLLM|mock + sidecar), headless Service
 //!  InferencePool/Policy/Provider, GatewayBackend --controller/refs.rs (one generic reconciler)--> status
 //!  (installation) --controller/router.rs--> router Deployment, Services, ServiceAccount, RBAC
+//!  (installation, --mtls) --controller/pki.rs (pki.rs pure)--> Secrets kvroute-ca, kvroute-mtls
+//!                             or cert-manager Certificates
 //!                      every write: desired/*.rs (pure) -> server-side apply "kvroute-operator"
 //!  admin.rs: /metrics, /healthz
 //! ```
@@ -111,6 +113,32 @@ pub struct Args {
     /// Periodic requeue of every resource, in seconds.
     #[arg(long, env = "KVROUTE_OPERATOR_REQUEUE_SECONDS", default_value_t = 300)]
     pub requeue_seconds: u64,
+    /// Issue mTLS certificates (own CA in Secret `kvroute-ca`, pairs in `kvroute-mtls`, or
+    /// cert-manager when a pool names an issuer) and pass the TLS flags to routers and
+    /// sidecars. Needs router and sidecar builds with mTLS support.
+    #[arg(long, env = "KVROUTE_OPERATOR_MTLS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub mtls: bool,
+    /// Life of a leaf certificate in seconds; renewed at two thirds.
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_CERT_LIFETIME_SECONDS",
+        default_value_t = 7 * 24 * 3600
+    )]
+    pub cert_lifetime_seconds: u64,
+    /// Life of the operator's CA in seconds; a successor is staged at two thirds.
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_CA_LIFETIME_SECONDS",
+        default_value_t = 365 * 24 * 3600
+    )]
+    pub ca_lifetime_seconds: u64,
+    /// Seconds a staged CA is only trusted (in every bundle) before it starts signing.
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_CA_OVERLAP_SECONDS",
+        default_value_t = 24 * 3600
+    )]
+    pub ca_overlap_seconds: u64,
 }
 
 const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -166,6 +194,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         identity,
         admin_addr,
         requeue_seconds,
+        mtls,
+        cert_lifetime_seconds,
+        ca_lifetime_seconds,
+        ca_overlap_seconds,
     } = args;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -200,6 +232,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             router_namespace
         },
         watch_namespace: namespace,
+        mtls,
+    };
+    let pki = controller::pki::PkiSettings {
+        ca_namespace: lease_namespace.clone(),
+        lifetimes: pki::Lifetimes {
+            leaf: Duration::from_secs(cert_lifetime_seconds.max(1)),
+            ca: Duration::from_secs(ca_lifetime_seconds.max(1)),
+            ca_overlap: Duration::from_secs(ca_overlap_seconds),
+        },
     };
 
     let registry = Registry::new();
@@ -234,14 +275,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             instance: Some(identity.clone()),
         },
     );
-    let ctx = Arc::new(Ctx::new(
-        client.clone(),
-        cfg,
-        metrics,
-        recorder,
-        leader_rx.clone(),
-        Duration::from_secs(requeue_seconds.max(1)),
-    ));
+    let ctx = Arc::new(
+        Ctx::new(
+            client.clone(),
+            cfg,
+            metrics,
+            recorder,
+            leader_rx.clone(),
+            Duration::from_secs(requeue_seconds.max(1)),
+        )
+        .with_pki(pki),
+    );
 
     let signal = shutdown_signal();
     tokio::pin!(signal);
@@ -261,10 +305,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     controller::router::run(ctx.clone(), stop.clone()).await;
                 }
             };
+            let pki = async {
+                if ctx.cfg.mtls {
+                    controller::pki::run(ctx.clone(), stop.clone()).await;
+                }
+            };
             tokio::join!(
                 controller::workerset::run(client.clone(), ctx.clone()),
                 controller::refs::run(client.clone(), ctx.clone()),
                 router,
+                pki,
             );
         };
         tokio::select! {

@@ -20,6 +20,12 @@ pub struct OperatorMetrics {
     pub leader: IntGauge,
     /// `kvroute_operator_lease_holder{holder}`: 1 for the identity currently holding the lease.
     pub lease_holder: IntGaugeVec,
+    /// `kvroute_operator_certificates_issued_total{reason}`: key pairs issued by the operator's
+    /// CA, by [`crate::pki::Reason`].
+    pub certificates_issued: IntCounterVec,
+    /// `kvroute_operator_ca_steps_total{step}`: changes to the CA Secret, by
+    /// [`crate::pki::CaStep`].
+    pub ca_steps: IntCounterVec,
 }
 
 impl OperatorMetrics {
@@ -64,13 +70,31 @@ impl OperatorMetrics {
         registry.register(Box::new(reconcile_errors.clone()))?;
         registry.register(Box::new(reconcile_duration.clone()))?;
         registry.register(Box::new(leader.clone()))?;
+        let certificates_issued = IntCounterVec::new(
+            Opts::new(
+                "kvroute_operator_certificates_issued_total",
+                "Key pairs issued by the operator's CA, by reason.",
+            ),
+            &["reason"],
+        )?;
+        let ca_steps = IntCounterVec::new(
+            Opts::new(
+                "kvroute_operator_ca_steps_total",
+                "Changes to the operator's CA Secret (create, stage, promote, drop), by step.",
+            ),
+            &["step"],
+        )?;
         registry.register(Box::new(lease_holder.clone()))?;
+        registry.register(Box::new(certificates_issued.clone()))?;
+        registry.register(Box::new(ca_steps.clone()))?;
         Ok(Self {
             reconciliations,
             reconcile_errors,
             reconcile_duration,
             leader,
             lease_holder,
+            certificates_issued,
+            ca_steps,
         })
     }
 

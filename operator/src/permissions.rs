@@ -14,6 +14,9 @@ pub struct Rule {
     pub resources: &'static [&'static str],
     /// Verbs.
     pub verbs: &'static [&'static str],
+    /// Object names the rule is limited to; empty = every object. Kubernetes cannot limit
+    /// `create` (or `list`/`watch`) by name: the name is not known when it authorizes those.
+    pub resource_names: &'static [&'static str],
 }
 
 const READ: &[&str] = &["get", "list", "watch"];
@@ -35,6 +38,7 @@ pub const OPERATOR_RULES: &[Rule] = &[
         api_groups: &["kvroute.dev"],
         resources: KVROUTE_RESOURCES,
         verbs: READ,
+        resource_names: &[],
     },
     Rule {
         api_groups: &["kvroute.dev"],
@@ -46,21 +50,48 @@ pub const OPERATOR_RULES: &[Rule] = &[
             "gatewaybackends/status",
         ],
         verbs: &["get", "patch", "update"],
+        resource_names: &[],
     },
     Rule {
         api_groups: &["apps"],
         resources: &["deployments"],
         verbs: APPLY,
+        resource_names: &[],
     },
     Rule {
         api_groups: &[""],
         resources: &["services", "serviceaccounts"],
         verbs: APPLY,
+        resource_names: &[],
     },
     Rule {
         api_groups: &[""],
         resources: &["pods", "secrets"],
         verbs: READ,
+        resource_names: &[],
+    },
+    // The PKI's two Secrets (crate::pki): read and rewritten by name only. The operator
+    // never lists or watches Secrets.
+    Rule {
+        api_groups: &[""],
+        resources: &["secrets"],
+        verbs: &["get", "update", "patch"],
+        resource_names: &[crate::pki::CA_SECRET, crate::pki::MTLS_SECRET],
+    },
+    // Creating them (first start, a new namespace): `create` cannot be limited by name.
+    Rule {
+        api_groups: &[""],
+        resources: &["secrets"],
+        verbs: &["create"],
+        resource_names: &[],
+    },
+    // cert-manager mode: one Certificate per identity, server-side applied; read back for the
+    // pool's TransportSecurity condition.
+    Rule {
+        api_groups: &["cert-manager.io"],
+        resources: &["certificates"],
+        verbs: &["get", "create", "patch"],
+        resource_names: &[],
     },
     Rule {
         api_groups: &["rbac.authorization.k8s.io"],
@@ -71,11 +102,13 @@ pub const OPERATOR_RULES: &[Rule] = &[
             "clusterrolebindings",
         ],
         verbs: APPLY,
+        resource_names: &[],
     },
     Rule {
         api_groups: &["events.k8s.io"],
         resources: &["events"],
         verbs: &["create", "patch"],
+        resource_names: &[],
     },
 ];
 
@@ -84,6 +117,7 @@ pub const OPERATOR_NAMESPACE_RULES: &[Rule] = &[Rule {
     api_groups: &["coordination.k8s.io"],
     resources: &["leases"],
     verbs: &["get", "create", "update"],
+    resource_names: &[],
 }];
 
 /// What the router reads: the kvroute resources, worker pods, and Secrets for backend
@@ -93,11 +127,13 @@ pub const ROUTER_RULES: &[Rule] = &[
         api_groups: &["kvroute.dev"],
         resources: KVROUTE_RESOURCES,
         verbs: READ,
+        resource_names: &[],
     },
     Rule {
         api_groups: &[""],
         resources: &["pods", "secrets"],
         verbs: READ,
+        resource_names: &[],
     },
 ];
 
@@ -113,12 +149,14 @@ pub fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
             api_groups: Some(strings(r.api_groups)),
             resources: Some(strings(r.resources)),
             verbs: strings(r.verbs),
+            resource_names: (!r.resource_names.is_empty()).then(|| strings(r.resource_names)),
             ..Default::default()
         })
         .collect()
 }
 
-/// True when `rules` allow `verb` on `group`/`resource`.
+/// True when `rules` allow `verb` on `group`/`resource` (for some object name: a rule
+/// limited by `resource_names` counts).
 pub fn allows(rules: &[Rule], group: &str, resource: &str, verb: &str) -> bool {
     rules.iter().any(|r| {
         r.api_groups.contains(&group) && r.resources.contains(&resource) && r.verbs.contains(&verb)

@@ -149,6 +149,7 @@ fn ctx(client: Client, leading: bool) -> (Arc<Ctx>, watch::Sender<bool>) {
         router_replicas: 2,
         router_namespace: "kvroute-system".into(),
         watch_namespace: String::new(),
+        mtls: false,
     };
     let recorder = Recorder::new(
         client.clone(),

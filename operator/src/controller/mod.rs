@@ -4,6 +4,7 @@
 //! status, publish Events for notable transitions, and requeue periodically. The four
 //! status-only kinds share one generic reconciler ([`refs::reconcile`]).
 
+pub mod pki;
 pub mod refs;
 pub mod router;
 pub mod workerset;
@@ -40,6 +41,9 @@ pub enum Error {
     /// This replica lost the lease: it must not write.
     #[error("not the leader")]
     NotLeader,
+    /// A certificate could not be read or made.
+    #[error("pki: {0}")]
+    Pki(String),
 }
 
 impl Error {
@@ -49,6 +53,7 @@ impl Error {
             Error::Kube(_) => "Kube",
             Error::Desired(_) => "Desired",
             Error::NotLeader => "NotLeader",
+            Error::Pki(_) => "Pki",
         }
     }
 }
@@ -67,6 +72,10 @@ pub struct Ctx {
     pub leader: watch::Receiver<bool>,
     /// Periodic requeue after a successful reconcile.
     pub requeue: Duration,
+    /// Where the CA lives and how long certificates last.
+    pub pki: pki::PkiSettings,
+    /// Wakes the PKI loop early (a WorkerSet or Pool appeared and needs its pair).
+    pub pki_wake: tokio::sync::Notify,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -87,8 +96,16 @@ impl Ctx {
             recorder,
             leader,
             requeue,
+            pki: pki::PkiSettings::default(),
+            pki_wake: tokio::sync::Notify::new(),
             failures: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Sets the PKI settings.
+    pub fn with_pki(mut self, pki: pki::PkiSettings) -> Self {
+        self.pki = pki;
+        self
     }
 
     /// Fails unless this replica holds the lease (a second line of defence: controllers only

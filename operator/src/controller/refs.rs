@@ -9,7 +9,7 @@
 //!     requeue: periodic when settled, within 15 s otherwise
 //! ```
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +18,7 @@ use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -32,6 +32,8 @@ use serde::de::DeserializeOwned;
 use super::{Ctx, Error, apply_status, error_policy, object_key};
 use crate::desired::DesiredError;
 use crate::desired::refs::{Inventory, Needs, RefStatus, ready_events, settled};
+use crate::desired::tls::{self, TlsMode, TransportFacts};
+use crate::pki::MTLS_SECRET;
 
 /// How soon an unsettled resource is re-checked (at most; never later than `ctx.requeue`).
 const NOT_SETTLED_RECHECK: Duration = Duration::from_secs(15);
@@ -74,6 +76,57 @@ async fn inventory(client: &Client, ns: &str, needs: Needs) -> Result<Inventory,
     Ok(inv)
 }
 
+/// What a pool's transport conditions read: every pool in scope (for the installation's mode
+/// and gateway Secret), the key names of the namespace's `kvroute-mtls`, the Ready state of
+/// the pool's cert-manager Certificates, and the key names of the gateway Secret it names.
+async fn transport_facts(
+    ctx: &Ctx,
+    ns: &str,
+    stems: Vec<String>,
+    gateway_secret: Option<String>,
+) -> Result<TransportFacts, Error> {
+    let client = &ctx.client;
+    let pools = scoped::<InferencePool>(client, &ctx.cfg.watch_namespace)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let transport = tls::transport(&pools);
+    let keys =
+        |s: Secret| -> BTreeSet<String> { s.data.into_iter().flatten().map(|(k, _)| k).collect() };
+    let mtls_keys = Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(MTLS_SECRET)
+        .await?
+        .map(keys);
+    let mut certificates = BTreeMap::new();
+    if let TlsMode::CertManager(_) = &transport.mode {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), ns, &tls::certificate_resource());
+        for stem in &stems {
+            let name = tls::certificate_name(stem);
+            if let Some(c) = api.get_opt(&name).await? {
+                certificates.insert(name, tls::certificate_ready(&c));
+            }
+        }
+    }
+    let router_ns = ctx.cfg.router_namespace.clone();
+    let gateway_keys = match &gateway_secret {
+        // The pool names this Secret, so this get cannot be narrowed by resourceNames.
+        Some(name) => Api::<Secret>::namespaced(client.clone(), &router_ns)
+            .get_opt(name)
+            .await?
+            .map(keys),
+        None => None,
+    };
+    Ok(TransportFacts {
+        transport,
+        stems,
+        router_namespace: router_ns,
+        mtls_keys,
+        certificates,
+        gateway_keys,
+    })
+}
+
 /// Reconciles one status-only resource: only the lease holder writes, the status is decided
 /// by the kind's pure [`RefStatus::decide`] and written only when it changed.
 pub async fn reconcile<K>(obj: Arc<K>, ctx: Arc<Ctx>) -> Result<Action, Error>
@@ -85,7 +138,13 @@ where
     let ns = obj
         .namespace()
         .ok_or(DesiredError::MissingMetadata("namespace"))?;
-    let inv = inventory(&ctx.client, &ns, obj.needs()).await?;
+    let needs = obj.needs();
+    let transport = needs.transport.clone();
+    let mut inv = inventory(&ctx.client, &ns, needs).await?;
+    if let (Some(gateway_secret), true) = (transport, ctx.cfg.mtls) {
+        let stems = obj.identity_stems(&inv);
+        inv.transport = Some(transport_facts(&ctx, &ns, stems, gateway_secret).await?);
+    }
     let status = obj.decide(&inv, &Time(Timestamp::now()));
     let previous = obj.status().cloned().unwrap_or_default();
     if status != previous {
@@ -103,7 +162,15 @@ where
         .await;
     }
     ctx.succeeded(&object_key(obj.as_ref()));
-    Ok(if settled(K::conditions(&status)) {
+    // Certificates appear without an event this controller sees (it never watches Secrets).
+    let tls_pending = K::conditions(&status).iter().any(|c| {
+        (c.type_ == tls::TRANSPORT_SECURITY || c.type_ == tls::GATEWAY_TLS) && c.status != "True"
+    });
+    if tls_pending {
+        // A new pool's picker pair (or a changed mode) is the PKI loop's to issue.
+        ctx.pki_wake.notify_one();
+    }
+    Ok(if settled(K::conditions(&status)) && !tls_pending {
         Action::requeue(ctx.requeue)
     } else {
         Action::requeue(ctx.requeue.min(NOT_SETTLED_RECHECK))

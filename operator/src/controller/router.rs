@@ -9,11 +9,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, ListParams};
-use kvroute_crds::InferenceWorkerSet;
+use kvroute_crds::{InferencePool, InferenceWorkerSet};
 use tokio_util::sync::CancellationToken;
 
 use super::{Ctx, Error, apply, backoff};
 use crate::desired::router::{desired_router, tokenizer_mounts};
+use crate::desired::tls::{secure_router, transport};
 
 /// Applies every router object once. The WorkerSets are listed for the tokenizer Secrets
 /// and ConfigMaps the router pods mount.
@@ -27,7 +28,16 @@ pub async fn reconcile(ctx: &Ctx) -> Result<(), Error> {
         Api::namespaced(c.clone(), &ctx.cfg.watch_namespace)
     };
     let sets = sets_api.list(&ListParams::default()).await?.items;
-    let objs = desired_router(&ctx.cfg, &tokenizer_mounts(&sets));
+    let mut objs = desired_router(&ctx.cfg, &tokenizer_mounts(&sets));
+    if ctx.cfg.mtls {
+        let pools: Api<InferencePool> = if ctx.cfg.watch_namespace.is_empty() {
+            Api::all(c.clone())
+        } else {
+            Api::namespaced(c.clone(), &ctx.cfg.watch_namespace)
+        };
+        let pools = pools.list(&ListParams::default()).await?.items;
+        secure_router(&mut objs.deployment, &transport(&pools));
+    }
     let ns = ctx.cfg.router_namespace.as_str();
     apply(
         &Api::<ServiceAccount>::namespaced(c.clone(), ns),

@@ -12,11 +12,12 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
-use kvroute_crds::InferenceWorkerSet;
 use kvroute_crds::condition::Time;
+use kvroute_crds::{InferencePool, InferenceWorkerSet};
 
 use super::{Ctx, Error, apply, apply_status, error_policy, object_key};
 use crate::desired::WORKER_SET_LABEL;
+use crate::desired::tls::{secure_workerset, transport};
 use crate::desired::workerset::deployment::desired_deployment;
 use crate::desired::workerset::selector_string;
 use crate::desired::workerset::service::desired_service;
@@ -41,7 +42,19 @@ pub async fn reconcile(ws: Arc<InferenceWorkerSet>, ctx: Arc<Ctx>) -> Result<Act
             &desired_service(&ws)?,
         )
         .await?;
-        Some(apply(&deployments, &desired_deployment(&ws, &ctx.cfg)?).await?)
+        let mut desired = desired_deployment(&ws, &ctx.cfg)?;
+        if ctx.cfg.mtls {
+            let pools: Api<InferencePool> = if ctx.cfg.watch_namespace.is_empty() {
+                Api::all(ctx.client.clone())
+            } else {
+                Api::namespaced(ctx.client.clone(), &ctx.cfg.watch_namespace)
+            };
+            let pools = pools.list(&ListParams::default()).await?.items;
+            secure_workerset(&mut desired, &ws, &ctx.cfg, &transport(&pools).mode);
+            // Its key pair: issued by the PKI loop, which this wakes.
+            ctx.pki_wake.notify_one();
+        }
+        Some(apply(&deployments, &desired).await?)
     } else {
         tracing::info!(workerset = %name, namespace = %ns, issues = ?issues, "invalid spec; children left as they are");
         deployments.get_opt(&name).await?

@@ -5,6 +5,7 @@
 
 pub mod refs;
 pub mod router;
+pub mod tls;
 pub mod workerset;
 
 use std::collections::BTreeMap;
@@ -38,6 +39,9 @@ pub struct OperatorConfig {
     pub router_namespace: String,
     /// Namespace the operator (and so the router) watches; empty = all.
     pub watch_namespace: String,
+    /// Issue mTLS key pairs and pass the TLS flags to routers and sidecars
+    /// (`kvroute-operator --mtls`; see [`tls`]).
+    pub mtls: bool,
 }
 
 impl OperatorConfig {

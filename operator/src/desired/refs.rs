@@ -50,6 +50,8 @@ pub struct Inventory {
     pub pools: Vec<InferencePool>,
     /// Secret name -> its keys; only the Secrets a resource references are looked up.
     pub secrets: BTreeMap<String, BTreeSet<String>>,
+    /// Transport security facts of a pool (only with `--mtls`, see [`super::tls`]).
+    pub transport: Option<super::tls::TransportFacts>,
 }
 
 fn name_of<K: kube::Resource>(k: &K) -> &str {
@@ -100,6 +102,9 @@ pub struct Needs {
     pub backends: bool,
     /// Get these Secrets (by name); only their key names are kept.
     pub secrets: BTreeSet<String>,
+    /// Gather the transport security facts (pools only; the controller does it with
+    /// `--mtls`): `Some(gateway Secret the pool names, if any)`.
+    pub transport: Option<Option<String>>,
 }
 
 /// A kind whose controller writes nothing but its status, decided by [`RefStatus::decide`]
@@ -113,6 +118,10 @@ pub trait RefStatus:
     fn decide(&self, inv: &Inventory, now: &Time) -> Self::Status;
     /// The conditions of a status of this kind.
     fn conditions(status: &Self::Status) -> &[Condition];
+    /// Key stems of the identities this resource owns (pools: picker and sidecars).
+    fn identity_stems(&self, _inv: &Inventory) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 fn previous_conditions<K: RefStatus>(obj: &K) -> &[Condition] {
@@ -124,8 +133,18 @@ impl RefStatus for InferencePool {
         Needs {
             worker_sets: true,
             providers: true,
+            transport: Some(
+                self.spec
+                    .gateway
+                    .as_ref()
+                    .and_then(|g| g.tls.as_ref())
+                    .map(|t| t.secret_name.clone()),
+            ),
             ..Needs::default()
         }
+    }
+    fn identity_stems(&self, inv: &Inventory) -> Vec<String> {
+        super::tls::pool_stems(name_of(self), &self.spec, &inv.worker_sets)
     }
     fn decide(&self, inv: &Inventory, now: &Time) -> InferencePoolStatus {
         let generation = self.metadata.generation;
@@ -453,10 +472,19 @@ pub fn pool_status(
         ))
     };
     let mut conditions = ref_conditions(&issues, &missing, readiness, generation, previous, now);
-    conditions.extend(condition::merge_conditions(
-        previous,
-        vec![tokenizer_routing(spec, generation, now)],
+    let mut extra = vec![tokenizer_routing(spec, generation, now)];
+    if let Some(facts) = &inv.transport {
+        extra.push(super::tls::transport_condition(
+            spec, facts, generation, now,
+        ));
+    }
+    extra.extend(super::tls::gateway_condition(
+        spec,
+        inv.transport.as_ref(),
+        generation,
+        now,
     ));
+    conditions.extend(condition::merge_conditions(previous, extra));
     (out, conditions)
 }
 

@@ -406,6 +406,7 @@ mod tests {
             router_replicas: 3,
             router_namespace: "kvroute-system".into(),
             watch_namespace: watch.into(),
+            mtls: false,
         }
     }
 

@@ -99,6 +99,7 @@ pub(crate) mod fixtures {
             router_replicas: 2,
             router_namespace: "kvroute-system".into(),
             watch_namespace: String::new(),
+            mtls: false,
         }
     }
 
