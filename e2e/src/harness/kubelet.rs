@@ -6,6 +6,8 @@
 //!     bind to the fake Node, spawn `kvroute <subcommand>` per container, status Running
 //! tick (200 ms): readiness probes, restart exited containers (backoff), patch status on change
 //! pod terminating / deleted: stop its processes, confirm the deletion (grace 0)
+//! Secret volumes (volumes.rs): written under the pod's directory before it starts, the mount
+//!     path in args/env rewritten to them, re-synced from the API every second
 //! ```
 //!
 //! Pods it cannot run (a real vLLM image, an unknown container) stay Pending with a
@@ -28,11 +30,15 @@ use serde_json::json;
 
 use super::cluster::Reaper;
 use super::podspec::{self, ContainerPlan, KeyRef, PodFacts, PodPlan, Program, Readiness};
+use super::volumes::{self, SecretVolume};
 use crate::procs::{self, Child, SpawnOptions};
 
 const TICK: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(800);
+/// Ticks between two syncs of the Secret volumes (kubelet syncs about once a minute; tests
+/// want rotations to show within seconds).
+const VOLUME_SYNC_TICKS: u64 = 5;
 
 /// What the fake kubelet watches and how it starts processes.
 #[derive(Clone, Debug)]
@@ -89,6 +95,7 @@ impl FakeKubelet {
             state: Arc::clone(&state),
             probe: reqwest::Client::builder().timeout(PROBE_TIMEOUT).build()?,
             pending: HashMap::new(),
+            ticks: 0,
         };
         let shared = Arc::clone(&state);
         let task = tokio::spawn(async move {
@@ -192,6 +199,8 @@ struct PodRun {
     ready_since: (bool, String),
     /// The status last patched (to patch only on change).
     reported: Option<serde_json::Value>,
+    /// Secret volumes and their local directories.
+    volumes: Vec<(SecretVolume, PathBuf)>,
 }
 
 struct ContainerRun {
@@ -282,6 +291,8 @@ struct Kubelet {
     probe: reqwest::Client,
     /// Pods that could not start yet (a missing Secret key, no free address): retried.
     pending: HashMap<String, (Pod, Instant)>,
+    /// Ticks so far (Secret volumes sync every [`VOLUME_SYNC_TICKS`]).
+    ticks: u64,
 }
 
 impl Kubelet {
@@ -385,7 +396,23 @@ impl Kubelet {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
         let keys = self.fetch_keys(&ns, pod).await?;
-        let rewrites = lock(&self.state.rewrites).clone();
+        let pod_dir = self.opts.log_dir.join(format!("{ns}_{name}"));
+        let mut mounted = Vec::new();
+        let mut rewrites = Vec::new();
+        for vol in volumes::secret_volumes(pod) {
+            let dir = pod_dir.join("volumes").join(&vol.volume);
+            let data = self.secret_data(&ns, &vol.secret).await?;
+            let files = volumes::files(&vol, data.as_ref())?;
+            volumes::write_dir(&dir, &files)
+                .with_context(|| format!("write volume {}", dir.display()))?;
+            for path in &vol.mount_paths {
+                rewrites.push((path.clone(), dir.display().to_string()));
+            }
+            mounted.push((vol, dir));
+        }
+        // Longer mount paths first, so a nested mount is not cut by its parent's rewrite.
+        rewrites.sort_by_key(|(from, _)| std::cmp::Reverse(from.len()));
+        rewrites.extend(lock(&self.state.rewrites).iter().cloned());
         let (ip, plan) = match self.plan(pod, &keys, &rewrites) {
             Ok(v) => v,
             Err(Unrunnable::Never(why)) => {
@@ -442,6 +469,7 @@ impl Kubelet {
             started,
             containers,
             reported: None,
+            volumes: mounted,
         };
         lock(&self.state.pods).insert(uid, run);
         Ok(())
@@ -542,7 +570,67 @@ impl Kubelet {
         Ok(out)
     }
 
+    /// A Secret's data (`None` when it does not exist).
+    async fn secret_data(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> anyhow::Result<Option<BTreeMap<String, Vec<u8>>>> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        let s = api
+            .get_opt(name)
+            .await
+            .with_context(|| format!("get Secret {ns}/{name}"))?;
+        Ok(s.map(|s| {
+            s.data
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k, v.0))
+                .collect()
+        }))
+    }
+
+    /// Re-reads every mounted Secret and rewrites the files that changed, as kubelet's sync
+    /// does. A Secret that went missing leaves the files as they were.
+    async fn sync_volumes(&self) {
+        let targets: Vec<(String, String, SecretVolume, PathBuf)> = {
+            let pods = lock(&self.state.pods);
+            pods.values()
+                .flat_map(|p| {
+                    p.volumes
+                        .iter()
+                        .map(|(v, d)| (p.namespace.clone(), p.name.clone(), v.clone(), d.clone()))
+                })
+                .collect()
+        };
+        for (ns, pod, vol, dir) in targets {
+            let files = match self.secret_data(&ns, &vol.secret).await {
+                Ok(data) => volumes::files(&vol, data.as_ref()),
+                Err(e) => {
+                    tracing::debug!(error = %format!("{e:#}"), "fake kubelet: volume sync");
+                    continue;
+                }
+            };
+            match files.map(|f| volumes::write_dir(&dir, &f)) {
+                Ok(Ok(true)) => self
+                    .state
+                    .note(format!("pod {ns}/{pod}: volume {} updated", vol.volume)),
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(pod = %format!("{ns}/{pod}"), error = %e, "fake kubelet: writing volume failed")
+                }
+                Err(e) => {
+                    tracing::debug!(pod = %format!("{ns}/{pod}"), error = %e, "fake kubelet: volume not synced")
+                }
+            }
+        }
+    }
+
     async fn on_tick(&mut self) {
+        self.ticks = self.ticks.wrapping_add(1);
+        if self.ticks.is_multiple_of(VOLUME_SYNC_TICKS) {
+            self.sync_volumes().await;
+        }
         // Retry pods that could not start.
         let due: Vec<String> = self
             .pending

@@ -6,7 +6,8 @@
 //!   |-- install_crds(crds/*.yaml)
 //!   |-- spawn_operator()      `kvroute operator` with KUBECONFIG
 //!   `-- FakeKubelet           Pods -> `kvroute mock-vllm` + `kvroute sidecar` on 127.A.B.C,
-//!                             Pod status Running/Ready, a fake Node
+//!                             Pod status Running/Ready, a fake Node, Secret volumes
+//!                             as local directories (volumes.rs), kept in sync
 //! ```
 //!
 //! Typical test (one shared API server per test binary, one namespace per test):
@@ -35,6 +36,7 @@ mod cluster;
 mod kubelet;
 mod operator;
 pub mod podspec;
+pub mod volumes;
 
 use std::time::Duration;
 

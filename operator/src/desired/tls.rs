@@ -118,17 +118,11 @@ pub fn transport(pools: &[InferencePool]) -> Transport {
         .iter()
         .filter_map(|p| p.spec.tls.as_ref()?.issuer_ref.clone())
         .collect();
-    let mode = match issuers.len() {
-        0 => TlsMode::OperatorCa,
-        1 => TlsMode::CertManager(issuers.into_iter().next().unwrap_or_else(|| {
-            // Unreachable: len is 1. A default keeps this total without a panic.
-            IssuerRef {
-                name: String::new(),
-                kind: Default::default(),
-                group: String::new(),
-            }
-        })),
-        _ => TlsMode::Conflict(issuers.into_iter().collect()),
+    let mut issuers = issuers.into_iter();
+    let mode = match (issuers.next(), issuers.next()) {
+        (None, _) => TlsMode::OperatorCa,
+        (Some(one), None) => TlsMode::CertManager(one),
+        (Some(a), Some(b)) => TlsMode::Conflict([a, b].into_iter().chain(issuers).collect()),
     };
     let gateway_secret = sorted
         .iter()
@@ -352,6 +346,9 @@ pub fn secure_router(d: &mut Deployment, transport: &Transport) {
                         mode: None,
                     },
                 ]),
+                // One pool's missing Secret must not keep every router pod from starting:
+                // the router waits for the files, and the pool's GatewayTLS condition says why.
+                optional: Some(true),
                 ..Default::default()
             }),
             ..Default::default()
