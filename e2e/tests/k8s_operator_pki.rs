@@ -224,7 +224,7 @@ async fn operator_ca_issues_mounts_and_rotates_key_pairs() -> anyhow::Result<()>
         BTreeSet::from([format!("spiffe://kvroute.dev/ns/{ns}/pool/chat/router")])
     );
     for dns in [
-        format!("{ROUTER_NAME}"),
+        ROUTER_NAME.to_string(),
         format!("{ROUTER_NAME}.{ns}"),
         format!("kvroute-router-ingest.{ns}.svc"),
         format!("kvroute-router-ingest.{ns}.svc.cluster.local"),
