@@ -365,7 +365,8 @@ pub fn router_server_name(cfg: &OperatorConfig) -> String {
 }
 
 /// Worker pods: the sidecar gets its WorkerSet's pair (`--router-tls-dir`) and the router's
-/// name (`--router-tls-server-name`); the engine container sees neither.
+/// name (`--router-tls-server-name`, unless the WorkerSet names its own router address); the
+/// engine container sees neither.
 pub fn secure_workerset(
     d: &mut Deployment,
     ws: &InferenceWorkerSet,
@@ -375,11 +376,14 @@ pub fn secure_workerset(
     let name = ws.metadata.name.clone().unwrap_or_default();
     let mut args = Vec::new();
     flag(&mut args, FLAG_ROUTER_TLS_DIR, TLS_DIR);
-    flag(
-        &mut args,
-        FLAG_ROUTER_TLS_SERVER_NAME,
-        router_server_name(cfg),
-    );
+    // A WorkerSet that names its own router address verifies that address's host name.
+    if ws.spec.sidecar.router_address.is_none() {
+        flag(
+            &mut args,
+            FLAG_ROUTER_TLS_SERVER_NAME,
+            router_server_name(cfg),
+        );
+    }
     patch_pod(
         d,
         SIDECAR_CONTAINER,
@@ -750,6 +754,15 @@ mod tests {
             .map(|i| i.key.clone())
             .collect();
         assert_eq!(keys, ["workerset-qwen.crt", "workerset-qwen.key", "ca.crt"]);
+        // A WorkerSet with its own router address: the sidecar checks that host instead.
+        let own = fixtures::ws(
+            "model: {name: m}\nengine: {mode: mock}\nsidecar: {routerAddress: 'r.example:9000'}\n",
+        );
+        let mut d = desired_deployment(&own, &cfg).expect("deployment");
+        secure_workerset(&mut d, &own, &cfg, &TlsMode::OperatorCa);
+        let args = args_of(&d, SIDECAR_CONTAINER);
+        assert!(flag_value(&args, "--router-tls-server-name").is_none());
+        assert!(flag_value(&args, "--router-tls-dir").is_some());
         // cert-manager: the identity's own Secret, same file names.
         let issuer = IssuerRef {
             name: "ca".into(),
