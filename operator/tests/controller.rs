@@ -13,7 +13,7 @@ use kube::client::Body;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kvroute_crds::{GatewayBackend, InferencePolicy, InferenceWorkerSet};
-use kvroute_operator::controller::{Ctx, Error, refs, router, workerset};
+use kvroute_operator::controller::{Ctx, Error, pki, refs, router, workerset};
 use kvroute_operator::desired::OperatorConfig;
 use kvroute_operator::metrics::OperatorMetrics;
 use kvroute_operator::permissions::{OPERATOR_RULES, allows, parse_path, verb_of};
@@ -114,7 +114,9 @@ impl FakeApi {
                         StatusCode::OK,
                         &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}),
                     ),
-                    ("POST", p) if p.contains("/events") => respond(StatusCode::CREATED, &body),
+                    ("POST", p) if p.contains("/events") || p.ends_with("/secrets") => {
+                        respond(StatusCode::CREATED, &body)
+                    }
                     ("GET", p) if p.ends_with("/secrets/openai-credentials") => respond(
                         StatusCode::OK,
                         &json!({"apiVersion": "v1", "kind": "Secret",
@@ -159,14 +161,14 @@ fn ctx(client: Client, leading: bool) -> (Arc<Ctx>, watch::Sender<bool>) {
         },
     );
     (
-        Arc::new(Ctx::new(
-            client,
-            cfg,
-            metrics,
-            recorder,
-            rx,
-            Duration::from_secs(300),
-        )),
+        Arc::new(
+            Ctx::new(client, cfg, metrics, recorder, rx, Duration::from_secs(300)).with_pki(
+                pki::PkiSettings {
+                    ca_namespace: "kvroute-system".into(),
+                    lifetimes: Default::default(),
+                },
+            ),
+        ),
         tx,
     )
 }
@@ -513,4 +515,76 @@ async fn backend_reads_only_the_secrets_it_names() {
     assert_eq!(condition(&missing, "Ready")["reason"], "RefNotFound");
     assert_rbac_covers(&calls);
     api.task.abort();
+}
+
+#[tokio::test]
+async fn pki_pass_creates_the_ca_and_applies_only_the_two_named_secrets() {
+    let (client, api) = FakeApi::start(Vec::new());
+    let (ctx, _leader) = ctx(client, true);
+    let wake = pki::reconcile(&ctx).await.expect("reconciles");
+    assert!(wake.is_some(), "the pass says when the next pair is due");
+    let calls = api.calls();
+    assert_rbac_covers(&calls);
+    let secrets: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.path.contains("/secrets"))
+        .collect();
+    // Created once with POST (never overwritten), the namespace's pairs server-side applied.
+    let create = secrets
+        .iter()
+        .find(|c| c.method == "POST")
+        .expect("the CA is created");
+    assert!(
+        create
+            .path
+            .split('?')
+            .next()
+            .is_some_and(|p| p.ends_with("/namespaces/kvroute-system/secrets")),
+        "{}",
+        create.path
+    );
+    assert_eq!(create.body["metadata"]["name"], "kvroute-ca");
+    assert!(create.body["data"]["ca.key"].is_string());
+    let mtls = secrets
+        .iter()
+        .find(|c| c.method == "PATCH")
+        .expect("kvroute-mtls applied");
+    assert!(
+        mtls.path.contains("fieldManager=kvroute-operator"),
+        "{}",
+        mtls.path
+    );
+    let keys: Vec<&str> = mtls.body["data"]
+        .as_object()
+        .expect("data")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keys, ["admin-token", "ca.crt", "router.crt", "router.key"]);
+    // Every other Secret call names one of the two Secrets the rules allow by name; none
+    // lists or watches.
+    for c in &secrets {
+        if c.method == "POST" {
+            continue;
+        }
+        let (_, _, named) = parse_path(&c.path).expect("path");
+        assert!(named, "{} {}", c.method, c.path);
+        let name = c
+            .path
+            .split('?')
+            .next()
+            .and_then(|p| p.rsplit('/').next())
+            .unwrap_or_default();
+        let rule = OPERATOR_RULES
+            .iter()
+            .find(|r| r.resources.contains(&"secrets") && !r.resource_names.is_empty())
+            .expect("a named secrets rule");
+        assert!(
+            rule.resource_names.contains(&name),
+            "{} {}",
+            c.method,
+            c.path
+        );
+        assert!(rule.verbs.contains(&verb_of(&c.method, true, false)));
+    }
 }

@@ -163,9 +163,11 @@ where
     }
     ctx.succeeded(&object_key(obj.as_ref()));
     // Certificates appear without an event this controller sees (it never watches Secrets).
-    let tls_pending = K::conditions(&status).iter().any(|c| {
-        (c.type_ == tls::TRANSPORT_SECURITY || c.type_ == tls::GATEWAY_TLS) && c.status != "True"
-    });
+    let tls_pending = inv.transport.is_some()
+        && K::conditions(&status).iter().any(|c| {
+            (c.type_ == tls::TRANSPORT_SECURITY || c.type_ == tls::GATEWAY_TLS)
+                && c.status != "True"
+        });
     if tls_pending {
         // A new pool's picker pair (or a changed mode) is the PKI loop's to issue.
         ctx.pki_wake.notify_one();
