@@ -259,13 +259,6 @@ pub const NOT_EXERCISED: &[(&str, &str, &str, &str, &str)] = &[
     ),
     (
         "operator",
-        "apps",
-        "deployments",
-        "get",
-        "only when a WorkerSet's spec fails validation (its Deployment is read, not written)",
-    ),
-    (
-        "operator",
         "events.k8s.io",
         "events",
         "patch",

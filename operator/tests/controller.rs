@@ -243,9 +243,8 @@ fn assert_rbac_covers(calls: &[Call]) {
                 ))
         };
         // (A subresource is never created by an apply: its object must exist.)
-        let applies = c.path.contains("fieldManager=")
-            && c.method == "PATCH"
-            && !p.resource.contains('/');
+        let applies =
+            c.path.contains("fieldManager=") && c.method == "PATCH" && !p.resource.contains('/');
         for v in std::iter::once(verb).chain(applies.then_some("create")) {
             assert!(
                 allowed(v),

@@ -595,7 +595,12 @@ mod tests {
         assert_eq!(args[..2], ["--model".to_string(), "m".to_string()]);
         // No GPU, only the mock's small defaults.
         let r = engine.resources.clone().expect("resources");
-        assert!(!r.limits.clone().unwrap_or_default().contains_key(GPU_RESOURCE));
+        assert!(
+            !r.limits
+                .clone()
+                .unwrap_or_default()
+                .contains_key(GPU_RESOURCE)
+        );
         assert_eq!(
             r.limits.unwrap_or_default().get("memory"),
             Some(&Quantity(MOCK_MEMORY_LIMIT.into()))
