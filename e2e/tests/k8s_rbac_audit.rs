@@ -10,6 +10,7 @@
 //!   fake kubelet runs the router pod with the token of kvroute-system/kvroute-router, and
 //!   the worker pods with none (automountServiceAccountToken: false)
 //!   workload: one kind of each, a Secret the GatewayBackend names, an invalid WorkerSet
+//!   then the operator again, watching one namespace (the router's Role instead of ClusterRole)
 //! audit.log --> every request of either account: allowed by its rules (no 403)
 //!           --> every grant: used, or listed with its reason in permissions::NOT_EXERCISED
 //! ```
@@ -20,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -31,8 +33,8 @@ use kvroute_operator::desired::router::{
     ADMIN_PORT, HF_HOME, HTTP_PORT, INGEST_PORT, INGEST_SERVICE,
 };
 use kvroute_operator::permissions::{
-    NOT_EXERCISED, OPERATOR_NAMESPACE_RULES, OPERATOR_RULES, ROUTER_NAME, ROUTER_RULES, Rule,
-    allows, grants,
+    LEASE_NAME, NOT_EXERCISED, OPERATOR_NAMESPACE_RULES, OPERATOR_RULES, ROUTER_NAME, ROUTER_RULES,
+    Rule, allows, grants,
 };
 use kvroute_router::fake_hub::{FakeHub, FakeHubConfig};
 use serde_json::{Value, json};
@@ -392,6 +394,37 @@ async fn operator_and_router_use_exactly_the_generated_rbac() -> anyhow::Result<
         Ok((ws.status.map(|s| s.ready_replicas) == Some(1)).then_some(()))
     })
     .await?;
+
+    // The other watch scope: an operator watching only TEAM writes the router's Role and
+    // RoleBinding there instead. (The Lease is deleted so that it need not expire first.)
+    drop(operator);
+    Api::<Lease>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
+        .delete(LEASE_NAME, &Default::default())
+        .await?;
+    let operator = OperatorProcess::start_as(
+        &cluster,
+        &kubeconfig,
+        "operator-audit-ns",
+        "op-audit-ns",
+        &[
+            "--router-replicas=1".to_string(),
+            format!("--namespace={TEAM}"),
+        ],
+    )
+    .await?;
+    let roles: Api<Role> = Api::namespaced(admin.clone(), TEAM);
+    let bindings: Api<RoleBinding> = Api::namespaced(admin.clone(), TEAM);
+    wait_for(
+        "the router's Role and RoleBinding in the watched namespace",
+        WAIT,
+        || async {
+            let both = roles.get_opt(ROUTER_NAME).await?.is_some()
+                && bindings.get_opt(ROUTER_NAME).await?.is_some();
+            Ok(both.then_some(()))
+        },
+    )
+    .await
+    .with_context(|| operator.log())?;
 
     // A watch is audited when it ends: stop both components, then wait until every resource
     // they listed (each list starts a watch) shows its watch in the log.
