@@ -634,6 +634,24 @@ fn meta(name: &str, ns: Option<&str>) -> ObjectMeta {
     }
 }
 
+/// Pod Security admission level enforced in the operator's namespace: the operator and the
+/// router meet the `restricted` profile (docs/security.md, "Hardened pods").
+pub const POD_SECURITY_LEVEL: &str = "restricted";
+
+/// The operator's namespace, with Pod Security admission enforcing [`POD_SECURITY_LEVEL`].
+fn namespace_meta() -> ObjectMeta {
+    let mut m = meta(DEPLOY_NAMESPACE, None);
+    if let Some(labels) = m.labels.as_mut() {
+        for mode in ["enforce", "warn", "audit"] {
+            labels.insert(
+                format!("pod-security.kubernetes.io/{mode}"),
+                POD_SECURITY_LEVEL.to_string(),
+            );
+        }
+    }
+    m
+}
+
 /// Plain manifests for clusters without OLM: `kubectl apply -f crds/ -f deploy/`.
 pub fn deploy_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
     let ns = Some(DEPLOY_NAMESPACE);
@@ -660,7 +678,7 @@ pub fn deploy_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
     )]);
     let docs = [
         to_yaml(&Namespace {
-            metadata: meta(DEPLOY_NAMESPACE, None),
+            metadata: namespace_meta(),
             ..Default::default()
         })?,
         to_yaml(&ServiceAccount {

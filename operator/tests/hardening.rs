@@ -190,6 +190,16 @@ fn the_operator_as_shipped_is_hardened_and_has_a_network_policy() {
     )
     .expect("typed");
     assert_hardened("deploy/operator.yaml", &pod_of(&d), &[]);
+    // The namespace enforces the restricted Pod Security profile, which the operator and the
+    // router (the pods created there) meet.
+    let ns = docs
+        .iter()
+        .find(|d| d["kind"] == "Namespace")
+        .expect("Namespace");
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
     let policy: NetworkPolicy = serde_json::from_value(
         docs.iter()
             .find(|d| d["kind"] == "NetworkPolicy")
