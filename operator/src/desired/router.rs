@@ -1,5 +1,5 @@
 //! The router the operator runs: Deployment, client Service, headless ingest Service (sidecars
-//! resolve it to stream to every replica), ServiceAccount and read-only RBAC.
+//! resolve it to stream to every replica), ServiceAccount, read-only RBAC and NetworkPolicy.
 //!
 //! Tokenizers: the router downloads each WorkerSet's tokenizer itself (`--tokenizer-fetch`).
 //! Its pods get an `emptyDir` Hugging Face cache (`HF_HOME`), and every Secret or ConfigMap a
