@@ -50,7 +50,7 @@ done
 step "CRDs and operator"
 kubectl apply -f "$ROOT/crds/"
 kubectl wait --for=condition=Established crd --all --timeout=60s
-kubectl apply -f "$HERE/operator.yaml"
+kubectl apply -f "$HERE/operator.yaml" -f "$ROOT/deploy/rbac.yaml"
 wait_until 60 "Deployment kvroute-operator" kubectl -n kvroute-system get deploy kvroute-operator
 wait_rolled 180 kvroute-system kvroute-operator
 wait_until 60 "one operator replica holds the lease" \

@@ -268,12 +268,14 @@ async fn gpu_workerset_requests_gpus_on_the_product_with_vllm_kv_flags() -> anyh
         serde_json::from_str(&flag(&a, "--kv-events-config").expect("--kv-events-config"))?;
     assert_eq!(kv["enable_kv_cache_events"], true);
     assert_eq!(kv["publisher"], "zmq");
-    assert_eq!(kv["endpoint"], "tcp://*:5557");
+    // Loopback only: vLLM's PUB connects to the sidecar's SUB, the replay socket binds
+    // 127.0.0.1; no other pod can read the prompts' token ids.
+    assert_eq!(kv["endpoint"], "tcp://127.0.0.1:5557");
     assert_eq!(kv["topic"], "");
     assert!(
         kv["replay_endpoint"]
             .as_str()
-            .is_some_and(|e| e.starts_with("tcp://*:")),
+            .is_some_and(|e| e.starts_with("tcp://127.0.0.1:")),
         "{kv}"
     );
     assert!(pod_spec.containers.iter().any(|c| c.name == "sidecar"));

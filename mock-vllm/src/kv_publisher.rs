@@ -190,17 +190,52 @@ struct PublishLoop {
 }
 
 impl PublishLoop {
-    async fn run(mut self) {
-        if let Some(ep) = self.connect_to.take() {
-            let mut delay = std::time::Duration::from_millis(100);
-            while let Err(e) = self.socket.connect(&ep).await {
-                warn!(endpoint = %ep, error = %e, "KV event PUB socket cannot connect yet; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(5));
-            }
-            info!(endpoint = %ep, "KV event PUB socket connected");
+    /// Connects the PUB socket to `ep`, retrying until the subscriber has bound it.
+    async fn connect(&mut self, ep: &str) {
+        let mut delay = std::time::Duration::from_millis(100);
+        while let Err(e) = self.socket.connect(ep).await {
+            warn!(endpoint = %ep, error = %e, "KV event PUB socket cannot connect yet; retrying");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(std::time::Duration::from_secs(5));
         }
-        while let Some(msg) = self.rx.recv().await {
+        info!(endpoint = %ep, "KV event PUB socket connected");
+    }
+
+    async fn run(mut self) {
+        use futures::StreamExt as _;
+        // In connect mode the subscriber binds (the sidecar, on 127.0.0.1): when it restarts,
+        // connect again, as libzmq does for vLLM. Batches wait in the queue meanwhile.
+        let connect_to = self.connect_to.take();
+        let mut monitor = match &connect_to {
+            Some(ep) => {
+                let monitor = self.socket.monitor();
+                self.connect(ep).await;
+                Some(monitor)
+            }
+            None => None,
+        };
+        loop {
+            let next = async {
+                match monitor.as_mut() {
+                    Some(m) => m.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let msg = tokio::select! {
+                msg = self.rx.recv() => msg,
+                event = next => {
+                    match (event, &connect_to) {
+                        (Some(zeromq::SocketEvent::Disconnected(_)), Some(ep)) => {
+                            warn!(endpoint = %ep, "KV event subscriber went away; reconnecting");
+                            self.connect(ep).await;
+                        }
+                        (None, _) => monitor = None,
+                        _ => {}
+                    }
+                    continue;
+                }
+            };
+            let Some(msg) = msg else { break };
             match msg {
                 PublisherMsg::Restart => {
                     self.next_seq = 0;

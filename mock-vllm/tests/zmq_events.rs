@@ -171,3 +171,58 @@ async fn pub_stream_replay_and_restart() {
         }
     }
 }
+
+/// Binds a SUB socket on `endpoint`, retrying while the previous owner of the port lets go.
+async fn bound_sub(endpoint: &str) -> zeromq::SubSocket {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut sub = zeromq::SubSocket::new();
+        sub.subscribe("").await.unwrap();
+        match sub.bind(endpoint).await {
+            Ok(_) => return sub,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "cannot bind {endpoint} again: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The wiring of a kvroute worker pod: the subscriber (the sidecar) binds on 127.0.0.1 and
+/// the publisher connects, as vLLM does for an endpoint without `*`. When the subscriber
+/// restarts and binds again, the publisher reconnects (libzmq does this for vLLM).
+#[tokio::test]
+async fn connect_mode_follows_a_restarted_subscriber() {
+    let mut sub = zeromq::SubSocket::new();
+    sub.subscribe("").await.unwrap();
+    let endpoint = sub.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let args = Args {
+        profile: "tiny".into(),
+        speedup: 100.0,
+        kv_events_config: Some(
+            json!({
+                "enable_kv_cache_events": true,
+                "publisher": "zmq",
+                "endpoint": endpoint,
+                "replay_endpoint": "tcp://127.0.0.1:0",
+                "topic": "kv",
+            })
+            .to_string(),
+        ),
+        ..Args::default()
+    };
+    let s = start(args).await.unwrap();
+    let base = format!("http://{}", s.http_addr);
+    assert_eq!(s.endpoints.pub_endpoint.as_deref(), Some(endpoint.as_str()));
+
+    let first = first_message(&mut sub, &base).await;
+    let first_seq = seq_of(first.get(1).unwrap());
+    drop(sub);
+    let mut sub = bound_sub(&endpoint).await;
+    let again = first_message(&mut sub, &base).await;
+    assert_eq!(again.get(0).unwrap().as_ref(), b"kv");
+    assert!(seq_of(again.get(1).unwrap()) > first_seq);
+}

@@ -5,7 +5,8 @@
 //! kvroute_crds::crds() ----------------------> bundle/manifests/<crd>.yaml (= crds/<crd>.yaml)
 //! permissions::OPERATOR_*_RULES, operator_deployment()
 //!        |--> bundle/manifests/kvroute-operator.clusterserviceversion.yaml (+ examples(), icon)
-//!        '--> deploy/operator.yaml (Namespace, ServiceAccount, RBAC, Deployment)
+//!        |--> deploy/rbac.yaml (ClusterRole, Role and their bindings)
+//!        '--> deploy/operator.yaml (Namespace, ServiceAccount, Deployment, NetworkPolicy)
 //! annotations() --> bundle/metadata/annotations.yaml and the LABELs of bundle/bundle.Dockerfile
 //! ```
 
@@ -14,14 +15,12 @@ use std::path::Path;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace,
-    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SecurityContext, ServiceAccount,
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector,
+    PodSpec, PodTemplateSpec, Probe, ServiceAccount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResourceExt;
@@ -30,6 +29,8 @@ use kvroute_crds::{
 };
 use serde_json::{Value, json};
 
+use crate::desired::hardening::{pod_security, resources, restricted};
+use crate::desired::network_policy::operator_policy;
 use crate::generated::{GeneratedFile, crd_files, to_yaml, to_yaml_with_note};
 use crate::permissions::{OPERATOR_NAMESPACE_RULES, OPERATOR_RULES, policy_rules};
 
@@ -194,26 +195,8 @@ pub fn operator_deployment_spec(image: &str) -> DeploymentSpec {
         }]),
         readiness_probe: Some(probe("/healthz", 10)),
         liveness_probe: Some(probe("/healthz", 20)),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_string(), Quantity("50m".to_string())),
-                ("memory".to_string(), Quantity("64Mi".to_string())),
-            ])),
-            limits: Some(BTreeMap::from([(
-                "memory".to_string(),
-                Quantity("256Mi".to_string()),
-            )])),
-            ..Default::default()
-        }),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_string()]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+        resources: Some(resources("50m", "64Mi", Some("500m"), "256Mi")),
+        security_context: Some(restricted()),
         ..Default::default()
     };
     DeploymentSpec {
@@ -230,10 +213,7 @@ pub fn operator_deployment_spec(image: &str) -> DeploymentSpec {
             spec: Some(PodSpec {
                 service_account_name: Some(OPERATOR_NAME.to_string()),
                 containers: vec![container],
-                security_context: Some(PodSecurityContext {
-                    run_as_non_root: Some(true),
-                    ..Default::default()
-                }),
+                security_context: Some(pod_security(true)),
                 termination_grace_period_seconds: Some(10),
                 ..Default::default()
             }),
@@ -654,6 +634,24 @@ fn meta(name: &str, ns: Option<&str>) -> ObjectMeta {
     }
 }
 
+/// Pod Security admission level enforced in the operator's namespace: the operator and the
+/// router meet the `restricted` profile (docs/security.md, "Hardened pods").
+pub const POD_SECURITY_LEVEL: &str = "restricted";
+
+/// The operator's namespace, with Pod Security admission enforcing [`POD_SECURITY_LEVEL`].
+fn namespace_meta() -> ObjectMeta {
+    let mut m = meta(DEPLOY_NAMESPACE, None);
+    if let Some(labels) = m.labels.as_mut() {
+        for mode in ["enforce", "warn", "audit"] {
+            labels.insert(
+                format!("pod-security.kubernetes.io/{mode}"),
+                POD_SECURITY_LEVEL.to_string(),
+            );
+        }
+    }
+    m
+}
+
 /// Plain manifests for clusters without OLM: `kubectl apply -f crds/ -f deploy/`.
 pub fn deploy_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
     let ns = Some(DEPLOY_NAMESPACE);
@@ -674,15 +672,31 @@ pub fn deploy_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
     {
         env.retain(|e| e.name != "KVROUTE_OPERATOR_NAMESPACE");
     }
+    let labels = BTreeMap::from([(
+        "app.kubernetes.io/name".to_string(),
+        OPERATOR_NAME.to_string(),
+    )]);
     let docs = [
         to_yaml(&Namespace {
-            metadata: meta(DEPLOY_NAMESPACE, None),
+            metadata: namespace_meta(),
             ..Default::default()
         })?,
         to_yaml(&ServiceAccount {
             metadata: meta(OPERATOR_NAME, ns),
             ..Default::default()
         })?,
+        to_yaml(&Deployment {
+            metadata: meta(OPERATOR_NAME, ns),
+            spec: Some(spec),
+            status: None,
+        })?,
+        to_yaml(&operator_policy(
+            meta(OPERATOR_NAME, ns),
+            labels,
+            ADMIN_PORT,
+        ))?,
+    ];
+    let rbac = [
         to_yaml(&ClusterRole {
             metadata: meta(OPERATOR_NAME, None),
             rules: Some(policy_rules(OPERATOR_RULES)),
@@ -710,11 +724,6 @@ pub fn deploy_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
             },
             subjects: Some(vec![subject()]),
         })?,
-        to_yaml(&Deployment {
-            metadata: meta(OPERATOR_NAME, ns),
-            spec: Some(spec),
-            status: None,
-        })?,
     ];
     let examples: Vec<String> = examples()
         .iter()
@@ -727,6 +736,10 @@ pub fn deploy_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
         GeneratedFile {
             path: dir.join("operator.yaml"),
             content: docs.join("---\n"),
+        },
+        GeneratedFile {
+            path: dir.join("rbac.yaml"),
+            content: rbac.join("---\n"),
         },
         GeneratedFile {
             path: dir.join("examples.yaml"),

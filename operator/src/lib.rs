@@ -3,9 +3,11 @@
 //! ```text
 //!  Lease (coordination.k8s.io/v1) --lease.rs/election.rs--> leading? (watch channel)
 //!                                                               | only while true
-//!  InferenceWorkerSet --controller/workerset.rs--> Deployment (vLLM|mock + sidecar), headless Service
+//!  InferenceWorkerSet --controller/workerset.rs--> Deployment (vLLM|mock + sidecar), headless Service,
+//!                                                  NetworkPolicy
 //!  InferencePool/Policy/Provider, GatewayBackend --controller/refs.rs (one generic reconciler)--> status
-//!  (installation) --controller/router.rs--> router Deployment, Services, ServiceAccount, RBAC
+//!  (installation) --controller/router.rs--> router Deployment, Services, ServiceAccount, RBAC,
+//!                                           NetworkPolicy (RBAC rules: permissions.rs)
 //!  (installation, --mtls) --controller/pki.rs (pki.rs pure)--> Secrets kvroute-ca, kvroute-mtls
 //!                             or cert-manager Certificates
 //!                      every write: desired/*.rs (pure) -> server-side apply "kvroute-operator"

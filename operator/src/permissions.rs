@@ -1,11 +1,35 @@
 //! The single source of truth for RBAC: what the operator calls and what the router it deploys
 //! reads. `kvroute crdgen` turns these into the CSV's `clusterPermissions`/`permissions` and into
-//! `deploy/rbac.yaml`; the operator turns [`ROUTER_RULES`] into the router's Role. A controller
-//! test records every request the reconcilers make and checks it against [`OPERATOR_RULES`].
+//! `deploy/rbac.yaml`; the operator turns [`ROUTER_RULES`] into the router's Role or
+//! ClusterRole. Two tests hold the rules to what the code does:
+//!
+//! ```text
+//! operator/tests/controller.rs   every request the reconcilers make (mocked API) is allowed
+//! e2e/tests/k8s_rbac_audit.rs    the operator and router run as their service accounts against
+//!                                a real API server with an audit log: no request is refused,
+//!                                and every grant is used or listed in [`NOT_EXERCISED`]
+//! ```
+//!
+//! Least privilege, by rule: the router only lists and watches what discovery reads (no
+//! Secrets: tokenizer tokens are mounted files); the operator never lists or watches Secrets,
+//! and writes to RBAC objects only by name ([`ROUTER_NAME`]), so it can neither rewrite another
+//! ClusterRole nor bind one to somebody else.
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
 
-/// One RBAC rule.
+/// Name of every object the operator writes for the router: ServiceAccount, Role, RoleBinding,
+/// ClusterRole, ClusterRoleBinding, Deployment, Service. Fixed, so RBAC can name it: one
+/// cluster-wide installation per cluster (two would reconcile the same resources anyway).
+pub const ROUTER_NAME: &str = "kvroute-router";
+/// Name of the operator's leader-election Lease (`--lease-name`; the Role names it, so a
+/// different name needs an edited Role).
+pub const LEASE_NAME: &str = "kvroute-operator";
+/// The Secret holding the operator's CA, in the operator's namespace.
+pub const CA_SECRET: &str = crate::pki::CA_SECRET;
+/// The Secret holding the workload certificates and the admin token, one per namespace.
+pub const MTLS_SECRET: &str = crate::pki::MTLS_SECRET;
+
+/// One RBAC rule and why it exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rule {
     /// API groups (`""` is core).
@@ -14,14 +38,11 @@ pub struct Rule {
     pub resources: &'static [&'static str],
     /// Verbs.
     pub verbs: &'static [&'static str],
-    /// Object names the rule is limited to; empty = every object. Kubernetes cannot limit
-    /// `create` (or `list`/`watch`) by name: the name is not known when it authorizes those.
-    pub resource_names: &'static [&'static str],
+    /// `resourceNames`: the only objects the rule applies to; empty means any name.
+    pub names: &'static [&'static str],
+    /// Why the component needs it (rendered into docs/security.md's grant table).
+    pub why: &'static str,
 }
-
-const READ: &[&str] = &["get", "list", "watch"];
-/// Server-side apply is a PATCH; creating through apply also needs `create`.
-const APPLY: &[&str] = &["get", "list", "watch", "create", "patch"];
 
 /// Every kvroute kind.
 pub const KVROUTE_RESOURCES: &[&str] = &[
@@ -32,13 +53,16 @@ pub const KVROUTE_RESOURCES: &[&str] = &[
     "gatewaybackends",
 ];
 
-/// What the operator needs wherever it watches (cluster-wide when `--namespace` is empty).
+/// What the operator needs wherever it watches (a ClusterRole: WorkerSets, and so their
+/// Deployments, Services and NetworkPolicies, live in any namespace).
 pub const OPERATOR_RULES: &[Rule] = &[
     Rule {
         api_groups: &["kvroute.dev"],
         resources: KVROUTE_RESOURCES,
-        verbs: READ,
-        resource_names: &[],
+        verbs: &["list", "watch"],
+        names: &[],
+        why: "one controller per kind watches it; Pools also watch WorkerSets and Providers, \
+              Providers watch GatewayBackends",
     },
     Rule {
         api_groups: &["kvroute.dev"],
@@ -49,92 +73,198 @@ pub const OPERATOR_RULES: &[Rule] = &[
             "inferenceproviders/status",
             "gatewaybackends/status",
         ],
-        verbs: &["get", "patch", "update"],
-        resource_names: &[],
+        verbs: &["patch"],
+        names: &[],
+        why: "status is written by server-side apply on the status subresource",
     },
     Rule {
         api_groups: &["apps"],
         resources: &["deployments"],
-        verbs: APPLY,
-        resource_names: &[],
+        verbs: &["get", "list", "watch", "create", "patch"],
+        names: &[],
+        why: "worker and router Deployments (server-side apply; create when apply makes one); \
+              watched as children; read back when a WorkerSet's spec is invalid",
     },
     Rule {
         api_groups: &[""],
-        resources: &["services", "serviceaccounts"],
-        verbs: APPLY,
-        resource_names: &[],
+        resources: &["services"],
+        verbs: &["list", "watch", "create", "patch"],
+        names: &[],
+        why: "worker headless Services and the router's Services (server-side apply), watched \
+              as children",
+    },
+    Rule {
+        api_groups: &["networking.k8s.io"],
+        resources: &["networkpolicies"],
+        verbs: &["create", "patch"],
+        names: &[],
+        why: "one NetworkPolicy per WorkerSet and one for the router (server-side apply); never \
+              read back",
     },
     Rule {
         api_groups: &[""],
-        resources: &["pods", "secrets"],
-        verbs: READ,
-        resource_names: &[],
+        resources: &["pods"],
+        verbs: &["list", "watch"],
+        names: &[],
+        why: "worker pods: their readiness is the WorkerSet's status",
     },
-    // The PKI's two Secrets (crate::pki): read and rewritten by name only. The operator
-    // never lists or watches Secrets.
+    Rule {
+        api_groups: &[""],
+        resources: &["secrets"],
+        verbs: &["get"],
+        names: &[],
+        why: "a GatewayBackend's Secret references are user-chosen names in any namespace, so \
+              no static role can name them: the operator gets each by name to report \
+              ResolvedRefs and keeps only the key names; never list or watch",
+    },
     Rule {
         api_groups: &[""],
         resources: &["secrets"],
         verbs: &["get", "update", "patch"],
-        resource_names: &[crate::pki::CA_SECRET, crate::pki::MTLS_SECRET],
+        names: &[CA_SECRET, MTLS_SECRET],
+        why: "certificate issuance (--mtls): the CA and the per-namespace certificate \
+              Secrets, read and rewritten by name only",
     },
-    // Creating them (first start, a new namespace): `create` cannot be limited by name.
     Rule {
         api_groups: &[""],
         resources: &["secrets"],
         verbs: &["create"],
-        resource_names: &[],
+        names: &[],
+        why: "certificate issuance (--mtls) creates kvroute-ca and kvroute-mtls: a create \
+              request names no existing object, so resourceNames cannot narrow it",
     },
-    // cert-manager mode: one Certificate per identity, server-side applied; read back for the
-    // pool's TransportSecurity condition.
     Rule {
         api_groups: &["cert-manager.io"],
         resources: &["certificates"],
         verbs: &["get", "create", "patch"],
-        resource_names: &[],
+        names: &[],
+        why: "cert-manager mode (a Pool's spec.tls.issuerRef): one Certificate per identity, \
+              server-side applied and read back for the Pool's TransportSecurity condition",
     },
     Rule {
         api_groups: &["rbac.authorization.k8s.io"],
-        resources: &[
-            "roles",
-            "rolebindings",
-            "clusterroles",
-            "clusterrolebindings",
-        ],
-        verbs: APPLY,
-        resource_names: &[],
+        resources: &["clusterroles", "clusterrolebindings"],
+        verbs: &["create", "patch"],
+        names: &[ROUTER_NAME],
+        why: "the router's read-only ClusterRole and its binding when watching all namespaces; \
+              by name only (server-side apply names the object even when it creates it)",
+    },
+    Rule {
+        api_groups: &["rbac.authorization.k8s.io"],
+        resources: &["roles", "rolebindings"],
+        verbs: &["create", "patch"],
+        names: &[ROUTER_NAME],
+        why: "the router's read-only Role and its binding in the watched namespace \
+              (`--namespace` set); by name only",
     },
     Rule {
         api_groups: &["events.k8s.io"],
         resources: &["events"],
         verbs: &["create", "patch"],
-        resource_names: &[],
+        names: &[],
+        why: "Events on condition changes; a repeated Event is patched (its series count)",
     },
 ];
 
-/// What the operator needs in its own namespace only: the leader-election Lease.
-pub const OPERATOR_NAMESPACE_RULES: &[Rule] = &[Rule {
-    api_groups: &["coordination.k8s.io"],
-    resources: &["leases"],
-    verbs: &["get", "create", "update"],
-    resource_names: &[],
-}];
-
-/// What the router reads: the kvroute resources, worker pods, and Secrets for backend
-/// credentials. Nothing else, and never a write.
-pub const ROUTER_RULES: &[Rule] = &[
+/// What the operator needs in its own namespace only (a Role): the leader-election Lease and
+/// the router's ServiceAccount (the router runs in the operator's namespace unless
+/// `--router-namespace` says otherwise; then grant these there too).
+pub const OPERATOR_NAMESPACE_RULES: &[Rule] = &[
     Rule {
-        api_groups: &["kvroute.dev"],
-        resources: KVROUTE_RESOURCES,
-        verbs: READ,
-        resource_names: &[],
+        api_groups: &["coordination.k8s.io"],
+        resources: &["leases"],
+        verbs: &["get", "update"],
+        names: &[LEASE_NAME],
+        why: "leader election: read and renew (or take over) the one Lease",
+    },
+    Rule {
+        api_groups: &["coordination.k8s.io"],
+        resources: &["leases"],
+        verbs: &["create"],
+        names: &[],
+        why: "leader election: the first replica creates the Lease (a POST names no existing \
+              object, so resourceNames cannot narrow it)",
     },
     Rule {
         api_groups: &[""],
-        resources: &["pods", "secrets"],
-        verbs: READ,
-        resource_names: &[],
+        resources: &["serviceaccounts"],
+        verbs: &["create", "patch"],
+        names: &[ROUTER_NAME],
+        why: "the router's ServiceAccount (server-side apply)",
     },
+];
+
+/// What the router reads: the WorkerSets and Pools discovery lists and watches, and the worker
+/// pods. Nothing else, and never a write. No Secrets: tokenizer tokens are mounted files.
+pub const ROUTER_RULES: &[Rule] = &[
+    Rule {
+        api_groups: &["kvroute.dev"],
+        resources: &["inferenceworkersets", "inferencepools"],
+        verbs: &["list", "watch"],
+        names: &[],
+        why: "discovery: models, block sizes, tokenizer sources and pool aliases",
+    },
+    Rule {
+        api_groups: &[""],
+        resources: &["pods"],
+        verbs: &["list", "watch"],
+        names: &[],
+        why: "discovery: worker pods (addresses, readiness)",
+    },
+];
+
+/// Grants the audit test's scenario does not exercise, with the reason each stays.
+/// (component, group, resource, verb, reason); component is `operator` or `router`.
+pub const NOT_EXERCISED: &[(&str, &str, &str, &str, &str)] = &[
+    (
+        "operator",
+        "cert-manager.io",
+        "certificates",
+        "get",
+        "cert-manager mode only; the audit scenario uses the operator's own CA",
+    ),
+    (
+        "operator",
+        "cert-manager.io",
+        "certificates",
+        "create",
+        "cert-manager mode only; the audit scenario uses the operator's own CA",
+    ),
+    (
+        "operator",
+        "cert-manager.io",
+        "certificates",
+        "patch",
+        "cert-manager mode only; the audit scenario uses the operator's own CA",
+    ),
+    (
+        "operator",
+        "",
+        "secrets",
+        "update",
+        "certificate issuance (--mtls) rotates kvroute-ca/kvroute-mtls",
+    ),
+    (
+        "operator",
+        "",
+        "secrets",
+        "patch",
+        "certificate issuance (--mtls) rotates kvroute-ca/kvroute-mtls",
+    ),
+    (
+        "operator",
+        "",
+        "secrets",
+        "create",
+        "certificate issuance (--mtls) creates kvroute-ca/kvroute-mtls",
+    ),
+    (
+        "operator",
+        "events.k8s.io",
+        "events",
+        "patch",
+        "only when the same Event repeats within the recorder's cache window",
+    ),
 ];
 
 fn strings(v: &[&str]) -> Vec<String> {
@@ -149,18 +279,82 @@ pub fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
             api_groups: Some(strings(r.api_groups)),
             resources: Some(strings(r.resources)),
             verbs: strings(r.verbs),
-            resource_names: (!r.resource_names.is_empty()).then(|| strings(r.resource_names)),
+            resource_names: (!r.names.is_empty()).then(|| strings(r.names)),
             ..Default::default()
         })
         .collect()
 }
 
-/// True when `rules` allow `verb` on `group`/`resource` (for some object name: a rule
-/// limited by `resource_names` counts).
-pub fn allows(rules: &[Rule], group: &str, resource: &str, verb: &str) -> bool {
+/// True when `rules` allow `verb` on `group`/`resource`, for the object `name` (`None`: a
+/// request that names no object, such as list, watch or a POST create).
+pub fn allows(rules: &[Rule], group: &str, resource: &str, verb: &str, name: Option<&str>) -> bool {
     rules.iter().any(|r| {
-        r.api_groups.contains(&group) && r.resources.contains(&resource) && r.verbs.contains(&verb)
+        r.api_groups.contains(&group)
+            && r.resources.contains(&resource)
+            && r.verbs.contains(&verb)
+            && (r.names.is_empty() || name.is_some_and(|n| r.names.contains(&n)))
     })
+}
+
+/// Every (group, resource, verb) that `rules` grant, in rule order, without repeats.
+pub fn grants(rules: &[Rule]) -> Vec<(&'static str, &'static str, &'static str)> {
+    let mut out = Vec::new();
+    for r in rules {
+        for g in r.api_groups {
+            for res in r.resources {
+                for v in r.verbs {
+                    if !out.contains(&(*g, *res, *v)) {
+                        out.push((*g, *res, *v));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The grant table of docs/security.md ("Least privilege"), rendered from the rules so the
+/// two cannot drift (a test compares them).
+pub fn grant_table_markdown() -> String {
+    let mut out = String::from(
+        "| Who | Scope | API group | Resources | Verbs | Names | Why |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    let sets: [(&str, &str, &[Rule]); 3] = [
+        ("operator", "cluster", OPERATOR_RULES),
+        ("operator", "own namespace", OPERATOR_NAMESPACE_RULES),
+        ("router", "watched namespace(s)", ROUTER_RULES),
+    ];
+    for (who, scope, rules) in sets {
+        for r in rules {
+            let group = r.api_groups.join(", ");
+            let names = if r.names.is_empty() {
+                "any".to_string()
+            } else {
+                r.names.join(", ")
+            };
+            out.push_str(&format!(
+                "| {who} | {scope} | {} | {} | {} | {names} | {} |\n",
+                if group.is_empty() { "core" } else { &group },
+                r.resources.join(", "),
+                r.verbs.join(", "),
+                r.why.split_whitespace().collect::<Vec<_>>().join(" "),
+            ));
+        }
+    }
+    out
+}
+
+/// The [`NOT_EXERCISED`] table of docs/security.md, rendered the same way.
+pub fn not_exercised_markdown() -> String {
+    let mut out = String::from(
+        "| Who | Verb | Resource | Why the audit run does not use it |\n|---|---|---|---|\n",
+    );
+    for (who, g, res, v, why) in NOT_EXERCISED {
+        let group = if g.is_empty() { "core" } else { g };
+        out.push_str(&format!("| {who} | {v} | {group}/{res} | {why} |\n"));
+    }
+    out
 }
 
 /// The Kubernetes verb of a request, from its method and whether it names one object.
@@ -178,9 +372,22 @@ pub fn verb_of(method: &str, named: bool, watch: bool) -> &'static str {
     }
 }
 
-/// Parses a request path into (group, resource incl. subresource, named): `/api/v1/namespaces/ns/pods/x`,
+/// A resource request path, taken apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiPath {
+    /// API group (`""` is core).
+    pub group: String,
+    /// Resource, with `/subresource` when there is one.
+    pub resource: String,
+    /// Namespace, for namespaced requests.
+    pub namespace: Option<String>,
+    /// The object's name, when the path names one.
+    pub name: Option<String>,
+}
+
+/// Parses a request path: `/api/v1/namespaces/ns/pods/x`,
 /// `/apis/apps/v1/namespaces/ns/deployments/x/status`, cluster-scoped forms too.
-pub fn parse_path(path: &str) -> Option<(String, String, bool)> {
+pub fn parse_path(path: &str) -> Option<ApiPath> {
     let path = path.split('?').next().unwrap_or_default();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, rest) = match *parts.first()? {
@@ -188,18 +395,23 @@ pub fn parse_path(path: &str) -> Option<(String, String, bool)> {
         "apis" => (*parts.get(1)?, parts.get(3..)?),
         _ => return None,
     };
-    let rest = if rest.first() == Some(&"namespaces") && rest.len() > 2 {
-        &rest[2..]
+    // `namespaces/<ns>/<resource>...`; a bare `namespaces/<ns>` is the Namespace itself.
+    let (namespace, rest) = if rest.first() == Some(&"namespaces") && rest.len() > 2 {
+        (Some(rest[1].to_string()), &rest[2..])
     } else {
-        rest
+        (None, rest)
     };
     let resource = rest.first()?.to_string();
-    let named = rest.len() > 1;
     let resource = match rest.get(2) {
         Some(sub) => format!("{resource}/{sub}"),
         None => resource,
     };
-    Some((group.to_string(), resource, named))
+    Some(ApiPath {
+        group: group.to_string(),
+        resource,
+        namespace,
+        name: rest.get(1).map(|n| n.to_string()),
+    })
 }
 
 #[cfg(test)]
@@ -208,47 +420,141 @@ mod tests {
 
     #[test]
     fn router_rules_are_a_read_only_subset_of_the_operators() {
-        for r in ROUTER_RULES {
-            for g in r.api_groups {
-                for res in r.resources {
-                    for v in r.verbs {
-                        assert!(READ.contains(v), "router must not {v}");
-                        assert!(
-                            allows(OPERATOR_RULES, g, res, v),
-                            "operator cannot grant {v} {g}/{res}"
-                        );
-                    }
-                }
-            }
+        for (g, res, v) in grants(ROUTER_RULES) {
+            assert!(["get", "list", "watch"].contains(&v), "router must not {v}");
+            // RBAC refuses to grant what the granter lacks.
+            assert!(
+                allows(OPERATOR_RULES, g, res, v, None),
+                "operator cannot grant {v} {g}/{res}"
+            );
         }
     }
 
     #[test]
-    fn paths_parse_into_group_resource_and_name() {
+    fn no_secret_is_listed_watched_or_readable_by_the_router() {
+        for (g, res, v) in grants(ROUTER_RULES) {
+            assert!(!(g.is_empty() && res == "secrets"), "router {v} secrets");
+        }
+        for rules in [OPERATOR_RULES, OPERATOR_NAMESPACE_RULES] {
+            for v in ["list", "watch", "delete", "deletecollection"] {
+                assert!(
+                    !allows(rules, "", "secrets", v, None),
+                    "operator {v} secrets"
+                );
+            }
+            // Writes reach only the two Secrets the operator owns.
+            for v in ["update", "patch"] {
+                assert!(!allows(rules, "", "secrets", v, Some("user-secret")));
+            }
+        }
+        assert!(allows(
+            OPERATOR_RULES,
+            "",
+            "secrets",
+            "patch",
+            Some(MTLS_SECRET)
+        ));
+    }
+
+    #[test]
+    fn rbac_writes_are_limited_to_the_routers_objects() {
+        let rbac = "rbac.authorization.k8s.io";
+        for res in [
+            "clusterroles",
+            "clusterrolebindings",
+            "roles",
+            "rolebindings",
+        ] {
+            for v in ["create", "patch"] {
+                assert!(allows(OPERATOR_RULES, rbac, res, v, Some(ROUTER_NAME)));
+                assert!(!allows(OPERATOR_RULES, rbac, res, v, Some("cluster-admin")));
+                assert!(!allows(OPERATOR_RULES, rbac, res, v, None));
+            }
+            for v in ["update", "delete", "escalate", "bind", "list", "watch"] {
+                assert!(
+                    !allows(OPERATOR_RULES, rbac, res, v, Some(ROUTER_NAME)),
+                    "{v} {res}"
+                );
+            }
+        }
+        // The rendered rules carry the names.
+        let rendered = policy_rules(OPERATOR_RULES);
+        assert!(rendered.iter().any(|r| {
+            r.resources.as_deref()
+                == Some(
+                    &[
+                        "clusterroles".to_string(),
+                        "clusterrolebindings".to_string(),
+                    ][..],
+                )
+                && r.resource_names.as_deref() == Some(&[ROUTER_NAME.to_string()][..])
+        }));
+    }
+
+    #[test]
+    fn every_not_exercised_entry_is_a_grant() {
+        for (who, g, res, v, why) in NOT_EXERCISED {
+            let rules: Vec<Rule> = match *who {
+                "operator" => [OPERATOR_RULES, OPERATOR_NAMESPACE_RULES].concat(),
+                "router" => ROUTER_RULES.to_vec(),
+                other => panic!("unknown component {other}"),
+            };
+            assert!(
+                grants(&rules).contains(&(g, res, v)),
+                "{who} {v} {g}/{res} is not granted"
+            );
+            assert!(!why.is_empty());
+        }
+    }
+
+    #[test]
+    fn docs_security_md_carries_the_rendered_tables() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md");
+        let doc = std::fs::read_to_string(path).expect("docs/security.md");
+        for table in [grant_table_markdown(), not_exercised_markdown()] {
+            assert!(
+                doc.contains(&table),
+                "docs/security.md lacks this table (paste it in):\n{table}"
+            );
+        }
+    }
+
+    #[test]
+    fn paths_parse_into_group_resource_namespace_and_name() {
+        let p = parse_path("/api/v1/namespaces/a/pods?labelSelector=x").expect("parses");
         assert_eq!(
-            parse_path("/api/v1/namespaces/a/pods?labelSelector=x"),
-            Some((String::new(), "pods".into(), false))
+            (
+                p.group.as_str(),
+                p.resource.as_str(),
+                p.namespace.as_deref(),
+                p.name
+            ),
+            ("", "pods", Some("a"), None)
         );
+        let p = parse_path("/apis/kvroute.dev/v1alpha1/namespaces/a/inferenceworkersets/q/status")
+            .expect("parses");
         assert_eq!(
-            parse_path("/apis/kvroute.dev/v1alpha1/namespaces/a/inferenceworkersets/q/status"),
-            Some((
-                "kvroute.dev".into(),
-                "inferenceworkersets/status".into(),
-                true
-            ))
+            (p.resource.as_str(), p.name.as_deref()),
+            ("inferenceworkersets/status", Some("q"))
         );
+        let p = parse_path("/apis/rbac.authorization.k8s.io/v1/clusterroles/kvroute-router")
+            .expect("parses");
         assert_eq!(
-            parse_path("/apis/rbac.authorization.k8s.io/v1/clusterroles/kvroute-router"),
-            Some((
-                "rbac.authorization.k8s.io".into(),
-                "clusterroles".into(),
-                true
-            ))
+            (
+                p.group.as_str(),
+                p.resource.as_str(),
+                p.namespace,
+                p.name.as_deref()
+            ),
+            (
+                "rbac.authorization.k8s.io",
+                "clusterroles",
+                None,
+                Some("kvroute-router")
+            )
         );
-        assert_eq!(
-            parse_path("/apis/apps/v1/deployments"),
-            Some(("apps".into(), "deployments".into(), false))
-        );
+        let p = parse_path("/apis/apps/v1/deployments").expect("parses");
+        assert_eq!((p.resource.as_str(), p.name), ("deployments", None));
         assert_eq!(parse_path("/healthz"), None);
         assert_eq!(verb_of("GET", false, true), "watch");
         assert_eq!(verb_of("PATCH", true, false), "patch");

@@ -447,12 +447,12 @@ fn csv_rbac_is_the_operators_permissions() {
     // The operator grants the router's Role: RBAC refuses to grant what the granter lacks.
     for (g, r, v) in rules_of(&serde_json::to_value(policy_rules(ROUTER_RULES)).expect("json")) {
         assert!(
-            allows(OPERATOR_RULES, &g, &r, &v),
+            allows(OPERATOR_RULES, &g, &r, &v, None),
             "operator cannot grant {v} {g}/{r}"
         );
     }
     // The plain manifests carry the same rules.
-    let deploy = read(&root().join("deploy/operator.yaml"));
+    let deploy = read(&root().join("deploy/rbac.yaml"));
     let docs: Vec<Value> = serde_saphyr::from_multiple(&deploy).expect("deploy yaml");
     let cr = docs
         .iter()

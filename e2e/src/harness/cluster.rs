@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! Cluster::start()  -> own instance, killed (process group) and removed on drop
+//! Cluster::start_with(ClusterOptions { audit: true }) -> the same, with an audit log of every
+//!                      service account's requests (log/audit.log, JSON lines)
 //! Cluster::shared() -> one instance per test binary (OnceCell); a watchdog started by
 //!                      k8s-up.sh kills it, and every process group registered with its
 //!                      Reaper, when the test binary exits
@@ -23,6 +25,7 @@ use kube::runtime::wait::{await_condition, conditions};
 use serde_json::json;
 use tokio::sync::OnceCell;
 
+use super::kubelet::ServiceAccountAuth;
 use crate::procs;
 
 /// Directory holding `kube-apiserver` and `kube-controller-manager`:
@@ -87,6 +90,14 @@ impl Reaper {
     }
 }
 
+/// How to start a cluster.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterOptions {
+    /// Write an audit log (Metadata level) of every request a service account makes to
+    /// [`Cluster::audit_log`].
+    pub audit: bool,
+}
+
 /// A running API server.
 pub struct Cluster {
     dir: PathBuf,
@@ -99,6 +110,11 @@ static SHARED: OnceCell<Cluster> = OnceCell::const_new();
 impl Cluster {
     /// Starts an instance of its own, on free ports; stopped when dropped.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(ClusterOptions::default()).await
+    }
+
+    /// [`Cluster::start`] with options.
+    pub async fn start_with(opts: ClusterOptions) -> anyhow::Result<Self> {
         let bin = check_binaries()?;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s/k8s-up.sh");
         static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -117,6 +133,7 @@ impl Cluster {
                 .env("ETCD_PORT", procs::free_local_port()?.to_string())
                 .env("ETCD_PEER_PORT", procs::free_local_port()?.to_string())
                 .env("K8S_OWNER_PID", std::process::id().to_string())
+                .env("K8S_AUDIT", if opts.audit { "1" } else { "0" })
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -163,6 +180,35 @@ impl Cluster {
     /// Path of the admin kubeconfig (a static token in `system:masters`).
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("kubeconfig")
+    }
+
+    /// The audit log (JSON lines) of a cluster started with [`ClusterOptions::audit`].
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("log").join("audit.log")
+    }
+
+    /// A kubeconfig that authenticates as the service account `namespace/name` with the
+    /// token its Secret holds (made by the controller-manager's token controller), so RBAC
+    /// applies to whoever uses it. Waits up to 30 s for the token.
+    pub async fn service_account_kubeconfig(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        name: &str,
+    ) -> anyhow::Result<PathBuf> {
+        let token = service_account_token(client, namespace, name).await?;
+        let auth = self.service_account_auth();
+        write_token_kubeconfig(&auth, namespace, name, &token)
+    }
+
+    /// What a fake kubelet needs to give pods their service account's identity
+    /// ([`crate::harness::KubeletOptions::service_accounts`]).
+    pub fn service_account_auth(&self) -> ServiceAccountAuth {
+        ServiceAccountAuth {
+            server: format!("https://127.0.0.1:{}", self.api_port),
+            ca_file: self.dir.join("pki").join("ca.crt"),
+            dir: self.dir.clone(),
+        }
     }
 
     /// The state directory (logs under `log/`).
@@ -266,6 +312,63 @@ impl Drop for Cluster {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Writes `<auth.dir>/sa-<namespace>-<name>.kubeconfig` authenticating with `token`.
+pub fn write_token_kubeconfig(
+    auth: &ServiceAccountAuth,
+    namespace: &str,
+    name: &str,
+    token: &str,
+) -> anyhow::Result<PathBuf> {
+    let path = auth.dir.join(format!("sa-{namespace}-{name}.kubeconfig"));
+    let kc = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {
+            "server": auth.server,
+            "certificate-authority": auth.ca_file,
+        }}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": name, "namespace": namespace}}],
+        "current-context": "e2e",
+    });
+    std::fs::write(&path, serde_json::to_vec_pretty(&kc)?)
+        .with_context(|| format!("write {}", path.display()))?;
+    Ok(path)
+}
+
+/// The bearer token of service account `namespace/name`, from the Secret the token controller
+/// made for it.
+pub async fn service_account_token(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<String> {
+    use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    procs::wait_for(
+        &format!("the token of service account {namespace}/{name}"),
+        Duration::from_secs(30),
+        || async {
+            let Some(sa) = sas.get_opt(name).await? else {
+                return Ok(None);
+            };
+            for r in sa.secrets.into_iter().flatten() {
+                let Some(secret_name) = r.name else { continue };
+                let token = secrets
+                    .get_opt(&secret_name)
+                    .await?
+                    .and_then(|s| s.data)
+                    .and_then(|d| d.get("token").cloned());
+                if let Some(t) = token {
+                    return Ok(Some(String::from_utf8(t.0)?));
+                }
+            }
+            Ok(None)
+        },
+    )
+    .await
 }
 
 /// Directory of the CRD YAML (`crds/` at the repository root).

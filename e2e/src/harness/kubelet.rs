@@ -58,6 +58,22 @@ pub struct KubeletOptions {
     pub rewrites: Vec<(String, String)>,
     /// Process groups are registered here so they die with the test binary.
     pub reaper: Option<Reaper>,
+    /// Run every pod as its service account, as a real kubelet's token mount does: its
+    /// processes get a kubeconfig with that account's token (so RBAC applies to them), or,
+    /// when the pod sets `automountServiceAccountToken: false`, a `KUBECONFIG` that does not
+    /// exist. `None`: every process gets the `KUBECONFIG` of [`KubeletOptions::env`].
+    pub service_accounts: Option<ServiceAccountAuth>,
+}
+
+/// Where the API server is, for the kubeconfigs of [`KubeletOptions::service_accounts`].
+#[derive(Clone, Debug)]
+pub struct ServiceAccountAuth {
+    /// The API server's URL.
+    pub server: String,
+    /// Its CA certificate.
+    pub ca_file: PathBuf,
+    /// Where the kubeconfigs are written.
+    pub dir: PathBuf,
 }
 
 /// A pod the fake kubelet runs.
@@ -396,6 +412,7 @@ impl Kubelet {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
         let keys = self.fetch_keys(&ns, pod).await?;
+        let kubeconfig = self.service_account_kubeconfig(&ns, pod).await?;
         let pod_dir = self.opts.log_dir.join(format!("{ns}_{name}"));
         let mut mounted = Vec::new();
         let mut rewrites = Vec::new();
@@ -413,7 +430,7 @@ impl Kubelet {
         // Longer mount paths first, so a nested mount is not cut by its parent's rewrite.
         rewrites.sort_by_key(|(from, _)| std::cmp::Reverse(from.len()));
         rewrites.extend(lock(&self.state.rewrites).iter().cloned());
-        let (ip, plan) = match self.plan(pod, &keys, &rewrites) {
+        let (ip, mut plan) = match self.plan(pod, &keys, &rewrites) {
             Ok(v) => v,
             Err(Unrunnable::Never(why)) => {
                 tracing::warn!(pod = %format!("{ns}/{name}"), %why, "fake kubelet: pod left Pending");
@@ -441,6 +458,11 @@ impl Kubelet {
         )
         .await
         .with_context(|| format!("bind {ns}/{name} to {}", self.opts.node_name))?;
+        if let Some(kc) = kubeconfig {
+            for c in &mut plan.containers {
+                c.env.push(("KUBECONFIG".to_string(), kc.clone()));
+            }
+        }
         let dir = self.opts.log_dir.join(format!("{ns}_{name}"));
         let mut containers = Vec::with_capacity(plan.containers.len());
         for c in plan.containers {
@@ -475,9 +497,43 @@ impl Kubelet {
         Ok(())
     }
 
+    /// The `KUBECONFIG` of the pod's processes in service-account mode (`None` otherwise).
+    async fn service_account_kubeconfig(
+        &self,
+        ns: &str,
+        pod: &Pod,
+    ) -> anyhow::Result<Option<String>> {
+        let Some(auth) = &self.opts.service_accounts else {
+            return Ok(None);
+        };
+        let spec = pod.spec.as_ref();
+        if spec.and_then(|s| s.automount_service_account_token) == Some(false) {
+            return Ok(Some(
+                auth.dir
+                    .join("no-service-account-token")
+                    .display()
+                    .to_string(),
+            ));
+        }
+        let sa = spec
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".to_string());
+        let token = super::cluster::service_account_token(&self.client, ns, &sa).await?;
+        let path = super::cluster::write_token_kubeconfig(auth, ns, &sa, &token)?;
+        Ok(Some(path.display().to_string()))
+    }
+
     fn spawn_container(&self, ns: &str, pod: &str, run: &mut ContainerRun) {
         let mut env = run.plan.env.clone();
-        env.extend(self.opts.env.iter().cloned());
+        // The pod's own variables (and its service account's KUBECONFIG) win over the
+        // harness-wide ones, as nothing else would set them in a real pod.
+        env.extend(
+            self.opts
+                .env
+                .iter()
+                .filter(|(k, _)| !run.plan.env.iter().any(|(pk, _)| pk == k))
+                .cloned(),
+        );
         let opts = SpawnOptions {
             env,
             log: Some(run.log.clone()),

@@ -41,9 +41,10 @@ pub mod volumes;
 use std::time::Duration;
 
 pub use cluster::{
-    Cluster, Reaper, check_binaries, check_binaries_in, crds_dir, install_crds, k8s_bin_dir,
+    Cluster, ClusterOptions, Reaper, check_binaries, check_binaries_in, crds_dir, install_crds,
+    k8s_bin_dir, service_account_token,
 };
-pub use kubelet::{FakeKubelet, KubeletOptions, RunningPod};
+pub use kubelet::{FakeKubelet, KubeletOptions, RunningPod, ServiceAccountAuth};
 pub use operator::{OperatorProcess, shared_operator};
 
 /// Options for a fake kubelet serving one namespace of `cluster`.
@@ -65,6 +66,7 @@ pub fn kubelet_options(cluster: &Cluster, namespace: &str) -> KubeletOptions {
         ],
         rewrites: Vec::new(),
         reaper: Some(cluster.reaper()),
+        service_accounts: None,
     }
 }
 

@@ -28,21 +28,31 @@ impl OperatorProcess {
         identity: &str,
         extra: &[String],
     ) -> anyhow::Result<Self> {
+        let mut args = vec!["--lease-namespace".to_string(), "default".to_string()];
+        args.extend(extra.iter().cloned());
+        Self::start_as(cluster, &cluster.kubeconfig(), name, identity, &args).await
+    }
+
+    /// [`OperatorProcess::start`] authenticated by `kubeconfig` (e.g. a service account's,
+    /// [`Cluster::service_account_kubeconfig`]) and with no `--lease-namespace` of its own:
+    /// the Lease goes to the kubeconfig's namespace unless `extra` names one.
+    pub async fn start_as(
+        cluster: &Cluster,
+        kubeconfig: &std::path::Path,
+        name: &str,
+        identity: &str,
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
         let admin = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), procs::free_local_port()?);
         let mut args = vec![
             "--identity".to_string(),
             identity.to_string(),
             "--admin-addr".to_string(),
             admin.to_string(),
-            "--lease-namespace".to_string(),
-            "default".to_string(),
         ];
         args.extend(extra.iter().cloned());
         let env = vec![
-            (
-                "KUBECONFIG".to_string(),
-                cluster.kubeconfig().display().to_string(),
-            ),
+            ("KUBECONFIG".to_string(), kubeconfig.display().to_string()),
             (
                 "RUST_LOG".to_string(),
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info,kube=warn".into()),

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, ListParams};
 use kvroute_crds::{InferencePool, InferenceWorkerSet};
@@ -56,6 +57,11 @@ pub async fn reconcile(ctx: &Ctx) -> Result<(), Error> {
     let services = Api::<Service>::namespaced(c.clone(), ns);
     apply(&services, &objs.service).await?;
     apply(&services, &objs.ingest_service).await?;
+    apply(
+        &Api::<NetworkPolicy>::namespaced(c.clone(), ns),
+        &objs.network_policy,
+    )
+    .await?;
     apply(
         &Api::<Deployment>::namespaced(c.clone(), ns),
         &objs.deployment,

@@ -1,11 +1,12 @@
-//! InferenceWorkerSet controller: Deployment + headless Service, status from the Deployment and
-//! the worker pods.
+//! InferenceWorkerSet controller: Deployment + headless Service + NetworkPolicy, status from the
+//! Deployment and the worker pods.
 
 use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Action, Controller};
@@ -19,6 +20,7 @@ use super::{Ctx, Error, apply, apply_status, error_policy, object_key};
 use crate::desired::WORKER_SET_LABEL;
 use crate::desired::tls::{secure_workerset, transport};
 use crate::desired::workerset::deployment::desired_deployment;
+use crate::desired::workerset::network_policy::desired_network_policy;
 use crate::desired::workerset::selector_string;
 use crate::desired::workerset::service::desired_service;
 use crate::desired::workerset::status::{RolloutFacts, desired_status, notable_transitions};
@@ -40,6 +42,11 @@ pub async fn reconcile(ws: Arc<InferenceWorkerSet>, ctx: Arc<Ctx>) -> Result<Act
         apply(
             &Api::<Service>::namespaced(ctx.client.clone(), &ns),
             &desired_service(&ws)?,
+        )
+        .await?;
+        apply(
+            &Api::<NetworkPolicy>::namespaced(ctx.client.clone(), &ns),
+            &desired_network_policy(&ws, &ctx.cfg)?,
         )
         .await?;
         let mut desired = desired_deployment(&ws, &ctx.cfg)?;

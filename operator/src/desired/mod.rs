@@ -3,6 +3,8 @@
 //! what the API server returned. Unit tests call these directly; the controllers only fetch,
 //! call, and apply.
 
+pub mod hardening;
+pub mod network_policy;
 pub mod refs;
 pub mod router;
 pub mod tls;

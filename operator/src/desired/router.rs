@@ -1,5 +1,5 @@
 //! The router the operator runs: Deployment, client Service, headless ingest Service (sidecars
-//! resolve it to stream to every replica), ServiceAccount and read-only RBAC.
+//! resolve it to stream to every replica), ServiceAccount, read-only RBAC and NetworkPolicy.
 //!
 //! Tokenizers: the router downloads each WorkerSet's tokenizer itself (`--tokenizer-fetch`).
 //! Its pods get an `emptyDir` Hugging Face cache (`HF_HOME`), and every Secret or ConfigMap a
@@ -21,7 +21,13 @@
 //! RBAC scope follows the watch scope: with `--namespace` set the router gets a Role and
 //! RoleBinding in that namespace; watching all namespaces it needs the same read rules
 //! cluster-wide, so it gets a ClusterRole and ClusterRoleBinding. The rules come from
-//! [`crate::permissions::ROUTER_RULES`] either way.
+//! [`crate::permissions::ROUTER_RULES`] either way, and every object is named
+//! [`ROUTER_NAME`], the one name the operator's own RBAC lets it write.
+//!
+//! Hardening ([`super::hardening`]): non-root, read-only root filesystem (the tokenizer cache
+//! and `/tmp` are emptyDirs), no capabilities, RuntimeDefault seccomp, requests and limits
+//! ([`ROUTER_CPU`], [`ROUTER_MEMORY`], [`ROUTER_MEMORY_LIMIT`]); a NetworkPolicy admits only
+//! the router's own ports.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -40,11 +46,22 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvroute_crds::InferenceWorkerSet;
 use kvroute_crds::workerset::ResolvedTokenizer;
 
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use super::hardening::{pod_security, resources, restricted, tmp_volume};
+use super::network_policy::{allow, ingress_policy, tcp};
 use super::{OperatorConfig, common_labels};
+pub use crate::permissions::ROUTER_NAME;
 use crate::permissions::{ROUTER_RULES, policy_rules};
 
-/// Name of the router Deployment, Service, ServiceAccount and RBAC objects.
-pub const ROUTER_NAME: &str = "kvroute-router";
+/// CPU request of a router container (tokenization and the HTTP gateway).
+pub const ROUTER_CPU: &str = "500m";
+/// Memory request of a router container.
+pub const ROUTER_MEMORY: &str = "512Mi";
+/// Memory limit of a router container (the KV index is bounded per worker and per model).
+pub const ROUTER_MEMORY_LIMIT: &str = "2Gi";
+/// CPU limit of a router container.
+pub const ROUTER_CPU_LIMIT: &str = "4";
 /// Headless Service of the router's ingest port.
 pub const INGEST_SERVICE: &str = "kvroute-router-ingest";
 /// OpenAI/Anthropic HTTP gateway port.
@@ -118,9 +135,12 @@ pub struct RouterObjects {
     pub service: Service,
     /// Headless: one address per router replica for the sidecars.
     pub ingest_service: Service,
+    /// Who may connect to the router pods.
+    pub network_policy: NetworkPolicy,
 }
 
-fn selector() -> BTreeMap<String, String> {
+/// Labels selecting the router pods (also the workers' NetworkPolicy peer).
+pub fn selector() -> BTreeMap<String, String> {
     BTreeMap::from([(
         "app.kubernetes.io/name".to_string(),
         ROUTER_NAME.to_string(),
@@ -160,11 +180,6 @@ fn svc_port(name: &str, port: i32) -> ServicePort {
         protocol: Some("TCP".to_string()),
         ..Default::default()
     }
-}
-
-/// Cluster-scoped object names carry the router namespace so two installations do not clash.
-pub fn cluster_role_name(cfg: &OperatorConfig) -> String {
-    format!("{ROUTER_NAME}-{}", cfg.router_namespace)
 }
 
 /// Volumes and mounts of the router container: the tokenizer cache and every tokenizer
@@ -229,7 +244,7 @@ pub fn desired_router(cfg: &OperatorConfig, mounts: &TokenizerMounts) -> RouterO
         ..Default::default()
     };
     let (role, cluster_role) = if cfg.watch_namespace.is_empty() {
-        let name = cluster_role_name(cfg);
+        let name = ROUTER_NAME.to_string();
         let cr = ClusterRole {
             metadata: meta(&name, None),
             rules: Some(policy_rules(ROUTER_RULES)),
@@ -270,10 +285,20 @@ pub fn desired_router(cfg: &OperatorConfig, mounts: &TokenizerMounts) -> RouterO
         protocol: Some("TCP".to_string()),
         ..Default::default()
     };
-    let (volumes, volume_mounts) = tokenizer_volumes(mounts);
+    let (mut volumes, mut volume_mounts) = tokenizer_volumes(mounts);
+    let (tmp, tmp_mount) = tmp_volume();
+    volumes.push(tmp);
+    volume_mounts.push(tmp_mount);
     let container = Container {
         name: "router".to_string(),
         volume_mounts: Some(volume_mounts),
+        security_context: Some(restricted()),
+        resources: Some(resources(
+            ROUTER_CPU,
+            ROUTER_MEMORY,
+            Some(ROUTER_CPU_LIMIT),
+            ROUTER_MEMORY_LIMIT,
+        )),
         image: Some(cfg.router_image.clone()),
         command: Some(vec!["kvroute-router".to_string()]),
         // Flags of `kvroute-router` (router/src/lib.rs), by their env names.
@@ -319,6 +344,7 @@ pub fn desired_router(cfg: &OperatorConfig, mounts: &TokenizerMounts) -> RouterO
                 }),
                 spec: Some(PodSpec {
                     service_account_name: Some(ROUTER_NAME.to_string()),
+                    security_context: Some(pod_security(true)),
                     termination_grace_period_seconds: Some(TERMINATION_GRACE_S),
                     containers: vec![container],
                     volumes: Some(volumes),
@@ -353,7 +379,18 @@ pub fn desired_router(cfg: &OperatorConfig, mounts: &TokenizerMounts) -> RouterO
         }),
         status: None,
     };
+    // All three ports serve callers the operator cannot name (clients, external gateways,
+    // sidecars in any namespace, Prometheus); mTLS and the admin token authenticate them.
+    let network_policy = ingress_policy(
+        meta(ROUTER_NAME, Some(ns)),
+        selector(),
+        vec![allow(
+            vec![tcp(HTTP_PORT), tcp(INGEST_PORT), tcp(ADMIN_PORT)],
+            Vec::new(),
+        )],
+    );
     RouterObjects {
+        network_policy,
         service_account: ServiceAccount {
             metadata: meta(ROUTER_NAME, Some(ns)),
             ..Default::default()
@@ -437,11 +474,9 @@ mod tests {
         let o = desired_router(&cfg(""), &TokenizerMounts::default());
         assert!(o.role.is_none());
         let (cr, crb) = o.cluster_role.expect("cluster role");
-        assert_eq!(
-            cr.metadata.name.as_deref(),
-            Some("kvroute-router-kvroute-system")
-        );
-        assert_eq!(crb.role_ref.name, "kvroute-router-kvroute-system");
+        // One fixed name: the operator's RBAC may write only that one.
+        assert_eq!(cr.metadata.name.as_deref(), Some(ROUTER_NAME));
+        assert_eq!(crb.role_ref.name, ROUTER_NAME);
     }
 
     #[test]
@@ -493,6 +528,7 @@ mod tests {
                 (HF_HOME, None),
                 ("/var/run/kvroute/hub-tokens/hf", Some(true)),
                 ("/var/run/kvroute/tokenizer-configmaps/tok", Some(true)),
+                ("/tmp", None),
             ]
         );
         let env: BTreeMap<&str, &str> = c

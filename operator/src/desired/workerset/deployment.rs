@@ -2,6 +2,13 @@
 //! sidecar in one pod, GPU requests, node selector and tolerations, the user's pod settings
 //! (env, volumes, pull secrets, affinity, spread, priority) passed through, and a template hash
 //! that rolls the pods on any change that affects them.
+//!
+//! Hardening ([`crate::desired::hardening`]): no service-account token (neither container
+//! calls the API), RuntimeDefault seccomp, no capabilities or privilege escalation anywhere;
+//! the sidecar and the mock engine run non-root on a read-only root filesystem (the upstream
+//! vLLM image keeps its root user and writable caches). vLLM's KV-event sockets stay inside
+//! the pod: the PUB socket connects to the sidecar's SUB bound on 127.0.0.1 and the replay
+//! ROUTER binds 127.0.0.1 ([`kv_events_config`]).
 
 use std::collections::BTreeMap;
 
@@ -10,8 +17,7 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, Toleration, Volume,
-    VolumeMount,
+    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -23,18 +29,44 @@ use kvroute_crds::workerset::{
 };
 
 use super::{ENGINE_CONTAINER, Meta, SIDECAR_CONTAINER, labels, meta, selector_labels};
+use crate::desired::hardening::{
+    pod_security, resources as resources_of, restricted, unprivileged, with_defaults,
+};
 use crate::desired::{
     DesiredError, MODEL_ANNOTATION, OperatorConfig, TEMPLATE_HASH_ANNOTATION, owner_ref,
 };
 
-/// vLLM's `--kv-events-config`: ZMQ PUB + ROUTER replay bound inside the pod (a `*` host makes
-/// vLLM bind; any other host makes it connect), empty topic, as the sidecar expects.
+/// Default CPU request of a vLLM engine container (`spec.resources` overrides each value).
+pub const VLLM_CPU: &str = "4";
+/// Default memory request of a vLLM engine container.
+pub const VLLM_MEMORY: &str = "16Gi";
+/// Default memory limit of a vLLM engine container (no CPU limit: throttling the engine's
+/// scheduler and tokenizer threads costs latency).
+pub const VLLM_MEMORY_LIMIT: &str = "64Gi";
+/// Default CPU request of a mock engine container.
+pub const MOCK_CPU: &str = "100m";
+/// Default memory request of a mock engine container.
+pub const MOCK_MEMORY: &str = "64Mi";
+/// Default memory limit of a mock engine container.
+pub const MOCK_MEMORY_LIMIT: &str = "512Mi";
+/// CPU request of the sidecar.
+pub const SIDECAR_CPU: &str = "100m";
+/// Memory request of the sidecar.
+pub const SIDECAR_MEMORY: &str = "128Mi";
+/// Memory limit of the sidecar.
+pub const SIDECAR_MEMORY_LIMIT: &str = "1Gi";
+
+/// vLLM's `--kv-events-config`, loopback only: no other pod may read the prompts' token ids.
+/// vLLM binds its PUB endpoint only when the host is `*` or `::` and connects otherwise, so
+/// with `tcp://127.0.0.1:<port>` it connects to the sidecar, which binds its SUB socket there
+/// (`KVROUTE_SIDECAR_ZMQ_BIND`); the replay ROUTER socket is always bound, here on
+/// 127.0.0.1. Empty topic, as the sidecar expects.
 pub fn kv_events_config(spec: &InferenceWorkerSetSpec) -> String {
     serde_json::json!({
         "enable_kv_cache_events": true,
         "publisher": "zmq",
-        "endpoint": format!("tcp://*:{}", spec.kv_events.port),
-        "replay_endpoint": format!("tcp://*:{}", spec.kv_events.replay_port),
+        "endpoint": format!("tcp://127.0.0.1:{}", spec.kv_events.port),
+        "replay_endpoint": format!("tcp://127.0.0.1:{}", spec.kv_events.replay_port),
         "topic": "",
     })
     .to_string()
@@ -163,7 +195,11 @@ fn engine_container(spec: &InferenceWorkerSetSpec, cfg: &OperatorConfig) -> Cont
             .get_or_insert_with(BTreeMap::new)
             .insert(GPU_RESOURCE.to_string(), count);
     }
-    let resources = (resources != ResourceRequirements::default()).then_some(resources);
+    let defaults = match spec.engine.mode {
+        EngineMode::Vllm => resources_of(VLLM_CPU, VLLM_MEMORY, None, VLLM_MEMORY_LIMIT),
+        EngineMode::Mock => resources_of(MOCK_CPU, MOCK_MEMORY, Some("1"), MOCK_MEMORY_LIMIT),
+    };
+    let resources = with_defaults(Some(resources), defaults);
     // Model loading takes minutes on a real GPU: the startup probe allows 30 minutes before the
     // liveness probe starts counting, so a slow download never ends in a restart loop.
     let startup_failures = if gpu { 180 } else { 60 };
@@ -172,12 +208,13 @@ fn engine_container(spec: &InferenceWorkerSetSpec, cfg: &OperatorConfig) -> Cont
         image: Some(image),
         command: Some(command),
         args: Some(args),
-        ports: Some(vec![
-            port("http", spec.engine.port),
-            port("kv-events", spec.kv_events.port),
-            port("kv-replay", spec.kv_events.replay_port),
-        ]),
-        resources,
+        // The KV-event ports are loopback-only inside the pod: not container ports.
+        ports: Some(vec![port("http", spec.engine.port)]),
+        resources: Some(resources),
+        security_context: Some(match spec.engine.mode {
+            EngineMode::Vllm => unprivileged(),
+            EngineMode::Mock => restricted(),
+        }),
         startup_probe: Some(http_probe("/health", "http", 10, startup_failures)),
         readiness_probe: Some(http_probe("/health", "http", 5, 3)),
         liveness_probe: Some(http_probe("/health", "http", 10, 6)),
@@ -225,6 +262,7 @@ fn sidecar_container(
             "KVROUTE_SIDECAR_REPLAY_ENDPOINT",
             format!("tcp://127.0.0.1:{}", spec.kv_events.replay_port),
         ),
+        env("KVROUTE_SIDECAR_ZMQ_BIND", "true"),
         env("KVROUTE_SIDECAR_TOPIC", ""),
         env(
             "KVROUTE_SIDECAR_ADMIN_ADDR",
@@ -248,17 +286,13 @@ fn sidecar_container(
         ports: Some(vec![port("admin", spec.sidecar.admin_port)]),
         readiness_probe: Some(http_probe("/healthz", "admin", 5, 3)),
         liveness_probe: Some(http_probe("/healthz", "admin", 10, 6)),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_string(), Quantity("100m".to_string())),
-                ("memory".to_string(), Quantity("128Mi".to_string())),
-            ])),
-            limits: Some(BTreeMap::from([(
-                "memory".to_string(),
-                Quantity("1Gi".to_string()),
-            )])),
-            ..Default::default()
-        }),
+        resources: Some(resources_of(
+            SIDECAR_CPU,
+            SIDECAR_MEMORY,
+            Some("1"),
+            SIDECAR_MEMORY_LIMIT,
+        )),
+        security_context: Some(restricted()),
         ..Default::default()
     }
 }
@@ -306,6 +340,10 @@ fn pod_spec(name: &str, spec: &InferenceWorkerSetSpec, cfg: &OperatorConfig) -> 
         topology_spread_constraints: non_empty(spec.topology_spread_constraints.clone()),
         priority_class_name: spec.priority_class_name.clone(),
         termination_grace_period_seconds: Some(30),
+        // Neither the engine nor the sidecar calls the Kubernetes API.
+        automount_service_account_token: Some(false),
+        // The upstream vLLM image runs as root; the mock and the sidecar are non-root anyway.
+        security_context: Some(pod_security(!gpu)),
         ..Default::default()
     };
     if gpu {
@@ -440,8 +478,8 @@ mod tests {
             serde_json::from_str(&after("--kv-events-config").expect("kv config")).expect("json");
         assert_eq!(
             kv,
-            serde_json::json!({"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
-                               "replay_endpoint": "tcp://*:5657", "topic": ""})
+            serde_json::json!({"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557",
+                               "replay_endpoint": "tcp://127.0.0.1:5657", "topic": ""})
         );
         let limits = engine
             .resources
@@ -555,7 +593,18 @@ mod tests {
         );
         assert!(args.contains(&"--enable-prefix-caching".to_string()));
         assert_eq!(args[..2], ["--model".to_string(), "m".to_string()]);
-        assert!(engine.resources.is_none());
+        // No GPU, only the mock's small defaults.
+        let r = engine.resources.clone().expect("resources");
+        assert!(
+            !r.limits
+                .clone()
+                .unwrap_or_default()
+                .contains_key(GPU_RESOURCE)
+        );
+        assert_eq!(
+            r.limits.unwrap_or_default().get("memory"),
+            Some(&Quantity(MOCK_MEMORY_LIMIT.into()))
+        );
         let pod = d
             .spec
             .as_ref()

@@ -5,6 +5,7 @@
 //! InferenceWorkerSet --deployment.rs--> Deployment (engine + sidecar containers, template hash)
 //!                      (+ gpu_stats.rs: the sidecar's NVML sees the engine's GPUs)
 //!                    --service.rs-----> headless Service (one DNS record per worker)
+//!                    --network_policy.rs--> NetworkPolicy (engine port from the routers only)
 //! Deployment + Pods  --status.rs------> InferenceWorkerSetStatus (+ events for transitions)
 //! ```
 //!
@@ -19,6 +20,7 @@
 // them, so dependencies point one way (children -> mod).
 pub mod deployment;
 pub mod gpu_stats;
+pub mod network_policy;
 pub mod service;
 pub mod status;
 
