@@ -15,6 +15,11 @@
 //! - **Kubernetes**: the Pods of each WorkerSet (label `kvroute.dev/workerset=<name>`, as the operator sets it); a pod
 //!   is ready when its `Ready` condition is true; the address is `<podIP>:<engine port>`.
 //!
+//! Each worker also carries its WorkerSet's namespace and, when known, its pod IP (Kubernetes:
+//! the pod's IP; static file: the IP literal of `address`): with mTLS the router accepts a
+//! sidecar stream for a worker only from its WorkerSet's identity and that IP
+//! ([`crate::auth`]).
+//!
 //! Either way a worker becomes routable only once its sidecar has reported a snapshot (see
 //! [`crate::state`]). Both sources also publish each model's tokenizer source
 //! ([`tokenizers::build_tokenizer_plan`]) for the tokenizer loader.
@@ -75,11 +80,17 @@ pub fn build_catalog(
         match workers {
             WorkerSource::Status => {
                 for w in set.status.iter().flat_map(|s| s.workers.iter()) {
+                    let address = w.address.clone().unwrap_or_default();
                     catalog.workers.push(DiscoveredWorker {
                         id: format!("{namespace}/{}", w.pod),
-                        address: w.address.clone().unwrap_or_default(),
+                        pod_ip: address
+                            .parse::<std::net::SocketAddr>()
+                            .ok()
+                            .map(|a| a.ip().to_canonical()),
+                        address,
                         model: model.clone(),
                         worker_set: name.clone(),
+                        namespace: namespace.to_string(),
                         ready: w.ready && w.address.is_some(),
                     });
                 }
@@ -99,6 +110,12 @@ pub fn build_catalog(
                             .unwrap_or_default(),
                         model: model.clone(),
                         worker_set: name.clone(),
+                        namespace: namespace.to_string(),
+                        pod_ip: p
+                            .ip
+                            .as_deref()
+                            .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+                            .map(|ip| ip.to_canonical()),
                         ready: p.ready && p.ip.is_some(),
                     });
                 }
