@@ -76,6 +76,27 @@ pub struct Args {
         default_value_t = 250
     )]
     pub scrape_interval_ms: u64,
+    /// mTLS to the routers: a directory with tls.crt, tls.key (this sidecar's certificate,
+    /// identity spiffe://kvroute.dev/ns/<namespace>/workerset/<name>) and ca.crt (the CAs
+    /// that verify routers). Re-read when the files change; open streams are kept. Without
+    /// it the streams are plaintext.
+    #[arg(long, env = "KVROUTE_SIDECAR_ROUTER_TLS_DIR")]
+    pub router_tls_dir: Option<std::path::PathBuf>,
+    /// The name the routers' certificates must carry (e.g. the router Service's DNS name);
+    /// empty: the host of each router endpoint.
+    #[arg(
+        long,
+        env = "KVROUTE_SIDECAR_ROUTER_TLS_SERVER_NAME",
+        default_value = ""
+    )]
+    pub router_tls_server_name: String,
+    /// How often --router-tls-dir is checked for changed files, in milliseconds.
+    #[arg(
+        long,
+        env = "KVROUTE_SIDECAR_TLS_RELOAD_INTERVAL_MS",
+        default_value_t = 5_000
+    )]
+    pub tls_reload_interval_ms: u64,
     /// Router Ingest endpoint (repeatable), e.g. http://router:9000.
     #[arg(long = "router", env = "KVROUTE_SIDECAR_ROUTER", value_delimiter = ',')]
     pub routers: Vec<String>,
@@ -202,6 +223,9 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         replay_endpoint,
         vllm_url,
         scrape_interval_ms,
+        router_tls_dir,
+        router_tls_server_name,
+        tls_reload_interval_ms,
         routers,
         router_dns,
         router_dns_interval_ms,
@@ -247,6 +271,31 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
 
+    let tls = match router_tls_dir {
+        Some(dir) => {
+            let config = kvroute_tls::WatchedClient::client(dir.clone())
+                .with_context(|| format!("--router-tls-dir {}", dir.display()))?;
+            tracing::info!(dir = %dir.display(), identity = ?config.identity().map(|i| i.uri()), "router streams use mTLS");
+            let name =
+                (!router_tls_server_name.is_empty()).then_some(router_tls_server_name.as_str());
+            let tls = kvroute_tls::ClientTls::new(config.clone(), name)
+                .context("--router-tls-server-name")?;
+            // The watch ends with the sidecar; it never fails (bad files are logged, kept out).
+            tokio::spawn(config.watch(
+                Duration::from_millis(tls_reload_interval_ms.max(10)),
+                shutdown.clone(),
+                |_| {},
+            ));
+            Some(tls)
+        }
+        None => {
+            tracing::warn!(
+                "router streams are plaintext: pass --router-tls-dir outside development"
+            );
+            None
+        }
+    };
+
     let subscriber = zmq::Subscriber {
         config: zmq::ZmqConfig {
             endpoint: zmq_endpoint.clone(),
@@ -284,6 +333,7 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         },
         config: PushConfig {
             max_blocks_per_report: max_blocks_per_report.max(1),
+            tls,
             ..PushConfig::default()
         },
         metrics: metrics.clone(),

@@ -127,18 +127,32 @@ pub fn tls_incoming(
 #[derive(Clone)]
 pub struct ClientTls {
     config: Arc<WatchedClient>,
-    server_name: ServerName<'static>,
+    server_name: Option<ServerName<'static>>,
     bind: Option<IpAddr>,
 }
 
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("dir", &self.config.dir())
+            .field("server_name", &self.server_name)
+            .field("bind", &self.bind)
+            .finish()
+    }
+}
+
+fn server_name(name: &str) -> io::Result<ServerName<'static>> {
+    ServerName::try_from(name.to_string())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
 impl ClientTls {
-    /// Verifies servers as `server_name` (a DNS name, or an IP address literal).
-    pub fn new(config: Arc<WatchedClient>, server_name: &str) -> Result<Self, io::Error> {
-        let server_name = ServerName::try_from(server_name.to_string())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    /// Verifies servers as `server_name` (a DNS name, or an IP address literal); `None`:
+    /// as the host of the endpoint connected to.
+    pub fn new(config: Arc<WatchedClient>, server_name: Option<&str>) -> io::Result<Self> {
         Ok(Self {
             config,
-            server_name,
+            server_name: server_name.map(self::server_name).transpose()?,
             bind: None,
         })
     }
@@ -165,13 +179,17 @@ impl ClientTls {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "endpoint has no host"))?;
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let port = uri.port_u16().unwrap_or(443);
+        let name = match &self.server_name {
+            Some(n) => n.clone(),
+            None => server_name(host)?,
+        };
         let mut last = io::Error::new(io::ErrorKind::NotFound, "endpoint resolves to no address");
         for addr in tokio::net::lookup_host((host, port)).await? {
             match self.tcp(addr).await {
                 Ok(tcp) => {
                     let _ = tcp.set_nodelay(true);
                     let connector = TlsConnector::from(self.config.current());
-                    return connector.connect(self.server_name.clone(), tcp).await;
+                    return connector.connect(name, tcp).await;
                 }
                 Err(e) => last = e,
             }
