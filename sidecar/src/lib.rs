@@ -90,6 +90,11 @@ pub struct Args {
         default_value = ""
     )]
     pub router_tls_server_name: String,
+    /// The local IP the router streams come from (default: the OS chooses). With mTLS the
+    /// router accepts a worker's stream only from its pod IP; set this where the OS would pick
+    /// another source address (several addresses on one host, the e2e harness's loopback pods).
+    #[arg(long, env = "KVROUTE_SIDECAR_ROUTER_SOURCE_IP")]
+    pub router_source_ip: Option<std::net::IpAddr>,
     /// How often --router-tls-dir is checked for changed files, in milliseconds.
     #[arg(
         long,
@@ -225,6 +230,7 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         scrape_interval_ms,
         router_tls_dir,
         router_tls_server_name,
+        router_source_ip,
         tls_reload_interval_ms,
         routers,
         router_dns,
@@ -278,8 +284,11 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
             tracing::info!(dir = %dir.display(), identity = ?config.identity().map(|i| i.uri()), "router streams use mTLS");
             let name =
                 (!router_tls_server_name.is_empty()).then_some(router_tls_server_name.as_str());
-            let tls = kvroute_tls::ClientTls::new(config.clone(), name)
+            let mut tls = kvroute_tls::ClientTls::new(config.clone(), name)
                 .context("--router-tls-server-name")?;
+            if let Some(ip) = router_source_ip {
+                tls = tls.bind(ip);
+            }
             // The watch ends with the sidecar; it never fails (bad files are logged, kept out).
             tokio::spawn(config.watch(
                 Duration::from_millis(tls_reload_interval_ms.max(10)),
@@ -334,6 +343,7 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         config: PushConfig {
             max_blocks_per_report: max_blocks_per_report.max(1),
             tls,
+            source_ip: router_source_ip,
             ..PushConfig::default()
         },
         metrics: metrics.clone(),

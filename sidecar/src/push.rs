@@ -62,6 +62,8 @@ pub struct PushConfig {
     pub close_timeout: Duration,
     /// mTLS to the routers (`--router-tls-dir`); `None`: plaintext.
     pub tls: Option<kvroute_tls::ClientTls>,
+    /// The local IP to connect from (`--router-source-ip`); `None`: the OS chooses.
+    pub source_ip: Option<std::net::IpAddr>,
 }
 
 impl Default for PushConfig {
@@ -74,6 +76,7 @@ impl Default for PushConfig {
             connect_timeout: Duration::from_secs(3),
             close_timeout: Duration::from_secs(2),
             tls: None,
+            source_ip: None,
         }
     }
 }
@@ -223,6 +226,7 @@ impl Pusher {
         let endpoint = tonic::transport::Endpoint::from_shared(self.endpoint.clone())
             .context("router endpoint")?
             .connect_timeout(self.config.connect_timeout)
+            .local_address(self.config.source_ip)
             .tcp_nodelay(true);
         let channel = tokio::select! {
             biased;

@@ -131,6 +131,7 @@ async fn sidecar_matches_real_vllm() {
         routers: vec![router.url()],
         router_tls_dir: None,
         router_tls_server_name: String::new(),
+        router_source_ip: None,
         tls_reload_interval_ms: 5_000,
         router_dns: None,
         router_dns_interval_ms: 10_000,
