@@ -264,8 +264,10 @@ spec:
         assert!(
             c.workers
                 .iter()
-                .all(|w| w.model == "qwen3" && w.worker_set == "qwen")
+                .all(|w| w.model == "qwen3" && w.worker_set == "qwen" && w.namespace == "ml")
         );
+        // The IP literal of a listed address is the pod's IP (the mTLS peer check).
+        assert_eq!(c.workers[0].pod_ip, Some("127.0.0.1".parse().expect("ip")));
         assert_eq!(c.pools.len(), 1);
         assert_eq!(c.pools[0].name, "ml/chat");
         assert_eq!(c.pools[0].worker_sets, vec!["qwen".to_string()]);
@@ -313,6 +315,8 @@ spec:
             ids,
             vec![("ml/p1", "10.0.0.1:8000", true), ("ml/p2", "", false)]
         );
+        let ips: Vec<Option<std::net::IpAddr>> = c.workers.iter().map(|w| w.pod_ip).collect();
+        assert_eq!(ips, vec![Some("10.0.0.1".parse().expect("ip")), None]);
     }
 
     #[test]
