@@ -19,7 +19,7 @@ pub mod identity;
 pub mod material;
 pub mod net;
 pub mod reload;
-#[cfg(feature = "test-pki")]
+#[cfg(any(test, feature = "test-pki"))]
 pub mod testpki;
 
 pub use identity::{Identity, IdentityError, TRUST_DOMAIN};

@@ -174,3 +174,68 @@ impl<T: Send + Sync + 'static> Watched<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testpki::{TestCa, write_dir};
+
+    #[test]
+    fn reload_swaps_valid_changes_and_keeps_the_old_config_otherwise() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("tls");
+        let ca = TestCa::new("a");
+        let ws = Identity::WorkerSet {
+            namespace: "ns".into(),
+            name: "ws".into(),
+        };
+        write_dir(&dir, &ca.leaf(Some(&ws), &["localhost"]), &[&ca]);
+        let w = WatchedServer::server(&dir).expect("load");
+        assert_eq!(w.identity(), Some(ws.clone()));
+        let first = w.current();
+        assert!(matches!(w.reload(), ReloadOutcome::Unchanged));
+        assert!(Arc::ptr_eq(&first, &w.current()));
+
+        // A new leaf with another identity, and a two-CA bundle: swapped in.
+        let ca2 = TestCa::new("b");
+        let picker = Identity::Picker {
+            namespace: "ns".into(),
+            pool: "p".into(),
+        };
+        write_dir(&dir, &ca2.leaf(Some(&picker), &["localhost"]), &[&ca, &ca2]);
+        assert!(matches!(w.reload(), ReloadOutcome::Reloaded));
+        assert!(!Arc::ptr_eq(&first, &w.current()));
+        assert_eq!(w.identity(), Some(picker.clone()));
+
+        // A key that does not match the certificate: refused once, the config stays.
+        let second = w.current();
+        std::fs::write(dir.join(crate::KEY_FILE), ca2.leaf(None, &["x"]).key_pem).expect("write");
+        assert!(matches!(
+            w.reload(),
+            ReloadOutcome::Failed(TlsError::Config(_))
+        ));
+        assert!(
+            matches!(w.reload(), ReloadOutcome::Unchanged),
+            "same bad bytes: not retried"
+        );
+        assert!(Arc::ptr_eq(&second, &w.current()));
+        assert_eq!(w.identity(), Some(picker));
+
+        // A missing file fails without touching the config; garbage PEM names its file.
+        std::fs::remove_file(dir.join(crate::CA_FILE)).expect("remove");
+        assert!(matches!(
+            w.reload(),
+            ReloadOutcome::Failed(TlsError::Read { .. })
+        ));
+        std::fs::write(dir.join(crate::CA_FILE), "not pem").expect("write");
+        match w.reload() {
+            ReloadOutcome::Failed(TlsError::Pem { path, .. }) => {
+                assert!(path.ends_with(crate::CA_FILE), "{}", path.display())
+            }
+            other => panic!("expected a PEM error, got {other:?}"),
+        }
+        assert!(Arc::ptr_eq(&second, &w.current()));
+        // A fresh load of unusable files fails outright.
+        assert!(WatchedClient::client(&dir).is_err());
+    }
+}
