@@ -524,11 +524,10 @@ async fn ingest_streams_need_the_workers_identity_and_pod_ip() {
     s2.report(2, vec![17]).await;
 
     // A half-written update (a key that does not match its certificate) is not used.
-    std::fs::write(
-        server_dir.join("tls.key"),
-        ca2.leaf(None, &["localhost"]).key_pem,
-    )
-    .expect("write a mismatched key");
+    let bad_key = server_dir.join(".bad.key");
+    std::fs::write(&bad_key, ca2.leaf(None, &["localhost"]).key_pem).expect("write a key");
+    // Renamed over `tls.key` in one step, so the router sees exactly one bad change.
+    std::fs::rename(&bad_key, server_dir.join("tls.key")).expect("replace tls.key");
     r.wait_metric("kvroute_router_tls_reloads_total{outcome=\"failed\"} 1")
         .await;
     s0.report(5, vec![19]).await;

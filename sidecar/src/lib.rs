@@ -290,10 +290,11 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
                 tls = tls.bind(ip);
             }
             // The watch ends with the sidecar; it never fails (bad files are logged, kept out).
+            let reloads = metrics.tls_reloads.clone();
             tokio::spawn(config.watch(
                 Duration::from_millis(tls_reload_interval_ms.max(10)),
                 shutdown.clone(),
-                |_| {},
+                move |outcome| reloads.with_label_values(&[outcome.label()]).inc(),
             ));
             Some(tls)
         }

@@ -290,6 +290,8 @@ async fn router_streams_use_mtls_and_follow_a_rotation() {
         router.view.lock().peer.as_ref().map(|p| p.0.clone()),
         Some(ws.uri())
     );
+    // The files changed under the watch (possibly seen mid-write: then more than once).
+    assert!(m.tls_reloads.with_label_values(&["reloaded"]).get() >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

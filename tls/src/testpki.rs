@@ -3,10 +3,11 @@
 //!
 //! ```text
 //! TestCa::new("a") --leaf(identity, dns)--> Leaf { cert_pem, key_pem }
-//! write_dir(dir, &leaf, &[&ca, ..]) --> dir/{tls.crt, tls.key, ca.crt} (each replaced by rename)
+//! write_dir(dir, &leaf, &[&ca, ..]) --> dir/{tls.crt, tls.key, ca.crt} -> ..data/ (swapped at once, as kubelet does)
 //! ```
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -90,18 +91,32 @@ impl TestCa {
     }
 }
 
-/// Writes `leaf` and the CA bundle `cas` into `dir` as tls.crt, tls.key, ca.crt; each file
-/// is written beside and renamed into place, so a reader sees old or new, never half.
+/// Writes `leaf` and the CA bundle `cas` into `dir` as tls.crt, tls.key, ca.crt, the way
+/// kubelet updates a mounted Secret: the files go into a fresh `..<n>` directory, the `..data`
+/// symlink is swapped to it in one rename, and `dir/<file>` links through `..data`, so a
+/// reader sees the old three files or the new three, never a mix.
 pub fn write_dir(dir: &Path, leaf: &Leaf, cas: &[&TestCa]) {
+    static VERSION: AtomicU64 = AtomicU64::new(0);
     std::fs::create_dir_all(dir).expect("create the TLS directory");
+    let version = format!("..{}", VERSION.fetch_add(1, Ordering::Relaxed));
+    let data = dir.join(&version);
+    std::fs::create_dir(&data).expect("create a version directory");
     let bundle: String = cas.iter().map(|c| c.pem()).collect();
     for (name, body) in [
         (KEY_FILE, leaf.key_pem.as_str()),
         (CERT_FILE, leaf.cert_pem.as_str()),
         (CA_FILE, bundle.as_str()),
     ] {
-        let tmp = dir.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, body).expect("write");
-        std::fs::rename(&tmp, dir.join(name)).expect("rename");
+        std::fs::write(data.join(name), body).expect("write");
+    }
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&version, &tmp).expect("symlink");
+    std::fs::rename(&tmp, dir.join("..data")).expect("swap ..data");
+    for name in [KEY_FILE, CERT_FILE, CA_FILE] {
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(Path::new("..data").join(name), &link).expect("symlink");
+        }
     }
 }
