@@ -12,6 +12,10 @@
 //! reported stale with its blocks kept and is no candidate; after everything is released the
 //! router's in-flight count is zero.
 //! Prompts are token ids (/v1/completions), so no tokenizer is needed on either side.
+//!
+//! Every gRPC link runs mTLS with certificates made here (one test CA): the router serves
+//! with `--grpc-tls-dir`, each sidecar presents the WorkerSet's identity (`--router-tls-dir`),
+//! and the test's Picker client a picker identity; `kvroute_router_grpc_unauthenticated` is 0.
 
 use std::path::Path;
 use std::time::Duration;
@@ -20,6 +24,8 @@ use anyhow::{Context, bail};
 use kvroute_e2e::procs::{self, Child, SpawnOptions};
 use kvroute_proto::v1::picker_client::PickerClient;
 use kvroute_proto::v1::{PickRequest, ReportAbortedRequest};
+use kvroute_tls::testpki::{TestCa, write_dir};
+use kvroute_tls::{ClientTls, Identity, WatchedClient};
 use serde_json::{Value, json};
 
 const MODEL: &str = "tiny";
@@ -42,6 +48,8 @@ struct Slice {
     _mocks: Vec<Child>,
     sidecars: Vec<Option<Child>>,
     workers: Vec<Worker>,
+    /// The Picker client's TLS directory.
+    picker_tls: std::path::PathBuf,
 }
 
 fn log_opts(dir: &Path, name: &str) -> SpawnOptions {
@@ -80,6 +88,34 @@ async fn start(dir: &Path) -> anyhow::Result<Slice> {
     let (router_http, router_grpc, router_admin) = (port()?, port()?, port()?);
     let config = dir.join("router.yaml");
     std::fs::write(&config, config_yaml(&workers))?;
+    let ca = TestCa::new("slice");
+    let router_id = Identity::Router {
+        namespace: "default".into(),
+        pool: "slice".into(),
+    };
+    write_dir(
+        &dir.join("tls/router"),
+        &ca.leaf(Some(&router_id), &["localhost"]),
+        &[&ca],
+    );
+    let sidecar_id = Identity::WorkerSet {
+        namespace: "default".into(),
+        name: "tiny-set".into(),
+    };
+    write_dir(
+        &dir.join("tls/sidecar"),
+        &ca.leaf(Some(&sidecar_id), &[]),
+        &[&ca],
+    );
+    let picker_id = Identity::Picker {
+        namespace: "default".into(),
+        pool: "slice".into(),
+    };
+    write_dir(
+        &dir.join("tls/picker"),
+        &ca.leaf(Some(&picker_id), &[]),
+        &[&ca],
+    );
 
     let mut router = procs::spawn_kvroute(
         "router",
@@ -89,6 +125,7 @@ async fn start(dir: &Path) -> anyhow::Result<Slice> {
             format!("--grpc-addr=127.0.0.1:{router_grpc}"),
             format!("--admin-addr=127.0.0.1:{router_admin}"),
             format!("--config={}", config.display()),
+            format!("--grpc-tls-dir={}", dir.join("tls/router").display()),
             "--seed=1".into(),
             "--stale-after-s=5".into(),
         ],
@@ -141,6 +178,8 @@ async fn start(dir: &Path) -> anyhow::Result<Slice> {
                 format!("--replay-endpoint=tcp://127.0.0.1:{}", w.replay),
                 format!("--vllm-url=http://127.0.0.1:{}", w.http),
                 format!("--router=http://127.0.0.1:{router_grpc}"),
+                format!("--router-tls-dir={}", dir.join("tls/sidecar").display()),
+                "--router-tls-server-name=localhost".into(),
                 format!("--worker-id={}", w.id),
                 format!("--worker-address=127.0.0.1:{}", w.http),
                 format!("--model={MODEL}"),
@@ -166,6 +205,7 @@ async fn start(dir: &Path) -> anyhow::Result<Slice> {
         _mocks: mocks,
         sidecars,
         workers,
+        picker_tls: dir.join("tls/picker"),
     })
 }
 
@@ -260,6 +300,14 @@ async fn run(slice: Slice) -> anyhow::Result<()> {
         Ok((rows.iter().filter(|w| w["routable"] == true).count() == 3).then_some(()))
     })
     .await?;
+    let metrics = reqwest::get(format!("http://127.0.0.1:{}/metrics", slice.router_admin))
+        .await?
+        .text()
+        .await?;
+    anyhow::ensure!(
+        metrics.contains("kvroute_router_grpc_unauthenticated 0"),
+        "the gRPC listener should run mTLS"
+    );
 
     // A warm-up request: if a sidecar's subscription was not in place yet, its events are
     // lost, and the next batch's sequence jump makes the sidecar replay them.
@@ -298,8 +346,13 @@ async fn run(slice: Slice) -> anyhow::Result<()> {
     //    reported, until another worker is predicted clearly faster for P. The suffixes are
     //    long because X has learned from its first tokens how fast the (tiny, fast) mock is,
     //    while the others still predict from the L40S prior.
-    let mut picker =
-        PickerClient::connect(format!("http://127.0.0.1:{}", slice.router_grpc)).await?;
+    let picker_tls = ClientTls::new(
+        WatchedClient::client(slice.picker_tls.clone())?,
+        Some("localhost"),
+    )?;
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", slice.router_grpc))?;
+    let mut picker = PickerClient::new(picker_tls.channel(endpoint).await?);
     let mut held = Vec::new();
     let mut spilled = false;
     for i in 0..64u32 {

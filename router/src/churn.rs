@@ -123,6 +123,8 @@ fn worker(id: &str) -> DiscoveredWorker {
         address: format!("{id}:8000"),
         model: MODEL.to_string(),
         worker_set: "churn".to_string(),
+        namespace: String::new(),
+        pod_ip: None,
         ready: true,
     }
 }

@@ -17,6 +17,11 @@
 //! below one already seen is a duplicate and ignored. When the stream ends or fails, the
 //! worker becomes stale (not emptied); a newer stream for the same worker takes it over and
 //! the older one is closed (`ABORTED`).
+//!
+//! Authentication ([`crate::auth`]): on a TLS listener a stream without a kvroute identity is
+//! refused at once (`UNAUTHENTICATED`), and the first snapshot's worker id must be one that
+//! discovery lists for the certificate's WorkerSet, from its pod IP (`PERMISSION_DENIED`
+//! otherwise); each refusal counts in `kvroute_router_ingest_refused_total{reason}`.
 
 use std::pin::Pin;
 use std::time::Instant;
@@ -32,6 +37,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{Caller, StreamRefused};
 use crate::routing::GpuStatus;
 use crate::state::{DeltaOp, LoadView, RouterState, SidecarIdentity, SnapshotRefused};
 
@@ -52,16 +58,23 @@ enum Phase {
 #[derive(Debug)]
 pub struct Session {
     stream: u64,
+    caller: Caller,
     identity: Option<SidecarIdentity>,
     next_seq: u64,
     phase: Phase,
 }
 
 impl Session {
-    /// A new stream, registered with `state`.
+    /// A new stream from an anonymous (plaintext) caller, registered with `state`.
     pub fn new(state: &RouterState) -> Self {
+        Self::for_caller(state, Caller::Anonymous)
+    }
+
+    /// A new stream from `caller`, registered with `state`.
+    pub fn for_caller(state: &RouterState, caller: Caller) -> Self {
         Self {
             stream: state.new_stream_id(),
+            caller,
             identity: None,
             next_seq: 0,
             phase: Phase::AwaitingFirst,
@@ -227,13 +240,19 @@ impl Session {
                 "the first snapshot chunk must set `first` and carry the identity",
             ));
         };
-        self.start_snapshot(
-            state,
-            identity_from_wire(identity),
-            &chunk.blocks,
-            chunk.last,
-            now,
-        )?;
+        let mut identity = identity_from_wire(identity);
+        match state.authorize_stream(&self.caller, &identity.worker_id) {
+            Ok(None) => {}
+            Ok(Some(listed)) => {
+                // An authenticated worker is where discovery says, whatever the stream claims.
+                if !listed.address.is_empty() {
+                    identity.address = listed.address;
+                }
+                identity.worker_set = listed.worker_set;
+            }
+            Err(refused) => return Err(refuse(state, &refused)),
+        }
+        self.start_snapshot(state, identity, &chunk.blocks, chunk.last, now)?;
         self.next_seq = seq.saturating_add(1);
         state
             .metrics()
@@ -328,6 +347,18 @@ fn gpus_from_wire(gpus: Vec<GpuStats>, first: Option<GpuStats>) -> Vec<GpuStatus
         .collect()
 }
 
+/// Counts a refused stream and says why in its status.
+fn refuse(state: &RouterState, refused: &StreamRefused) -> Status {
+    state
+        .metrics()
+        .auth
+        .ingest_refused
+        .with_label_values(&[refused.label()])
+        .inc();
+    tracing::warn!(reason = refused.label(), %refused, "refusing sidecar stream");
+    refused.status()
+}
+
 fn snapshot_request(reason: String) -> IngestControl {
     IngestControl {
         body: Some(ingest_control::Body::SnapshotRequest(SnapshotRequest {
@@ -364,12 +395,23 @@ fn delta_ops(ops: &[WireDeltaOp]) -> Vec<DeltaOp<'_>> {
 pub struct IngestService {
     state: RouterState,
     shutdown: CancellationToken,
+    tls: bool,
 }
 
 impl IngestService {
     /// A service applying reports to `state`; streams end when `shutdown` fires.
     pub fn new(state: RouterState, shutdown: CancellationToken) -> Self {
-        Self { state, shutdown }
+        Self {
+            state,
+            shutdown,
+            tls: false,
+        }
+    }
+
+    /// Served behind TLS (`--grpc-tls-dir`): callers are authenticated by certificate.
+    pub fn tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// As a tonic server (large snapshots: up to 64 MiB per message).
@@ -388,6 +430,8 @@ impl Ingest for IngestService {
         &self,
         request: Request<Streaming<WorkerReport>>,
     ) -> Result<Response<ControlStream>, Status> {
+        let caller = Caller::of(&request, self.tls)
+            .map_err(|u| refuse(&self.state, &StreamRefused::from(u)))?;
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(64);
         let state = self.state.clone();
@@ -396,7 +440,7 @@ impl Ingest for IngestService {
             let m = state.metrics().clone();
             m.sidecar_streams.inc();
             m.sidecar_stream_events.with_label_values(&["opened"]).inc();
-            let mut session = Session::new(&state);
+            let mut session = Session::for_caller(&state, caller);
             loop {
                 let next = tokio::select! {
                     biased;

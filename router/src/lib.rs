@@ -16,11 +16,13 @@
 //! adapters.
 
 pub mod admin;
+pub mod auth;
 pub mod churn;
 pub mod discovery;
 pub mod explain_cmd;
 pub mod fake_hub;
 pub mod gateway;
+pub mod grpc;
 pub mod health;
 pub mod ingest;
 pub mod metrics;
@@ -41,16 +43,14 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::discovery::kubernetes::KubernetesDiscovery;
 use crate::discovery::static_file::StaticDiscovery;
 use crate::health::HealthTask;
-use crate::ingest::IngestService;
 use crate::metrics::RouterMetrics;
-use crate::pick::{PickerService, UpkeepTask};
+use crate::pick::UpkeepTask;
 use crate::readiness::Phase;
 use crate::state::{RouterConfig, RouterState, TokenizerDirs};
 use crate::tokenizer_loader::{Backoff, TokenizerLoader};
@@ -65,6 +65,19 @@ pub struct Args {
     /// Address of the gRPC services: Ingest (sidecars), Picker (external gateways), health.
     #[arg(long, env = "KVROUTE_ROUTER_GRPC_ADDR", default_value = "0.0.0.0:9000")]
     pub grpc_addr: SocketAddr,
+    /// mTLS for the gRPC services: a directory with tls.crt, tls.key (the router's
+    /// certificate) and ca.crt (the CAs that verify sidecars and Pick API callers; client
+    /// certificates are required). Re-read when the files change. Without it the gRPC
+    /// listener is plaintext and unauthenticated (development only; a warning is logged).
+    #[arg(long, env = "KVROUTE_ROUTER_GRPC_TLS_DIR")]
+    pub grpc_tls_dir: Option<PathBuf>,
+    /// How often --grpc-tls-dir is checked for changed files, in milliseconds.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_TLS_RELOAD_INTERVAL_MS",
+        default_value_t = 5_000
+    )]
+    pub tls_reload_interval_ms: u64,
     /// Address of the admin HTTP server (/metrics, /healthz, /readyz, /debug/*).
     #[arg(
         long,
@@ -193,6 +206,8 @@ impl Default for Args {
         Self {
             http_addr: addr(8080),
             grpc_addr: addr(9000),
+            grpc_tls_dir: None,
+            tls_reload_interval_ms: 5_000,
             admin_addr: addr(9090),
             config: None,
             kubernetes: false,
@@ -301,6 +316,7 @@ pub struct Server {
     state: RouterState,
     http: TcpListener,
     grpc: TcpListener,
+    grpc_tls: Option<grpc::GrpcTls>,
     admin: TcpListener,
     discovery: Discovery,
     tokenizer_loader: TokenizerLoader,
@@ -315,6 +331,8 @@ impl Server {
         let Args {
             http_addr,
             grpc_addr,
+            grpc_tls_dir,
+            tls_reload_interval_ms,
             admin_addr,
             config,
             kubernetes,
@@ -344,6 +362,11 @@ impl Server {
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
         }
+        let grpc_tls = grpc_tls_dir
+            .map(|dir| {
+                grpc::GrpcTls::load(dir, Duration::from_millis(tls_reload_interval_ms.max(10)))
+            })
+            .transpose()?;
         let seed = seed.unwrap_or_else(rand::random);
         let router_config = RouterConfig {
             policy,
@@ -400,6 +423,7 @@ impl Server {
         Ok(Self {
             http: bind(http_addr, "--http-addr").await?,
             grpc: bind(grpc_addr, "--grpc-addr").await?,
+            grpc_tls,
             admin: bind(admin_addr, "--admin-addr").await?,
             state,
             discovery,
@@ -434,6 +458,7 @@ impl Server {
             state,
             http,
             grpc,
+            grpc_tls,
             admin,
             discovery,
             tokenizer_loader,
@@ -462,17 +487,9 @@ impl Server {
             }
             .instrument(tracing::info_span!("health")),
         );
-        let grpc_server = tonic::transport::Server::builder()
-            .add_service(health_service)
-            .add_service(IngestService::new(state.clone(), close.clone()).into_server())
-            .add_service(PickerService::new(state.clone()).into_server())
-            .serve_with_incoming_shutdown(
-                TcpListenerStream::new(grpc),
-                close.clone().cancelled_owned(),
-            );
+        let grpc_server = grpc::serve(grpc, grpc_tls, state.clone(), health_service, close.clone());
         tasks.spawn(
-            async move { ("grpc", grpc_server.await.context("gRPC server")) }
-                .instrument(tracing::info_span!("grpc")),
+            async move { ("grpc", grpc_server.await) }.instrument(tracing::info_span!("grpc")),
         );
 
         let dispatch: Arc<dyn gateway::Dispatch> = Arc::new(state.clone());

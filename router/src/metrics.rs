@@ -89,6 +89,8 @@ pub struct RouterMetrics {
     pub tokenizer_loaded: IntGaugeVec,
     /// Failed tokenizer load attempts, by model and reason (`FetchError::label`).
     pub tokenizer_fetch_failures: IntCounterVec,
+    /// Authentication: refused streams and calls, TLS handshakes and reloads.
+    pub auth: crate::auth::AuthMetrics,
 }
 
 impl RouterMetrics {
@@ -238,6 +240,7 @@ impl RouterMetrics {
                 "Failed attempts to load a model's tokenizer, by reason.",
                 &["model", "reason"],
             )?,
+            auth: crate::auth::AuthMetrics::register(registry)?,
         };
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.pick_errors.clone()))?;

@@ -14,6 +14,13 @@
 //! the model is an alias, the response carries the body with `model` rewritten to the backend
 //! model. Errors: bad JSON or no `model` -> `INVALID_ARGUMENT`; unknown model -> `NOT_FOUND`;
 //! no routable worker -> `UNAVAILABLE`.
+//!
+//! Decision ids are 128 random bits (32 hex characters), bound to the caller's identity
+//! ([`crate::auth`]; `anonymous` on a plaintext listener). A report with an id that is
+//! malformed, never issued or already released is refused with `NOT_FOUND`, one issued to
+//! another caller with `PERMISSION_DENIED`; on a TLS listener only a picker identity (of the
+//! model's pool, when the model comes from a pool) may call at all. Every refusal counts in
+//! `kvroute_router_pick_refused_total{reason}`.
 
 use std::time::{Duration, Instant};
 
@@ -27,19 +34,60 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{Caller, PickRefused, authorize_pick};
 use crate::routing::AssignmentId;
-use crate::state::{BodyKind, PickError, PickInput, RouterState, Usage};
+use crate::state::{BodyKind, DecisionId, PickError, PickInput, RouterState, TicketError, Usage};
 
 /// The tonic Picker service.
 #[derive(Clone)]
 pub struct PickerService {
     state: RouterState,
+    tls: bool,
 }
 
 impl PickerService {
-    /// A service routing with `state`.
+    /// A service routing with `state`, for anonymous callers (plaintext listener).
     pub fn new(state: RouterState) -> Self {
-        Self { state }
+        Self { state, tls: false }
+    }
+
+    /// Served behind TLS (`--grpc-tls-dir`): callers are authenticated by certificate.
+    pub fn tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    fn refuse(&self, refused: PickRefused) -> Status {
+        self.state
+            .metrics()
+            .auth
+            .pick_refused
+            .with_label_values(&[refused.label()])
+            .inc();
+        // Debug, not info: forged ids cost a caller nothing, the counter says how many.
+        tracing::debug!(reason = refused.label(), %refused, "refusing a Pick API call");
+        refused.status()
+    }
+
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        Caller::of(request, self.tls).map_err(|u| self.refuse(u.into()))
+    }
+
+    /// The assignment of a report's decision id, if this caller holds it.
+    fn assignment<T>(&self, request: &Request<T>, id: &str) -> Result<AssignmentId, Status> {
+        let caller = self.caller(request)?;
+        if let Caller::Verified { identity, .. } = &caller
+            && !matches!(identity, kvroute_tls::Identity::Picker { .. })
+        {
+            return Err(self.refuse(PickRefused::NotAPicker(identity.uri())));
+        }
+        let id = DecisionId::parse(id).ok_or_else(|| self.refuse(PickRefused::UnknownId))?;
+        self.state.decision(id, &caller.owner()).map_err(|e| {
+            self.refuse(match e {
+                TicketError::Unknown => PickRefused::UnknownId,
+                TicketError::Foreign => PickRefused::ForeignId,
+            })
+        })
     }
 
     /// As a tonic server; bodies up to `--max-body-bytes`.
@@ -72,13 +120,10 @@ fn pick_status(e: &PickError) -> Status {
     }
 }
 
-fn decision_id(s: &str) -> Option<AssignmentId> {
-    s.parse().ok()
-}
-
 #[tonic::async_trait]
 impl Picker for PickerService {
     async fn pick(&self, request: Request<PickRequest>) -> Result<Response<PickResponse>, Status> {
+        let caller = self.caller(&request)?;
         let req = request.into_inner();
         if req.body.len() > self.state.config().max_body_bytes {
             return Err(Status::resource_exhausted("body over --max-body-bytes"));
@@ -91,17 +136,31 @@ impl Picker for PickerService {
         let headers = headers_of(&req.headers);
         let kind = BodyKind::of(&req.path, &body);
         let empty = serde_json::Map::new();
-        let input = PickInput::from_body(
+        let mut input = PickInput::from_body(
             &model,
             kind,
             body.as_object().unwrap_or(&empty),
             Some(&headers),
             &[],
         );
+        // Resolved here (not in `pick`) so the caller can be checked against the model's pool.
+        let resolved = self.state.resolve_model(&model);
+        if let Some(r) = &resolved {
+            authorize_pick(&caller, &model, r.pool.as_deref()).map_err(|e| self.refuse(e))?;
+            input.resolved = Some(r);
+        } else {
+            authorize_pick(&caller, &model, None).map_err(|e| self.refuse(e))?;
+        }
         let a = self
             .state
             .pick(&input, Instant::now())
             .map_err(|e| pick_status(&e))?;
+        let Some(decision_id) = self.state.issue_decision_id(a.assignment, caller.owner()) else {
+            // Released between the pick and now (expiry): nothing to report against.
+            return Err(Status::unavailable(
+                "the assignment ended before it could be returned",
+            ));
+        };
         let rewritten_body = if a.backend_model != model {
             if let Some(obj) = body.as_object_mut() {
                 obj.insert("model".into(), Value::String(a.backend_model.clone()));
@@ -112,7 +171,7 @@ impl Picker for PickerService {
             None
         };
         Ok(Response::new(PickResponse {
-            decision_id: a.assignment.to_string(),
+            decision_id: decision_id.to_string(),
             destination: Some(pick_response::Destination::WorkerAddress(a.address)),
             worker_id: a.worker,
             rewritten_body,
@@ -130,10 +189,10 @@ impl Picker for PickerService {
         &self,
         request: Request<ReportFirstTokenRequest>,
     ) -> Result<Response<ReportResponse>, Status> {
+        let id = self.assignment(&request, &request.get_ref().decision_id)?;
         let req = request.into_inner();
         let observed = Some(req.ttft_seconds).filter(|s| s.is_finite() && *s > 0.0);
-        let known = decision_id(&req.decision_id)
-            .is_some_and(|id| self.state.first_token(id, observed, Instant::now()));
+        let known = self.state.first_token(id, observed, Instant::now());
         Ok(Response::new(ReportResponse { known }))
     }
 
@@ -141,6 +200,7 @@ impl Picker for PickerService {
         &self,
         request: Request<ReportDoneRequest>,
     ) -> Result<Response<ReportResponse>, Status> {
+        let id = self.assignment(&request, &request.get_ref().decision_id)?;
         let req = request.into_inner();
         let usage = Usage {
             prompt_tokens: req.prompt_tokens,
@@ -148,7 +208,7 @@ impl Picker for PickerService {
             completion_tokens: req.completion_tokens,
             e2e_seconds: Some(req.e2e_seconds).filter(|s| s.is_finite() && *s > 0.0),
         };
-        let known = decision_id(&req.decision_id).is_some_and(|id| self.state.done(id, usage));
+        let known = self.state.done(id, usage);
         Ok(Response::new(ReportResponse { known }))
     }
 
@@ -156,9 +216,9 @@ impl Picker for PickerService {
         &self,
         request: Request<ReportAbortedRequest>,
     ) -> Result<Response<ReportResponse>, Status> {
+        let id = self.assignment(&request, &request.get_ref().decision_id)?;
         let req = request.into_inner();
-        let known =
-            decision_id(&req.decision_id).is_some_and(|id| self.state.abort(id, &req.reason));
+        let known = self.state.abort(id, &req.reason);
         Ok(Response::new(ReportResponse { known }))
     }
 }

@@ -461,6 +461,9 @@ async fn pick_prefers_the_warm_worker_and_reports_release_once() {
     );
     assert!(!resp.degraded);
     assert!(resp.rewritten_body.is_none());
+    // 128 random bits, as 32 hex digits; never the sequential internal handle.
+    assert_eq!(resp.decision_id.len(), 32, "{}", resp.decision_id);
+    assert!(resp.decision_id.bytes().all(|b| b.is_ascii_hexdigit()));
     assert_eq!(r.state.in_flight(), 1);
 
     let first = client
@@ -488,26 +491,21 @@ async fn pick_prefers_the_warm_worker_and_reports_release_once() {
             .known
     );
     assert_eq!(r.state.in_flight(), 0);
-    assert!(
-        !client
-            .report_done(done)
-            .await
-            .expect("done again")
-            .into_inner()
-            .known,
-        "released only once"
-    );
-    assert!(
-        !client
+    let again = client
+        .report_done(done)
+        .await
+        .expect_err("released only once: the id is gone");
+    assert_eq!(again.code(), tonic::Code::NotFound);
+    for forged in ["not-a-number", "1", "0", &"0".repeat(32)] {
+        let e = client
             .report_first_token(ReportFirstTokenRequest {
-                decision_id: "not-a-number".into(),
-                ttft_seconds: 1.0
+                decision_id: forged.into(),
+                ttft_seconds: 1.0,
             })
             .await
-            .expect("rpc")
-            .into_inner()
-            .known
-    );
+            .expect_err("forged id");
+        assert_eq!(e.code(), tonic::Code::NotFound, "{forged}");
+    }
 
     let unknown = pick(&mut client, "nope", &p)
         .await
@@ -541,6 +539,14 @@ async fn pick_prefers_the_warm_worker_and_reports_release_once() {
         metrics.contains("kvroute_router_ttft_seconds_count{model=\"tiny\",worker=\"warm\"} 1"),
         "{metrics}"
     );
+    assert!(
+        metrics.contains("kvroute_router_pick_refused_total{reason=\"unknown_id\"} 5"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kvroute_router_grpc_unauthenticated 1"),
+        "{metrics}"
+    );
     r.shutdown().await;
 }
 
@@ -569,15 +575,11 @@ async fn unreported_assignments_expire_and_are_released() {
         decision_id: resp.decision_id,
         ..Default::default()
     };
-    assert!(
-        !client
-            .report_done(done)
-            .await
-            .expect("rpc")
-            .into_inner()
-            .known,
-        "expired ids are unknown"
-    );
+    let e = client
+        .report_done(done)
+        .await
+        .expect_err("expired ids are unknown");
+    assert_eq!(e.code(), tonic::Code::NotFound);
     let metrics = reqwest::get(r.admin_url("/metrics"))
         .await
         .expect("metrics")

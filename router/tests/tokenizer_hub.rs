@@ -208,6 +208,8 @@ fn add_worker(state: &RouterState, model: &str) {
             address: "127.0.0.1:1".into(),
             model: model.into(),
             worker_set: "ws".into(),
+            namespace: String::new(),
+            pod_ip: None,
             ready: true,
         }],
     });

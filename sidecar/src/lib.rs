@@ -76,6 +76,32 @@ pub struct Args {
         default_value_t = 250
     )]
     pub scrape_interval_ms: u64,
+    /// mTLS to the routers: a directory with tls.crt, tls.key (this sidecar's certificate,
+    /// identity spiffe://kvroute.dev/ns/<namespace>/workerset/<name>) and ca.crt (the CAs
+    /// that verify routers). Re-read when the files change; open streams are kept. Without
+    /// it the streams are plaintext.
+    #[arg(long, env = "KVROUTE_SIDECAR_ROUTER_TLS_DIR")]
+    pub router_tls_dir: Option<std::path::PathBuf>,
+    /// The name the routers' certificates must carry (e.g. the router Service's DNS name);
+    /// empty: the host of each router endpoint.
+    #[arg(
+        long,
+        env = "KVROUTE_SIDECAR_ROUTER_TLS_SERVER_NAME",
+        default_value = ""
+    )]
+    pub router_tls_server_name: String,
+    /// The local IP the router streams come from (default: the OS chooses). With mTLS the
+    /// router accepts a worker's stream only from its pod IP; set this where the OS would pick
+    /// another source address (several addresses on one host, the e2e harness's loopback pods).
+    #[arg(long, env = "KVROUTE_SIDECAR_ROUTER_SOURCE_IP")]
+    pub router_source_ip: Option<std::net::IpAddr>,
+    /// How often --router-tls-dir is checked for changed files, in milliseconds.
+    #[arg(
+        long,
+        env = "KVROUTE_SIDECAR_TLS_RELOAD_INTERVAL_MS",
+        default_value_t = 5_000
+    )]
+    pub tls_reload_interval_ms: u64,
     /// Router Ingest endpoint (repeatable), e.g. http://router:9000.
     #[arg(long = "router", env = "KVROUTE_SIDECAR_ROUTER", value_delimiter = ',')]
     pub routers: Vec<String>,
@@ -202,6 +228,10 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         replay_endpoint,
         vllm_url,
         scrape_interval_ms,
+        router_tls_dir,
+        router_tls_server_name,
+        router_source_ip,
+        tls_reload_interval_ms,
         routers,
         router_dns,
         router_dns_interval_ms,
@@ -247,6 +277,35 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
 
+    let tls = match router_tls_dir {
+        Some(dir) => {
+            let config = kvroute_tls::WatchedClient::client(dir.clone())
+                .with_context(|| format!("--router-tls-dir {}", dir.display()))?;
+            tracing::info!(dir = %dir.display(), identity = ?config.identity().map(|i| i.uri()), "router streams use mTLS");
+            let name =
+                (!router_tls_server_name.is_empty()).then_some(router_tls_server_name.as_str());
+            let mut tls = kvroute_tls::ClientTls::new(config.clone(), name)
+                .context("--router-tls-server-name")?;
+            if let Some(ip) = router_source_ip {
+                tls = tls.bind(ip);
+            }
+            // The watch ends with the sidecar; it never fails (bad files are logged, kept out).
+            let reloads = metrics.tls_reloads.clone();
+            tokio::spawn(config.watch(
+                Duration::from_millis(tls_reload_interval_ms.max(10)),
+                shutdown.clone(),
+                move |outcome| reloads.with_label_values(&[outcome.label()]).inc(),
+            ));
+            Some(tls)
+        }
+        None => {
+            tracing::warn!(
+                "router streams are plaintext: pass --router-tls-dir outside development"
+            );
+            None
+        }
+    };
+
     let subscriber = zmq::Subscriber {
         config: zmq::ZmqConfig {
             endpoint: zmq_endpoint.clone(),
@@ -284,6 +343,8 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         },
         config: PushConfig {
             max_blocks_per_report: max_blocks_per_report.max(1),
+            tls,
+            source_ip: router_source_ip,
             ..PushConfig::default()
         },
         metrics: metrics.clone(),

@@ -59,6 +59,9 @@ pub struct SidecarMetrics {
     pub queue_overflows: IntCounterVec,
     /// vLLM /metrics scrapes, by outcome (ok, error).
     pub scrapes: IntCounterVec,
+    /// Changes of the --router-tls-dir files, by outcome (reloaded; failed: the previous
+    /// files stay in use).
+    pub tls_reloads: IntCounterVec,
 }
 
 impl SidecarMetrics {
@@ -183,6 +186,11 @@ impl SidecarMetrics {
             scrapes: cv(
                 "vllm_scrapes_total",
                 "Scrapes of vLLM /metrics, by outcome",
+                &["outcome"],
+            )?,
+            tls_reloads: cv(
+                "tls_reloads_total",
+                "Changes of the --router-tls-dir files, by outcome (failed: the previous files stay in use)",
                 &["outcome"],
             )?,
         })

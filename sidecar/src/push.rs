@@ -60,6 +60,10 @@ pub struct PushConfig {
     pub connect_timeout: Duration,
     /// On shutdown, how long to wait for the router to end its side after ours ended.
     pub close_timeout: Duration,
+    /// mTLS to the routers (`--router-tls-dir`); `None`: plaintext.
+    pub tls: Option<kvroute_tls::ClientTls>,
+    /// The local IP to connect from (`--router-source-ip`); `None`: the OS chooses.
+    pub source_ip: Option<std::net::IpAddr>,
 }
 
 impl Default for PushConfig {
@@ -71,6 +75,8 @@ impl Default for PushConfig {
             backoff_max: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(3),
             close_timeout: Duration::from_secs(2),
+            tls: None,
+            source_ip: None,
         }
     }
 }
@@ -220,11 +226,18 @@ impl Pusher {
         let endpoint = tonic::transport::Endpoint::from_shared(self.endpoint.clone())
             .context("router endpoint")?
             .connect_timeout(self.config.connect_timeout)
+            .local_address(self.config.source_ip)
             .tcp_nodelay(true);
         let channel = tokio::select! {
             biased;
             () = shutdown.cancelled() => return Ok(()),
-            c = endpoint.connect() => c.context("connect")?,
+            c = async {
+                match &self.config.tls {
+                    // TLS is done by the connector, with the files current at this connect.
+                    Some(tls) => tls.channel(endpoint).await,
+                    None => endpoint.connect().await,
+                }
+            } => c.context("connect")?,
         };
         let mut client = IngestClient::new(channel);
         self.hub.request_snapshot(&self.endpoint);

@@ -15,6 +15,11 @@
 //! - **Kubernetes**: the Pods of each WorkerSet (label `kvroute.dev/workerset=<name>`, as the operator sets it); a pod
 //!   is ready when its `Ready` condition is true; the address is `<podIP>:<engine port>`.
 //!
+//! Each worker also carries its WorkerSet's namespace and, when known, its pod IP (Kubernetes:
+//! the pod's IP; static file: the IP literal of `address`): with mTLS the router accepts a
+//! sidecar stream for a worker only from its WorkerSet's identity and that IP
+//! ([`crate::auth`]).
+//!
 //! Either way a worker becomes routable only once its sidecar has reported a snapshot (see
 //! [`crate::state`]). Both sources also publish each model's tokenizer source
 //! ([`tokenizers::build_tokenizer_plan`]) for the tokenizer loader.
@@ -75,11 +80,17 @@ pub fn build_catalog(
         match workers {
             WorkerSource::Status => {
                 for w in set.status.iter().flat_map(|s| s.workers.iter()) {
+                    let address = w.address.clone().unwrap_or_default();
                     catalog.workers.push(DiscoveredWorker {
                         id: format!("{namespace}/{}", w.pod),
-                        address: w.address.clone().unwrap_or_default(),
+                        pod_ip: address
+                            .parse::<std::net::SocketAddr>()
+                            .ok()
+                            .map(|a| a.ip().to_canonical()),
+                        address,
                         model: model.clone(),
                         worker_set: name.clone(),
+                        namespace: namespace.to_string(),
                         ready: w.ready && w.address.is_some(),
                     });
                 }
@@ -99,6 +110,12 @@ pub fn build_catalog(
                             .unwrap_or_default(),
                         model: model.clone(),
                         worker_set: name.clone(),
+                        namespace: namespace.to_string(),
+                        pod_ip: p
+                            .ip
+                            .as_deref()
+                            .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+                            .map(|ip| ip.to_canonical()),
                         ready: p.ready && p.ip.is_some(),
                     });
                 }
@@ -247,8 +264,10 @@ spec:
         assert!(
             c.workers
                 .iter()
-                .all(|w| w.model == "qwen3" && w.worker_set == "qwen")
+                .all(|w| w.model == "qwen3" && w.worker_set == "qwen" && w.namespace == "ml")
         );
+        // The IP literal of a listed address is the pod's IP (the mTLS peer check).
+        assert_eq!(c.workers[0].pod_ip, Some("127.0.0.1".parse().expect("ip")));
         assert_eq!(c.pools.len(), 1);
         assert_eq!(c.pools[0].name, "ml/chat");
         assert_eq!(c.pools[0].worker_sets, vec!["qwen".to_string()]);
@@ -296,6 +315,8 @@ spec:
             ids,
             vec![("ml/p1", "10.0.0.1:8000", true), ("ml/p2", "", false)]
         );
+        let ips: Vec<Option<std::net::IpAddr>> = c.workers.iter().map(|w| w.pod_ip).collect();
+        assert_eq!(ips, vec![Some("10.0.0.1".parse().expect("ip")), None]);
     }
 
     #[test]

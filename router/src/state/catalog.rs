@@ -11,8 +11,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
+use kvroute_tls::Identity;
+
 use super::RouterState;
 use super::sidecars::SidecarView;
+use crate::auth::{Caller, StreamRefused};
 use crate::routing::WorkerId;
 
 /// Everything discovery knows: pools (model names and aliases) and workers. Replaced as a
@@ -57,6 +60,11 @@ pub struct DiscoveredWorker {
     pub model: String,
     /// Its InferenceWorkerSet.
     pub worker_set: String,
+    /// The WorkerSet's namespace.
+    pub namespace: String,
+    /// The pod's IP: the source address of its sidecar's streams (Kubernetes: the pod IP;
+    /// static file: the IP literal of `address`, if it is one).
+    pub pod_ip: Option<std::net::IpAddr>,
     /// Pod Ready (always true for the static file).
     pub ready: bool,
 }
@@ -183,6 +191,49 @@ impl RouterState {
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
+    }
+}
+
+impl RouterState {
+    /// May `caller` open an Ingest stream for `worker_id`? Anonymous (plaintext) callers
+    /// may, as before TLS. A verified caller must hold the WorkerSet identity of a worker
+    /// discovery lists under exactly that id, and connect from its pod IP when discovery
+    /// knows it; `--route-unlisted` does not apply. Returns the listed worker (its address
+    /// and WorkerSet replace what the stream claims), `None` for anonymous callers.
+    pub fn authorize_stream(
+        &self,
+        caller: &Caller,
+        worker_id: &str,
+    ) -> Result<Option<DiscoveredWorker>, StreamRefused> {
+        let Caller::Verified { identity, ip } = caller else {
+            return Ok(None);
+        };
+        let Identity::WorkerSet { namespace, name } = identity else {
+            return Err(StreamRefused::NotAWorkerSet(identity.uri()));
+        };
+        let catalog = self.0.catalog.read();
+        let w = catalog
+            .workers
+            .iter()
+            .find(|w| w.id == worker_id)
+            .ok_or_else(|| StreamRefused::Unlisted(worker_id.to_string()))?;
+        if w.namespace != *namespace || w.worker_set != *name {
+            return Err(StreamRefused::ForeignWorkerSet {
+                worker: worker_id.to_string(),
+                listed: format!("{}/{}", w.namespace, w.worker_set),
+                claimed: format!("{namespace}/{name}"),
+            });
+        }
+        if let Some(expected) = w.pod_ip
+            && *ip != Some(expected)
+        {
+            return Err(StreamRefused::PeerAddress {
+                worker: worker_id.to_string(),
+                expected,
+                got: ip.map_or_else(|| "unknown".to_string(), |ip| ip.to_string()),
+            });
+        }
+        Ok(Some(w.clone()))
     }
 }
 

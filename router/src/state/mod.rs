@@ -54,6 +54,7 @@ mod pick;
 mod sidecars;
 #[cfg(test)]
 mod tests;
+mod tickets;
 mod tokenizers;
 
 pub use catalog::{Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel};
@@ -64,6 +65,7 @@ pub use pick::{
 pub use sidecars::{
     DeltaOp, LoadView, SidecarIdentity, SnapshotRefused, WorkerReport, WorkersReport,
 };
+pub use tickets::{DecisionId, TicketError};
 pub use tokenizers::TokenizerDirs;
 
 use crate::tokenizer_registry::Tokenizers;
@@ -121,6 +123,8 @@ struct Core {
     policy: Box<dyn Policy>,
     /// What each outstanding assignment needs for metrics: model label and worker key.
     labels: HashMap<AssignmentId, (String, String)>,
+    /// Pick API decision ids of outstanding assignments (forgotten with the assignment).
+    tickets: tickets::Tickets,
 }
 
 struct Inner {
@@ -179,6 +183,7 @@ impl RouterState {
             routing: RoutingCore::new(core_cfg),
             policy,
             labels: HashMap::new(),
+            tickets: tickets::Tickets::default(),
         };
         let tokenizers = Tokenizers::load(&config.tokenizers)?;
         let readiness = Readiness::new(config.drain_delay);
@@ -257,6 +262,7 @@ impl RouterState {
             for r in &retired {
                 for (id, _) in &r.released {
                     core.labels.remove(id);
+                    core.tickets.forget(*id);
                 }
             }
             retired

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use super::RouterState;
 use super::catalog::Resolved;
+use super::tickets::{DecisionId, TicketError};
 use super::tokenizers::Degraded;
 use crate::routing::{AssignmentId, Candidate, Decision, RouteRequest, WorkerId};
 
@@ -440,6 +441,23 @@ impl RouterState {
         };
         Ok((decided, id))
     }
+    // ---------------------------------------------------------------- Pick API ids
+
+    /// A random decision id for `assignment`, bound to `owner` (the caller's identity). `None`
+    /// when the assignment is no longer outstanding.
+    pub fn issue_decision_id(&self, assignment: AssignmentId, owner: String) -> Option<DecisionId> {
+        let mut core = self.0.core.lock();
+        if !core.labels.contains_key(&assignment) {
+            return None;
+        }
+        Some(core.tickets.issue(assignment, owner))
+    }
+
+    /// The assignment of decision id `id` when `owner` holds it.
+    pub fn decision(&self, id: DecisionId, owner: &str) -> Result<AssignmentId, TicketError> {
+        self.0.core.lock().tickets.check(id, owner)
+    }
+
     // ---------------------------------------------------------------- reports
 
     /// Records the first token of an assignment and teaches the predictor. `observed_ttft_s`
@@ -539,6 +557,7 @@ impl RouterState {
         };
         released?;
         let labels = core.labels.remove(&aid).unwrap_or_default();
+        core.tickets.forget(aid);
         drop(core);
         self.0
             .metrics
@@ -556,6 +575,7 @@ impl RouterState {
         let gone = core.routing.expire(t, ttl);
         for (id, _) in &gone {
             core.labels.remove(id);
+            core.tickets.forget(*id);
         }
         drop(core);
         if !gone.is_empty() {

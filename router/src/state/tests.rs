@@ -94,6 +94,8 @@ fn models_come_from_pools_aliases_and_workers() {
             address: "w:1".into(),
             model: "other".into(),
             worker_set: "x".into(),
+            namespace: String::new(),
+            pod_ip: None,
             ready: true,
         }],
     });

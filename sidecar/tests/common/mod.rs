@@ -238,6 +238,8 @@ pub struct View {
     pub clean_ends: usize,
     /// Streams that ended with an error (e.g. reset by a dying sidecar).
     pub error_ends: usize,
+    /// With TLS: the identity (URI) and IP of the last stream's peer.
+    pub peer: Option<(String, std::net::IpAddr)>,
     next_seq: u64,
     in_snapshot: bool,
 }
@@ -300,10 +302,21 @@ impl Ingest for Receiver {
         &self,
         request: tonic::Request<tonic::Streaming<WorkerReport>>,
     ) -> Result<tonic::Response<ControlStream>, tonic::Status> {
+        let peer = request
+            .extensions()
+            .get::<tonic::transport::server::TlsConnectInfo<tonic::transport::server::TcpConnectInfo>>()
+            .and_then(|i| {
+                let certs = i.peer_certs()?;
+                let id = kvroute_tls::Identity::from_cert(certs.first()?).ok()?;
+                Some((id.uri(), i.get_ref().remote_addr()?.ip()))
+            });
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(64);
         self.controls.lock().push(tx.downgrade());
         let view = self.view.clone();
+        if peer.is_some() {
+            view.lock().peer = peer;
+        }
         let mut reading = self.reading.clone();
         {
             let mut v = view.lock();
@@ -354,6 +367,19 @@ impl Router {
     /// Starts a receiver on `addr` (port 0 for a fresh one). `small_windows` shrinks HTTP/2
     /// flow-control windows so a non-reading receiver pushes back quickly.
     pub async fn start(addr: SocketAddr, small_windows: bool) -> Router {
+        Self::start_with(addr, small_windows, None).await
+    }
+
+    /// Like [`Router::start`], serving mTLS with `tls` (client certificates required).
+    pub async fn start_tls(addr: SocketAddr, tls: Arc<kvroute_tls::WatchedServer>) -> Router {
+        Self::start_with(addr, false, Some(tls)).await
+    }
+
+    async fn start_with(
+        addr: SocketAddr,
+        small_windows: bool,
+        tls: Option<Arc<kvroute_tls::WatchedServer>>,
+    ) -> Router {
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (reading, reading_rx) = watch::channel(true);
@@ -374,10 +400,21 @@ impl Router {
         }
         let router = builder.add_service(svc);
         let task = tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let _ = router
-                .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
-                .await;
+            let _ = match tls {
+                None => {
+                    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                    router
+                        .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+                        .await
+                }
+                Some(tls) => {
+                    let incoming =
+                        kvroute_tls::tls_incoming(listener, tls, Duration::from_secs(5), |_| {});
+                    router
+                        .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+                        .await
+                }
+            };
         });
         Router {
             addr,

@@ -1,0 +1,119 @@
+//! The gRPC listener (Ingest, Picker, grpc.health.v1): mTLS with `--grpc-tls-dir`, else
+//! plaintext and unauthenticated (said at start and by a gauge).
+//!
+//! ```text
+//! --grpc-tls-dir DIR --WatchedServer--> tls_incoming (client cert required) --+
+//!                     \--watch every --tls-reload-interval-ms--> swap config  +--> tonic Server
+//! (none) --TcpListenerStream (warning; kvroute_router_grpc_unauthenticated 1)-+
+//! ```
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use kvroute_tls::WatchedServer;
+use kvroute_tls::reload::ReloadOutcome;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::ingest::IngestService;
+use crate::pick::PickerService;
+use crate::state::RouterState;
+
+/// How long a client may take to finish its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The TLS side of the gRPC listener.
+#[derive(Clone)]
+pub struct GrpcTls {
+    /// The server configuration, following its directory.
+    pub config: Arc<WatchedServer>,
+    /// How often the directory is polled.
+    pub reload_every: Duration,
+}
+
+impl GrpcTls {
+    /// Loads `--grpc-tls-dir` (fails at start when the files are missing or unusable).
+    pub fn load(dir: PathBuf, reload_every: Duration) -> anyhow::Result<Self> {
+        let config = WatchedServer::server(dir.clone())
+            .with_context(|| format!("--grpc-tls-dir {}", dir.display()))?;
+        Ok(Self {
+            config,
+            reload_every,
+        })
+    }
+}
+
+/// Serves the gRPC services on `listener` until `close` fires.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<GrpcTls>,
+    state: RouterState,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    close: CancellationToken,
+) -> anyhow::Result<()> {
+    let authenticated = tls.is_some();
+    let mut server = tonic::transport::Server::builder();
+    let routes = server
+        .add_service(health)
+        .add_service(
+            IngestService::new(state.clone(), close.clone())
+                .tls(authenticated)
+                .into_server(),
+        )
+        .add_service(
+            PickerService::new(state.clone())
+                .tls(authenticated)
+                .into_server(),
+        );
+    let auth = state.metrics().auth.clone();
+    match tls {
+        None => {
+            auth.grpc_unauthenticated.set(1);
+            tracing::warn!(
+                "gRPC listener (Ingest, Picker) runs WITHOUT TLS: any caller can report for any worker and pick; pass --grpc-tls-dir outside development"
+            );
+            routes
+                .serve_with_incoming_shutdown(
+                    TcpListenerStream::new(listener),
+                    close.cancelled_owned(),
+                )
+                .await
+                .context("gRPC server")
+        }
+        Some(GrpcTls {
+            config,
+            reload_every,
+        }) => {
+            auth.grpc_unauthenticated.set(0);
+            tracing::info!(
+                dir = %config.dir().display(),
+                identity = ?config.identity().map(|i| i.uri()),
+                "gRPC listener requires client certificates (mTLS)"
+            );
+            let reloads = auth.tls_reloads.clone();
+            tokio::spawn(
+                config
+                    .clone()
+                    .watch(reload_every, close.clone(), move |outcome| {
+                        if !matches!(outcome, ReloadOutcome::Unchanged) {
+                            reloads.with_label_values(&[outcome.label()]).inc();
+                        }
+                    }),
+            );
+            let failures = auth.tls_handshake_failures.clone();
+            let incoming =
+                kvroute_tls::tls_incoming(listener, config, HANDSHAKE_TIMEOUT, move |f| {
+                    failures.with_label_values(&[f.label()]).inc();
+                });
+            routes
+                .serve_with_incoming_shutdown(incoming, close.cancelled_owned())
+                .await
+                .context("gRPC server")
+        }
+    }
+}
