@@ -13,7 +13,8 @@
 //! embedded gateway does; other paths are routed on load alone (degraded, and said so). When
 //! the model is an alias, the response carries the body with `model` rewritten to the backend
 //! model. Errors: bad JSON or no `model` -> `INVALID_ARGUMENT`; unknown model -> `NOT_FOUND`;
-//! no routable worker -> `UNAVAILABLE`.
+//! no routable worker, or the decision pool full -> `UNAVAILABLE`. Decisions (JSON parsing,
+//! tokenizing) run on the bounded [`BlockingPool`], never on the async threads.
 
 use std::time::{Duration, Instant};
 
@@ -27,19 +28,21 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use crate::blocking_pool::{BlockingPool, Caller, PoolError};
 use crate::routing::AssignmentId;
-use crate::state::{BodyKind, PickError, PickInput, RouterState, Usage};
+use crate::state::{BodyKind, PickError, PickInput, Picked, RouterState, Usage};
 
 /// The tonic Picker service.
 #[derive(Clone)]
 pub struct PickerService {
     state: RouterState,
+    pool: BlockingPool,
 }
 
 impl PickerService {
-    /// A service routing with `state`.
-    pub fn new(state: RouterState) -> Self {
-        Self { state }
+    /// A service routing with `state`, deciding on `pool`.
+    pub fn new(state: RouterState, pool: BlockingPool) -> Self {
+        Self { state, pool }
     }
 
     /// As a tonic server; bodies up to `--max-body-bytes`.
@@ -72,6 +75,63 @@ fn pick_status(e: &PickError) -> Status {
     }
 }
 
+/// A decision the caller has not received yet: aborted if the call is cancelled meanwhile
+/// (dropped with the finished job), so nothing waits for the TTL.
+struct Unsent {
+    state: RouterState,
+    picked: Option<Picked>,
+}
+
+impl Unsent {
+    fn send(mut self) -> Option<Picked> {
+        self.picked.take()
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if let Some(p) = self.picked.take() {
+            self.state.abort(p.assignment, "pick call cancelled");
+        }
+    }
+}
+
+/// Parses a Pick body and decides (on the decision pool).
+fn decide(state: &RouterState, req: PickRequest) -> Result<(Unsent, Option<Vec<u8>>), Status> {
+    let mut body: Value = serde_json::from_slice(&req.body)
+        .map_err(|e| Status::invalid_argument(format!("body is not JSON: {e}")))?;
+    let Some(model) = body.get("model").and_then(Value::as_str).map(str::to_owned) else {
+        return Err(Status::invalid_argument("body has no string `model`"));
+    };
+    let headers = headers_of(&req.headers);
+    let kind = BodyKind::of(&req.path, &body);
+    let empty = serde_json::Map::new();
+    let input = PickInput::from_body(
+        &model,
+        kind,
+        body.as_object().unwrap_or(&empty),
+        Some(&headers),
+        &[],
+    );
+    let a = state
+        .pick(&input, Instant::now())
+        .map_err(|e| pick_status(&e))?;
+    let rewritten_body = if a.backend_model != model {
+        if let Some(obj) = body.as_object_mut() {
+            obj.insert("model".into(), Value::String(a.backend_model.clone()));
+        }
+        // Serializing a Value cannot fail.
+        Some(serde_json::to_vec(&body).unwrap_or_default())
+    } else {
+        None
+    };
+    let unsent = Unsent {
+        state: state.clone(),
+        picked: Some(a),
+    };
+    Ok((unsent, rewritten_body))
+}
+
 fn decision_id(s: &str) -> Option<AssignmentId> {
     s.parse().ok()
 }
@@ -83,33 +143,22 @@ impl Picker for PickerService {
         if req.body.len() > self.state.config().max_body_bytes {
             return Err(Status::resource_exhausted("body over --max-body-bytes"));
         }
-        let mut body: Value = serde_json::from_slice(&req.body)
-            .map_err(|e| Status::invalid_argument(format!("body is not JSON: {e}")))?;
-        let Some(model) = body.get("model").and_then(Value::as_str).map(str::to_owned) else {
-            return Err(Status::invalid_argument("body has no string `model`"));
-        };
-        let headers = headers_of(&req.headers);
-        let kind = BodyKind::of(&req.path, &body);
-        let empty = serde_json::Map::new();
-        let input = PickInput::from_body(
-            &model,
-            kind,
-            body.as_object().unwrap_or(&empty),
-            Some(&headers),
-            &[],
-        );
-        let a = self
-            .state
-            .pick(&input, Instant::now())
-            .map_err(|e| pick_status(&e))?;
-        let rewritten_body = if a.backend_model != model {
-            if let Some(obj) = body.as_object_mut() {
-                obj.insert("model".into(), Value::String(a.backend_model.clone()));
+        let state = self.state.clone();
+        let decided = self
+            .pool
+            .run(Caller::Picker, move || decide(&state, req))
+            .await;
+        let (unsent, rewritten_body) = match decided {
+            Ok(r) => r?,
+            Err(PoolError::Full) => {
+                return Err(Status::unavailable(
+                    "the router is busy routing other requests; retry later",
+                ));
             }
-            // Serializing a Value cannot fail.
-            Some(serde_json::to_vec(&body).unwrap_or_default())
-        } else {
-            None
+            Err(PoolError::Panicked) => return Err(Status::internal("internal error")),
+        };
+        let Some(a) = unsent.send() else {
+            return Err(Status::internal("internal error"));
         };
         Ok(Response::new(PickResponse {
             decision_id: a.assignment.to_string(),
