@@ -91,6 +91,8 @@ async fn start(dir: &Path) -> anyhow::Result<Slice> {
             format!("--config={}", config.display()),
             "--seed=1".into(),
             "--stale-after-s=5".into(),
+            // The test reads `x-kvroute-worker`.
+            "--expose-routing-headers".into(),
         ],
         &log_opts(dir, "router"),
     )?;

@@ -9,6 +9,11 @@
 //!  external proxies --gRPC Picker (Pick, Report*)--> pick    (--grpc-addr: Ingest + Picker + grpc.health.v1)
 //! ```
 //!
+//! The HTTP gateway and the admin port are served by [`listener`] (connection cap, head and
+//! body deadlines, idle timeout, optional TLS); the gateway sheds load
+//! ([`gateway::admission`]); routing decisions run on the bounded [`blocking_pool`]; `/debug/*`
+//! answer loopback or the admin token ([`admin_token`]).
+//!
 //! [`run`] binds the three listeners, starts discovery, and serves until SIGTERM / ctrl-c
 //! (then drains: [`readiness`]), or until a critical task (a server, discovery, assignment
 //! expiry) dies, which ends the process with an error. `/readyz` and grpc.health.v1 follow
