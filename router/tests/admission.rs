@@ -379,3 +379,57 @@ async fn routing_headers_and_admission_flags_default_safe() {
     );
     assert!(a.admin_token_file.is_none());
 }
+
+/// Sends one keep-alive `GET /v1/models` on `tcp` and reads its whole answer.
+async fn get_models(tcp: &mut TcpStream) -> String {
+    tcp.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("request");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let end = Instant::now() + DEADLINE;
+    // The models list is small: the answer is complete once its JSON closes.
+    while !got.ends_with(b"]}") {
+        let n = tokio::time::timeout_at(end, tcp.read(&mut buf))
+            .await
+            .expect("answer in time")
+            .expect("read");
+        assert!(n > 0, "closed before the answer");
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test]
+async fn connections_close_after_their_request_cap_and_when_idle() {
+    let r = start(|a| {
+        a.max_requests_per_connection = 2;
+        a.idle_timeout_s = 1.0;
+    })
+    .await;
+    let closed = |reason: &str| {
+        format!(
+            "kvroute_router_connections_closed_total{{listener=\"gateway\",reason=\"{reason}\"}}"
+        )
+    };
+    // Two requests, then the router closes the connection.
+    let mut tcp = TcpStream::connect(r.addrs.http).await.expect("connect");
+    let first = get_models(&mut tcp).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    let second = get_models(&mut tcp).await;
+    assert!(second.starts_with("HTTP/1.1 200"), "{second}");
+    assert!(
+        read_to_close(&mut tcp).await.is_ok(),
+        "still open after its request cap"
+    );
+    metric_reaches(&r, &closed("max_requests"), 1.0).await;
+    // One request, then silence past the idle timeout.
+    let mut tcp = TcpStream::connect(r.addrs.http).await.expect("connect");
+    let only = get_models(&mut tcp).await;
+    assert!(only.starts_with("HTTP/1.1 200"), "{only}");
+    assert!(
+        read_to_close(&mut tcp).await.is_ok(),
+        "idle connection kept"
+    );
+    metric_reaches(&r, &closed("idle"), 1.0).await;
+}
