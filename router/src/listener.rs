@@ -6,12 +6,13 @@
 //! ```text
 //! accept --open < --max-connections? no: 503 (plain text) + close, refused{connection_limit}
 //!   --> [TLS handshake within the head deadline (ALPN h2, http/1.1)]
-//!   --> hyper (h1: head within --request-head-timeout-s; h2: --max-concurrent-streams)
+//!   --> hyper (HTTP/1.1, or h2 with --max-concurrent-streams)
 //!   --> each request: ConnectInfo(peer), its body must arrive within --request-body-timeout-s
 //!   --> axum Router
-//! watchdog per connection: no first request within the head deadline, no request in flight
-//!   for --idle-timeout-s, --max-requests-per-connection served, or shutdown
-//!   --> graceful close (h2: GOAWAY), dropped if still open a deadline later
+//! watchdog per connection: a request head (the first, or an HTTP/1.1 one whose first byte
+//!   came) not complete within --request-head-timeout-s --> dropped; no request in flight
+//!   for --idle-timeout-s, --max-requests-per-connection served, or shutdown --> graceful
+//!   close (h2: GOAWAY), dropped if still open a deadline later
 //! ```
 //!
 //! Every refusal and forced close is counted by a fixed reason (`refused_total`,
@@ -23,7 +24,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -32,7 +33,7 @@ use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use http_body::Frame;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -243,15 +244,13 @@ pub async fn serve(
     let max = cfg.max_connections.clamp(1, Semaphore::MAX_PERMITS);
     let permits = u32::try_from(max).unwrap_or(u32::MAX);
     let slots = Arc::new(Semaphore::new(permits as usize));
+    // Deadlines are the connection watchdog's (serve_io), not hyper's: hyper's head timer
+    // also runs between keep-alive requests, which would make every idle HTTP/1.1
+    // connection look like a slow-loris after the head deadline.
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(cfg.head_timeout)
-        .keep_alive(true);
+    builder.http1().header_read_timeout(None).keep_alive(true);
     builder
         .http2()
-        .timer(TokioTimer::new())
         .max_concurrent_streams(cfg.max_concurrent_streams)
         .keep_alive_interval(None);
     let name = cfg.name;
@@ -334,42 +333,165 @@ async fn connection(
     open.dec();
 }
 
-/// Requests in flight on one connection and when the last one ended.
+/// Milliseconds value meaning "no head is being read".
+const NO_HEAD: u64 = u64::MAX;
+
+/// What one connection is doing, as its watchdog sees it: requests in flight, when the last
+/// one ended, and whether an HTTP/1.1 request head has started to arrive.
 struct Activity {
     in_flight: AtomicUsize,
     /// Milliseconds since `base` when the last request ended (or the connection opened).
     last_ms: AtomicU64,
+    /// Milliseconds since `base` of the first byte of a request head not yet complete
+    /// (HTTP/1.1 only), or [`NO_HEAD`].
+    head_ms: AtomicU64,
     base: Instant,
     served: AtomicU64,
     max_requests: u64,
     limit_reached: Notify,
+    /// Wakes the watchdog: a request started or ended, or a head started.
+    changed: Notify,
+    /// The first bytes sniffed: 0 undecided, 1 HTTP/1.1, 2 HTTP/2 (frames arrive between
+    /// requests, so bytes say nothing about heads).
+    proto: AtomicU8,
+    sniffed: parking_lot::Mutex<Vec<u8>>,
+}
+
+/// Why the watchdog ends a connection.
+enum Expired {
+    /// No complete request head within the head deadline: never sent one, or one started
+    /// and did not finish.
+    Head,
+    /// No request in flight for the idle timeout.
+    Idle,
 }
 
 impl Activity {
-    fn touch(&self) {
-        let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(ms, Ordering::Relaxed);
+    fn new(max_requests: u64) -> Self {
+        Self {
+            in_flight: AtomicUsize::new(0),
+            last_ms: AtomicU64::new(0),
+            head_ms: AtomicU64::new(NO_HEAD),
+            base: Instant::now(),
+            served: AtomicU64::new(0),
+            max_requests,
+            limit_reached: Notify::new(),
+            changed: Notify::new(),
+            proto: AtomicU8::new(0),
+            sniffed: parking_lot::Mutex::new(Vec::new()),
+        }
     }
 
-    /// Resolves when the connection has been idle too long: no request since it opened for
-    /// `first` (true: it never sent a request head), or none in flight for `between`.
-    async fn idle(&self, first: Duration, between: Duration) -> bool {
-        loop {
-            let fresh = self.served.load(Ordering::Relaxed) == 0;
-            let limit = if fresh { first } else { between };
-            let last = self.base + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-            if self.in_flight.load(Ordering::Relaxed) == 0 && last + limit <= Instant::now() {
-                return fresh;
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(NO_HEAD - 1)
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.base + Duration::from_millis(ms)
+    }
+
+    /// Bytes came from the client.
+    fn received(&self, bytes: &[u8]) {
+        if self.proto.load(Ordering::Relaxed) == 0 {
+            let mut seen = self.sniffed.lock();
+            let room = 3usize.saturating_sub(seen.len());
+            seen.extend(bytes.iter().take(room));
+            if seen.len() >= 3 || !b"PRI".starts_with(&seen) {
+                let h2 = seen.as_slice() == b"PRI";
+                self.proto.store(if h2 { 2 } else { 1 }, Ordering::Relaxed);
             }
-            // Re-checked at the earliest moment it can be true (or a period later while busy).
-            let at = (last + limit).max(Instant::now() + Duration::from_millis(10));
-            let at = if self.in_flight.load(Ordering::Relaxed) > 0 {
-                Instant::now() + limit
-            } else {
-                at
-            };
-            tokio::time::sleep_until(at).await;
         }
+        if self.proto.load(Ordering::Relaxed) != 2
+            && self.in_flight.load(Ordering::Relaxed) == 0
+            && self
+                .head_ms
+                .compare_exchange(NO_HEAD, self.now_ms(), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Resolves when the connection has been without a request too long.
+    async fn expired(&self, head: Duration, idle: Duration) -> Expired {
+        loop {
+            if self.in_flight.load(Ordering::Relaxed) > 0 {
+                self.changed.notified().await;
+                continue;
+            }
+            let started = self.head_ms.load(Ordering::Relaxed);
+            let (deadline, why) = if started != NO_HEAD {
+                (self.at(started) + head, Expired::Head)
+            } else if self.served.load(Ordering::Relaxed) == 0 {
+                (self.base + head, Expired::Head)
+            } else {
+                (
+                    self.at(self.last_ms.load(Ordering::Relaxed)) + idle,
+                    Expired::Idle,
+                )
+            };
+            if deadline <= Instant::now() {
+                return why;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {}
+                () = self.changed.notified() => {}
+            }
+        }
+    }
+}
+
+/// The client's stream, telling [`Activity`] when bytes arrive.
+struct Watched<I> {
+    inner: I,
+    activity: Arc<Activity>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &r
+            && let Some(got) = buf.filled().get(before..)
+            && !got.is_empty()
+        {
+            self.activity.received(got);
+        }
+        r
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }
 
@@ -379,18 +501,22 @@ struct InFlight(Arc<Activity>);
 impl InFlight {
     fn start(a: &Arc<Activity>) -> Self {
         a.in_flight.fetch_add(1, Ordering::Relaxed);
+        a.head_ms.store(NO_HEAD, Ordering::Relaxed);
         let served = a.served.fetch_add(1, Ordering::Relaxed) + 1;
         if a.max_requests > 0 && served == a.max_requests {
             a.limit_reached.notify_one();
         }
+        a.changed.notify_one();
         Self(a.clone())
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.touch();
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let a = &self.0;
+        a.last_ms.store(a.now_ms(), Ordering::Relaxed);
+        a.in_flight.fetch_sub(1, Ordering::Relaxed);
+        a.changed.notify_one();
     }
 }
 
@@ -399,14 +525,11 @@ where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let name = shared.cfg.name;
-    let activity = Arc::new(Activity {
-        in_flight: AtomicUsize::new(0),
-        last_ms: AtomicU64::new(0),
-        base: Instant::now(),
-        served: AtomicU64::new(0),
-        max_requests: shared.cfg.max_requests_per_connection,
-        limit_reached: Notify::new(),
-    });
+    let activity = Arc::new(Activity::new(shared.cfg.max_requests_per_connection));
+    let io = Watched {
+        inner: io,
+        activity: activity.clone(),
+    };
     let service = {
         let (shared, activity) = (shared.clone(), activity.clone());
         hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
@@ -416,7 +539,7 @@ where
     };
     let conn = shared.builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
-    // Once closing, the connection gets one more idle period to finish, then is dropped.
+    // Once closing gracefully, the connection gets a deadline to finish, then is dropped.
     let mut closing: Option<Instant> = None;
     loop {
         let hard_stop = async {
@@ -426,16 +549,7 @@ where
             }
         };
         tokio::select! {
-            r = conn.as_mut() => {
-                // Counted once: not again when the watchdog already closed it for this.
-                if let Err(e) = r
-                    && closing.is_none()
-                    && head_timed_out(&*e)
-                {
-                    shared.metrics.refuse(name, Refusal::HeadTimeout);
-                }
-                break;
-            }
+            _ = conn.as_mut() => break,
             () = shared.stop.cancelled(), if closing.is_none() => {
                 conn.as_mut().graceful_shutdown();
                 closing = Some(Instant::now() + shared.cfg.idle_timeout);
@@ -445,32 +559,23 @@ where
                 conn.as_mut().graceful_shutdown();
                 closing = Some(Instant::now() + shared.cfg.idle_timeout);
             }
-            fresh = activity.idle(shared.cfg.head_timeout, shared.cfg.idle_timeout), if closing.is_none() => {
-                if fresh {
-                    // Connected and never sent a request: an idle or slow-loris client.
-                    shared.metrics.refuse(name, Refusal::HeadTimeout);
-                } else {
-                    shared.metrics.close(name, Closed::Idle);
+            why = activity.expired(shared.cfg.head_timeout, shared.cfg.idle_timeout), if closing.is_none() => {
+                match why {
+                    Expired::Head => {
+                        // Nothing in flight to finish: an idle or slow-loris client.
+                        shared.metrics.refuse(name, Refusal::HeadTimeout);
+                        break;
+                    }
+                    Expired::Idle => {
+                        shared.metrics.close(name, Closed::Idle);
+                        conn.as_mut().graceful_shutdown();
+                        closing = Some(Instant::now() + shared.cfg.head_timeout);
+                    }
                 }
-                conn.as_mut().graceful_shutdown();
-                closing = Some(Instant::now() + shared.cfg.head_timeout);
             }
             () = hard_stop => break,
         }
     }
-}
-
-fn head_timed_out(e: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(h) = err.downcast_ref::<hyper::Error>()
-            && h.is_timeout()
-        {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
 }
 
 async fn handle(

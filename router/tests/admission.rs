@@ -433,3 +433,24 @@ async fn connections_close_after_their_request_cap_and_when_idle() {
     );
     metric_reaches(&r, &closed("idle"), 1.0).await;
 }
+
+#[tokio::test]
+async fn the_head_deadline_runs_from_a_heads_first_byte_not_between_requests() {
+    let r = start(|a| {
+        a.request_head_timeout_s = 1.0;
+        a.idle_timeout_s = 600.0;
+    })
+    .await;
+    let mut tcp = TcpStream::connect(r.addrs.http).await.expect("connect");
+    assert!(get_models(&mut tcp).await.starts_with("HTTP/1.1 200"));
+    // Idle past the head deadline (but not the idle timeout): a keep-alive client.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert!(get_models(&mut tcp).await.starts_with("HTTP/1.1 200"));
+    assert_eq!(metric(&r, &refused("head_timeout")).await, 0.0);
+    // Then a head that starts and never ends is cut off at the deadline.
+    tcp.write_all(b"GET /v1/models HTTP/1.1\r\nho")
+        .await
+        .expect("partial head");
+    assert!(read_to_close(&mut tcp).await.is_ok(), "slow head kept");
+    metric_reaches(&r, &refused("head_timeout"), 1.0).await;
+}
