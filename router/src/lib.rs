@@ -667,23 +667,38 @@ impl Server {
             .instrument(tracing::info_span!("http")),
         );
 
+        // The admin port runs on a thread and runtime of its own: kubelet probes and scrapes
+        // must not wait behind a flood of gateway connections on the shared workers.
         let admin_router = admin::router(state.clone(), admin_auth, pool);
-        let stop = close.clone();
-        tasks.spawn(
-            async move {
-                let r = listener::serve(
-                    admin,
-                    admin_router,
-                    admin_listener,
-                    None,
-                    listener_metrics,
-                    stop,
-                )
-                .await;
-                ("admin", r.context("admin server"))
-            }
-            .instrument(tracing::info_span!("admin")),
-        );
+        let admin = admin.into_std().context("admin listener")?;
+        let (stop, m) = (close.clone(), listener_metrics);
+        let (admin_done, admin_ended) = tokio::sync::oneshot::channel();
+        let span = tracing::info_span!("admin");
+        std::thread::Builder::new()
+            .name("kvroute-admin".into())
+            .spawn(move || {
+                let _entered = span.enter();
+                let served = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .context("admin runtime")
+                    .and_then(|rt| {
+                        rt.block_on(async move {
+                            let admin = TcpListener::from_std(admin)?;
+                            listener::serve(admin, admin_router, admin_listener, None, m, stop)
+                                .await
+                        })
+                        .context("admin server")
+                    });
+                let _ = admin_done.send(served);
+            })
+            .context("start the admin thread")?;
+        tasks.spawn(async move {
+            let ended = admin_ended
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the admin thread died")));
+            ("admin", ended)
+        });
 
         let stop = close.clone();
         let upkeep = UpkeepTask::new(state.clone());
