@@ -12,7 +12,8 @@
 //! The HTTP gateway and the admin port are served by [`listener`] (connection cap, head and
 //! body deadlines, idle timeout, optional TLS); the gateway sheds load
 //! ([`gateway::admission`]); routing decisions run on the bounded [`blocking_pool`]; `/debug/*`
-//! answer loopback or the admin token ([`admin_token`]).
+//! answer loopback or the admin token ([`admin_token`]). The admin port has a thread and
+//! runtime of its own, so probes and scrapes never wait behind gateway traffic.
 //!
 //! [`run`] binds the three listeners, starts discovery, and serves until SIGTERM / ctrl-c
 //! (then drains: [`readiness`]), or until a critical task (a server, discovery, assignment
