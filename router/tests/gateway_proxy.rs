@@ -1010,3 +1010,55 @@ async fn a_client_over_its_own_limit_gets_429() {
     assert_eq!(metrics.refused("gateway", Refusal::ConcurrencyLimit), 0);
     worker.gate.add_permits(CHUNKS.len());
 }
+
+#[tokio::test]
+async fn a_full_decision_pool_sheds_with_503() {
+    use kvroute_router::blocking_pool::{BlockingPool, Caller, PoolConfig};
+    let pool = BlockingPool::unregistered(PoolConfig::new(1, 0)).expect("pool");
+    let metrics = ListenerMetrics::unregistered().expect("metrics");
+    let addr = start_worker(Worker::default()).await;
+    let cfg = GatewayConfig {
+        pool: pool.clone(),
+        metrics: metrics.clone(),
+        ..GatewayConfig::default()
+    };
+    let s = gateway(vec![("w0".into(), format!("http://{addr}"))], cfg).await;
+    // Another caller (an explain, say) holds the pool's only thread.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (started, running) = tokio::sync::oneshot::channel();
+    let busy = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            pool.run(Caller::Explain, move || {
+                let _ = started.send(());
+                let _ = released.recv_timeout(DEADLINE);
+            })
+            .await
+        }
+    });
+    tokio::time::timeout(DEADLINE, running)
+        .await
+        .expect("in time")
+        .expect("started");
+    let (got, v) = post_raw(&s, "/v1/chat/completions", chat_body(false).to_string()).await;
+    assert_eq!(
+        (got, v["error"]["code"].as_str()),
+        (503, Some("overloaded"))
+    );
+    let resp = s
+        .client
+        .post(format!("{}/v1/messages", s.base))
+        .json(&anthropic_body())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    assert_eq!(metrics.refused("gateway", Refusal::DecisionPoolFull), 2);
+    assert_eq!(pool.shed(Caller::Gateway), 2);
+    assert!(s.router.ledger.lock().picks.is_empty());
+    release.send(()).expect("release");
+    busy.await.expect("join").expect("ran");
+    let (got, _) = post_raw(&s, "/v1/chat/completions", chat_body(false).to_string()).await;
+    assert_eq!(got, 200);
+}
