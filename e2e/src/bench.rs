@@ -9,7 +9,11 @@
 //! `--mode sim` drives the mock worker's engine model and the router core's real decision
 //! code in a discrete-event simulation (thousands of requests in seconds, deterministic under
 //! a seed). Every figure is in simulated seconds of the L40S profile.
+//!
+//! `--mode attack` is not a policy comparison: it measures how responsive one real router
+//! stays under hostile clients (slow-loris, 10 MB bodies, idle connections; see attack.rs).
 
+pub mod attack;
 pub mod live;
 pub mod report;
 pub mod sim;
@@ -40,7 +44,8 @@ pub const POLICIES: [&str; 8] = [
 /// Flags of `kvroute bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// `sim` (discrete-event simulation in virtual time) or `live` (real processes).
+    /// `sim` (discrete-event simulation in virtual time), `live` (real processes), or `attack`
+    /// (one router under slow-loris, body-flood and idle-connection attacks: /healthz latency).
     #[arg(long, env = "KVROUTE_BENCH_MODE", default_value = "sim")]
     pub mode: String,
     /// shared-prefix, multi-turn, independent, mixed, or all.
@@ -236,7 +241,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let result = live::run_live(&args, &cfg).await?;
             write_outputs(&result, &args)
         }
-        other => bail!("unknown --mode {other:?}: expected sim or live"),
+        "attack" => attack::run(&args).await,
+        other => bail!("unknown --mode {other:?}: expected sim, live or attack"),
     }
 }
 

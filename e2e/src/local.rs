@@ -122,6 +122,9 @@ impl Deployment {
             config_path.display().to_string(),
             "--policy".into(),
             policy.into(),
+            // The bench reads the chosen worker and the prediction from the response headers
+            // (bench/live.rs); a production router keeps them off.
+            "--expose-routing-headers".into(),
             "--tokenizer".into(),
             tokenizer.clone(),
             // The workers run `speedup` times faster than the L40S they model: calibrate the

@@ -72,6 +72,8 @@ impl Router {
                 format!("--namespace={ns}"),
                 format!("--tokenizer={tokenizer}"),
                 "--seed=1".into(),
+                // The test checks `x-kvroute-worker` names a pod.
+                "--expose-routing-headers".into(),
             ],
             &SpawnOptions { env, log },
         )?;

@@ -128,6 +128,8 @@ async fn start(dir: &Path) -> anyhow::Result<Slice> {
             format!("--grpc-tls-dir={}", dir.join("tls/router").display()),
             "--seed=1".into(),
             "--stale-after-s=5".into(),
+            // The test reads `x-kvroute-worker`.
+            "--expose-routing-headers".into(),
         ],
         &log_opts(dir, "router"),
     )?;

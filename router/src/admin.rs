@@ -14,8 +14,12 @@
 //! GET  /debug/tokenizers JSON: per model where its tokenizer comes from and whether it is
 //!                      loaded (state, failures, last error)
 //! POST /debug/explain  body: an OpenAI chat/completions (or completions) request;
-//!                      returns the decision record without assigning anything
+//!                      returns the decision record without assigning anything (decided on
+//!                      the bounded decision pool; 503 when it is full)
 //! ```
+//!
+//! `/debug/*` answer loopback callers and callers with the admin bearer token only
+//! ([`crate::admin_token`]); the rest stays open for scrapers, probes and the preStop hook.
 
 use std::time::Instant;
 
@@ -27,21 +31,30 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
+use crate::admin_token::{self, AdminAuth};
+use crate::blocking_pool::{BlockingPool, Caller, PoolError};
 use crate::readiness::Phase;
 use crate::state::{BodyKind, PickError, PickInput, RouterState};
 use crate::tokenizer_registry::refresh_gauges;
 
-/// The admin routes.
-pub fn router(state: RouterState) -> Router {
+/// The admin routes: `auth` guards `/debug/*`; explain decides on `pool`.
+pub fn router(state: RouterState, auth: AdminAuth, pool: BlockingPool) -> Router {
     let limit = state.config().max_body_bytes;
+    let debug = Router::new()
+        .route("/debug/workers", get(workers))
+        .route("/debug/tokenizers", get(tokenizers))
+        .route("/debug/explain", post(explain))
+        .layer(axum::Extension(pool))
+        .route_layer(axum::middleware::from_fn_with_state(
+            auth,
+            admin_token::require,
+        ));
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/drain", get(drain))
-        .route("/debug/workers", get(workers))
-        .route("/debug/tokenizers", get(tokenizers))
-        .route("/debug/explain", post(explain))
+        .merge(debug)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
@@ -124,7 +137,11 @@ fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response
         .into_response()
 }
 
-async fn explain(State(state): State<RouterState>, body: Bytes) -> Response {
+async fn explain(
+    State(state): State<RouterState>,
+    axum::Extension(pool): axum::Extension<BlockingPool>,
+    body: Bytes,
+) -> Response {
     let body: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {
@@ -135,17 +152,46 @@ async fn explain(State(state): State<RouterState>, body: Bytes) -> Response {
             );
         }
     };
-    let Some(model) = body.get("model").and_then(Value::as_str) else {
+    if body.get("model").and_then(Value::as_str).is_none() {
         return error(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             "body has no string `model`",
         );
+    }
+    let explained = pool
+        .run(Caller::Explain, move || {
+            let model = body
+                .get("model")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let empty = serde_json::Map::new();
+            let obj = body.as_object().unwrap_or(&empty);
+            let input = PickInput::from_body(model, BodyKind::of("", &body), obj, None, &[]);
+            state.explain(&input, Instant::now())
+        })
+        .await;
+    let explained = match explained {
+        Ok(r) => r,
+        Err(PoolError::Full) => {
+            let mut resp = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "the router is busy routing other requests; retry later",
+            );
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, axum::http::HeaderValue::from(1u64));
+            return resp;
+        }
+        Err(PoolError::Panicked) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                "internal error",
+            );
+        }
     };
-    let empty = serde_json::Map::new();
-    let obj = body.as_object().unwrap_or(&empty);
-    let input = PickInput::from_body(model, BodyKind::of("", &body), obj, None, &[]);
-    match state.explain(&input, Instant::now()) {
+    match explained {
         Ok(record) => axum::Json(record).into_response(),
         Err(e @ PickError::UnknownModel(_)) => {
             error(StatusCode::NOT_FOUND, "model_not_found", e.to_string())

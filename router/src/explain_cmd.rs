@@ -1,6 +1,8 @@
 //! `kvroute explain --router URL FILE.json`: asks a running router where it would send a
 //! request, and why, without sending it (POST /debug/explain on the admin address), then
-//! prints the decision record as a table (`--json` prints it raw).
+//! prints the decision record as a table (`--json` prints it raw). A router that is not on
+//! loopback answers `/debug/*` only with its admin token (`--admin-token-file`, or
+//! `KVROUTE_ADMIN_TOKEN`), sent as `Authorization: Bearer`.
 //!
 //! ```text
 //! FILE.json --POST URL/debug/explain--> decision record --render--> table on stdout
@@ -25,13 +27,40 @@ pub struct ExplainArgs {
     /// Print the raw JSON decision record instead of a table.
     #[arg(long, env = "KVROUTE_EXPLAIN_JSON")]
     pub json: bool,
+    /// File holding the router's admin token (its `--admin-token-file`), needed unless the
+    /// router is reached on loopback (e.g. through `kubectl port-forward`).
+    #[arg(
+        long,
+        env = "KVROUTE_EXPLAIN_ADMIN_TOKEN_FILE",
+        conflicts_with = "admin_token"
+    )]
+    pub admin_token_file: Option<PathBuf>,
+    /// The admin token itself (prefer the file or the environment: a flag shows in `ps`).
+    #[arg(long, env = "KVROUTE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
     /// An OpenAI chat/completions or completions request body (JSON file; `-` for stdin).
     pub file: PathBuf,
 }
 
 /// Runs the command.
 pub async fn run(args: ExplainArgs) -> anyhow::Result<()> {
-    let ExplainArgs { router, json, file } = args;
+    let ExplainArgs {
+        router,
+        json,
+        admin_token_file,
+        admin_token,
+        file,
+    } = args;
+    let token = match (admin_token_file, admin_token) {
+        (Some(path), _) => Some(
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("read {}", path.display()))?
+                .trim()
+                .to_string(),
+        ),
+        (None, token) => token.map(|t| t.trim().to_string()),
+    }
+    .filter(|t| !t.is_empty());
     let body = if file.as_os_str() == "-" {
         let mut s = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("read stdin")?;
@@ -42,15 +71,21 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<()> {
     let _: Value =
         serde_json::from_str(&body).with_context(|| format!("{} is not JSON", file.display()))?;
     let url = format!("{}/debug/explain", router.trim_end_matches('/'));
-    let resp = reqwest::Client::new()
+    let mut req = reqwest::Client::new()
         .post(&url)
         .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .with_context(|| format!("POST {url}"))?;
+        .body(body);
+    if let Some(t) = &token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.with_context(|| format!("POST {url}"))?;
     let status = resp.status();
     let text = resp.text().await.context("read the router's answer")?;
+    if status == reqwest::StatusCode::UNAUTHORIZED {
+        bail!(
+            "router answered 401: /debug/explain needs loopback or the admin token (--admin-token-file or KVROUTE_ADMIN_TOKEN)"
+        );
+    }
     if !status.is_success() {
         bail!("router answered {status}: {text}");
     }

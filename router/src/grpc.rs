@@ -19,6 +19,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::ingest::IngestService;
+use crate::blocking_pool::BlockingPool;
 use crate::pick::PickerService;
 use crate::state::RouterState;
 
@@ -51,6 +52,7 @@ pub async fn serve(
     listener: TcpListener,
     tls: Option<GrpcTls>,
     state: RouterState,
+    pool: BlockingPool,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
@@ -66,7 +68,7 @@ pub async fn serve(
                 .into_server(),
         )
         .add_service(
-            PickerService::new(state.clone())
+            PickerService::new(state.clone(), pool)
                 .tls(authenticated)
                 .into_server(),
         );

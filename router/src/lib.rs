@@ -9,6 +9,12 @@
 //!  external proxies --gRPC Picker (Pick, Report*)--> pick    (--grpc-addr: Ingest + Picker + grpc.health.v1)
 //! ```
 //!
+//! The HTTP gateway and the admin port are served by [`listener`] (connection cap, head and
+//! body deadlines, idle timeout, optional TLS); the gateway sheds load
+//! ([`gateway::admission`]); routing decisions run on the bounded [`blocking_pool`]; `/debug/*`
+//! answer loopback or the admin token ([`admin_token`]). The admin port has a thread and
+//! runtime of its own, so probes and scrapes never wait behind gateway traffic.
+//!
 //! [`run`] binds the three listeners, starts discovery, and serves until SIGTERM / ctrl-c
 //! (then drains: [`readiness`]), or until a critical task (a server, discovery, assignment
 //! expiry) dies, which ends the process with an error. `/readyz` and grpc.health.v1 follow
@@ -16,7 +22,9 @@
 //! adapters.
 
 pub mod admin;
+pub mod admin_token;
 pub mod auth;
+pub mod blocking_pool;
 pub mod churn;
 pub mod discovery;
 pub mod explain_cmd;
@@ -25,6 +33,7 @@ pub mod gateway;
 pub mod grpc;
 pub mod health;
 pub mod ingest;
+pub mod listener;
 pub mod metrics;
 pub mod pick;
 pub mod readiness;
@@ -46,9 +55,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::admin_token::AdminAuth;
+use crate::blocking_pool::{BlockingPool, PoolConfig};
 use crate::discovery::kubernetes::KubernetesDiscovery;
 use crate::discovery::static_file::StaticDiscovery;
 use crate::health::HealthTask;
+use crate::listener::{ListenerConfig, ListenerMetrics};
 use crate::metrics::RouterMetrics;
 use crate::pick::UpkeepTask;
 use crate::readiness::Phase;
@@ -150,9 +162,80 @@ pub struct Args {
     /// series are dropped.
     #[arg(long, env = "KVROUTE_ROUTER_RETIRE_AFTER_S", default_value_t = 30.0)]
     pub retire_after_s: f64,
-    /// Largest request body accepted (HTTP 413 / gRPC RESOURCE_EXHAUSTED above).
-    #[arg(long, env = "KVROUTE_ROUTER_MAX_BODY_BYTES", default_value_t = 16 << 20)]
+    /// Largest request body accepted (HTTP 413 / gRPC RESOURCE_EXHAUSTED above). A body
+    /// that declares a larger length is refused before any of it is read.
+    #[arg(long, env = "KVROUTE_ROUTER_MAX_BODY_BYTES", default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
+    /// Terminate TLS on the HTTP gateway with `DIR/tls.crt` and `DIR/tls.key` (a mounted
+    /// `kubernetes.io/tls` Secret; re-read when they change). HTTP/1.1 and h2 (ALPN).
+    #[arg(long, env = "KVROUTE_ROUTER_GATEWAY_TLS_DIR")]
+    pub gateway_tls_dir: Option<PathBuf>,
+    /// File holding the bearer token that non-loopback callers of the admin port's
+    /// `/debug/*` must send (re-read when it changes). Without it only loopback callers get
+    /// `/debug/*`. `/metrics`, `/healthz`, `/readyz` stay open.
+    #[arg(long, env = "KVROUTE_ROUTER_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Send `x-kvroute-worker` and `x-kvroute-predicted-ttft-ms` with gateway responses.
+    /// Off by default: they let any client probe which worker caches which prefix.
+    #[arg(long, env = "KVROUTE_ROUTER_EXPOSE_ROUTING_HEADERS")]
+    pub expose_routing_headers: bool,
+    /// Generation requests in flight in the gateway at most; more get 503 + Retry-After.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_MAX_CONCURRENT_REQUESTS",
+        default_value_t = 2048
+    )]
+    pub max_concurrent_requests: usize,
+    /// Generation requests in flight from one client address at most; more get 429 +
+    /// Retry-After (0: no per-client cap, the default, as clients behind a load balancer
+    /// share its address).
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_MAX_CONCURRENT_REQUESTS_PER_CLIENT",
+        default_value_t = 0
+    )]
+    pub max_concurrent_requests_per_client: usize,
+    /// Open gateway connections at most; more are answered 503 and closed at once.
+    #[arg(long, env = "KVROUTE_ROUTER_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Seconds for a TLS handshake and for each HTTP/1.1 request head (gateway and admin).
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_REQUEST_HEAD_TIMEOUT_S",
+        default_value_t = 10.0
+    )]
+    pub request_head_timeout_s: f64,
+    /// Seconds for a request body to arrive, from the request's start (408 after).
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_REQUEST_BODY_TIMEOUT_S",
+        default_value_t = 30.0
+    )]
+    pub request_body_timeout_s: f64,
+    /// Seconds a connection may stay open with no request in flight.
+    #[arg(long, env = "KVROUTE_ROUTER_IDLE_TIMEOUT_S", default_value_t = 120.0)]
+    pub idle_timeout_s: f64,
+    /// Requests served on one connection before it is closed gracefully (0: no cap).
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_MAX_REQUESTS_PER_CONNECTION",
+        default_value_t = 10_000
+    )]
+    pub max_requests_per_connection: u64,
+    /// Concurrent HTTP/2 streams per gateway connection.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_MAX_CONCURRENT_STREAMS",
+        default_value_t = 128
+    )]
+    pub max_concurrent_streams: u32,
+    /// Threads deciding routes (tokenizing prompts) for the gateway, the Picker and
+    /// explain (0: one per CPU).
+    #[arg(long, env = "KVROUTE_ROUTER_DECISION_THREADS", default_value_t = 0)]
+    pub decision_threads: usize,
+    /// Decisions waiting for a thread at most; more are shed (HTTP 503, gRPC UNAVAILABLE).
+    #[arg(long, env = "KVROUTE_ROUTER_DECISION_QUEUE", default_value_t = 256)]
+    pub decision_queue: usize,
     /// Also route to workers only a sidecar reports (not listed by discovery).
     #[arg(long, env = "KVROUTE_ROUTER_ROUTE_UNLISTED")]
     pub route_unlisted: bool,
@@ -223,7 +306,20 @@ impl Default for Args {
             assignment_ttl_s: 600.0,
             stale_after_s: 10.0,
             retire_after_s: 30.0,
-            max_body_bytes: 16 << 20,
+            max_body_bytes: 8 << 20,
+            gateway_tls_dir: None,
+            admin_token_file: None,
+            expose_routing_headers: false,
+            max_concurrent_requests: 2048,
+            max_concurrent_requests_per_client: 0,
+            max_connections: 4096,
+            request_head_timeout_s: 10.0,
+            request_body_timeout_s: 30.0,
+            idle_timeout_s: 120.0,
+            max_requests_per_connection: 10_000,
+            max_concurrent_streams: 128,
+            decision_threads: 0,
+            decision_queue: 256,
             route_unlisted: false,
             max_retries: 2,
             upstream_connect_timeout_s: 2.0,
@@ -321,8 +417,19 @@ pub struct Server {
     discovery: Discovery,
     tokenizer_loader: TokenizerLoader,
     gateway: gateway::GatewayConfig,
+    gateway_tls: Option<(listener::tls::Acceptor, listener::tls::Reloader)>,
+    /// Limits of the gateway and the admin listener.
+    listeners: (ListenerConfig, ListenerConfig),
+    listener_metrics: ListenerMetrics,
+    admin_auth: AdminAuth,
+    pool: BlockingPool,
     grace: Duration,
 }
+
+/// How often `--gateway-tls-dir` is checked for a new certificate.
+const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
+/// Open admin connections at most (probes, scrapes and operators need few).
+const ADMIN_MAX_CONNECTIONS: usize = 256;
 
 impl Server {
     /// Builds the state, binds the listeners and loads discovery (a bad config file or an
@@ -349,6 +456,19 @@ impl Server {
             stale_after_s,
             retire_after_s,
             max_body_bytes,
+            gateway_tls_dir,
+            admin_token_file,
+            expose_routing_headers,
+            max_concurrent_requests,
+            max_concurrent_requests_per_client,
+            max_connections,
+            request_head_timeout_s,
+            request_body_timeout_s,
+            idle_timeout_s,
+            max_requests_per_connection,
+            max_concurrent_streams,
+            decision_threads,
+            decision_queue,
             route_unlisted,
             max_retries,
             upstream_connect_timeout_s,
@@ -382,7 +502,37 @@ impl Server {
             drain_delay: secs("drain-delay-s", drain_delay_s)?,
         };
         let metrics = RouterMetrics::register(&prometheus::Registry::new())?;
+        let registry = metrics.registry().clone();
         let state = RouterState::new(router_config, metrics)?;
+        let pool = BlockingPool::new(PoolConfig::new(decision_threads, decision_queue), &registry)?;
+        let listener_metrics = ListenerMetrics::register(&registry)?;
+        let admin_auth = AdminAuth::new(admin_token_file, &registry)?;
+        let gateway_tls = gateway_tls_dir
+            .map(|dir| listener::tls::load(&dir, TLS_RELOAD_INTERVAL, &registry))
+            .transpose()
+            .context("--gateway-tls-dir")?;
+        let head_timeout = secs("request-head-timeout-s", request_head_timeout_s)?;
+        let body_timeout = secs("request-body-timeout-s", request_body_timeout_s)?;
+        let idle_timeout = secs("idle-timeout-s", idle_timeout_s)?;
+        if max_connections == 0 || max_concurrent_requests == 0 || max_concurrent_streams == 0 {
+            bail!(
+                "--max-connections, --max-concurrent-requests and --max-concurrent-streams must be at least 1"
+            );
+        }
+        let gateway_listener = ListenerConfig {
+            name: "gateway",
+            max_connections,
+            head_timeout,
+            body_timeout,
+            idle_timeout,
+            max_requests_per_connection,
+            max_concurrent_streams,
+        };
+        let admin_listener = ListenerConfig {
+            name: "admin",
+            max_connections: ADMIN_MAX_CONNECTIONS,
+            ..gateway_listener.clone()
+        };
         // Before discovery publishes its first plan.
         state.tokenizers().set_fetch_hub(tokenizer_fetch);
         let tokenizer_loader = TokenizerLoader::new(
@@ -419,6 +569,14 @@ impl Server {
                 read_timeout: secs("upstream-read-timeout-s", upstream_read_timeout_s)?,
                 ..gateway::UpstreamConfig::default()
             },
+            expose_routing_headers,
+            admission: gateway::AdmissionConfig {
+                max_concurrent_requests,
+                max_concurrent_requests_per_client,
+            },
+            body_timeout,
+            pool: pool.clone(),
+            metrics: listener_metrics.clone(),
         };
         Ok(Self {
             http: bind(http_addr, "--http-addr").await?,
@@ -429,6 +587,11 @@ impl Server {
             discovery,
             tokenizer_loader,
             gateway,
+            gateway_tls,
+            listeners: (gateway_listener, admin_listener),
+            listener_metrics,
+            admin_auth,
+            pool,
             grace: secs("shutdown-grace-s", shutdown_grace_s)?,
         })
     }
@@ -463,6 +626,11 @@ impl Server {
             discovery,
             tokenizer_loader,
             gateway,
+            gateway_tls,
+            listeners: (gateway_listener, admin_listener),
+            listener_metrics,
+            admin_auth,
+            pool,
             grace,
         } = self;
         let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
@@ -487,42 +655,75 @@ impl Server {
             }
             .instrument(tracing::info_span!("health")),
         );
-        let grpc_server = grpc::serve(grpc, grpc_tls, state.clone(), health_service, close.clone());
+        let grpc_server = grpc::serve(
+            grpc,
+            grpc_tls,
+            state.clone(),
+            pool.clone(),
+            health_service,
+            close.clone(),
+        );
         tasks.spawn(
             async move { ("grpc", grpc_server.await) }.instrument(tracing::info_span!("grpc")),
         );
 
         let dispatch: Arc<dyn gateway::Dispatch> = Arc::new(state.clone());
         let gw = gateway::router_with(dispatch, gateway).context("build the HTTP gateway")?;
-        let stop = close.clone();
+        let (tls, reloader) = gateway_tls.unzip();
+        if let Some(reloader) = reloader {
+            let stop = close.clone();
+            tasks.spawn(
+                async move {
+                    reloader.run(stop).await;
+                    ("gateway-tls", Ok(()))
+                }
+                .instrument(tracing::info_span!("gateway-tls")),
+            );
+        }
+        // TCP_NODELAY is set on every accepted connection: SSE writes are small; with
+        // Nagle's algorithm each token waits for the previous segment's ACK (measured: routed
+        // p99 TTFT 47 ms -> 0.4 ms).
+        let (stop, m) = (close.clone(), listener_metrics.clone());
         tasks.spawn(
             async move {
-                // TCP_NODELAY: SSE writes are small; with Nagle's algorithm each token waits
-                // for the previous segment's ACK (measured: routed p99 TTFT 47 ms -> 0.4 ms).
-                let http = axum::serve::ListenerExt::tap_io(http, |tcp| {
-                    if let Err(e) = tcp.set_nodelay(true) {
-                        tracing::debug!(error = %e, "TCP_NODELAY not set");
-                    }
-                });
-                let r = axum::serve(http, gw)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await;
+                let r = listener::serve(http, gw, gateway_listener, tls, m, stop).await;
                 ("http", r.context("HTTP gateway"))
             }
             .instrument(tracing::info_span!("http")),
         );
 
-        let admin_router = admin::router(state.clone());
-        let stop = close.clone();
-        tasks.spawn(
-            async move {
-                let r = axum::serve(admin, admin_router)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await;
-                ("admin", r.context("admin server"))
-            }
-            .instrument(tracing::info_span!("admin")),
-        );
+        // The admin port runs on a thread and runtime of its own: kubelet probes and scrapes
+        // must not wait behind a flood of gateway connections on the shared workers.
+        let admin_router = admin::router(state.clone(), admin_auth, pool);
+        let admin = admin.into_std().context("admin listener")?;
+        let (stop, m) = (close.clone(), listener_metrics);
+        let (admin_done, admin_ended) = tokio::sync::oneshot::channel();
+        let span = tracing::info_span!("admin");
+        std::thread::Builder::new()
+            .name("kvroute-admin".into())
+            .spawn(move || {
+                let _entered = span.enter();
+                let served = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .context("admin runtime")
+                    .and_then(|rt| {
+                        rt.block_on(async move {
+                            let admin = TcpListener::from_std(admin)?;
+                            listener::serve(admin, admin_router, admin_listener, None, m, stop)
+                                .await
+                        })
+                        .context("admin server")
+                    });
+                let _ = admin_done.send(served);
+            })
+            .context("start the admin thread")?;
+        tasks.spawn(async move {
+            let ended = admin_ended
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the admin thread died")));
+            ("admin", ended)
+        });
 
         let stop = close.clone();
         let upkeep = UpkeepTask::new(state.clone());

@@ -13,7 +13,8 @@
 //! embedded gateway does; other paths are routed on load alone (degraded, and said so). When
 //! the model is an alias, the response carries the body with `model` rewritten to the backend
 //! model. Errors: bad JSON or no `model` -> `INVALID_ARGUMENT`; unknown model -> `NOT_FOUND`;
-//! no routable worker -> `UNAVAILABLE`.
+//! no routable worker, or the decision pool full -> `UNAVAILABLE`. Decisions (JSON parsing,
+//! tokenizing) run on the bounded [`BlockingPool`], never on the async threads.
 //!
 //! Decision ids are 128 random bits (32 hex characters), bound to the caller's identity
 //! ([`crate::auth`]; `anonymous` on a plaintext listener). A report with an id that is
@@ -35,20 +36,29 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Caller, PickRefused, authorize_pick};
+use crate::blocking_pool::{BlockingPool, Caller as PoolCaller, PoolError};
 use crate::routing::AssignmentId;
-use crate::state::{BodyKind, DecisionId, PickError, PickInput, RouterState, TicketError, Usage};
+use crate::state::{
+    BodyKind, DecisionId, PickError, PickInput, Picked, RouterState, TicketError, Usage,
+};
 
 /// The tonic Picker service.
 #[derive(Clone)]
 pub struct PickerService {
     state: RouterState,
+    pool: BlockingPool,
     tls: bool,
 }
 
 impl PickerService {
-    /// A service routing with `state`, for anonymous callers (plaintext listener).
-    pub fn new(state: RouterState) -> Self {
-        Self { state, tls: false }
+    /// A service routing with `state`, deciding on `pool`, for anonymous callers (plaintext
+    /// listener until [`PickerService::tls`]).
+    pub fn new(state: RouterState, pool: BlockingPool) -> Self {
+        Self {
+            state,
+            pool,
+            tls: false,
+        }
     }
 
     /// Served behind TLS (`--grpc-tls-dir`): callers are authenticated by certificate.
@@ -120,6 +130,88 @@ fn pick_status(e: &PickError) -> Status {
     }
 }
 
+/// A decision the caller has not received yet: aborted if the call is cancelled meanwhile
+/// (dropped with the finished job), so nothing waits for the TTL.
+struct Unsent {
+    state: RouterState,
+    picked: Option<Picked>,
+}
+
+impl Unsent {
+    fn send(mut self) -> Option<Picked> {
+        self.picked.take()
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if let Some(p) = self.picked.take() {
+            self.state.abort(p.assignment, "pick call cancelled");
+        }
+    }
+}
+
+/// Why a decision was not made: a plain status, or a refusal of the caller (counted by the
+/// service).
+enum NotDecided {
+    Status(Status),
+    Refused(PickRefused),
+}
+
+impl From<Status> for NotDecided {
+    fn from(s: Status) -> Self {
+        NotDecided::Status(s)
+    }
+}
+
+/// Parses a Pick body, checks the caller against the model's pool and decides (on the
+/// decision pool).
+fn decide(
+    state: &RouterState,
+    caller: &Caller,
+    req: PickRequest,
+) -> Result<(Unsent, Option<Vec<u8>>), NotDecided> {
+    let mut body: Value = serde_json::from_slice(&req.body)
+        .map_err(|e| Status::invalid_argument(format!("body is not JSON: {e}")))?;
+    let Some(model) = body.get("model").and_then(Value::as_str).map(str::to_owned) else {
+        return Err(Status::invalid_argument("body has no string `model`").into());
+    };
+    let headers = headers_of(&req.headers);
+    let kind = BodyKind::of(&req.path, &body);
+    let empty = serde_json::Map::new();
+    let mut input = PickInput::from_body(
+        &model,
+        kind,
+        body.as_object().unwrap_or(&empty),
+        Some(&headers),
+        &[],
+    );
+    // Resolved here (not in `pick`) so the caller can be checked against the model's pool.
+    let resolved = state.resolve_model(&model);
+    let pool = resolved.as_ref().and_then(|r| r.pool.as_deref());
+    authorize_pick(caller, &model, pool).map_err(NotDecided::Refused)?;
+    if let Some(r) = &resolved {
+        input.resolved = Some(r);
+    }
+    let a = state
+        .pick(&input, Instant::now())
+        .map_err(|e| pick_status(&e))?;
+    let rewritten_body = if a.backend_model != model {
+        if let Some(obj) = body.as_object_mut() {
+            obj.insert("model".into(), Value::String(a.backend_model.clone()));
+        }
+        // Serializing a Value cannot fail.
+        Some(serde_json::to_vec(&body).unwrap_or_default())
+    } else {
+        None
+    };
+    let unsent = Unsent {
+        state: state.clone(),
+        picked: Some(a),
+    };
+    Ok((unsent, rewritten_body))
+}
+
 #[tonic::async_trait]
 impl Picker for PickerService {
     async fn pick(&self, request: Request<PickRequest>) -> Result<Response<PickResponse>, Status> {
@@ -128,47 +220,31 @@ impl Picker for PickerService {
         if req.body.len() > self.state.config().max_body_bytes {
             return Err(Status::resource_exhausted("body over --max-body-bytes"));
         }
-        let mut body: Value = serde_json::from_slice(&req.body)
-            .map_err(|e| Status::invalid_argument(format!("body is not JSON: {e}")))?;
-        let Some(model) = body.get("model").and_then(Value::as_str).map(str::to_owned) else {
-            return Err(Status::invalid_argument("body has no string `model`"));
+        let state = self.state.clone();
+        let who = caller.clone();
+        let decided = self
+            .pool
+            .run(PoolCaller::Picker, move || decide(&state, &who, req))
+            .await;
+        let (unsent, rewritten_body) = match decided {
+            Ok(Ok(r)) => r,
+            Ok(Err(NotDecided::Status(s))) => return Err(s),
+            Ok(Err(NotDecided::Refused(r))) => return Err(self.refuse(r)),
+            Err(PoolError::Full) => {
+                return Err(Status::unavailable(
+                    "the router is busy routing other requests; retry later",
+                ));
+            }
+            Err(PoolError::Panicked) => return Err(Status::internal("internal error")),
         };
-        let headers = headers_of(&req.headers);
-        let kind = BodyKind::of(&req.path, &body);
-        let empty = serde_json::Map::new();
-        let mut input = PickInput::from_body(
-            &model,
-            kind,
-            body.as_object().unwrap_or(&empty),
-            Some(&headers),
-            &[],
-        );
-        // Resolved here (not in `pick`) so the caller can be checked against the model's pool.
-        let resolved = self.state.resolve_model(&model);
-        if let Some(r) = &resolved {
-            authorize_pick(&caller, &model, r.pool.as_deref()).map_err(|e| self.refuse(e))?;
-            input.resolved = Some(r);
-        } else {
-            authorize_pick(&caller, &model, None).map_err(|e| self.refuse(e))?;
-        }
-        let a = self
-            .state
-            .pick(&input, Instant::now())
-            .map_err(|e| pick_status(&e))?;
+        let Some(a) = unsent.send() else {
+            return Err(Status::internal("internal error"));
+        };
         let Some(decision_id) = self.state.issue_decision_id(a.assignment, caller.owner()) else {
             // Released between the pick and now (expiry): nothing to report against.
             return Err(Status::unavailable(
                 "the assignment ended before it could be returned",
             ));
-        };
-        let rewritten_body = if a.backend_model != model {
-            if let Some(obj) = body.as_object_mut() {
-                obj.insert("model".into(), Value::String(a.backend_model.clone()));
-            }
-            // Serializing a Value cannot fail.
-            Some(serde_json::to_vec(&body).unwrap_or_default())
-        } else {
-            None
         };
         Ok(Response::new(PickResponse {
             decision_id: decision_id.to_string(),

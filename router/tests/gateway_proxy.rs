@@ -15,15 +15,18 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures::StreamExt;
+use kvroute_router::gateway::AdmissionConfig;
 use kvroute_router::gateway::openai::Usage;
 use kvroute_router::gateway::{
     Dispatch, GatewayConfig, GatewayRequest, PREDICTED_TTFT_HEADER, PickError, Picked, Resolved,
     WORKER_HEADER, router_with,
 };
+use kvroute_router::listener::{ListenerConfig, ListenerMetrics, Refusal};
 use kvroute_router::routing::AssignmentId;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 const DEADLINE: Duration = Duration::from_secs(10);
 
@@ -39,7 +42,25 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Serves `app` as the router does (kvroute_router::listener, default limits).
 async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(kvroute_router::listener::serve(
+        listener,
+        app,
+        ListenerConfig::defaults("gateway"),
+        None,
+        ListenerMetrics::unregistered().expect("metrics"),
+        CancellationToken::new(),
+    ));
+    addr
+}
+
+/// A worker for the fake upstream (started on worker, a listener of its own).
+async fn serve_worker(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -148,7 +169,7 @@ async fn start_worker(w: Worker) -> SocketAddr {
         .route("/v1/chat/completions", post(worker_chat))
         .route("/v1/completions", post(worker_chat))
         .with_state(w);
-    serve(app).await
+    serve_worker(app).await
 }
 
 // ---------------------------------------------------------------- fake router
@@ -261,13 +282,17 @@ async fn gateway(workers: Vec<(String, String)>, cfg: GatewayConfig) -> Setup {
     }
 }
 
+/// The routing headers on: these tests check the decision they carry.
+fn exposing() -> GatewayConfig {
+    GatewayConfig {
+        expose_routing_headers: true,
+        ..GatewayConfig::default()
+    }
+}
+
 async fn one_worker(w: Worker) -> Setup {
     let addr = start_worker(w).await;
-    gateway(
-        vec![("w0".into(), format!("http://{addr}"))],
-        GatewayConfig::default(),
-    )
-    .await
+    gateway(vec![("w0".into(), format!("http://{addr}"))], exposing()).await
 }
 
 fn chat_body(stream: bool) -> Value {
@@ -764,7 +789,7 @@ async fn requests_that_never_started_are_retried_on_another_worker() {
         ("busy".to_string(), format!("http://{busy_addr}")),
         ("good".to_string(), format!("http://{good_addr}")),
     ];
-    let s = gateway(workers.clone(), GatewayConfig::default()).await;
+    let s = gateway(workers.clone(), exposing()).await;
     let resp = s
         .client
         .post(format!("{}/v1/chat/completions", s.base))
@@ -822,4 +847,218 @@ async fn requests_that_never_started_are_retried_on_another_worker() {
         (502, Some("upstream_error"))
     );
     assert_eq!(s.router.ledger.lock().picks, ["d1", "d2"]);
+}
+
+// ---------------------------------------------------------------- admission
+
+#[tokio::test]
+async fn routing_headers_are_off_by_default() {
+    let addr = start_worker(Worker::default()).await;
+    let s = gateway(
+        vec![("w0".into(), format!("http://{addr}"))],
+        GatewayConfig::default(),
+    )
+    .await;
+    let resp = s
+        .client
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&chat_body(false))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get(WORKER_HEADER).is_none());
+    assert!(resp.headers().get(PREDICTED_TTFT_HEADER).is_none());
+}
+
+fn anthropic_body() -> Value {
+    json!({"model": "alias", "max_tokens": 3,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+}
+
+/// Starts a streaming request and reads its first event: it then holds its admission
+/// ticket until the worker's gate lets the rest through.
+async fn hold_a_stream(s: &Setup) -> impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> {
+    let resp = s
+        .client
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&chat_body(true))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let first = tokio::time::timeout(DEADLINE, stream.next())
+        .await
+        .expect("first event in time");
+    assert!(first.is_some());
+    stream
+}
+
+#[tokio::test]
+async fn over_the_concurrency_limit_requests_are_shed_with_retry_after() {
+    let worker = Worker::default();
+    let addr = start_worker(worker.clone()).await;
+    let metrics = ListenerMetrics::unregistered().expect("metrics");
+    let cfg = GatewayConfig {
+        admission: AdmissionConfig {
+            max_concurrent_requests: 1,
+            max_concurrent_requests_per_client: 0,
+        },
+        metrics: metrics.clone(),
+        ..GatewayConfig::default()
+    };
+    let s = gateway(vec![("w0".into(), format!("http://{addr}"))], cfg).await;
+    let mut held = hold_a_stream(&s).await;
+
+    let resp = s
+        .client
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&chat_body(false))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["error"]["code"], "overloaded");
+    assert_eq!(v["error"]["type"], "service_unavailable_error");
+
+    let resp = s
+        .client
+        .post(format!("{}/v1/messages", s.base))
+        .json(&anthropic_body())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(
+        (v["type"].as_str(), v["error"]["type"].as_str()),
+        (Some("error"), Some("overloaded_error"))
+    );
+    // Listing models is not a generation: never shed.
+    let models = s
+        .client
+        .get(format!("{}/v1/models", s.base))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(models.status(), 200);
+    assert_eq!(metrics.refused("gateway", Refusal::ConcurrencyLimit), 2);
+    // Shed requests never reached the router.
+    assert_eq!(s.router.ledger.lock().in_flight.len(), 1);
+
+    // The place frees when the held stream's body ends.
+    worker.gate.add_permits(CHUNKS.len());
+    while tokio::time::timeout(DEADLINE, held.next())
+        .await
+        .expect("stream ends in time")
+        .is_some()
+    {}
+    let end = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let resp = s
+            .client
+            .post(format!("{}/v1/chat/completions", s.base))
+            .json(&chat_body(false))
+            .send()
+            .await
+            .expect("send");
+        if resp.status() == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the place was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_over_its_own_limit_gets_429() {
+    let worker = Worker::default();
+    let addr = start_worker(worker.clone()).await;
+    let metrics = ListenerMetrics::unregistered().expect("metrics");
+    let cfg = GatewayConfig {
+        admission: AdmissionConfig {
+            max_concurrent_requests: 100,
+            max_concurrent_requests_per_client: 1,
+        },
+        metrics: metrics.clone(),
+        ..GatewayConfig::default()
+    };
+    let s = gateway(vec![("w0".into(), format!("http://{addr}"))], cfg).await;
+    let _held = hold_a_stream(&s).await;
+    let resp = s
+        .client
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&chat_body(false))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 429);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(
+        metrics.refused("gateway", Refusal::ClientConcurrencyLimit),
+        1
+    );
+    assert_eq!(metrics.refused("gateway", Refusal::ConcurrencyLimit), 0);
+    worker.gate.add_permits(CHUNKS.len());
+}
+
+#[tokio::test]
+async fn a_full_decision_pool_sheds_with_503() {
+    use kvroute_router::blocking_pool::{BlockingPool, Caller, PoolConfig};
+    let pool = BlockingPool::unregistered(PoolConfig::new(1, 0)).expect("pool");
+    let metrics = ListenerMetrics::unregistered().expect("metrics");
+    let addr = start_worker(Worker::default()).await;
+    let cfg = GatewayConfig {
+        pool: pool.clone(),
+        metrics: metrics.clone(),
+        ..GatewayConfig::default()
+    };
+    let s = gateway(vec![("w0".into(), format!("http://{addr}"))], cfg).await;
+    // Another caller (an explain, say) holds the pool's only thread.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (started, running) = tokio::sync::oneshot::channel();
+    let busy = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            pool.run(Caller::Explain, move || {
+                let _ = started.send(());
+                let _ = released.recv_timeout(DEADLINE);
+            })
+            .await
+        }
+    });
+    tokio::time::timeout(DEADLINE, running)
+        .await
+        .expect("in time")
+        .expect("started");
+    let (got, v) = post_raw(&s, "/v1/chat/completions", chat_body(false).to_string()).await;
+    assert_eq!(
+        (got, v["error"]["code"].as_str()),
+        (503, Some("overloaded"))
+    );
+    let resp = s
+        .client
+        .post(format!("{}/v1/messages", s.base))
+        .json(&anthropic_body())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    assert_eq!(metrics.refused("gateway", Refusal::DecisionPoolFull), 2);
+    assert_eq!(pool.shed(Caller::Gateway), 2);
+    assert!(s.router.ledger.lock().picks.is_empty());
+    release.send(()).expect("release");
+    busy.await.expect("join").expect("ran");
+    let (got, _) = post_raw(&s, "/v1/chat/completions", chat_body(false).to_string()).await;
+    assert_eq!(got, 200);
 }

@@ -246,7 +246,16 @@ fn chat_input(body: &serde_json::Map<String, serde_json::Value>) -> PickInput<'_
 async fn get(app: &Router, uri: &str) -> (StatusCode, String) {
     let resp = app
         .clone()
-        .oneshot(Request::get(uri).body(Body::empty()).expect("request"))
+        .oneshot(
+            Request::get(uri)
+                // As from `kubectl port-forward`: `/debug/*` answers loopback callers.
+                .extension(axum::extract::ConnectInfo(std::net::SocketAddr::from((
+                    [127, 0, 0, 1],
+                    1,
+                ))))
+                .body(Body::empty())
+                .expect("request"),
+        )
         .await
         .expect("response");
     let status = resp.status();
@@ -274,7 +283,7 @@ async fn the_router_refuses_until_the_tokenizer_loads_then_routes_with_tokens() 
     let state = router_state();
     state.tokenizers().set_fetch_hub(true);
     add_worker(&state, "qwen3");
-    let admin = kvroute_router::admin::router(state.clone());
+    let admin = admin_router(&state);
     let gateway = kvroute_router::gateway::router_with(
         Arc::new(state.clone()),
         kvroute_router::gateway::GatewayConfig::default(),
@@ -457,7 +466,19 @@ async fn a_load_only_pool_routes_without_the_tokenizer() {
         .expect("load-only routing");
     assert!(d.degraded);
     assert_eq!(d.degraded_reason.as_deref(), Some("no_tokenizer"));
-    let admin = kvroute_router::admin::router(state.clone());
+    let admin = admin_router(&state);
     let (status, _) = get(&admin, "/readyz").await;
     assert_eq!(status, StatusCode::OK);
+}
+
+/// The admin routes as the router builds them (loopback-only `/debug/*`, default pool).
+fn admin_router(state: &kvroute_router::state::RouterState) -> axum::Router {
+    kvroute_router::admin::router(
+        state.clone(),
+        kvroute_router::admin_token::AdminAuth::unregistered(None).expect("auth"),
+        kvroute_router::blocking_pool::BlockingPool::unregistered(
+            kvroute_router::blocking_pool::PoolConfig::new(1, 16),
+        )
+        .expect("pool"),
+    )
 }

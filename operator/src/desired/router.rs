@@ -624,4 +624,24 @@ mod tests {
             Some("kvroute-system")
         );
     }
+
+    #[test]
+    fn the_router_keeps_its_routing_headers_to_itself() {
+        // x-kvroute-worker and the predicted TTFT tell any client which worker caches which
+        // prefix: the operator's router never turns them on (issue 14).
+        let o = desired_router(&cfg(""), &TokenizerMounts::default());
+        let pod = o.deployment.spec.expect("spec").template.spec.expect("pod");
+        let c = &pod.containers[0];
+        let env = c.env.clone().unwrap_or_default();
+        assert!(
+            env.iter()
+                .all(|e| e.name != "KVROUTE_ROUTER_EXPOSE_ROUTING_HEADERS"),
+            "{env:?}"
+        );
+        let args = c.args.clone().unwrap_or_default();
+        assert!(
+            args.iter().all(|a| !a.contains("expose-routing-headers")),
+            "{args:?}"
+        );
+    }
 }

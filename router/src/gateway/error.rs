@@ -1,7 +1,8 @@
 //! Gateway errors and their two client-facing shapes (pure: no HTTP types).
 //!
 //! ```text
-//! GatewayError --status()--------> 400 | 404 | 413 | 502 | 503 | 504
+//! GatewayError --status()--------> 400 | 404 | 408 | 413 | 429 | 502 | 503 | 504
+//!              --retry_after()----> seconds, for the refusals of admission control
 //!              --openai_body()----> {"error":{"message","type","param","code"}}
 //!              --anthropic_body()-> {"type":"error","error":{"type","message"}}
 //! ```
@@ -56,6 +57,21 @@ pub enum GatewayError {
     /// The worker did not answer in time.
     #[error("the upstream worker timed out")]
     UpstreamTimeout,
+    /// The body did not arrive within `--request-body-timeout-s`.
+    #[error("the request body did not arrive within {limit_s} seconds")]
+    BodyTimeout {
+        /// The configured deadline, seconds.
+        limit_s: u64,
+    },
+    /// The router has `--max-concurrent-requests` in flight: it sheds the request.
+    #[error("the router is at its limit of concurrent requests; retry later")]
+    Overloaded,
+    /// This client has `--max-concurrent-requests-per-client` in flight.
+    #[error("too many concurrent requests from this client; retry later")]
+    ClientOverloaded,
+    /// Every thread of the routing decision pool is busy and its queue is full.
+    #[error("the router is busy routing other requests; retry later")]
+    DecisionPoolFull,
     /// A bug on our side (e.g. the routing decision panicked); details are only logged.
     #[error("internal error")]
     Internal,
@@ -67,9 +83,14 @@ impl GatewayError {
         match self {
             Self::MalformedJson(_) | Self::MissingField(_) | Self::InvalidField { .. } => 400,
             Self::UnknownModel(_) => 404,
+            Self::BodyTimeout { .. } => 408,
             Self::BodyTooLarge { .. } => 413,
+            Self::ClientOverloaded => 429,
             Self::Upstream(_) => 502,
-            Self::NoReadyWorker(_) | Self::TokenizerNotReady { .. } => 503,
+            Self::NoReadyWorker(_)
+            | Self::TokenizerNotReady { .. }
+            | Self::Overloaded
+            | Self::DecisionPoolFull => 503,
             Self::UpstreamTimeout => 504,
             Self::Internal => 500,
         }
@@ -87,7 +108,19 @@ impl GatewayError {
             Self::TokenizerNotReady { .. } => "tokenizer_not_ready",
             Self::Upstream(_) => "upstream_error",
             Self::UpstreamTimeout => "upstream_timeout",
+            Self::BodyTimeout { .. } => "body_timeout",
+            Self::Overloaded => "overloaded",
+            Self::ClientOverloaded => "client_overloaded",
+            Self::DecisionPoolFull => "decision_pool_full",
             Self::Internal => "internal",
+        }
+    }
+
+    /// Seconds a client should wait before retrying (`Retry-After`), for load shedding.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::Overloaded | Self::ClientOverloaded | Self::DecisionPoolFull => Some(1),
+            _ => None,
         }
     }
 
@@ -102,7 +135,8 @@ impl GatewayError {
 
     fn openai_type(&self) -> &'static str {
         match self.status() {
-            400 | 404 | 413 => "invalid_request_error",
+            400 | 404 | 408 | 413 => "invalid_request_error",
+            429 => "rate_limit_error",
             503 => "service_unavailable_error",
             _ => "server_error",
         }
@@ -119,6 +153,9 @@ impl GatewayError {
             Self::InvalidField { .. } => Value::from("invalid_value"),
             Self::Upstream(_) => Value::from("upstream_error"),
             Self::UpstreamTimeout => Value::from("upstream_timeout"),
+            Self::BodyTimeout { .. } => Value::from("request_timeout"),
+            Self::Overloaded | Self::DecisionPoolFull => Value::from("overloaded"),
+            Self::ClientOverloaded => Value::from("rate_limit_exceeded"),
             Self::Internal => Value::from("internal_error"),
         }
     }
@@ -142,7 +179,7 @@ impl GatewayError {
 /// The Anthropic error type for an HTTP status (also used for worker errors passed through).
 pub fn anthropic_error_type(status: u16) -> &'static str {
     match status {
-        400 | 422 => "invalid_request_error",
+        400 | 408 | 422 => "invalid_request_error",
         401 => "authentication_error",
         403 => "permission_error",
         404 => "not_found_error",
@@ -207,6 +244,10 @@ mod tests {
             ),
             (GatewayError::UpstreamTimeout, 504),
             (GatewayError::Internal, 500),
+            (GatewayError::BodyTimeout { limit_s: 30 }, 408),
+            (GatewayError::ClientOverloaded, 429),
+            (GatewayError::Overloaded, 503),
+            (GatewayError::DecisionPoolFull, 503),
         ];
         for (e, status) in cases {
             assert_eq!(e.status(), status, "{e:?}");
@@ -267,6 +308,39 @@ mod tests {
         assert_eq!(
             GatewayError::Upstream("x".into()).anthropic_body()["error"]["type"],
             "api_error"
+        );
+    }
+
+    #[test]
+    fn shedding_says_when_to_retry_in_both_shapes() {
+        for e in [
+            GatewayError::Overloaded,
+            GatewayError::ClientOverloaded,
+            GatewayError::DecisionPoolFull,
+        ] {
+            assert_eq!(e.retry_after(), Some(1), "{e:?}");
+        }
+        assert_eq!(GatewayError::NoReadyWorker("m".into()).retry_after(), None);
+        assert_eq!(
+            GatewayError::ClientOverloaded.openai_body(),
+            json!({"error": {"message": "too many concurrent requests from this client; retry later",
+                "type": "rate_limit_error", "param": null, "code": "rate_limit_exceeded"}})
+        );
+        assert_eq!(
+            GatewayError::ClientOverloaded.anthropic_body()["error"]["type"],
+            "rate_limit_error"
+        );
+        assert_eq!(
+            GatewayError::Overloaded.openai_body()["error"]["code"],
+            "overloaded"
+        );
+        assert_eq!(
+            GatewayError::Overloaded.anthropic_body()["error"]["type"],
+            "overloaded_error"
+        );
+        assert_eq!(
+            GatewayError::BodyTimeout { limit_s: 30 }.anthropic_body()["error"]["type"],
+            "invalid_request_error"
         );
     }
 

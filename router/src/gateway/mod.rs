@@ -3,17 +3,22 @@
 //!
 //! ```text
 //!            +---------------- gateway ----------------------------------------------+
-//! client --> | proxy (axum): body limit, decode (openai | anthropic), resolve model     |
-//!            |   --Dispatch::pick--> Assignment guard --upstream (pooled reqwest)--> worker
+//! client --> | admission: in-flight caps (503 / 429 + Retry-After)                      |
+//!            | proxy (axum): body limit, decode (openai | anthropic), resolve model     |
+//!            |   --Dispatch::pick (decision pool)--> Assignment guard --upstream--> worker
 //!            |   <-- sse parser / translator, TTFT/ITL/usage --Dispatch::first_token/done|
 //!            +-----------------------------------------------------------------------+
 //! ```
 //!
 //! Wire formats live in their own pure modules ([`openai`], [`anthropic`], [`sse`], [`error`]);
-//! [`proxy`] is the only one that touches sockets. The router is reached through the
+//! [`proxy`] is the only one that touches sockets; connection limits and TLS are the
+//! listener's ([`crate::listener`]), request limits [`admission`]'s. The routing headers
+//! (`x-kvroute-worker`, `x-kvroute-predicted-ttft-ms`) are sent only with
+//! `--expose-routing-headers`: they tell any client which worker holds which prefix. The router is reached through the
 //! [`Dispatch`] trait, so the gateway can be tested against a fake router and the router can
 //! change its internals freely.
 
+pub mod admission;
 pub mod anthropic;
 pub mod dispatch;
 pub mod error;
@@ -23,16 +28,21 @@ pub mod sse;
 pub mod upstream;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
 
+use crate::blocking_pool::{BlockingPool, PoolConfig};
+use crate::listener::ListenerMetrics;
+
+pub use admission::AdmissionConfig;
 pub use dispatch::{AssignmentGuard, Dispatch, GatewayRequest, PickError, Picked, Resolved};
 pub use error::GatewayError;
 pub use proxy::{PREDICTED_TTFT_HEADER, WORKER_HEADER};
 pub use upstream::UpstreamConfig;
 
-/// Gateway settings (the router's `--max-body-bytes`, `--upstream-*` flags).
+/// Gateway settings (the router's `--max-body-bytes`, `--upstream-*`, admission flags).
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
     /// Largest request body accepted; larger ones get 413.
@@ -41,6 +51,17 @@ pub struct GatewayConfig {
     pub max_retries: u32,
     /// Upstream client timeouts and pool.
     pub upstream: UpstreamConfig,
+    /// Send `x-kvroute-worker` and `x-kvroute-predicted-ttft-ms` (off by default: they are a
+    /// cache-probing side channel).
+    pub expose_routing_headers: bool,
+    /// In-flight caps.
+    pub admission: AdmissionConfig,
+    /// The listener's body deadline (named in the 408 message).
+    pub body_timeout: Duration,
+    /// Where routing decisions run.
+    pub pool: BlockingPool,
+    /// Refusal counters (listener `gateway`).
+    pub metrics: ListenerMetrics,
 }
 
 impl Default for GatewayConfig {
@@ -49,6 +70,12 @@ impl Default for GatewayConfig {
             max_body_bytes: 8 << 20,
             max_retries: 2,
             upstream: UpstreamConfig::default(),
+            expose_routing_headers: false,
+            admission: AdmissionConfig::default(),
+            body_timeout: Duration::from_secs(30),
+            pool: BlockingPool::unregistered(PoolConfig::new(0, 256))
+                .expect("the pool's metric names are valid"),
+            metrics: ListenerMetrics::unregistered().expect("the metric names are valid"),
         }
     }
 }
@@ -64,11 +91,21 @@ pub fn router_with(
         upstream,
         max_body_bytes: cfg.max_body_bytes,
         max_retries: cfg.max_retries,
+        expose_routing_headers: cfg.expose_routing_headers,
+        admission: admission::Admission::new(cfg.admission, cfg.metrics.clone()),
+        body_timeout: cfg.body_timeout,
+        pool: cfg.pool,
+        metrics: cfg.metrics,
     };
-    Ok(Router::new()
+    let generation = Router::new()
         .route("/v1/chat/completions", post(proxy::chat_completions))
         .route("/v1/completions", post(proxy::completions))
         .route("/v1/messages", post(proxy::messages))
+        .route_layer(axum::middleware::from_fn_with_state(
+            gw.clone(),
+            proxy::admit,
+        ));
+    Ok(generation
         .route("/v1/models", get(proxy::models))
         // Clients and load generators (GuideLLM, OpenAI-compatible health checks) probe
         // `GET /health` on the API port, as vLLM serves it; the router answers while it runs.

@@ -9,22 +9,26 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
 
+use super::admission::{Admission, peer_ip};
 use super::anthropic::{self, StreamTranslator};
 use super::dispatch::{AssignmentGuard, Dispatch, GatewayRequest, PickError, Resolved};
 use super::error::{GatewayError, anthropic_from_upstream};
 use super::openai::{self, Endpoint, StreamItem, Usage};
 use super::sse::{SseEvent, SseParser};
 use super::upstream::{SendError, Upstream};
+use crate::blocking_pool::{BlockingPool, Caller, PoolError};
+use crate::listener::{Guarded, ListenerMetrics, Refusal, is_body_timeout};
 
 /// Response header naming the chosen worker.
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
@@ -38,6 +42,11 @@ pub(crate) struct Gateway {
     pub upstream: Upstream,
     pub max_body_bytes: usize,
     pub max_retries: u32,
+    pub expose_routing_headers: bool,
+    pub admission: Admission,
+    pub body_timeout: Duration,
+    pub pool: BlockingPool,
+    pub metrics: ListenerMetrics,
 }
 
 /// Which error shape the client understands.
@@ -67,34 +76,77 @@ fn error_response(flavor: Flavor, e: &GatewayError) -> Response {
         Flavor::OpenAi => e.openai_body(),
         Flavor::Anthropic => e.anthropic_body(),
     };
-    json_response(status, &body)
-}
-
-fn decision_headers(resp: &mut Response, a: &AssignmentGuard) {
-    DecisionHeaders::of(a).apply(resp);
-}
-
-/// Reads the request body, refusing more than `limit` bytes without buffering them.
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, GatewayError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(GatewayError::BodyTooLarge { limit });
+    let mut resp = json_response(status, &body);
+    if let Some(s) = e.retry_after() {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(s));
     }
-    let mut stream = body.into_data_stream();
-    let mut buf = BytesMut::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|_| {
-            GatewayError::MalformedJson("the request body could not be read".into())
-        })?;
-        if buf.len() + chunk.len() > limit {
-            return Err(GatewayError::BodyTooLarge { limit });
+    resp
+}
+
+/// Admission control in front of the generation handlers: a request that gets no ticket is
+/// answered at once, before its body is read; an admitted one holds its ticket until its
+/// response body ends.
+pub(crate) async fn admit(State(gw): State<Gateway>, req: Request, next: Next) -> Response {
+    let flavor = if req.uri().path() == "/v1/messages" {
+        Flavor::Anthropic
+    } else {
+        Flavor::OpenAi
+    };
+    match gw.admission.admit(peer_ip(req.extensions())) {
+        Err(e) => error_response(flavor, &e),
+        Ok(ticket) => {
+            let (parts, body) = next.run(req).await.into_parts();
+            Response::from_parts(
+                parts,
+                Body::new(Guarded {
+                    inner: body,
+                    _guard: ticket,
+                }),
+            )
         }
-        buf.extend_from_slice(&chunk);
     }
-    Ok(buf.freeze())
+}
+
+impl Gateway {
+    fn decision_headers(&self, resp: &mut Response, a: &AssignmentGuard) {
+        DecisionHeaders::of(a, self.expose_routing_headers).apply(resp);
+    }
+
+    /// Reads the request body, refusing more than `max_body_bytes` without buffering them
+    /// (a declared length over the limit is refused before a byte is read).
+    async fn read_body(&self, headers: &HeaderMap, body: Body) -> Result<Bytes, GatewayError> {
+        let limit = self.max_body_bytes;
+        let too_large = || {
+            self.metrics.refuse("gateway", Refusal::BodyTooLarge);
+            GatewayError::BodyTooLarge { limit }
+        };
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(too_large());
+        }
+        let mut stream = body.into_data_stream();
+        let mut buf = BytesMut::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                if is_body_timeout(&e) {
+                    GatewayError::BodyTimeout {
+                        limit_s: self.body_timeout.as_secs(),
+                    }
+                } else {
+                    GatewayError::MalformedJson("the request body could not be read".into())
+                }
+            })?;
+            if buf.len() + chunk.len() > limit {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(buf.freeze())
+    }
 }
 
 /// A forwarded request whose worker answered with headers.
@@ -135,12 +187,14 @@ impl Gateway {
         exclude: &[String],
     ) -> Result<AssignmentGuard, GatewayError> {
         let (dispatch, r, exclude) = (self.dispatch.clone(), route.clone(), exclude.to_vec());
-        let decided = tokio::task::spawn_blocking(move || {
-            dispatch
-                .pick(&r.request(), &exclude)
-                .map(|p| AssignmentGuard::new(dispatch.clone(), p))
-        })
-        .await;
+        let decided = self
+            .pool
+            .run(Caller::Gateway, move || {
+                dispatch
+                    .pick(&r.request(), &exclude)
+                    .map(|p| AssignmentGuard::new(dispatch.clone(), p))
+            })
+            .await;
         match decided {
             Ok(Ok(a)) => Ok(a),
             Ok(Err(PickError::UnknownModel(_))) => {
@@ -155,10 +209,11 @@ impl Gateway {
                     failed,
                 })
             }
-            Err(e) => {
-                tracing::error!(error = %e, "routing decision failed");
-                Err(GatewayError::Internal)
+            Err(PoolError::Full) => {
+                self.metrics.refuse("gateway", Refusal::DecisionPoolFull);
+                Err(GatewayError::DecisionPoolFull)
             }
+            Err(PoolError::Panicked) => Err(GatewayError::Internal),
         }
     }
 
@@ -241,7 +296,7 @@ impl Gateway {
             let e = GatewayError::Upstream(format!("the worker answered with status {status}"));
             error_response(flavor, &e)
         };
-        decision_headers(&mut resp, &assignment);
+        self.decision_headers(&mut resp, &assignment);
         assignment.abort();
         resp
     }
@@ -286,7 +341,7 @@ async fn openai_request(
     req: Request,
 ) -> Result<Response, GatewayError> {
     let (parts, body) = req.into_parts();
-    let bytes = read_body(&parts.headers, body, gw.max_body_bytes).await?;
+    let bytes = gw.read_body(&parts.headers, body).await?;
     let request = openai::decode_request(endpoint, &bytes)?;
     let resolved = gw
         .dispatch
@@ -311,7 +366,7 @@ async fn openai_request(
         sent_at,
     } = sent;
     if stream {
-        let headers = DecisionHeaders::of(&assignment);
+        let headers = DecisionHeaders::of(&assignment, gw.expose_routing_headers);
         return Ok(sse_response(relay(
             response,
             headers,
@@ -322,14 +377,14 @@ async fn openai_request(
     }
     let (body, usage) = read_unary(response).await?;
     let mut resp = json_bytes_response(body);
-    decision_headers(&mut resp, &assignment);
+    gw.decision_headers(&mut resp, &assignment);
     assignment.done(usage, sent_at.elapsed());
     Ok(resp)
 }
 
 async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, GatewayError> {
     let (parts, body) = req.into_parts();
-    let bytes = read_body(&parts.headers, body, gw.max_body_bytes).await?;
+    let bytes = gw.read_body(&parts.headers, body).await?;
     let request = anthropic::decode_request(&bytes)?;
     let resolved = gw
         .dispatch
@@ -357,7 +412,7 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
         let sink = AnthropicSink {
             translator: StreamTranslator::new(model.clone()),
         };
-        let headers = DecisionHeaders::of(&assignment);
+        let headers = DecisionHeaders::of(&assignment, gw.expose_routing_headers);
         return Ok(sse_response(relay(
             response, headers, sink, assignment, sent_at,
         )));
@@ -366,19 +421,25 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
     let chat: Value = serde_json::from_slice(&body)
         .map_err(|_| GatewayError::Upstream("the worker's answer is not valid JSON".into()))?;
     let mut resp = json_response(StatusCode::OK, &anthropic::message_from_chat(&chat, &model));
-    decision_headers(&mut resp, &assignment);
+    gw.decision_headers(&mut resp, &assignment);
     assignment.done(usage, sent_at.elapsed());
     Ok(resp)
 }
 
-/// `x-kvroute-worker` and `x-kvroute-predicted-ttft-ms` of a decision.
+/// `x-kvroute-worker` and `x-kvroute-predicted-ttft-ms` of a decision (none unless exposed).
 struct DecisionHeaders {
     worker: Option<HeaderValue>,
     predicted: Option<HeaderValue>,
 }
 
 impl DecisionHeaders {
-    fn of(a: &AssignmentGuard) -> Self {
+    fn of(a: &AssignmentGuard, expose: bool) -> Self {
+        if !expose {
+            return Self {
+                worker: None,
+                predicted: None,
+            };
+        }
         let p = a.picked();
         let predicted = p
             .predicted_ttft_s
