@@ -17,8 +17,15 @@
 //! below one already seen is a duplicate and ignored. When the stream ends or fails, the
 //! worker becomes stale (not emptied); a newer stream for the same worker takes it over and
 //! the older one is closed (`ABORTED`).
+//!
+//! Caps ([`crate::limits`]): a message over 4 MiB, a stream over `--max-ingest-streams`, a
+//! stream silent past [`FIRST_REPORT_TIMEOUT`] and a new worker over the worker caps end the
+//! stream with `RESOURCE_EXHAUSTED`; blocks over a worker's cap are dropped, and when its cap
+//! later moves past what the index holds the router asks for a snapshot. Each is counted in
+//! `kvroute_router_limit_hits_total`.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures::{Stream, StreamExt};
@@ -27,13 +34,15 @@ use kvroute_proto::v1::{
     Ack, DeltaOp as WireDeltaOp, GpuStats, IngestControl, SnapshotRequest, WorkerReport, delta_op,
     ingest_control, worker_report,
 };
-use tokio::sync::mpsc;
+use kvroute_proto::limits::MAX_MESSAGE_BYTES;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::limits::{CONTROL_QUEUE, FIRST_REPORT_TIMEOUT, Limit};
 use crate::routing::GpuStatus;
-use crate::state::{DeltaOp, LoadView, RouterState, SidecarIdentity, SnapshotRefused};
+use crate::state::{DeltaOp, LoadApplied, LoadView, RouterState, SidecarIdentity, SnapshotRefused};
 
 /// Where a stream is in its protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,7 +189,18 @@ impl Session {
                     kv_capacity_tokens: load.kv_capacity_tokens,
                     gpus: gpus_from_wire(load.gpus, load.gpu),
                 };
-                self.owned(state.sidecar_load(self.stream, self.worker_id(), view, now))?;
+                match state.sidecar_load(self.stream, self.worker_id(), view, now) {
+                    LoadApplied::NotOwner => self.owned(false)?,
+                    LoadApplied::Applied => {}
+                    // Not while a requested snapshot is still to come: it will do.
+                    LoadApplied::Resync(why) if self.phase != Phase::AwaitingSnapshot => {
+                        m.sidecar_stream_events
+                            .with_label_values(&["cap_resync"])
+                            .inc();
+                        out.push(snapshot_request(why.to_string()));
+                    }
+                    LoadApplied::Resync(_) => {}
+                }
                 m.ingest_reports.with_label_values(&["load"]).inc();
                 self.phase != Phase::AwaitingSnapshot
             }
@@ -271,6 +291,11 @@ impl Session {
                     .inc();
                 return Err(Status::failed_precondition(e.to_string()));
             }
+            // Counted as limit hits by the state.
+            Err(
+                e @ (SnapshotRefused::TooManyWorkersForModel { .. }
+                | SnapshotRefused::TooManyWorkers { .. }),
+            ) => return Err(Status::resource_exhausted(e.to_string())),
         }
         if last {
             // A one-chunk snapshot is complete at once.
@@ -364,17 +389,25 @@ fn delta_ops(ops: &[WireDeltaOp]) -> Vec<DeltaOp<'_>> {
 pub struct IngestService {
     state: RouterState,
     shutdown: CancellationToken,
+    /// One permit per open stream (`--max-ingest-streams`).
+    streams: Arc<Semaphore>,
 }
 
 impl IngestService {
     /// A service applying reports to `state`; streams end when `shutdown` fires.
     pub fn new(state: RouterState, shutdown: CancellationToken) -> Self {
-        Self { state, shutdown }
+        let streams = Arc::new(Semaphore::new(state.config().limits.max_ingest_streams));
+        Self {
+            state,
+            shutdown,
+            streams,
+        }
     }
 
-    /// As a tonic server (large snapshots: up to 64 MiB per message).
+    /// As a tonic server. A message over [`MAX_MESSAGE_BYTES`] is refused from its length
+    /// prefix, before it is buffered; sidecars chunk their snapshots to fit.
     pub fn into_server(self) -> IngestServer<Self> {
-        IngestServer::new(self).max_decoding_message_size(64 << 20)
+        IngestServer::new(self).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 }
 
@@ -388,23 +421,54 @@ impl Ingest for IngestService {
         &self,
         request: Request<Streaming<WorkerReport>>,
     ) -> Result<Response<ControlStream>, Status> {
+        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
+            self.state.limit_hit(
+                Limit::IngestStreams,
+                format_args!("ingest stream refused: --max-ingest-streams are open"),
+            );
+            return Err(Status::resource_exhausted(
+                "too many ingest streams (--max-ingest-streams)",
+            ));
+        };
         let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel(CONTROL_QUEUE);
         let state = self.state.clone();
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
+            let _permit = permit;
+            let first_deadline = tokio::time::Instant::now() + FIRST_REPORT_TIMEOUT;
             let m = state.metrics().clone();
             m.sidecar_streams.inc();
             m.sidecar_stream_events.with_label_values(&["opened"]).inc();
             let mut session = Session::new(&state);
             loop {
+                let awaiting_first = session.worker().is_none();
                 let next = tokio::select! {
                     biased;
                     () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep_until(first_deadline), if awaiting_first => {
+                        state.limit_hit(
+                            Limit::FirstReportTimeout,
+                            format_args!("ingest stream closed: no first report in time"),
+                        );
+                        let _ = tx
+                            .send(Err(Status::resource_exhausted("no first report in time")))
+                            .await;
+                        break;
+                    }
                     next = inbound.next() => next,
                 };
                 let report = match next {
                     Some(Ok(r)) => r,
+                    Some(Err(status)) if status.code() == tonic::Code::ResourceExhausted => {
+                        // A message over the cap, refused from its length prefix.
+                        state.limit_hit(
+                            Limit::IngestMessageSize,
+                            format_args!("ingest stream of worker {:?} ended: {}", session.worker(), status.message()),
+                        );
+                        let _ = tx.send(Err(status)).await;
+                        break;
+                    }
                     Some(Err(status)) => {
                         tracing::info!(worker = session.worker(), %status, "sidecar stream failed");
                         break;

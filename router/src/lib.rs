@@ -23,6 +23,7 @@ pub mod fake_hub;
 pub mod gateway;
 pub mod health;
 pub mod ingest;
+pub mod limits;
 pub mod metrics;
 pub mod pick;
 pub mod readiness;
@@ -184,6 +185,31 @@ pub struct Args {
     /// KV admission model prior: seconds per output token while decoding.
     #[arg(long, env = "KVROUTE_ROUTER_PRIOR_ITL_S", default_value_t = 0.07)]
     pub prior_itl_s: f64,
+    /// Bounded router: a new worker that discovery does not list is refused (counted, logged)
+    /// when its model has this many workers already. Known workers keep serving; workers
+    /// discovery lists are always taken.
+    #[arg(long, env = "KVROUTE_ROUTER_MAX_WORKERS_PER_MODEL", default_value_t = 256)]
+    pub max_workers_per_model: usize,
+    /// Bounded router: the same rule across models (a sidecar names its model itself).
+    #[arg(long, env = "KVROUTE_ROUTER_MAX_WORKERS", default_value_t = 1_024)]
+    pub max_workers: usize,
+    /// Bounded router: blocks kept per worker, as a multiple (at least 1) of its KV cache
+    /// size in blocks, which its sidecar reports.
+    #[arg(long, env = "KVROUTE_ROUTER_WORKER_BLOCKS_SLACK", default_value_t = 2.0)]
+    pub worker_blocks_slack: f64,
+    /// Bounded router: blocks kept per worker until it reports its KV cache size.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_WORKER_BLOCKS_UNKNOWN_CAPACITY",
+        default_value_t = 262_144
+    )]
+    pub worker_blocks_unknown_capacity: u64,
+    /// Bounded router: blocks kept per worker at most, whatever KV cache size it reports.
+    #[arg(long, env = "KVROUTE_ROUTER_WORKER_BLOCKS_MAX", default_value_t = 4_194_304)]
+    pub worker_blocks_max: u64,
+    /// Bounded router: sidecar streams open at once; more are refused (RESOURCE_EXHAUSTED).
+    #[arg(long, env = "KVROUTE_ROUTER_MAX_INGEST_STREAMS", default_value_t = 1_024)]
+    pub max_ingest_streams: usize,
 }
 
 impl Default for Args {
@@ -218,6 +244,12 @@ impl Default for Args {
             prior_prefill_rate: 4_800.0,
             prior_overhead_s: 0.05,
             prior_itl_s: 0.07,
+            max_workers_per_model: 256,
+            max_workers: 1_024,
+            worker_blocks_slack: 2.0,
+            worker_blocks_unknown_capacity: 262_144,
+            worker_blocks_max: 4_194_304,
+            max_ingest_streams: 1_024,
         }
     }
 }
@@ -269,6 +301,41 @@ fn predictor_prior(
         prior_overhead: overhead_s,
         prior_itl: itl_s,
         ..defaults
+    })
+}
+
+/// The bounded router's caps from the flags (each at least 1; the slack a finite number).
+fn limits(
+    max_workers_per_model: usize,
+    max_workers: usize,
+    slack: f64,
+    unknown: u64,
+    max: u64,
+    max_ingest_streams: usize,
+) -> anyhow::Result<limits::Limits> {
+    if !(slack.is_finite() && (1.0..=1_000.0).contains(&slack)) {
+        bail!("--worker-blocks-slack {slack}: expected a number from 1 to 1000");
+    }
+    for (flag, v) in [
+        ("max-workers-per-model", max_workers_per_model as u64),
+        ("max-workers", max_workers as u64),
+        ("worker-blocks-unknown-capacity", unknown),
+        ("worker-blocks-max", max),
+        ("max-ingest-streams", max_ingest_streams as u64),
+    ] {
+        if v == 0 {
+            bail!("--{flag} 0: expected at least 1");
+        }
+    }
+    Ok(limits::Limits {
+        max_workers_per_model,
+        max_workers,
+        worker_blocks: routing::BlockCaps {
+            slack,
+            unknown,
+            max,
+        },
+        max_ingest_streams,
     })
 }
 
@@ -340,6 +407,12 @@ impl Server {
             prior_prefill_rate,
             prior_overhead_s,
             prior_itl_s,
+            max_workers_per_model,
+            max_workers,
+            worker_blocks_slack,
+            worker_blocks_unknown_capacity,
+            worker_blocks_max,
+            max_ingest_streams,
         } = args;
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
@@ -357,6 +430,14 @@ impl Server {
             tokenizers: tokenizer_dirs(&tokenizer)?,
             predictor: predictor_prior(prior_prefill_rate, prior_overhead_s, prior_itl_s)?,
             drain_delay: secs("drain-delay-s", drain_delay_s)?,
+            limits: limits(
+                max_workers_per_model,
+                max_workers,
+                worker_blocks_slack,
+                worker_blocks_unknown_capacity,
+                worker_blocks_max,
+                max_ingest_streams,
+            )?,
         };
         let metrics = RouterMetrics::register(&prometheus::Registry::new())?;
         let state = RouterState::new(router_config, metrics)?;
@@ -693,6 +774,17 @@ mod tests {
     fn default_matches_the_flag_defaults() {
         let parsed = Cli::try_parse_from(["kvroute-router"]).expect("parse").args;
         assert_eq!(format!("{parsed:?}"), format!("{:?}", Args::default()));
+    }
+
+    #[test]
+    fn limit_flags_are_validated() {
+        let l = limits(8, 16, 1.5, 100, 1_000, 4).expect("valid");
+        assert_eq!(l.worker_blocks.cap(10), 15);
+        assert!(limits(8, 16, 0.5, 100, 1_000, 4).is_err());
+        assert!(limits(8, 16, f64::NAN, 100, 1_000, 4).is_err());
+        let e = limits(0, 16, 2.0, 100, 1_000, 4).expect_err("zero");
+        assert!(e.to_string().contains("--max-workers-per-model"), "{e}");
+        assert!(limits(8, 16, 2.0, 100, 1_000, 0).is_err());
     }
 
     #[test]

@@ -13,7 +13,9 @@
 //! embedded gateway does; other paths are routed on load alone (degraded, and said so). When
 //! the model is an alias, the response carries the body with `model` rewritten to the backend
 //! model. Errors: bad JSON or no `model` -> `INVALID_ARGUMENT`; unknown model -> `NOT_FOUND`;
-//! no routable worker -> `UNAVAILABLE`.
+//! no routable worker -> `UNAVAILABLE`; a request over `--max-body-bytes` ->
+//! `RESOURCE_EXHAUSTED` (tonic refuses it from its length prefix; [`CountOversize`] counts it
+//! in `kvroute_router_limit_hits_total{limit="pick_message_size"}`).
 
 use std::time::{Duration, Instant};
 
@@ -25,8 +27,11 @@ use kvroute_proto::v1::{
 };
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+use tonic::codegen::{BoxFuture, Service};
+use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 
+use crate::limits::Limit;
 use crate::routing::AssignmentId;
 use crate::state::{BodyKind, PickError, PickInput, RouterState, Usage};
 
@@ -42,10 +47,66 @@ impl PickerService {
         Self { state }
     }
 
-    /// As a tonic server; bodies up to `--max-body-bytes`.
-    pub fn into_server(self) -> PickerServer<Self> {
+    /// As a tonic server; bodies up to `--max-body-bytes` (the same bound as the embedded
+    /// gateway's, so both front doors take the same requests), plus 64 KiB for the path and
+    /// headers. Refusals are counted.
+    pub fn into_server(self) -> CountOversize<PickerServer<Self>> {
         let limit = self.state.config().max_body_bytes.saturating_add(64 << 10);
-        PickerServer::new(self).max_decoding_message_size(limit)
+        let state = self.state.clone();
+        CountOversize {
+            inner: PickerServer::new(self).max_decoding_message_size(limit),
+            state,
+        }
+    }
+}
+
+/// A Picker server that counts the calls it answers `RESOURCE_EXHAUSTED`: a message tonic
+/// refused for its size never reaches the handler, so only its response says so (a unary
+/// error travels in the response headers).
+#[derive(Clone)]
+pub struct CountOversize<S> {
+    inner: S,
+    state: RouterState,
+}
+
+impl<S: NamedService> NamedService for CountOversize<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B, R> Service<http::Request<B>> for CountOversize<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<S::Response, S::Error>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let state = self.state.clone();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            let code = tonic::Code::ResourceExhausted as i32;
+            if response
+                .headers()
+                .get("grpc-status")
+                .is_some_and(|v| v.as_bytes() == code.to_string().as_bytes())
+            {
+                state.limit_hit(
+                    Limit::PickMessageSize,
+                    format_args!("Pick request refused: over --max-body-bytes"),
+                );
+            }
+            Ok(response)
+        })
     }
 }
 

@@ -456,3 +456,70 @@ fn a_burst_with_a_new_prefix_stays_on_one_worker_before_reports() {
     }
     assert!(chosen.len() > 1, "{chosen:?}");
 }
+
+/// A core whose workers keep at most 100 blocks until they report a capacity.
+fn capped() -> RoutingCore {
+    RoutingCore::new(CoreConfig {
+        block_caps: BlockCaps {
+            slack: 2.0,
+            unknown: 100,
+            max: 1_000,
+        },
+        ..CoreConfig::default()
+    })
+}
+
+fn capacity(blocks: u64) -> LoadSample {
+    LoadSample {
+        kv_capacity_tokens: blocks * 16,
+        ..LoadSample::default()
+    }
+}
+
+#[test]
+fn stores_past_the_block_cap_are_refused_and_marked() {
+    let mut core = capped();
+    let w = core.snapshot("w", 16, 1, &(0..150).collect::<Vec<u64>>(), 0.0);
+    assert_eq!(core.blocks_of(w), 100, "the snapshot stops at the cap");
+    let slot = core.worker(w).expect("slot");
+    assert!(slot.truncated);
+    assert_eq!(slot.blocks_dropped, 50);
+    // Re-stores of held blocks take no room; new ones past the cap are refused.
+    let s = core.stored(w, &(90..120).collect::<Vec<u64>>(), 1.0);
+    assert_eq!((s.added, s.dropped), (0, 20));
+    core.removed(w, &[0, 1], 1.0);
+    let s = core.stored(w, &[500, 501, 502], 1.0);
+    assert_eq!((s.added, s.dropped), (2, 1));
+    assert_eq!(core.blocks_of(w), 100);
+    // A fresh snapshot that fits clears the mark.
+    core.snapshot("w", 16, 1, &[1, 2, 3], 2.0);
+    assert!(!core.worker(w).expect("slot").truncated);
+    assert_eq!(core.blocks_of(w), 3);
+}
+
+#[test]
+fn a_reported_capacity_moves_the_cap_and_asks_for_a_resync_when_needed() {
+    let mut core = capped();
+    let w = core.snapshot("w", 16, 1, &(0..150).collect::<Vec<u64>>(), 0.0);
+    // 300 blocks of KV: cap 600; the 50 refused blocks can be had now.
+    assert_eq!(
+        core.load(w, capacity(300), 1.0),
+        Some(CapResync::Raised { cap: 600 })
+    );
+    assert_eq!(core.block_cap(w), 600);
+    assert_eq!(core.load(w, capacity(300), 2.0), None, "once per change");
+    core.snapshot("w", 16, 1, &(0..150).collect::<Vec<u64>>(), 3.0);
+    assert_eq!(core.blocks_of(w), 150);
+    // An unknown capacity keeps the last one; a claimed huge one stops at the max.
+    assert_eq!(core.load(w, LoadSample::default(), 4.0), None);
+    assert_eq!(core.block_cap(w), 600);
+    assert_eq!(core.load(w, capacity(u64::MAX / 32), 5.0), None);
+    assert_eq!(core.block_cap(w), 1_000);
+    // A capacity below what the index holds: a capped snapshot replaces it.
+    assert_eq!(
+        core.load(w, capacity(50), 6.0),
+        Some(CapResync::Lowered { cap: 100 })
+    );
+    core.snapshot("w", 16, 1, &(0..150).collect::<Vec<u64>>(), 7.0);
+    assert_eq!(core.blocks_of(w), 100);
+}

@@ -238,6 +238,8 @@ pub struct View {
     pub clean_ends: usize,
     /// Streams that ended with an error (e.g. reset by a dying sidecar).
     pub error_ends: usize,
+    /// Most blocks seen in one report (a `CLEARED` op counts as one).
+    pub max_report_blocks: usize,
     next_seq: u64,
     in_snapshot: bool,
 }
@@ -252,6 +254,12 @@ impl View {
         }
         self.next_seq = r.seq + 1;
         self.reports += 1;
+        let weight = match &r.body {
+            Some(worker_report::Body::Snapshot(c)) => c.blocks.len(),
+            Some(worker_report::Body::Delta(d)) => d.ops.iter().map(|o| o.blocks.len().max(1)).sum(),
+            _ => 0,
+        };
+        self.max_report_blocks = self.max_report_blocks.max(weight);
         match &r.body {
             Some(worker_report::Body::Snapshot(c)) => {
                 if c.first {
