@@ -19,7 +19,7 @@
 //! the older one is closed (`ABORTED`).
 //!
 //! Caps ([`crate::limits`]): a message over 4 MiB, a stream over `--max-ingest-streams`, a
-//! stream silent past [`FIRST_REPORT_TIMEOUT`] and a new worker over the worker caps end the
+//! stream silent past `--ingest-first-report-timeout-s` and a new worker over the worker caps end the
 //! stream with `RESOURCE_EXHAUSTED`; blocks over a worker's cap are dropped, and when its cap
 //! later moves past what the index holds the router asks for a snapshot. Each is counted in
 //! `kvroute_router_limit_hits_total`.
@@ -40,7 +40,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::limits::{CONTROL_QUEUE, FIRST_REPORT_TIMEOUT, Limit};
+use crate::limits::{CONTROL_QUEUE, Limit};
 use crate::routing::GpuStatus;
 use crate::state::{DeltaOp, LoadApplied, LoadView, RouterState, SidecarIdentity, SnapshotRefused};
 
@@ -434,9 +434,10 @@ impl Ingest for IngestService {
         let (tx, rx) = mpsc::channel(CONTROL_QUEUE);
         let state = self.state.clone();
         let shutdown = self.shutdown.clone();
+        let first_deadline =
+            tokio::time::Instant::now() + state.config().limits.first_report_timeout;
         tokio::spawn(async move {
             let _permit = permit;
-            let first_deadline = tokio::time::Instant::now() + FIRST_REPORT_TIMEOUT;
             let m = state.metrics().clone();
             m.sidecar_streams.inc();
             m.sidecar_stream_events.with_label_values(&["opened"]).inc();
@@ -460,13 +461,21 @@ impl Ingest for IngestService {
                 };
                 let report = match next {
                     Some(Ok(r)) => r,
-                    Some(Err(status)) if status.code() == tonic::Code::ResourceExhausted => {
-                        // A message over the cap, refused from its length prefix.
+                    // tonic's decoder refused a message over the cap from its length prefix
+                    // (the only OUT_OF_RANGE it produces); the sidecar is told it was too
+                    // large.
+                    Some(Err(status)) if status.code() == tonic::Code::OutOfRange => {
                         state.limit_hit(
                             Limit::IngestMessageSize,
-                            format_args!("ingest stream of worker {:?} ended: {}", session.worker(), status.message()),
+                            format_args!(
+                                "ingest stream of worker {:?} ended: {}",
+                                session.worker(),
+                                status.message()
+                            ),
                         );
-                        let _ = tx.send(Err(status)).await;
+                        let _ = tx
+                            .send(Err(Status::resource_exhausted(status.message())))
+                            .await;
                         break;
                     }
                     Some(Err(status)) => {
@@ -483,7 +492,10 @@ impl Ingest for IngestService {
                         }
                     }
                     Err(status) => {
-                        tracing::warn!(worker = session.worker(), %status, "refusing sidecar stream");
+                        // Cap refusals are logged by the state, once per interval.
+                        if status.code() != tonic::Code::ResourceExhausted {
+                            tracing::warn!(worker = session.worker(), %status, "refusing sidecar stream");
+                        }
                         let _ = tx.send(Err(status)).await;
                         break;
                     }
@@ -492,10 +504,12 @@ impl Ingest for IngestService {
             session.close(&state);
             m.sidecar_streams.dec();
             m.sidecar_stream_events.with_label_values(&["closed"]).inc();
-            tracing::info!(
-                worker = session.worker(),
-                "sidecar stream ended; worker stale until it reports again"
-            );
+            if let Some(worker) = session.worker() {
+                tracing::info!(
+                    worker,
+                    "sidecar stream ended; worker stale until it reports again"
+                );
+            }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

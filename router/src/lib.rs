@@ -207,9 +207,21 @@ pub struct Args {
     /// Bounded router: blocks kept per worker at most, whatever KV cache size it reports.
     #[arg(long, env = "KVROUTE_ROUTER_WORKER_BLOCKS_MAX", default_value_t = 4_194_304)]
     pub worker_blocks_max: u64,
+    /// Bounded router: (block, worker) pairs the KV index holds for all workers together (its
+    /// memory: about 25 bytes a pair); stores past it are refused (counted, the worker marked).
+    #[arg(long, env = "KVROUTE_ROUTER_MAX_INDEX_BLOCKS", default_value_t = 67_108_864)]
+    pub max_index_blocks: u64,
     /// Bounded router: sidecar streams open at once; more are refused (RESOURCE_EXHAUSTED).
     #[arg(long, env = "KVROUTE_ROUTER_MAX_INGEST_STREAMS", default_value_t = 1_024)]
     pub max_ingest_streams: usize,
+    /// Bounded router: a sidecar stream that sends no report for this many seconds after it
+    /// opens is closed (RESOURCE_EXHAUSTED); sidecars send their snapshot at once.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_INGEST_FIRST_REPORT_TIMEOUT_S",
+        default_value_t = 10.0
+    )]
+    pub ingest_first_report_timeout_s: f64,
 }
 
 impl Default for Args {
@@ -249,7 +261,9 @@ impl Default for Args {
             worker_blocks_slack: 2.0,
             worker_blocks_unknown_capacity: 262_144,
             worker_blocks_max: 4_194_304,
+            max_index_blocks: 67_108_864,
             max_ingest_streams: 1_024,
+            ingest_first_report_timeout_s: 10.0,
         }
     }
 }
@@ -308,11 +322,16 @@ fn predictor_prior(
 fn limits(
     max_workers_per_model: usize,
     max_workers: usize,
-    slack: f64,
-    unknown: u64,
-    max: u64,
+    blocks: routing::BlockCaps,
     max_ingest_streams: usize,
+    first_report_timeout: Duration,
 ) -> anyhow::Result<limits::Limits> {
+    let routing::BlockCaps {
+        slack,
+        unknown,
+        max,
+        total,
+    } = blocks;
     if !(slack.is_finite() && (1.0..=1_000.0).contains(&slack)) {
         bail!("--worker-blocks-slack {slack}: expected a number from 1 to 1000");
     }
@@ -321,6 +340,7 @@ fn limits(
         ("max-workers", max_workers as u64),
         ("worker-blocks-unknown-capacity", unknown),
         ("worker-blocks-max", max),
+        ("max-index-blocks", total),
         ("max-ingest-streams", max_ingest_streams as u64),
     ] {
         if v == 0 {
@@ -330,12 +350,9 @@ fn limits(
     Ok(limits::Limits {
         max_workers_per_model,
         max_workers,
-        worker_blocks: routing::BlockCaps {
-            slack,
-            unknown,
-            max,
-        },
+        worker_blocks: blocks,
         max_ingest_streams,
+        first_report_timeout,
     })
 }
 
@@ -412,7 +429,9 @@ impl Server {
             worker_blocks_slack,
             worker_blocks_unknown_capacity,
             worker_blocks_max,
+            max_index_blocks,
             max_ingest_streams,
+            ingest_first_report_timeout_s,
         } = args;
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
@@ -433,10 +452,17 @@ impl Server {
             limits: limits(
                 max_workers_per_model,
                 max_workers,
-                worker_blocks_slack,
-                worker_blocks_unknown_capacity,
-                worker_blocks_max,
+                routing::BlockCaps {
+                    slack: worker_blocks_slack,
+                    unknown: worker_blocks_unknown_capacity,
+                    max: worker_blocks_max,
+                    total: max_index_blocks,
+                },
                 max_ingest_streams,
+                secs(
+                    "ingest-first-report-timeout-s",
+                    ingest_first_report_timeout_s,
+                )?,
             )?,
         };
         let metrics = RouterMetrics::register(&prometheus::Registry::new())?;
@@ -778,13 +804,22 @@ mod tests {
 
     #[test]
     fn limit_flags_are_validated() {
-        let l = limits(8, 16, 1.5, 100, 1_000, 4).expect("valid");
+        let t = Duration::from_secs(1);
+        let caps = |slack, total| routing::BlockCaps {
+            slack,
+            unknown: 100,
+            max: 1_000,
+            total,
+        };
+        let l = limits(8, 16, caps(1.5, 10_000), 4, t).expect("valid");
         assert_eq!(l.worker_blocks.cap(10), 15);
-        assert!(limits(8, 16, 0.5, 100, 1_000, 4).is_err());
-        assert!(limits(8, 16, f64::NAN, 100, 1_000, 4).is_err());
-        let e = limits(0, 16, 2.0, 100, 1_000, 4).expect_err("zero");
+        assert!(limits(8, 16, caps(0.5, 10_000), 4, t).is_err());
+        assert!(limits(8, 16, caps(f64::NAN, 10_000), 4, t).is_err());
+        let e = limits(0, 16, caps(2.0, 10_000), 4, t).expect_err("zero");
         assert!(e.to_string().contains("--max-workers-per-model"), "{e}");
-        assert!(limits(8, 16, 2.0, 100, 1_000, 0).is_err());
+        let e = limits(8, 16, caps(2.0, 0), 4, t).expect_err("zero");
+        assert!(e.to_string().contains("--max-index-blocks"), "{e}");
+        assert!(limits(8, 16, caps(2.0, 10_000), 0, t).is_err());
     }
 
     #[test]

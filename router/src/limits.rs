@@ -5,7 +5,8 @@
 //! gRPC message  > 4 MiB (Ingest) / --max-body-bytes (Picker) --> RESOURCE_EXHAUSTED
 //! ingest stream > --max-ingest-streams, or no first report in time --> RESOURCE_EXHAUSTED
 //! new worker    > --max-workers-per-model / --max-workers (unless discovery lists it) --> refused
-//! blocks        > worker's cap (routing::BlockCaps) --> not stored, worker marked, resync later
+//! blocks        > worker's cap, or the index's total (routing::BlockCaps)
+//!                                  --> not stored, worker marked, resync when its cap moves
 //!                          each: kvroute_router_limit_hits_total{limit}, a log line per interval
 //! ```
 //!
@@ -25,10 +26,6 @@ use crate::routing::BlockCaps;
 /// sidecar back).
 pub const CONTROL_QUEUE: usize = 64;
 
-/// How long a new ingest stream may take to send its first report (a sidecar sends its
-/// snapshot at once); a stream that sends nothing would otherwise hold a stream slot.
-pub const FIRST_REPORT_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Hits of one cap are logged at most this often (each hit is counted).
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -43,6 +40,9 @@ pub struct Limits {
     pub worker_blocks: BlockCaps,
     /// Ingest streams open at once.
     pub max_ingest_streams: usize,
+    /// How long a new ingest stream may take to send its first report (a sidecar sends its
+    /// snapshot at once); a stream that sends nothing would otherwise hold a stream slot.
+    pub first_report_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -52,6 +52,7 @@ impl Default for Limits {
             max_workers: 1_024,
             worker_blocks: BlockCaps::default(),
             max_ingest_streams: 1_024,
+            first_report_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -65,7 +66,7 @@ pub enum Limit {
     PickMessageSize,
     /// Ingest streams at `--max-ingest-streams`.
     IngestStreams,
-    /// A stream sent no report within [`FIRST_REPORT_TIMEOUT`].
+    /// A stream sent no report within [`Limits::first_report_timeout`].
     FirstReportTimeout,
     /// A new worker over `--max-workers-per-model`.
     WorkersPerModel,
@@ -73,11 +74,13 @@ pub enum Limit {
     Workers,
     /// A report whose blocks did not all fit the worker's block cap.
     WorkerBlocks,
+    /// A report whose blocks did not all fit the index's total (`--max-index-blocks`).
+    IndexBlocks,
 }
 
 impl Limit {
     /// Every cap, in label order.
-    pub const ALL: [Limit; 7] = [
+    pub const ALL: [Limit; 8] = [
         Limit::IngestMessageSize,
         Limit::PickMessageSize,
         Limit::IngestStreams,
@@ -85,6 +88,7 @@ impl Limit {
         Limit::WorkersPerModel,
         Limit::Workers,
         Limit::WorkerBlocks,
+        Limit::IndexBlocks,
     ];
 
     /// The metric label.
@@ -97,6 +101,7 @@ impl Limit {
             Limit::WorkersPerModel => "workers_per_model",
             Limit::Workers => "workers",
             Limit::WorkerBlocks => "worker_blocks",
+            Limit::IndexBlocks => "index_blocks",
         }
     }
 }
@@ -107,7 +112,7 @@ impl Limit {
 pub struct LogEvery {
     every: Duration,
     /// Per cap (by [`Limit::ALL`] position): when it was last logged, hits since.
-    last: Mutex<[(Option<Instant>, u64); 7]>,
+    last: Mutex<[(Option<Instant>, u64); Limit::ALL.len()]>,
 }
 
 impl LogEvery {
@@ -115,7 +120,7 @@ impl LogEvery {
     pub fn new(every: Duration) -> Self {
         Self {
             every,
-            last: Mutex::new([(None, 0); 7]),
+            last: Mutex::new([(None, 0); Limit::ALL.len()]),
         }
     }
 

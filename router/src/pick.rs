@@ -60,9 +60,10 @@ impl PickerService {
     }
 }
 
-/// A Picker server that counts the calls it answers `RESOURCE_EXHAUSTED`: a message tonic
-/// refused for its size never reaches the handler, so only its response says so (a unary
-/// error travels in the response headers).
+/// A Picker server that answers an oversized request `RESOURCE_EXHAUSTED` and counts it.
+/// tonic refuses a message over the decoding limit before the handler runs, with
+/// `OUT_OF_RANGE` (which the handler never returns), so only the response shows it: a
+/// unary error travels in the response headers, where this rewrites the code.
 #[derive(Clone)]
 pub struct CountOversize<S> {
     inner: S,
@@ -93,13 +94,16 @@ where
         let state = self.state.clone();
         let response = self.inner.call(request);
         Box::pin(async move {
-            let response = response.await?;
-            let code = tonic::Code::ResourceExhausted as i32;
-            if response
-                .headers()
-                .get("grpc-status")
-                .is_some_and(|v| v.as_bytes() == code.to_string().as_bytes())
-            {
+            let mut response = response.await?;
+            let code = |c: tonic::Code| http::HeaderValue::from(c as i32);
+            let status = response.headers().get("grpc-status");
+            let too_large = status == Some(&code(tonic::Code::OutOfRange));
+            if too_large || status == Some(&code(tonic::Code::ResourceExhausted)) {
+                if too_large {
+                    response
+                        .headers_mut()
+                        .insert("grpc-status", code(tonic::Code::ResourceExhausted));
+                }
                 state.limit_hit(
                     Limit::PickMessageSize,
                     format_args!("Pick request refused: over --max-body-bytes"),

@@ -123,13 +123,16 @@ pub struct RoutingCore {
     admitted_saturated: HashMap<AssignmentId, (f64, f64)>,
 }
 
-/// What a store did: blocks new to the worker, and blocks refused at its cap.
+/// What a store did: blocks new to the worker, and blocks refused at a cap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stored {
     /// Blocks the worker did not hold before.
     pub added: usize,
-    /// Blocks not stored because the worker was at its cap (some may have been held).
+    /// Blocks not stored because the worker, or the whole index, was at its cap (some may
+    /// have been held).
     pub dropped: usize,
+    /// The index as a whole was full ([`BlockCaps::total`]), not (only) the worker.
+    pub index_full: bool,
 }
 
 /// Why a load sample asks for a fresh snapshot of the worker: its block cap moved so that
@@ -240,25 +243,29 @@ impl RoutingCore {
     }
 
     /// Blocks became resident on `w`. Once the index holds [`RoutingCore::block_cap`] blocks
-    /// of `w`, the rest are refused: counted in [`Stored::dropped`] and on the worker, which
-    /// is marked truncated until its next snapshot. Memory never grows past the cap, and the
-    /// index never claims a block the worker did not announce: a refused block only costs a
-    /// missed hit. Unknown ids store nothing.
+    /// of `w`, or [`BlockCaps::total`] in all, the rest are refused: counted in
+    /// [`Stored::dropped`] and on the worker, which is marked truncated until its next
+    /// snapshot. Memory never grows past the caps, and the index never claims a block the
+    /// worker did not announce: a refused block only costs a missed hit. Unknown ids store
+    /// nothing.
     pub fn stored(&mut self, w: WorkerId, blocks: &[u64], now: f64) -> Stored {
         if self.workers.get(w).is_none() {
             return Stored::default();
         }
         self.workers.touch(w, now);
         let cap = self.block_cap(w);
+        let total = self.cfg.block_caps.total;
         let mut out = Stored::default();
         let mut rest = blocks;
         // Each pass stores as many blocks as there is room for (re-stores of held blocks
         // take none), so the passes together cost O(blocks).
         while !rest.is_empty() {
-            let room = usize::try_from(cap.saturating_sub(self.index.blocks_of(w)))
-                .unwrap_or(usize::MAX);
+            let mine = cap.saturating_sub(self.index.blocks_of(w));
+            let all = total.saturating_sub(self.index.pairs());
+            let room = usize::try_from(mine.min(all)).unwrap_or(usize::MAX);
             if room == 0 {
                 out.dropped = rest.len();
+                out.index_full = all == 0;
                 break;
             }
             let (now_in, later) = rest.split_at(room.min(rest.len()));

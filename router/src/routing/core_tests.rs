@@ -464,6 +464,7 @@ fn capped() -> RoutingCore {
             slack: 2.0,
             unknown: 100,
             max: 1_000,
+            total: 250,
         },
         ..CoreConfig::default()
     })
@@ -484,9 +485,13 @@ fn stores_past_the_block_cap_are_refused_and_marked() {
     let slot = core.worker(w).expect("slot");
     assert!(slot.truncated);
     assert_eq!(slot.blocks_dropped, 50);
-    // Re-stores of held blocks take no room; new ones past the cap are refused.
+    // Below the cap, re-stores of held blocks take no room.
+    core.removed(w, &[99], 0.5);
+    let s = core.stored(w, &(95..101).collect::<Vec<u64>>(), 0.5);
+    assert_eq!((s.added, s.dropped), (1, 1), "95..99 held, 99 back in, 100 over");
+    // At the cap every store is refused unread: re-stores of held blocks (90..100) count.
     let s = core.stored(w, &(90..120).collect::<Vec<u64>>(), 1.0);
-    assert_eq!((s.added, s.dropped), (0, 20));
+    assert_eq!((s.added, s.dropped), (0, 30));
     core.removed(w, &[0, 1], 1.0);
     let s = core.stored(w, &[500, 501, 502], 1.0);
     assert_eq!((s.added, s.dropped), (2, 1));
@@ -522,4 +527,21 @@ fn a_reported_capacity_moves_the_cap_and_asks_for_a_resync_when_needed() {
     );
     core.snapshot("w", 16, 1, &(0..150).collect::<Vec<u64>>(), 7.0);
     assert_eq!(core.blocks_of(w), 100);
+}
+
+#[test]
+fn the_index_as_a_whole_stops_at_its_total() {
+    let mut core = capped();
+    let a = core.snapshot("a", 16, 1, &(0..100).collect::<Vec<u64>>(), 0.0);
+    let b = core.snapshot("b", 16, 1, &(0..100).collect::<Vec<u64>>(), 0.0);
+    let c = core.snapshot("c", 16, 1, &[], 0.0);
+    let s = core.stored(c, &(1_000..1_100).collect::<Vec<u64>>(), 1.0);
+    assert_eq!((s.added, s.dropped, s.index_full), (50, 50, true));
+    assert_eq!(core.index_stats().pairs, 250);
+    assert!(core.worker(c).expect("slot").truncated);
+    // Room freed by one worker is room for the others.
+    core.removed(a, &(0..10).collect::<Vec<u64>>(), 2.0);
+    let s = core.stored(c, &[2_000], 2.0);
+    assert_eq!((s.added, s.dropped), (1, 0));
+    assert_eq!(core.blocks_of(b), 100);
 }

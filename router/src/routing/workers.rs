@@ -53,11 +53,12 @@ pub struct LoadSample {
     pub kv_capacity_tokens: u64,
 }
 
-/// How many blocks the index keeps per worker. A worker holds at most `num_gpu_blocks`
-/// blocks (its reported KV capacity in tokens over its block size); the cap allows `slack`
-/// times that for what the router has not seen evicted yet, never more than `max`, and
-/// `unknown` while no capacity has been reported (a stream's first snapshot comes before its
-/// first load sample).
+/// How many blocks the index keeps per worker, and in all. A worker holds at most
+/// `num_gpu_blocks` blocks (its reported KV capacity in tokens over its block size); the cap
+/// allows `slack` times that for what the router has not seen evicted yet, never more than
+/// `max`, and `unknown` while no capacity has been reported (a stream's first snapshot comes
+/// before its first load sample). `total` caps the (block, worker) pairs of all workers
+/// together, whatever their number: the index's memory bound.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct BlockCaps {
     /// Multiplier on the reported capacity in blocks (at least 1).
@@ -66,6 +67,8 @@ pub struct BlockCaps {
     pub unknown: u64,
     /// Cap however large the reported capacity (a report is the worker's word, not a fact).
     pub max: u64,
+    /// (block, worker) pairs of all workers together.
+    pub total: u64,
 }
 
 impl Default for BlockCaps {
@@ -74,6 +77,7 @@ impl Default for BlockCaps {
             slack: 2.0,
             unknown: 256 << 10,
             max: 4 << 20,
+            total: 64 << 20,
         }
     }
 }
@@ -306,6 +310,7 @@ mod tests {
             slack: 1.5,
             unknown: 1_000,
             max: 10_000,
+            total: 1 << 20,
         };
         assert_eq!(caps.cap(0), 1_000, "unknown capacity");
         assert_eq!(caps.cap(3), 5, "rounded up");

@@ -22,7 +22,7 @@ use serde::Serialize;
 use super::RouterState;
 use super::catalog::{DiscoveredWorker, find_sidecar};
 use crate::limits::{Limit, Limits};
-use crate::routing::{CapResync, GpuStatus, LoadSample, WorkerId};
+use crate::routing::{CapResync, GpuStatus, LoadSample, Stored, WorkerId};
 
 /// Identity of a reporting worker (from the first snapshot chunk).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -312,24 +312,30 @@ impl RouterState {
             }
         }
         drop(sidecars);
-        self.counted(&identity.worker_id, "snapshot", blocks.len(), stored.dropped);
+        self.counted(&identity.worker_id, "snapshot", blocks.len(), stored);
         Ok(())
     }
 
     /// Counts the `announced` blocks of a report by `kind`: those applied, and those refused
-    /// at the worker's cap (`dropped`).
-    fn counted(&self, worker: &str, kind: &str, announced: usize, dropped: usize) {
+    /// at a cap (`stored.dropped`).
+    fn counted(&self, worker: &str, kind: &str, announced: usize, stored: Stored) {
         let m = &self.0.metrics;
         m.ingest_blocks
             .with_label_values(&[kind])
-            .inc_by(announced.saturating_sub(dropped) as u64);
-        if dropped > 0 {
-            m.blocks_over_cap.inc_by(dropped as u64);
+            .inc_by(announced.saturating_sub(stored.dropped) as u64);
+        if stored.dropped > 0 {
+            m.blocks_over_cap.inc_by(stored.dropped as u64);
+            let (limit, cap) = if stored.index_full {
+                (Limit::IndexBlocks, "the index's total (--max-index-blocks)")
+            } else {
+                (Limit::WorkerBlocks, "its block cap")
+            };
             self.limit_hit(
-                Limit::WorkerBlocks,
+                limit,
                 format_args!(
-                    "worker {}: {dropped} blocks over its block cap not stored",
+                    "worker {}: {} blocks over {cap} not stored",
                     shown(worker),
+                    stored.dropped
                 ),
             );
         }
@@ -353,7 +359,7 @@ impl RouterState {
         if last && let Some(s) = self.0.sidecars.write().get_mut(worker) {
             s.synced = true;
         }
-        self.counted(worker, "snapshot", blocks.len(), stored.dropped);
+        self.counted(worker, "snapshot", blocks.len(), stored);
         true
     }
 
@@ -369,13 +375,16 @@ impl RouterState {
         let Some(w) = self.owned(stream, worker) else {
             return false;
         };
-        let (mut stored, mut dropped, mut removed, mut cleared) = (0, 0, 0u64, 0u64);
+        let (mut announced, mut stored, mut removed, mut cleared) =
+            (0, Stored::default(), 0u64, 0u64);
         let mut core = self.0.core.lock();
         for op in ops {
             match *op {
                 DeltaOp::Stored(b) => {
-                    dropped += core.routing.stored(w, b, t).dropped;
-                    stored += b.len();
+                    let s = core.routing.stored(w, b, t);
+                    stored.dropped += s.dropped;
+                    stored.index_full |= s.index_full;
+                    announced += b.len();
                 }
                 DeltaOp::Removed(b) => {
                     core.routing.removed(w, b, t);
@@ -388,7 +397,7 @@ impl RouterState {
             }
         }
         drop(core);
-        self.counted(worker, "stored", stored, dropped);
+        self.counted(worker, "stored", announced, stored);
         let m = &self.0.metrics.ingest_blocks;
         m.with_label_values(&["removed"]).inc_by(removed);
         m.with_label_values(&["cleared"]).inc_by(cleared);
