@@ -29,12 +29,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::{Stream, StreamExt};
+use kvroute_proto::limits::MAX_MESSAGE_BYTES;
 use kvroute_proto::v1::ingest_server::{Ingest, IngestServer};
 use kvroute_proto::v1::{
     Ack, DeltaOp as WireDeltaOp, GpuStats, IngestControl, SnapshotRequest, WorkerReport, delta_op,
     ingest_control, worker_report,
 };
-use kvroute_proto::limits::MAX_MESSAGE_BYTES;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;

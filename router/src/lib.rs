@@ -188,14 +188,22 @@ pub struct Args {
     /// Bounded router: a new worker that discovery does not list is refused (counted, logged)
     /// when its model has this many workers already. Known workers keep serving; workers
     /// discovery lists are always taken.
-    #[arg(long, env = "KVROUTE_ROUTER_MAX_WORKERS_PER_MODEL", default_value_t = 256)]
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_MAX_WORKERS_PER_MODEL",
+        default_value_t = 256
+    )]
     pub max_workers_per_model: usize,
     /// Bounded router: the same rule across models (a sidecar names its model itself).
     #[arg(long, env = "KVROUTE_ROUTER_MAX_WORKERS", default_value_t = 1_024)]
     pub max_workers: usize,
     /// Bounded router: blocks kept per worker, as a multiple (at least 1) of its KV cache
     /// size in blocks, which its sidecar reports.
-    #[arg(long, env = "KVROUTE_ROUTER_WORKER_BLOCKS_SLACK", default_value_t = 2.0)]
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_WORKER_BLOCKS_SLACK",
+        default_value_t = 2.0
+    )]
     pub worker_blocks_slack: f64,
     /// Bounded router: blocks kept per worker until it reports its KV cache size.
     #[arg(
@@ -205,14 +213,26 @@ pub struct Args {
     )]
     pub worker_blocks_unknown_capacity: u64,
     /// Bounded router: blocks kept per worker at most, whatever KV cache size it reports.
-    #[arg(long, env = "KVROUTE_ROUTER_WORKER_BLOCKS_MAX", default_value_t = 4_194_304)]
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_WORKER_BLOCKS_MAX",
+        default_value_t = 4_194_304
+    )]
     pub worker_blocks_max: u64,
     /// Bounded router: (block, worker) pairs the KV index holds for all workers together (its
     /// memory: about 25 bytes a pair); stores past it are refused (counted, the worker marked).
-    #[arg(long, env = "KVROUTE_ROUTER_MAX_INDEX_BLOCKS", default_value_t = 67_108_864)]
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_MAX_INDEX_BLOCKS",
+        default_value_t = 67_108_864
+    )]
     pub max_index_blocks: u64,
     /// Bounded router: sidecar streams open at once; more are refused (RESOURCE_EXHAUSTED).
-    #[arg(long, env = "KVROUTE_ROUTER_MAX_INGEST_STREAMS", default_value_t = 1_024)]
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_MAX_INGEST_STREAMS",
+        default_value_t = 1_024
+    )]
     pub max_ingest_streams: usize,
     /// Bounded router: a sidecar stream that sends no report for this many seconds after it
     /// opens is closed (RESOURCE_EXHAUSTED); sidecars send their snapshot at once.

@@ -30,11 +30,8 @@ const MODEL: &str = "tiny";
 /// Generous: nothing here should take long, but a loaded CI machine may be slow.
 const DEADLINE: Duration = Duration::from_secs(120);
 
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+/// Held by each test: one at a time (each has its own runtime; this lock works across them).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Resident memory of this process (`VmRSS` of /proc/self/status), bytes.
 fn rss_bytes() -> u64 {
@@ -280,8 +277,8 @@ async fn honest(r: &Router, id: &str, blocks: Vec<u64>) -> Stream {
 
 /// Picks for `toks` over the Picker API and releases the assignment; returns the worker.
 async fn pick(picker: &mut PickerClient<Channel>, toks: &[u32]) -> String {
-    let body = serde_json::to_vec(&serde_json::json!({"model": MODEL, "prompt": toks}))
-        .expect("json");
+    let body =
+        serde_json::to_vec(&serde_json::json!({"model": MODEL, "prompt": toks})).expect("json");
     let resp = picker
         .pick(PickRequest {
             path: "/v1/completions".into(),
@@ -303,7 +300,7 @@ async fn pick(picker: &mut PickerClient<Channel>, toks: &[u32]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_over_the_cap_are_refused_and_a_realistic_snapshot_still_fits() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let r = Router::start(|a| {
         a.max_body_bytes = 1 << 20;
         a.max_ingest_streams = 3;
@@ -327,7 +324,9 @@ async fn messages_over_the_cap_are_refused_and_a_realistic_snapshot_still_fits()
     // about 1.3 M blocks (10 MiB of hashes). Cut by the sidecar's encoder it passes; the
     // first snapshot stops at the cap for an unknown capacity (256 Ki), the capacity report
     // raises the cap and the router asks for the snapshot again, which now fits whole.
-    let blocks: Vec<u64> = (0..1_310_720u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    let blocks: Vec<u64> = (0..1_310_720u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect();
     let chunks = snapshot_chunks(identity("h200", MODEL), &blocks, usize::MAX);
     assert!(chunks.len() >= 10);
     let mut chunks = chunks.into_iter().enumerate();
@@ -410,7 +409,7 @@ async fn messages_over_the_cap_are_refused_and_a_realistic_snapshot_still_fits()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_sends_nothing_is_closed() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let r = Router::start(|a| a.ingest_first_report_timeout_s = 0.2).await;
     let (tx, rx) = mpsc::channel::<WorkerReport>(1);
     let mut inbound = IngestClient::new(r.channel().await)
@@ -493,7 +492,7 @@ async fn hostile(channel: Channel, worker: u64, as_snapshot: bool) -> Stream {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_announcing_1e8_blocks_stays_at_its_cap_and_others_are_served() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let r = Router::start(|a| a.worker_blocks_unknown_capacity = HOSTILE_CAP).await;
     let (p, p_chain) = prompt(1);
     let (q, q_chain) = prompt(2);
@@ -511,7 +510,10 @@ async fn a_worker_announcing_1e8_blocks_stays_at_its_cap_and_others_are_served()
     let mut peak = before;
     let mut picks = 0;
     while !(snap.is_finished() && flood.is_finished()) {
-        assert!(started.elapsed() < DEADLINE * 2, "the hostile streams never end");
+        assert!(
+            started.elapsed() < DEADLINE * 2,
+            "the hostile streams never end"
+        );
         assert_eq!(pick(&mut picker, &p).await, "honest-a");
         assert_eq!(pick(&mut picker, &q).await, "honest-b");
         picks += 2;
@@ -529,7 +531,8 @@ async fn a_worker_announcing_1e8_blocks_stays_at_its_cap_and_others_are_served()
         assert!(row.blocks_truncated);
     }
     assert_eq!(
-        r.metric("kvroute_router_ingest_blocks_over_cap_total").await,
+        r.metric("kvroute_router_ingest_blocks_over_cap_total")
+            .await,
         2 * (HOSTILE_BLOCKS - HOSTILE_CAP)
     );
     assert!(r.limit_hits("worker_blocks").await > 0);
@@ -553,7 +556,7 @@ async fn a_worker_announcing_1e8_blocks_stays_at_its_cap_and_others_are_served()
 
 /// The first report of hostile worker `prefix-i`; every other one names a model of its own.
 fn flood_report(prefix: &str, i: u32) -> WorkerReport {
-    let model = if i % 2 == 0 {
+    let model = if i.is_multiple_of(2) {
         MODEL.to_string()
     } else {
         format!("model-{i}")
@@ -708,13 +711,12 @@ async fn worker_table_stays_at_the_cap(route_unlisted: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_worker_ids_leaves_the_table_at_the_cap_with_route_unlisted() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     worker_table_stays_at_the_cap(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_worker_ids_leaves_the_table_at_the_cap_with_discovery() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     worker_table_stays_at_the_cap(false).await;
 }
-

@@ -21,8 +21,8 @@ use anyhow::Context as _;
 use kvroute_proto::limits::{MAX_BLOCKS_PER_MESSAGE, MAX_MESSAGE_BYTES, split_delta};
 use kvroute_proto::v1::ingest_client::IngestClient;
 use kvroute_proto::v1::{
-    Delta, DeltaOp, IngestControl, WorkerIdentity, WorkerReport, delta_op,
-    ingest_control, worker_report,
+    Delta, DeltaOp, IngestControl, WorkerIdentity, WorkerReport, delta_op, ingest_control,
+    worker_report,
 };
 use prost::Message as _;
 use tokio::sync::mpsc;

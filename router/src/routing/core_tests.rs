@@ -488,7 +488,11 @@ fn stores_past_the_block_cap_are_refused_and_marked() {
     // Below the cap, re-stores of held blocks take no room.
     core.removed(w, &[99], 0.5);
     let s = core.stored(w, &(95..101).collect::<Vec<u64>>(), 0.5);
-    assert_eq!((s.added, s.dropped), (1, 1), "95..99 held, 99 back in, 100 over");
+    assert_eq!(
+        (s.added, s.dropped),
+        (1, 1),
+        "95..99 held, 99 back in, 100 over"
+    );
     // At the cap every store is refused unread: re-stores of held blocks (90..100) count.
     let s = core.stored(w, &(90..120).collect::<Vec<u64>>(), 1.0);
     assert_eq!((s.added, s.dropped), (0, 30));

@@ -315,7 +315,11 @@ mod tests {
         assert_eq!(caps.cap(0), 1_000, "unknown capacity");
         assert_eq!(caps.cap(3), 5, "rounded up");
         assert_eq!(caps.cap(4_000), 6_000);
-        assert_eq!(caps.cap(u64::MAX), 10_000, "a claimed capacity cannot lift the max");
+        assert_eq!(
+            caps.cap(u64::MAX),
+            10_000,
+            "a claimed capacity cannot lift the max"
+        );
         let odd = BlockCaps {
             slack: f64::NAN,
             unknown: 50_000,

@@ -84,13 +84,17 @@ pub enum SnapshotRefused {
         known: u64,
     },
     /// A new worker whose model already has `--max-workers-per-model` workers.
-    #[error("the model has {max} workers already (--max-workers-per-model); discovery does not list this one")]
+    #[error(
+        "the model has {max} workers already (--max-workers-per-model); discovery does not list this one"
+    )]
     TooManyWorkersForModel {
         /// The cap.
         max: usize,
     },
     /// A new worker while the router has `--max-workers` workers.
-    #[error("the router has {max} workers already (--max-workers); discovery does not list this one")]
+    #[error(
+        "the router has {max} workers already (--max-workers); discovery does not list this one"
+    )]
     TooManyWorkers {
         /// The cap.
         max: usize,
@@ -254,9 +258,7 @@ impl RouterState {
         let mut sidecars = self.0.sidecars.write();
         let mut core = self.0.core.lock();
         let known = core.routing.worker_id(&identity.worker_id);
-        if let Some(known) = known
-            .and_then(|w| core.routing.worker(w))
-            .map(|w| w.epoch)
+        if let Some(known) = known.and_then(|w| core.routing.worker(w)).map(|w| w.epoch)
             && identity.epoch < known
         {
             return Err(SnapshotRefused::OlderEpoch {
@@ -276,7 +278,10 @@ impl RouterState {
             };
             self.limit_hit(
                 limit,
-                format_args!("new worker {} refused: {refused}", shown(&identity.worker_id)),
+                format_args!(
+                    "new worker {} refused: {refused}",
+                    shown(&identity.worker_id)
+                ),
             );
             return Err(refused);
         }

@@ -256,7 +256,9 @@ impl View {
         self.reports += 1;
         let weight = match &r.body {
             Some(worker_report::Body::Snapshot(c)) => c.blocks.len(),
-            Some(worker_report::Body::Delta(d)) => d.ops.iter().map(|o| o.blocks.len().max(1)).sum(),
+            Some(worker_report::Body::Delta(d)) => {
+                d.ops.iter().map(|o| o.blocks.len().max(1)).sum()
+            }
             _ => 0,
         };
         self.max_report_blocks = self.max_report_blocks.max(weight);
