@@ -242,6 +242,14 @@ pub struct Args {
         default_value_t = 10.0
     )]
     pub ingest_first_report_timeout_s: f64,
+    /// Bounded router: Pick calls are refused (RESOURCE_EXHAUSTED) while this many
+    /// assignments are outstanding (not reported done or aborted, not expired).
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_MAX_OUTSTANDING_PICKS",
+        default_value_t = 16_384
+    )]
+    pub max_outstanding_picks: usize,
 }
 
 impl Default for Args {
@@ -284,6 +292,7 @@ impl Default for Args {
             max_index_blocks: 67_108_864,
             max_ingest_streams: 1_024,
             ingest_first_report_timeout_s: 10.0,
+            max_outstanding_picks: 16_384,
         }
     }
 }
@@ -338,42 +347,27 @@ fn predictor_prior(
     })
 }
 
-/// The bounded router's caps from the flags (each at least 1; the slack a finite number).
-fn limits(
-    max_workers_per_model: usize,
-    max_workers: usize,
-    blocks: routing::BlockCaps,
-    max_ingest_streams: usize,
-    first_report_timeout: Duration,
-) -> anyhow::Result<limits::Limits> {
-    let routing::BlockCaps {
-        slack,
-        unknown,
-        max,
-        total,
-    } = blocks;
+/// The bounded router's caps from the flags, checked: each at least 1, the slack a number
+/// from 1 to 1000.
+fn checked_limits(l: limits::Limits) -> anyhow::Result<limits::Limits> {
+    let slack = l.worker_blocks.slack;
     if !(slack.is_finite() && (1.0..=1_000.0).contains(&slack)) {
         bail!("--worker-blocks-slack {slack}: expected a number from 1 to 1000");
     }
     for (flag, v) in [
-        ("max-workers-per-model", max_workers_per_model as u64),
-        ("max-workers", max_workers as u64),
-        ("worker-blocks-unknown-capacity", unknown),
-        ("worker-blocks-max", max),
-        ("max-index-blocks", total),
-        ("max-ingest-streams", max_ingest_streams as u64),
+        ("max-workers-per-model", l.max_workers_per_model as u64),
+        ("max-workers", l.max_workers as u64),
+        ("worker-blocks-unknown-capacity", l.worker_blocks.unknown),
+        ("worker-blocks-max", l.worker_blocks.max),
+        ("max-index-blocks", l.worker_blocks.total),
+        ("max-ingest-streams", l.max_ingest_streams as u64),
+        ("max-outstanding-picks", l.max_outstanding_picks as u64),
     ] {
         if v == 0 {
             bail!("--{flag} 0: expected at least 1");
         }
     }
-    Ok(limits::Limits {
-        max_workers_per_model,
-        max_workers,
-        worker_blocks: blocks,
-        max_ingest_streams,
-        first_report_timeout,
-    })
+    Ok(l)
 }
 
 fn secs(flag: &str, v: f64) -> anyhow::Result<Duration> {
@@ -452,6 +446,7 @@ impl Server {
             max_index_blocks,
             max_ingest_streams,
             ingest_first_report_timeout_s,
+            max_outstanding_picks,
         } = args;
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
@@ -469,21 +464,22 @@ impl Server {
             tokenizers: tokenizer_dirs(&tokenizer)?,
             predictor: predictor_prior(prior_prefill_rate, prior_overhead_s, prior_itl_s)?,
             drain_delay: secs("drain-delay-s", drain_delay_s)?,
-            limits: limits(
+            limits: checked_limits(limits::Limits {
                 max_workers_per_model,
                 max_workers,
-                routing::BlockCaps {
+                worker_blocks: routing::BlockCaps {
                     slack: worker_blocks_slack,
                     unknown: worker_blocks_unknown_capacity,
                     max: worker_blocks_max,
                     total: max_index_blocks,
                 },
                 max_ingest_streams,
-                secs(
+                first_report_timeout: secs(
                     "ingest-first-report-timeout-s",
                     ingest_first_report_timeout_s,
                 )?,
-            )?,
+                max_outstanding_picks,
+            })?,
         };
         let metrics = RouterMetrics::register(&prometheus::Registry::new())?;
         let state = RouterState::new(router_config, metrics)?;
@@ -824,22 +820,38 @@ mod tests {
 
     #[test]
     fn limit_flags_are_validated() {
-        let t = Duration::from_secs(1);
-        let caps = |slack, total| routing::BlockCaps {
-            slack,
-            unknown: 100,
-            max: 1_000,
-            total,
+        let ok = limits::Limits {
+            worker_blocks: routing::BlockCaps {
+                slack: 1.5,
+                unknown: 100,
+                max: 1_000,
+                total: 10_000,
+            },
+            ..limits::Limits::default()
         };
-        let l = limits(8, 16, caps(1.5, 10_000), 4, t).expect("valid");
+        let l = checked_limits(ok).expect("valid");
         assert_eq!(l.worker_blocks.cap(10), 15);
-        assert!(limits(8, 16, caps(0.5, 10_000), 4, t).is_err());
-        assert!(limits(8, 16, caps(f64::NAN, 10_000), 4, t).is_err());
-        let e = limits(0, 16, caps(2.0, 10_000), 4, t).expect_err("zero");
+        for slack in [0.5, f64::NAN, 1e9] {
+            let mut bad = ok;
+            bad.worker_blocks.slack = slack;
+            assert!(checked_limits(bad).is_err(), "{slack}");
+        }
+        let e = checked_limits(limits::Limits {
+            max_workers_per_model: 0,
+            ..ok
+        })
+        .expect_err("zero");
         assert!(e.to_string().contains("--max-workers-per-model"), "{e}");
-        let e = limits(8, 16, caps(2.0, 0), 4, t).expect_err("zero");
+        let mut bad = ok;
+        bad.worker_blocks.total = 0;
+        let e = checked_limits(bad).expect_err("zero");
         assert!(e.to_string().contains("--max-index-blocks"), "{e}");
-        assert!(limits(8, 16, caps(2.0, 10_000), 0, t).is_err());
+        let e = checked_limits(limits::Limits {
+            max_outstanding_picks: 0,
+            ..ok
+        })
+        .expect_err("zero");
+        assert!(e.to_string().contains("--max-outstanding-picks"), "{e}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! gRPC message  > 4 MiB (Ingest) / --max-body-bytes (Picker) --> RESOURCE_EXHAUSTED
+//! Pick          > --max-outstanding-picks unreported ----------> RESOURCE_EXHAUSTED
 //! ingest stream > --max-ingest-streams, or no first report in time --> RESOURCE_EXHAUSTED
 //! new worker    > --max-workers-per-model / --max-workers (unless discovery lists it) --> refused
 //! blocks        > worker's cap, or the index's total (routing::BlockCaps)
@@ -43,6 +44,9 @@ pub struct Limits {
     /// How long a new ingest stream may take to send its first report (a sidecar sends its
     /// snapshot at once); a stream that sends nothing would otherwise hold a stream slot.
     pub first_report_timeout: Duration,
+    /// Outstanding assignments (not yet reported done or aborted, nor expired) past which
+    /// the Picker refuses new Pick calls.
+    pub max_outstanding_picks: usize,
 }
 
 impl Default for Limits {
@@ -53,6 +57,7 @@ impl Default for Limits {
             worker_blocks: BlockCaps::default(),
             max_ingest_streams: 1_024,
             first_report_timeout: Duration::from_secs(10),
+            max_outstanding_picks: 16_384,
         }
     }
 }
@@ -64,6 +69,8 @@ pub enum Limit {
     IngestMessageSize,
     /// A Pick request over `--max-body-bytes` (plus framing).
     PickMessageSize,
+    /// A Pick while `--max-outstanding-picks` assignments are outstanding.
+    OutstandingPicks,
     /// Ingest streams at `--max-ingest-streams`.
     IngestStreams,
     /// A stream sent no report within [`Limits::first_report_timeout`].
@@ -80,9 +87,10 @@ pub enum Limit {
 
 impl Limit {
     /// Every cap, in label order.
-    pub const ALL: [Limit; 8] = [
+    pub const ALL: [Limit; 9] = [
         Limit::IngestMessageSize,
         Limit::PickMessageSize,
+        Limit::OutstandingPicks,
         Limit::IngestStreams,
         Limit::FirstReportTimeout,
         Limit::WorkersPerModel,
@@ -96,6 +104,7 @@ impl Limit {
         match self {
             Limit::IngestMessageSize => "ingest_message_size",
             Limit::PickMessageSize => "pick_message_size",
+            Limit::OutstandingPicks => "outstanding_picks",
             Limit::IngestStreams => "ingest_streams",
             Limit::FirstReportTimeout => "first_report_timeout",
             Limit::WorkersPerModel => "workers_per_model",

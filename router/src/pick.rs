@@ -15,7 +15,8 @@
 //! model. Errors: bad JSON or no `model` -> `INVALID_ARGUMENT`; unknown model -> `NOT_FOUND`;
 //! no routable worker -> `UNAVAILABLE`; a request over `--max-body-bytes` ->
 //! `RESOURCE_EXHAUSTED` (tonic refuses it from its length prefix; [`CountOversize`] counts it
-//! in `kvroute_router_limit_hits_total{limit="pick_message_size"}`).
+//! in `kvroute_router_limit_hits_total{limit="pick_message_size"}`), and so is a Pick while
+//! `--max-outstanding-picks` assignments are outstanding (`outstanding_picks`).
 
 use std::time::{Duration, Instant};
 
@@ -63,7 +64,8 @@ impl PickerService {
 /// A Picker server that answers an oversized request `RESOURCE_EXHAUSTED` and counts it.
 /// tonic refuses a message over the decoding limit before the handler runs, with
 /// `OUT_OF_RANGE` (which the handler never returns), so only the response shows it: a
-/// unary error travels in the response headers, where this rewrites the code.
+/// unary error travels in the response headers, where this rewrites the code. (The
+/// handler counts its own refusals.)
 #[derive(Clone)]
 pub struct CountOversize<S> {
     inner: S,
@@ -95,15 +97,12 @@ where
         let response = self.inner.call(request);
         Box::pin(async move {
             let mut response = response.await?;
-            let code = |c: tonic::Code| http::HeaderValue::from(c as i32);
-            let status = response.headers().get("grpc-status");
-            let too_large = status == Some(&code(tonic::Code::OutOfRange));
-            if too_large || status == Some(&code(tonic::Code::ResourceExhausted)) {
-                if too_large {
-                    response
-                        .headers_mut()
-                        .insert("grpc-status", code(tonic::Code::ResourceExhausted));
-                }
+            let out_of_range = http::HeaderValue::from(tonic::Code::OutOfRange as i32);
+            if response.headers().get("grpc-status") == Some(&out_of_range) {
+                response.headers_mut().insert(
+                    "grpc-status",
+                    http::HeaderValue::from(tonic::Code::ResourceExhausted as i32),
+                );
                 state.limit_hit(
                     Limit::PickMessageSize,
                     format_args!("Pick request refused: over --max-body-bytes"),
@@ -146,7 +145,22 @@ impl Picker for PickerService {
     async fn pick(&self, request: Request<PickRequest>) -> Result<Response<PickResponse>, Status> {
         let req = request.into_inner();
         if req.body.len() > self.state.config().max_body_bytes {
+            self.state.limit_hit(
+                Limit::PickMessageSize,
+                format_args!("Pick request refused: over --max-body-bytes"),
+            );
             return Err(Status::resource_exhausted("body over --max-body-bytes"));
+        }
+        // Each unreported assignment holds state until it expires (--assignment-ttl-s).
+        let max = self.state.config().limits.max_outstanding_picks;
+        if self.state.in_flight() >= max {
+            self.state.limit_hit(
+                Limit::OutstandingPicks,
+                format_args!("Pick refused: {max} assignments outstanding"),
+            );
+            return Err(Status::resource_exhausted(
+                "too many outstanding assignments (--max-outstanding-picks): report them done or aborted",
+            ));
         }
         let mut body: Value = serde_json::from_slice(&req.body)
             .map_err(|e| Status::invalid_argument(format!("body is not JSON: {e}")))?;

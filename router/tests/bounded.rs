@@ -426,6 +426,36 @@ async fn a_stream_that_sends_nothing_is_closed() {
     drop(tx);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreported_picks_are_capped() {
+    let _serial = SERIAL.lock().await;
+    let r = Router::start(|a| a.max_outstanding_picks = 2).await;
+    let (p, chain) = prompt(1);
+    let w = honest(&r, "w", chain).await;
+    let mut picker = PickerClient::new(r.channel().await);
+    let body = serde_json::to_vec(&serde_json::json!({"model": MODEL, "prompt": p})).expect("json");
+    let req = || PickRequest {
+        path: "/v1/completions".into(),
+        headers: Default::default(),
+        body: body.clone(),
+    };
+    let first = picker.pick(req()).await.expect("pick 1").into_inner();
+    picker.pick(req()).await.expect("pick 2");
+    let status = picker.pick(req()).await.expect_err("a third is refused");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert_eq!(r.limit_hits("outstanding_picks").await, 1);
+    assert_eq!(r.limit_hits("pick_message_size").await, 0);
+    picker
+        .report_aborted(ReportAbortedRequest {
+            decision_id: first.decision_id,
+            reason: "test".into(),
+        })
+        .await
+        .expect("release");
+    picker.pick(req()).await.expect("room again");
+    assert!(w.close().await.is_none());
+}
+
 /// Blocks a hostile worker announces: 10^8, each distinct.
 const HOSTILE_BLOCKS: u64 = 100_000_000;
 /// Its cap (no capacity reported).

@@ -64,6 +64,10 @@ pub struct CoreConfig {
     pub prior_output_tokens: f64,
     /// How many blocks the index keeps per worker.
     pub block_caps: BlockCaps,
+    /// Most blocks the pending overlay holds (the chains of outstanding placements); a
+    /// placement that would go past it is not added (a burst may then spread more): bounds
+    /// what unreported Pick calls with long prompts can make the core hold.
+    pub pending_max_blocks: usize,
 }
 
 impl Default for CoreConfig {
@@ -79,6 +83,7 @@ impl Default for CoreConfig {
             saturated_kv_usage: 0.9,
             prior_output_tokens: 256.0,
             block_caps: BlockCaps::default(),
+            pending_max_blocks: 1 << 20,
         }
     }
 }
@@ -500,6 +505,7 @@ impl RoutingCore {
             && self.cfg.pending_grace_s > 0.0
             && let Some(c) = decision.chosen_candidate()
             && let Some(chain) = plan.chain(c.block_size)
+            && self.pending.blocks() + chain.len() <= self.cfg.pending_max_blocks
         {
             self.pending.add(id, decision.chosen, chain.to_vec());
         }

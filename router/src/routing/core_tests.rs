@@ -549,3 +549,32 @@ fn the_index_as_a_whole_stops_at_its_total() {
     assert_eq!((s.added, s.dropped), (1, 0));
     assert_eq!(core.blocks_of(b), 100);
 }
+
+#[test]
+fn the_pending_overlay_stops_at_its_cap() {
+    let mut core = RoutingCore::new(CoreConfig {
+        pending_max_blocks: 200,
+        ..CoreConfig::default()
+    });
+    let w = core.snapshot("w", 16, 1, &[], 0.0);
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 7);
+    let mut ids = Vec::new();
+    for q in 0..3u32 {
+        // 144 blocks each: the first fits, the others would pass 200.
+        let tokens: Vec<u32> = (q * 10_000..q * 10_000 + 2_304).collect();
+        let (plan, d) = core
+            .decide(&mut p, &req(&tokens), &[w], 0.0)
+            .expect("decision");
+        ids.push(core.assign(&plan, &d, 0.0));
+        assert_eq!(core.pending.blocks(), 144);
+    }
+    assert_eq!(
+        core.outstanding(),
+        3,
+        "the requests are placed all the same"
+    );
+    for id in ids {
+        core.abort(id);
+    }
+    assert_eq!(core.pending.blocks(), 0);
+}
