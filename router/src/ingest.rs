@@ -40,7 +40,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::limits::{CONTROL_QUEUE, Limit};
+use crate::limits::{CONTROL_QUEUE, Limit, MAX_GPU_UUID_BYTES, MAX_GPUS_PER_WORKER};
 use crate::routing::GpuStatus;
 use crate::state::{DeltaOp, LoadApplied, LoadView, RouterState, SidecarIdentity, SnapshotRefused};
 
@@ -187,7 +187,7 @@ impl Session {
                     },
                     scrape_failed: load.scrape_failed || !usage_known,
                     kv_capacity_tokens: load.kv_capacity_tokens,
-                    gpus: gpus_from_wire(load.gpus, load.gpu),
+                    gpus: gpus_from_wire(state, load.gpus, load.gpu),
                 };
                 match state.sidecar_load(self.stream, self.worker_id(), view, now) {
                     LoadApplied::NotOwner => self.owned(false)?,
@@ -275,6 +275,10 @@ impl Session {
     ) -> Result<(), Status> {
         match state.sidecar_snapshot_start(self.stream, &identity, blocks, now) {
             Ok(()) => {}
+            // Counted as a limit hit by the state.
+            Err(e @ SnapshotRefused::IdentityTooLong { .. }) => {
+                return Err(Status::invalid_argument(e.to_string()));
+            }
             Err(e @ SnapshotRefused::BadIdentity) => {
                 state
                     .metrics()
@@ -324,15 +328,34 @@ impl Session {
 }
 
 /// The worker's GPUs from a load sample: `gpus`, or `gpu` alone from a sidecar that predates
-/// `gpus`; each classified (degraded or not) here, once.
-fn gpus_from_wire(gpus: Vec<GpuStats>, first: Option<GpuStats>) -> Vec<GpuStatus> {
+/// `gpus`; each classified (degraded or not) here, once. At most [`MAX_GPUS_PER_WORKER`] are
+/// kept (counted when more came), UUIDs cut to [`MAX_GPU_UUID_BYTES`].
+fn gpus_from_wire(
+    state: &RouterState,
+    gpus: Vec<GpuStats>,
+    first: Option<GpuStats>,
+) -> Vec<GpuStatus> {
     let gpus = if gpus.is_empty() {
         first.into_iter().collect()
     } else {
         gpus
     };
+    if gpus.len() > MAX_GPUS_PER_WORKER {
+        state.limit_hit(
+            Limit::WorkerGpus,
+            format_args!("load sample with {} GPUs: the rest dropped", gpus.len()),
+        );
+    }
     gpus.into_iter()
-        .map(|g| {
+        .take(MAX_GPUS_PER_WORKER)
+        .map(|mut g| {
+            if g.uuid.len() > MAX_GPU_UUID_BYTES {
+                let cut = (0..=MAX_GPU_UUID_BYTES)
+                    .rev()
+                    .find(|&i| g.uuid.is_char_boundary(i))
+                    .unwrap_or(0);
+                g.uuid.truncate(cut);
+            }
             GpuStatus {
                 index: g.index,
                 uuid: g.uuid,

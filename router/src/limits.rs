@@ -27,6 +27,18 @@ use crate::routing::BlockCaps;
 /// sidecar back).
 pub const CONTROL_QUEUE: usize = 64;
 
+/// Longest identity field (worker id, address, model, WorkerSet) a sidecar may send, bytes:
+/// Kubernetes names are at most 253 characters; the router keeps these strings per worker and
+/// uses the worker id as a metric label.
+pub const MAX_IDENTITY_BYTES: usize = 512;
+
+/// Most GPUs kept from one load sample (a node has at most 8 or 16; each becomes metric
+/// series); the rest are dropped.
+pub const MAX_GPUS_PER_WORKER: usize = 64;
+
+/// Longest GPU UUID kept (NVML's are about 40 characters); longer ones are cut.
+pub const MAX_GPU_UUID_BYTES: usize = 96;
+
 /// Hits of one cap are logged at most this often (each hit is counted).
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -75,6 +87,10 @@ pub enum Limit {
     IngestStreams,
     /// A stream sent no report within [`Limits::first_report_timeout`].
     FirstReportTimeout,
+    /// An identity field over [`MAX_IDENTITY_BYTES`].
+    IdentitySize,
+    /// A load sample with more than [`MAX_GPUS_PER_WORKER`] GPUs.
+    WorkerGpus,
     /// A new worker over `--max-workers-per-model`.
     WorkersPerModel,
     /// A new worker over `--max-workers`.
@@ -87,12 +103,14 @@ pub enum Limit {
 
 impl Limit {
     /// Every cap, in label order.
-    pub const ALL: [Limit; 9] = [
+    pub const ALL: [Limit; 11] = [
         Limit::IngestMessageSize,
         Limit::PickMessageSize,
         Limit::OutstandingPicks,
         Limit::IngestStreams,
         Limit::FirstReportTimeout,
+        Limit::IdentitySize,
+        Limit::WorkerGpus,
         Limit::WorkersPerModel,
         Limit::Workers,
         Limit::WorkerBlocks,
@@ -107,6 +125,8 @@ impl Limit {
             Limit::OutstandingPicks => "outstanding_picks",
             Limit::IngestStreams => "ingest_streams",
             Limit::FirstReportTimeout => "first_report_timeout",
+            Limit::IdentitySize => "identity_size",
+            Limit::WorkerGpus => "worker_gpus",
             Limit::WorkersPerModel => "workers_per_model",
             Limit::Workers => "workers",
             Limit::WorkerBlocks => "worker_blocks",

@@ -456,6 +456,50 @@ async fn unreported_picks_are_capped() {
     assert!(w.close().await.is_none());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_identities_are_refused_and_gpu_lists_cut() {
+    let _serial = SERIAL.lock().await;
+    let r = Router::start(|_| {}).await;
+    let mut long = identity("long", MODEL);
+    long.model = "m".repeat(100_000);
+    let chunk = SnapshotChunk {
+        identity: Some(long),
+        first: true,
+        last: true,
+        blocks: vec![],
+    };
+    let status = Stream::open(r.channel().await, snapshot(0, chunk))
+        .await
+        .refused()
+        .await;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert_eq!(r.limit_hits("identity_size").await, 1);
+
+    let s = honest(&r, "gpus", vec![1]).await;
+    let gpu = |i: u32| kvroute_proto::v1::GpuStats {
+        index: i,
+        uuid: format!("GPU-{i}-{}", "u".repeat(200)),
+        memory_total_bytes: 1 << 30,
+        ..Default::default()
+    };
+    s.send(report(
+        1,
+        worker_report::Body::Load(LoadSample {
+            timestamp_ms: 1,
+            kv_cache_usage: 0.1,
+            gpus: (0..10_000).map(gpu).collect(),
+            ..LoadSample::default()
+        }),
+    ))
+    .await;
+    s.acked(1).await;
+    let load = r.row("gpus").load.expect("a load sample");
+    assert_eq!(load.gpus.len(), 64);
+    assert!(load.gpus.iter().all(|g| g.uuid.len() <= 96));
+    assert_eq!(r.limit_hits("worker_gpus").await, 1);
+    assert!(s.close().await.is_none());
+}
+
 /// Blocks a hostile worker announces: 10^8, each distinct.
 const HOSTILE_BLOCKS: u64 = 100_000_000;
 /// Its cap (no capacity reported).

@@ -159,6 +159,13 @@ impl Model {
         if id.worker_id.is_empty() || id.model.is_empty() || id.block_size == 0 {
             return Err(INVALID_ARGUMENT);
         }
+        let fields = [&id.worker_id, &id.address, &id.model, &id.worker_set];
+        if fields
+            .iter()
+            .any(|f| f.len() > kvroute_router::limits::MAX_IDENTITY_BYTES)
+        {
+            return Err(INVALID_ARGUMENT);
+        }
         let w = self.workers.entry(id.worker_id.clone()).or_default();
         if w.owner != 0 && id.epoch < w.epoch {
             return Err(FAILED_PRECONDITION);

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use super::RouterState;
 use super::catalog::{DiscoveredWorker, find_sidecar};
-use crate::limits::{Limit, Limits};
+use crate::limits::{Limit, Limits, MAX_IDENTITY_BYTES};
 use crate::routing::{CapResync, GpuStatus, LoadSample, Stored, WorkerId};
 
 /// Identity of a reporting worker (from the first snapshot chunk).
@@ -75,6 +75,12 @@ pub enum SnapshotRefused {
     /// Identity is incomplete.
     #[error("identity without worker_id, model or block_size")]
     BadIdentity,
+    /// An identity field is longer than the router keeps.
+    #[error("identity field over {max} bytes")]
+    IdentityTooLong {
+        /// The cap ([`crate::limits::MAX_IDENTITY_BYTES`]).
+        max: usize,
+    },
     /// The router already knows a newer epoch of this worker.
     #[error("epoch {got} is older than the known epoch {known}")]
     OlderEpoch {
@@ -245,6 +251,25 @@ impl RouterState {
     ) -> Result<(), SnapshotRefused> {
         if identity.worker_id.is_empty() || identity.model.is_empty() || identity.block_size == 0 {
             return Err(SnapshotRefused::BadIdentity);
+        }
+        let longest = [
+            &identity.worker_id,
+            &identity.address,
+            &identity.model,
+            &identity.worker_set,
+        ]
+        .iter()
+        .map(|f| f.len())
+        .max()
+        .unwrap_or(0);
+        if longest > MAX_IDENTITY_BYTES {
+            self.limit_hit(
+                Limit::IdentitySize,
+                format_args!("stream refused: an identity field of {longest} bytes"),
+            );
+            return Err(SnapshotRefused::IdentityTooLong {
+                max: MAX_IDENTITY_BYTES,
+            });
         }
         let t = self.secs(now);
         // By id only: an address is no identity, and anyone may claim a listed one.
