@@ -628,12 +628,13 @@ async fn a_worker_announcing_1e8_blocks_stays_at_its_cap_and_others_are_served()
     }
 }
 
-/// The first report of hostile worker `prefix-i`; every other one names a model of its own.
-fn flood_report(prefix: &str, i: u32) -> WorkerReport {
-    let model = if i.is_multiple_of(2) {
-        MODEL.to_string()
-    } else {
+/// The first report of hostile worker `prefix-i`, of the model `tiny` or of a model of its
+/// own.
+fn flood_report(prefix: &str, i: u32, own_model: bool) -> WorkerReport {
+    let model = if own_model {
         format!("model-{i}")
+    } else {
+        MODEL.to_string()
     };
     snapshot(
         0,
@@ -648,12 +649,12 @@ fn flood_report(prefix: &str, i: u32) -> WorkerReport {
 
 /// Tries to add `n` workers over gRPC, 64 streams at a time, each closed once answered.
 /// Returns how many the router took.
-async fn worker_flood(r: &Router, prefix: &str, n: u32) -> u32 {
+async fn worker_flood(r: &Router, prefix: &str, n: u32, own_model: bool) -> u32 {
     let channel = r.channel().await;
     futures::stream::iter(0..n)
         .map(|i| {
             let channel = channel.clone();
-            let first = flood_report(prefix, i);
+            let first = flood_report(prefix, i, own_model);
             async move {
                 let (tx, rx) = mpsc::channel(1);
                 tx.send(first).await.expect("queue");
@@ -687,7 +688,8 @@ fn session_flood(r: &Router, prefix: &str, n: u32) -> u32 {
     let mut taken = 0;
     for i in 0..n {
         let mut s = kvroute_router::ingest::Session::new(&r.state);
-        match s.on_report(&r.state, flood_report(prefix, i), Instant::now()) {
+        let report = flood_report(prefix, i, i.is_multiple_of(2));
+        match s.on_report(&r.state, report, Instant::now()) {
             Ok(_) => taken += 1,
             Err(status) => assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}"),
         }
@@ -735,10 +737,12 @@ async fn worker_table_stays_at_the_cap(route_unlisted: bool) {
     let before = rss_bytes();
     let started = Instant::now();
 
-    // 10^5 ids: 2,000 over gRPC, the rest through the protocol layer.
-    let taken = worker_flood(&r, "grpc", 2_000).await;
-    // 2 honest workers count: 62 more of model tiny, then others up to 128 in all.
-    assert_eq!(taken, 126);
+    // 10^5 ids: 2,000 over gRPC, the rest through the protocol layer. The 2 honest workers
+    // count: 62 more of model tiny, then 64 of other models make 128 in all.
+    assert_eq!(worker_flood(&r, "tiny", 1_000, false).await, 62);
+    assert_eq!(r.limit_hits("workers_per_model").await, 1_000 - 62);
+    assert_eq!(worker_flood(&r, "other", 1_000, true).await, 64);
+    assert_eq!(r.limit_hits("workers").await, 1_000 - 64);
     assert_eq!(session_flood(&r, "hostile", 98_000), 0);
     let with_sidecar = |r: &Router| {
         r.state
