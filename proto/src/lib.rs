@@ -6,7 +6,11 @@
 //! gateway --Picker.Pick / Report*---------------> router
 //! ```
 //!
-//! The schema lives in `proto/kvroute.proto`; this crate only compiles it.
+//! The schema lives in `proto/kvroute.proto`; this crate compiles it and says how large an
+//! Ingest message may be ([`limits`]: the cap the router enforces and the splitting the
+//! sidecar uses to stay within it).
+
+pub mod limits;
 
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {

@@ -22,24 +22,33 @@
 //! refused at once (`UNAUTHENTICATED`), and the first snapshot's worker id must be one that
 //! discovery lists for the certificate's WorkerSet, from its pod IP (`PERMISSION_DENIED`
 //! otherwise); each refusal counts in `kvroute_router_ingest_refused_total{reason}`.
+//!
+//! Caps ([`crate::limits`]): a message over 4 MiB, a stream over `--max-ingest-streams`, a
+//! stream silent past `--ingest-first-report-timeout-s` and a new worker over the worker caps end the
+//! stream with `RESOURCE_EXHAUSTED`; blocks over a worker's cap are dropped, and when its cap
+//! later moves past what the index holds the router asks for a snapshot. Each is counted in
+//! `kvroute_router_limit_hits_total`.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures::{Stream, StreamExt};
+use kvroute_proto::limits::MAX_MESSAGE_BYTES;
 use kvroute_proto::v1::ingest_server::{Ingest, IngestServer};
 use kvroute_proto::v1::{
     Ack, DeltaOp as WireDeltaOp, GpuStats, IngestControl, SnapshotRequest, WorkerReport, delta_op,
     ingest_control, worker_report,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Caller, StreamRefused};
+use crate::limits::{CONTROL_QUEUE, Limit, MAX_GPU_UUID_BYTES, MAX_GPUS_PER_WORKER};
 use crate::routing::GpuStatus;
-use crate::state::{DeltaOp, LoadView, RouterState, SidecarIdentity, SnapshotRefused};
+use crate::state::{DeltaOp, LoadApplied, LoadView, RouterState, SidecarIdentity, SnapshotRefused};
 
 /// Where a stream is in its protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,9 +200,20 @@ impl Session {
                     },
                     scrape_failed: load.scrape_failed || !usage_known,
                     kv_capacity_tokens: load.kv_capacity_tokens,
-                    gpus: gpus_from_wire(load.gpus, load.gpu),
+                    gpus: gpus_from_wire(state, load.gpus, load.gpu),
                 };
-                self.owned(state.sidecar_load(self.stream, self.worker_id(), view, now))?;
+                match state.sidecar_load(self.stream, self.worker_id(), view, now) {
+                    LoadApplied::NotOwner => self.owned(false)?,
+                    LoadApplied::Applied => {}
+                    // Not while a requested snapshot is still to come: it will do.
+                    LoadApplied::Resync(why) if self.phase != Phase::AwaitingSnapshot => {
+                        m.sidecar_stream_events
+                            .with_label_values(&["cap_resync"])
+                            .inc();
+                        out.push(snapshot_request(why.to_string()));
+                    }
+                    LoadApplied::Resync(_) => {}
+                }
                 m.ingest_reports.with_label_values(&["load"]).inc();
                 self.phase != Phase::AwaitingSnapshot
             }
@@ -274,6 +294,10 @@ impl Session {
     ) -> Result<(), Status> {
         match state.sidecar_snapshot_start(self.stream, &identity, blocks, now) {
             Ok(()) => {}
+            // Counted as a limit hit by the state.
+            Err(e @ SnapshotRefused::IdentityTooLong { .. }) => {
+                return Err(Status::invalid_argument(e.to_string()));
+            }
             Err(e @ SnapshotRefused::BadIdentity) => {
                 state
                     .metrics()
@@ -290,6 +314,11 @@ impl Session {
                     .inc();
                 return Err(Status::failed_precondition(e.to_string()));
             }
+            // Counted as limit hits by the state.
+            Err(
+                e @ (SnapshotRefused::TooManyWorkersForModel { .. }
+                | SnapshotRefused::TooManyWorkers { .. }),
+            ) => return Err(Status::resource_exhausted(e.to_string())),
         }
         if last {
             // A one-chunk snapshot is complete at once.
@@ -318,15 +347,34 @@ impl Session {
 }
 
 /// The worker's GPUs from a load sample: `gpus`, or `gpu` alone from a sidecar that predates
-/// `gpus`; each classified (degraded or not) here, once.
-fn gpus_from_wire(gpus: Vec<GpuStats>, first: Option<GpuStats>) -> Vec<GpuStatus> {
+/// `gpus`; each classified (degraded or not) here, once. At most [`MAX_GPUS_PER_WORKER`] are
+/// kept (counted when more came), UUIDs cut to [`MAX_GPU_UUID_BYTES`].
+fn gpus_from_wire(
+    state: &RouterState,
+    gpus: Vec<GpuStats>,
+    first: Option<GpuStats>,
+) -> Vec<GpuStatus> {
     let gpus = if gpus.is_empty() {
         first.into_iter().collect()
     } else {
         gpus
     };
+    if gpus.len() > MAX_GPUS_PER_WORKER {
+        state.limit_hit(
+            Limit::WorkerGpus,
+            format_args!("load sample with {} GPUs: the rest dropped", gpus.len()),
+        );
+    }
     gpus.into_iter()
-        .map(|g| {
+        .take(MAX_GPUS_PER_WORKER)
+        .map(|mut g| {
+            if g.uuid.len() > MAX_GPU_UUID_BYTES {
+                let cut = (0..=MAX_GPU_UUID_BYTES)
+                    .rev()
+                    .find(|&i| g.uuid.is_char_boundary(i))
+                    .unwrap_or(0);
+                g.uuid.truncate(cut);
+            }
             GpuStatus {
                 index: g.index,
                 uuid: g.uuid,
@@ -396,15 +444,19 @@ pub struct IngestService {
     state: RouterState,
     shutdown: CancellationToken,
     tls: bool,
+    /// One permit per open stream (`--max-ingest-streams`).
+    streams: Arc<Semaphore>,
 }
 
 impl IngestService {
     /// A service applying reports to `state`; streams end when `shutdown` fires.
     pub fn new(state: RouterState, shutdown: CancellationToken) -> Self {
+        let streams = Arc::new(Semaphore::new(state.config().limits.max_ingest_streams));
         Self {
             state,
             shutdown,
             tls: false,
+            streams,
         }
     }
 
@@ -414,9 +466,10 @@ impl IngestService {
         self
     }
 
-    /// As a tonic server (large snapshots: up to 64 MiB per message).
+    /// As a tonic server. A message over [`MAX_MESSAGE_BYTES`] is refused from its length
+    /// prefix, before it is buffered; sidecars chunk their snapshots to fit.
     pub fn into_server(self) -> IngestServer<Self> {
-        IngestServer::new(self).max_decoding_message_size(64 << 20)
+        IngestServer::new(self).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 }
 
@@ -432,23 +485,63 @@ impl Ingest for IngestService {
     ) -> Result<Response<ControlStream>, Status> {
         let caller = Caller::of(&request, self.tls)
             .map_err(|u| refuse(&self.state, &StreamRefused::from(u)))?;
+        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
+            self.state.limit_hit(
+                Limit::IngestStreams,
+                format_args!("ingest stream refused: --max-ingest-streams are open"),
+            );
+            return Err(Status::resource_exhausted(
+                "too many ingest streams (--max-ingest-streams)",
+            ));
+        };
         let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel(CONTROL_QUEUE);
         let state = self.state.clone();
         let shutdown = self.shutdown.clone();
+        let first_deadline =
+            tokio::time::Instant::now() + state.config().limits.first_report_timeout;
         tokio::spawn(async move {
+            let _permit = permit;
             let m = state.metrics().clone();
             m.sidecar_streams.inc();
             m.sidecar_stream_events.with_label_values(&["opened"]).inc();
             let mut session = Session::for_caller(&state, caller);
             loop {
+                let awaiting_first = session.worker().is_none();
                 let next = tokio::select! {
                     biased;
                     () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep_until(first_deadline), if awaiting_first => {
+                        state.limit_hit(
+                            Limit::FirstReportTimeout,
+                            format_args!("ingest stream closed: no first report in time"),
+                        );
+                        let _ = tx
+                            .send(Err(Status::resource_exhausted("no first report in time")))
+                            .await;
+                        break;
+                    }
                     next = inbound.next() => next,
                 };
                 let report = match next {
                     Some(Ok(r)) => r,
+                    // tonic's decoder refused a message over the cap from its length prefix
+                    // (the only OUT_OF_RANGE it produces); the sidecar is told it was too
+                    // large.
+                    Some(Err(status)) if status.code() == tonic::Code::OutOfRange => {
+                        state.limit_hit(
+                            Limit::IngestMessageSize,
+                            format_args!(
+                                "ingest stream of worker {:?} ended: {}",
+                                session.worker(),
+                                status.message()
+                            ),
+                        );
+                        let _ = tx
+                            .send(Err(Status::resource_exhausted(status.message())))
+                            .await;
+                        break;
+                    }
                     Some(Err(status)) => {
                         tracing::info!(worker = session.worker(), %status, "sidecar stream failed");
                         break;
@@ -463,7 +556,10 @@ impl Ingest for IngestService {
                         }
                     }
                     Err(status) => {
-                        tracing::warn!(worker = session.worker(), %status, "refusing sidecar stream");
+                        // Cap refusals are logged by the state, once per interval.
+                        if status.code() != tonic::Code::ResourceExhausted {
+                            tracing::warn!(worker = session.worker(), %status, "refusing sidecar stream");
+                        }
                         let _ = tx.send(Err(status)).await;
                         break;
                     }
@@ -472,10 +568,12 @@ impl Ingest for IngestService {
             session.close(&state);
             m.sidecar_streams.dec();
             m.sidecar_stream_events.with_label_values(&["closed"]).inc();
-            tracing::info!(
-                worker = session.worker(),
-                "sidecar stream ended; worker stale until it reports again"
-            );
+            if let Some(worker) = session.worker() {
+                tracing::info!(
+                    worker,
+                    "sidecar stream ended; worker stale until it reports again"
+                );
+            }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

@@ -34,6 +34,7 @@ pub mod grpc;
 pub mod health;
 pub mod ingest;
 pub mod listener;
+pub mod limits;
 pub mod metrics;
 pub mod pick;
 pub mod readiness;
@@ -280,6 +281,71 @@ pub struct Args {
     /// KV admission model prior: seconds per output token while decoding.
     #[arg(long, env = "KVROUTE_ROUTER_PRIOR_ITL_S", default_value_t = 0.07)]
     pub prior_itl_s: f64,
+    /// Bounded router: a new worker that discovery does not list is refused (counted, logged)
+    /// when its model has this many workers already. Known workers keep serving; workers
+    /// discovery lists are always taken.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_MAX_WORKERS_PER_MODEL",
+        default_value_t = 256
+    )]
+    pub max_workers_per_model: usize,
+    /// Bounded router: the same rule across models (a sidecar names its model itself).
+    #[arg(long, env = "KVROUTE_ROUTER_MAX_WORKERS", default_value_t = 1_024)]
+    pub max_workers: usize,
+    /// Bounded router: blocks kept per worker, as a multiple (at least 1) of its KV cache
+    /// size in blocks, which its sidecar reports.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_WORKER_BLOCKS_SLACK",
+        default_value_t = 2.0
+    )]
+    pub worker_blocks_slack: f64,
+    /// Bounded router: blocks kept per worker until it reports its KV cache size.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_WORKER_BLOCKS_UNKNOWN_CAPACITY",
+        default_value_t = 262_144
+    )]
+    pub worker_blocks_unknown_capacity: u64,
+    /// Bounded router: blocks kept per worker at most, whatever KV cache size it reports.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_WORKER_BLOCKS_MAX",
+        default_value_t = 4_194_304
+    )]
+    pub worker_blocks_max: u64,
+    /// Bounded router: (block, worker) pairs the KV index holds for all workers together (its
+    /// memory: about 25 bytes a pair); stores past it are refused (counted, the worker marked).
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_MAX_INDEX_BLOCKS",
+        default_value_t = 67_108_864
+    )]
+    pub max_index_blocks: u64,
+    /// Bounded router: sidecar streams open at once; more are refused (RESOURCE_EXHAUSTED).
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_MAX_INGEST_STREAMS",
+        default_value_t = 1_024
+    )]
+    pub max_ingest_streams: usize,
+    /// Bounded router: a sidecar stream that sends no report for this many seconds after it
+    /// opens is closed (RESOURCE_EXHAUSTED); sidecars send their snapshot at once.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_INGEST_FIRST_REPORT_TIMEOUT_S",
+        default_value_t = 10.0
+    )]
+    pub ingest_first_report_timeout_s: f64,
+    /// Bounded router: Pick calls are refused (RESOURCE_EXHAUSTED) while this many
+    /// assignments are outstanding (not reported done or aborted, not expired).
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_MAX_OUTSTANDING_PICKS",
+        default_value_t = 16_384
+    )]
+    pub max_outstanding_picks: usize,
 }
 
 impl Default for Args {
@@ -329,6 +395,15 @@ impl Default for Args {
             prior_prefill_rate: 4_800.0,
             prior_overhead_s: 0.05,
             prior_itl_s: 0.07,
+            max_workers_per_model: 256,
+            max_workers: 1_024,
+            worker_blocks_slack: 2.0,
+            worker_blocks_unknown_capacity: 262_144,
+            worker_blocks_max: 4_194_304,
+            max_index_blocks: 67_108_864,
+            max_ingest_streams: 1_024,
+            ingest_first_report_timeout_s: 10.0,
+            max_outstanding_picks: 16_384,
         }
     }
 }
@@ -381,6 +456,29 @@ fn predictor_prior(
         prior_itl: itl_s,
         ..defaults
     })
+}
+
+/// The bounded router's caps from the flags, checked: each at least 1, the slack a number
+/// from 1 to 1000.
+fn checked_limits(l: limits::Limits) -> anyhow::Result<limits::Limits> {
+    let slack = l.worker_blocks.slack;
+    if !(slack.is_finite() && (1.0..=1_000.0).contains(&slack)) {
+        bail!("--worker-blocks-slack {slack}: expected a number from 1 to 1000");
+    }
+    for (flag, v) in [
+        ("max-workers-per-model", l.max_workers_per_model as u64),
+        ("max-workers", l.max_workers as u64),
+        ("worker-blocks-unknown-capacity", l.worker_blocks.unknown),
+        ("worker-blocks-max", l.worker_blocks.max),
+        ("max-index-blocks", l.worker_blocks.total),
+        ("max-ingest-streams", l.max_ingest_streams as u64),
+        ("max-outstanding-picks", l.max_outstanding_picks as u64),
+    ] {
+        if v == 0 {
+            bail!("--{flag} 0: expected at least 1");
+        }
+    }
+    Ok(l)
 }
 
 fn secs(flag: &str, v: f64) -> anyhow::Result<Duration> {
@@ -478,6 +576,15 @@ impl Server {
             prior_prefill_rate,
             prior_overhead_s,
             prior_itl_s,
+            max_workers_per_model,
+            max_workers,
+            worker_blocks_slack,
+            worker_blocks_unknown_capacity,
+            worker_blocks_max,
+            max_index_blocks,
+            max_ingest_streams,
+            ingest_first_report_timeout_s,
+            max_outstanding_picks,
         } = args;
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
@@ -500,6 +607,22 @@ impl Server {
             tokenizers: tokenizer_dirs(&tokenizer)?,
             predictor: predictor_prior(prior_prefill_rate, prior_overhead_s, prior_itl_s)?,
             drain_delay: secs("drain-delay-s", drain_delay_s)?,
+            limits: checked_limits(limits::Limits {
+                max_workers_per_model,
+                max_workers,
+                worker_blocks: routing::BlockCaps {
+                    slack: worker_blocks_slack,
+                    unknown: worker_blocks_unknown_capacity,
+                    max: worker_blocks_max,
+                    total: max_index_blocks,
+                },
+                max_ingest_streams,
+                first_report_timeout: secs(
+                    "ingest-first-report-timeout-s",
+                    ingest_first_report_timeout_s,
+                )?,
+                max_outstanding_picks,
+            })?,
         };
         let metrics = RouterMetrics::register(&prometheus::Registry::new())?;
         let registry = metrics.registry().clone();
@@ -911,6 +1034,42 @@ mod tests {
     fn default_matches_the_flag_defaults() {
         let parsed = Cli::try_parse_from(["kvroute-router"]).expect("parse").args;
         assert_eq!(format!("{parsed:?}"), format!("{:?}", Args::default()));
+    }
+
+    #[test]
+    fn limit_flags_are_validated() {
+        let ok = limits::Limits {
+            worker_blocks: routing::BlockCaps {
+                slack: 1.5,
+                unknown: 100,
+                max: 1_000,
+                total: 10_000,
+            },
+            ..limits::Limits::default()
+        };
+        let l = checked_limits(ok).expect("valid");
+        assert_eq!(l.worker_blocks.cap(10), 15);
+        for slack in [0.5, f64::NAN, 1e9] {
+            let mut bad = ok;
+            bad.worker_blocks.slack = slack;
+            assert!(checked_limits(bad).is_err(), "{slack}");
+        }
+        let e = checked_limits(limits::Limits {
+            max_workers_per_model: 0,
+            ..ok
+        })
+        .expect_err("zero");
+        assert!(e.to_string().contains("--max-workers-per-model"), "{e}");
+        let mut bad = ok;
+        bad.worker_blocks.total = 0;
+        let e = checked_limits(bad).expect_err("zero");
+        assert!(e.to_string().contains("--max-index-blocks"), "{e}");
+        let e = checked_limits(limits::Limits {
+            max_outstanding_picks: 0,
+            ..ok
+        })
+        .expect_err("zero");
+        assert!(e.to_string().contains("--max-outstanding-picks"), "{e}");
     }
 
     #[test]

@@ -91,6 +91,10 @@ pub struct RouterMetrics {
     pub tokenizer_fetch_failures: IntCounterVec,
     /// Authentication: refused streams and calls, TLS handshakes and reloads.
     pub auth: crate::auth::AuthMetrics,
+    /// Times a cap of the bounded router was hit, by `limit` (`crate::limits::Limit::label`).
+    pub limit_hits: IntCounterVec,
+    /// Blocks not stored because their worker was at its block cap.
+    pub blocks_over_cap: IntCounter,
 }
 
 impl RouterMetrics {
@@ -241,7 +245,19 @@ impl RouterMetrics {
                 &["model", "reason"],
             )?,
             auth: crate::auth::AuthMetrics::register(registry)?,
+            limit_hits: counter_vec(
+                "kvroute_router_limit_hits_total",
+                "Times a cap of the bounded router was hit (a message, stream, worker or blocks refused).",
+                &["limit"],
+            )?,
+            blocks_over_cap: IntCounter::new(
+                "kvroute_router_ingest_blocks_over_cap_total",
+                "Blocks not stored because their worker was at its block cap.",
+            )?,
         };
+        for l in crate::limits::Limit::ALL {
+            m.limit_hits.with_label_values(&[l.label()]);
+        }
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.pick_errors.clone()))?;
         registry.register(Box::new(m.ttft.clone()))?;
@@ -269,6 +285,8 @@ impl RouterMetrics {
         registry.register(Box::new(m.workers_retired.clone()))?;
         registry.register(Box::new(m.tokenizer_loaded.clone()))?;
         registry.register(Box::new(m.tokenizer_fetch_failures.clone()))?;
+        registry.register(Box::new(m.limit_hits.clone()))?;
+        registry.register(Box::new(m.blocks_over_cap.clone()))?;
         Ok(m)
     }
 

@@ -22,6 +22,11 @@
 //! another caller with `PERMISSION_DENIED`; on a TLS listener only a picker identity (of the
 //! model's pool, when the model comes from a pool) may call at all. Every refusal counts in
 //! `kvroute_router_pick_refused_total{reason}`.
+//!
+//! A request over `--max-body-bytes` ->
+//! `RESOURCE_EXHAUSTED` (tonic refuses it from its length prefix; [`CountOversize`] counts it
+//! in `kvroute_router_limit_hits_total{limit="pick_message_size"}`), and so is a Pick while
+//! `--max-outstanding-picks` assignments are outstanding (`outstanding_picks`).
 
 use std::time::{Duration, Instant};
 
@@ -33,10 +38,13 @@ use kvroute_proto::v1::{
 };
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+use tonic::codegen::{BoxFuture, Service};
+use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Caller, PickRefused, authorize_pick};
 use crate::blocking_pool::{BlockingPool, Caller as PoolCaller, PoolError};
+use crate::limits::Limit;
 use crate::routing::AssignmentId;
 use crate::state::{
     BodyKind, DecisionId, PickError, PickInput, Picked, RouterState, TicketError, Usage,
@@ -100,10 +108,68 @@ impl PickerService {
         })
     }
 
-    /// As a tonic server; bodies up to `--max-body-bytes`.
-    pub fn into_server(self) -> PickerServer<Self> {
+    /// As a tonic server; bodies up to `--max-body-bytes` (the same bound as the embedded
+    /// gateway's, so both front doors take the same requests), plus 64 KiB for the path and
+    /// headers. Refusals are counted.
+    pub fn into_server(self) -> CountOversize<PickerServer<Self>> {
         let limit = self.state.config().max_body_bytes.saturating_add(64 << 10);
-        PickerServer::new(self).max_decoding_message_size(limit)
+        let state = self.state.clone();
+        CountOversize {
+            inner: PickerServer::new(self).max_decoding_message_size(limit),
+            state,
+        }
+    }
+}
+
+/// A Picker server that answers an oversized request `RESOURCE_EXHAUSTED` and counts it.
+/// tonic refuses a message over the decoding limit before the handler runs, with
+/// `OUT_OF_RANGE` (which the handler never returns), so only the response shows it: a
+/// unary error travels in the response headers, where this rewrites the code. (The
+/// handler counts its own refusals.)
+#[derive(Clone)]
+pub struct CountOversize<S> {
+    inner: S,
+    state: RouterState,
+}
+
+impl<S: NamedService> NamedService for CountOversize<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B, R> Service<http::Request<B>> for CountOversize<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<S::Response, S::Error>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let state = self.state.clone();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let mut response = response.await?;
+            let out_of_range = http::HeaderValue::from(tonic::Code::OutOfRange as i32);
+            if response.headers().get("grpc-status") == Some(&out_of_range) {
+                response.headers_mut().insert(
+                    "grpc-status",
+                    http::HeaderValue::from(tonic::Code::ResourceExhausted as i32),
+                );
+                state.limit_hit(
+                    Limit::PickMessageSize,
+                    format_args!("Pick request refused: over --max-body-bytes"),
+                );
+            }
+            Ok(response)
+        })
     }
 }
 
@@ -218,7 +284,22 @@ impl Picker for PickerService {
         let caller = self.caller(&request)?;
         let req = request.into_inner();
         if req.body.len() > self.state.config().max_body_bytes {
+            self.state.limit_hit(
+                Limit::PickMessageSize,
+                format_args!("Pick request refused: over --max-body-bytes"),
+            );
             return Err(Status::resource_exhausted("body over --max-body-bytes"));
+        }
+        // Each unreported assignment holds state until it expires (--assignment-ttl-s).
+        let max = self.state.config().limits.max_outstanding_picks;
+        if self.state.in_flight() >= max {
+            self.state.limit_hit(
+                Limit::OutstandingPicks,
+                format_args!("Pick refused: {max} assignments outstanding"),
+            );
+            return Err(Status::resource_exhausted(
+                "too many outstanding assignments (--max-outstanding-picks): report them done or aborted",
+            ));
         }
         let state = self.state.clone();
         let who = caller.clone();

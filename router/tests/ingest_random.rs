@@ -8,9 +8,10 @@
 //!
 //! * the outcome: the acks and snapshot requests sent back, or the status code that ends the
 //!   stream (a refused stream is then closed, as the socket loop does);
-//! * the `/debug/workers` view serializes, and per worker its connection, sync state, epoch
-//!   and block count equal the model's; the index's pairs and distinct blocks equal the
-//!   model's; so does the number of open streams.
+//! * the `/debug/workers` view serializes, and per worker its connection, sync state, epoch,
+//!   block count and truncation (stores past its block cap, which its reported KV capacity
+//!   sets) equal the model's; the index's pairs and distinct blocks equal the model's; so
+//!   does the number of open streams.
 //!
 //! ```text
 //! ChaCha8(seed) --> Step { slot, report, close } --> Session[slot].on_report --> RouterState
@@ -29,6 +30,7 @@ use kvroute_proto::v1::{
 };
 use kvroute_router::ingest::Session;
 use kvroute_router::metrics::RouterMetrics;
+use kvroute_router::routing::BlockCaps;
 use kvroute_router::state::{RouterConfig, RouterState};
 use prost::Message;
 use rand::{Rng, SeedableRng};
@@ -82,6 +84,29 @@ struct MWorker {
     synced: bool,
     /// `scrape_failed` of the last load sample shown (a NaN usage counts as a failed scrape).
     load_failed: Option<bool>,
+    block_size: u64,
+    /// KV capacity in blocks from the last applied load sample that gave one.
+    capacity_blocks: u64,
+    /// A store was refused at the cap since the last snapshot began.
+    truncated: bool,
+}
+
+impl MWorker {
+    /// The router's default caps: what `RouterConfig::default()` runs with.
+    fn cap(&self) -> u64 {
+        BlockCaps::default().cap(self.capacity_blocks)
+    }
+
+    /// Stores `blocks` in order while there is room; the rest are refused.
+    fn store(&mut self, blocks: &[u64]) {
+        for &b in blocks {
+            if (self.blocks.len() as u64) < self.cap() {
+                self.blocks.insert(b);
+            } else {
+                self.truncated = true;
+            }
+        }
+    }
 }
 
 /// One stream as the model sees it.
@@ -99,6 +124,8 @@ struct MStream {
 struct Model {
     workers: BTreeMap<String, MWorker>,
     streams: usize,
+    /// Snapshot requests sent because a worker's block cap moved.
+    cap_resyncs: u64,
 }
 
 impl Model {
@@ -132,6 +159,13 @@ impl Model {
         if id.worker_id.is_empty() || id.model.is_empty() || id.block_size == 0 {
             return Err(INVALID_ARGUMENT);
         }
+        let fields = [&id.worker_id, &id.address, &id.model, &id.worker_set];
+        if fields
+            .iter()
+            .any(|f| f.len() > kvroute_router::limits::MAX_IDENTITY_BYTES)
+        {
+            return Err(INVALID_ARGUMENT);
+        }
         let w = self.workers.entry(id.worker_id.clone()).or_default();
         if w.owner != 0 && id.epoch < w.epoch {
             return Err(FAILED_PRECONDITION);
@@ -139,12 +173,16 @@ impl Model {
         let keep_synced = w.owner != 0 && w.synced && w.epoch == id.epoch;
         *w = MWorker {
             epoch: id.epoch,
-            blocks: blocks.iter().copied().collect(),
+            blocks: HashSet::new(),
             owner: s.id,
             open: true,
             synced: keep_synced || last,
             load_failed: w.load_failed,
+            block_size: u64::from(id.block_size),
+            capacity_blocks: w.capacity_blocks,
+            truncated: false,
         };
+        w.store(blocks);
         s.worker = Some(id.worker_id.clone());
         s.identity = Some(id.clone());
         s.phase = if last { Phase::Live } else { Phase::InSnapshot };
@@ -207,7 +245,7 @@ impl Model {
             worker_report::Body::Snapshot(c) => {
                 if s.phase == Phase::InSnapshot {
                     let w = self.owned(s)?;
-                    w.blocks.extend(c.blocks.iter().copied());
+                    w.store(&c.blocks);
                     if c.last {
                         w.synced = true;
                         s.phase = Phase::Live;
@@ -228,7 +266,7 @@ impl Model {
                     let w = self.owned(s)?;
                     for op in &d.ops {
                         match delta_op::Kind::try_from(op.kind) {
-                            Ok(delta_op::Kind::Stored) => w.blocks.extend(op.blocks.iter()),
+                            Ok(delta_op::Kind::Stored) => w.store(&op.blocks),
                             Ok(delta_op::Kind::Removed) => {
                                 for b in &op.blocks {
                                     w.blocks.remove(b);
@@ -242,7 +280,24 @@ impl Model {
                 }
             }
             worker_report::Body::Load(l) => {
-                self.owned(s)?.load_failed = Some(l.scrape_failed || l.kv_cache_usage.is_nan());
+                let w = self.owned(s)?;
+                let failed = l.scrape_failed || l.kv_cache_usage.is_nan();
+                w.load_failed = Some(failed);
+                if !failed {
+                    // A capacity moves the cap; a move past what the index holds asks for a
+                    // snapshot (unless one is asked for already).
+                    let before = w.cap();
+                    if l.kv_capacity_tokens > 0 {
+                        w.capacity_blocks = l.kv_capacity_tokens.div_ceil(w.block_size);
+                    }
+                    let after = w.cap();
+                    let resync = (after > before && w.truncated)
+                        || (after < before && w.blocks.len() as u64 > after);
+                    if resync && s.phase != Phase::AwaitingSnapshot {
+                        out.push(None);
+                        self.cap_resyncs += 1;
+                    }
+                }
                 s.phase != Phase::AwaitingSnapshot
             }
         };
@@ -298,6 +353,10 @@ impl Harness {
         };
         assert_eq!(got, expected, "outcome of {report:?}");
         self.count(&got);
+        if self.model.workers.values().any(|w| w.truncated) {
+            *self.seen.entry("truncated").or_default() += 1;
+        }
+        *self.seen.entry("cap_resync").or_default() = self.model.cap_resyncs;
         let ended = matches!(got, Outcome::Ended(_));
         assert_eq!(session.worker(), ms.worker.as_deref(), "stream's worker");
         if ended || close {
@@ -358,6 +417,7 @@ impl Harness {
             assert_eq!(w.epoch, m.epoch, "epoch of {}", w.id);
             assert_eq!(w.sidecar_connected, m.open, "connection of {}", w.id);
             assert_eq!(w.synced, m.synced, "sync of {}", w.id);
+            assert_eq!(w.blocks_truncated, m.truncated, "truncation of {}", w.id);
             let failed = w.load.as_ref().map(|l| l.scrape_failed);
             assert_eq!(failed, m.load_failed, "load sample of {}", w.id);
             if let Some(load) = &w.load {
@@ -567,6 +627,8 @@ fn random_report_sequences_match_the_model() {
         "invalid_argument",
         "failed_precondition",
         "aborted",
+        "truncated",
+        "cap_resync",
     ] {
         assert!(
             seen.get(kind).is_some_and(|&n| n > 0),

@@ -153,7 +153,8 @@ pub struct Args {
     /// Most blocks queued per router before deltas are dropped for a snapshot.
     #[arg(long, env = "KVROUTE_SIDECAR_QUEUE_CAP_BLOCKS", default_value_t = 1 << 20)]
     pub queue_cap_blocks: usize,
-    /// Most blocks per report (snapshot chunk or delta batch).
+    /// Most blocks per report (snapshot chunk or delta); values above 131072 (128 Ki, what
+    /// fits the router's 4 MiB message cap with margin) are lowered to it.
     #[arg(long, env = "KVROUTE_SIDECAR_MAX_BLOCKS_PER_REPORT", default_value_t = 64 * 1024)]
     pub max_blocks_per_report: usize,
     /// Longest a replay may take before the state is resynced instead.

@@ -9,17 +9,20 @@
 //! ```
 //!
 //! Each report carries a per-stream sequence number starting at 0. Messages are bounded:
-//! snapshots are chunked and deltas batched to at most `max_blocks_per_report` blocks.
+//! snapshots are chunked and deltas split to at most `max_blocks_per_report` blocks, itself
+//! at most [`MAX_BLOCKS_PER_MESSAGE`], so no report reaches the router's 4 MiB cap
+//! ([`kvroute_proto::limits`]).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use kvroute_proto::limits::{MAX_BLOCKS_PER_MESSAGE, MAX_MESSAGE_BYTES, split_delta};
 use kvroute_proto::v1::ingest_client::IngestClient;
 use kvroute_proto::v1::{
-    Delta, DeltaOp, IngestControl, SnapshotChunk, WorkerIdentity, WorkerReport, delta_op,
-    ingest_control, worker_report,
+    Delta, DeltaOp, IngestControl, WorkerIdentity, WorkerReport, delta_op, ingest_control,
+    worker_report,
 };
 use prost::Message as _;
 use tokio::sync::mpsc;
@@ -50,7 +53,8 @@ pub struct IdentityTemplate {
 /// Tunables of the router streams.
 #[derive(Debug, Clone)]
 pub struct PushConfig {
-    /// Most blocks in one report (a snapshot chunk or a delta batch).
+    /// Most blocks in one report (a snapshot chunk or a delta); at most
+    /// [`MAX_BLOCKS_PER_MESSAGE`] are used.
     pub max_blocks_per_report: usize,
     /// First delay before reconnecting to a router.
     pub backoff_initial: Duration,
@@ -69,7 +73,7 @@ pub struct PushConfig {
 impl Default for PushConfig {
     fn default() -> Self {
         PushConfig {
-            // 64 Ki blocks x 8 bytes = 512 KiB per message, far below gRPC's 4 MiB default.
+            // 64 Ki blocks: 512 KiB per snapshot chunk, under 1 MiB per delta (4 MiB cap).
             max_blocks_per_report: 64 * 1024,
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
@@ -112,34 +116,7 @@ impl Backoff {
     }
 }
 
-/// Splits a snapshot into bounded chunks (at least one, even when empty).
-pub fn snapshot_chunks(
-    identity: WorkerIdentity,
-    blocks: &[u64],
-    max_blocks: usize,
-) -> Vec<SnapshotChunk> {
-    let max_blocks = max_blocks.max(1);
-    let mut chunks: Vec<SnapshotChunk> = blocks
-        .chunks(max_blocks)
-        .map(|c| SnapshotChunk {
-            identity: None,
-            first: false,
-            last: false,
-            blocks: c.to_vec(),
-        })
-        .collect();
-    if chunks.is_empty() {
-        chunks.push(SnapshotChunk::default());
-    }
-    if let Some(first) = chunks.first_mut() {
-        first.first = true;
-        first.identity = Some(identity);
-    }
-    if let Some(last) = chunks.last_mut() {
-        last.last = true;
-    }
-    chunks
-}
+pub use kvroute_proto::limits::snapshot_chunks;
 
 /// Converts queued ops to one `Delta`, merging neighbours of the same kind.
 pub fn to_delta(batches: &[Ops]) -> Delta {
@@ -239,7 +216,8 @@ impl Pusher {
                 }
             } => c.context("connect")?,
         };
-        let mut client = IngestClient::new(channel);
+        // A report over the router's cap would end the stream there; failing here says why.
+        let mut client = IngestClient::new(channel).max_encoding_message_size(MAX_MESSAGE_BYTES);
         self.hub.request_snapshot(&self.endpoint);
         let (tx, rx) = mpsc::channel::<WorkerReport>(8);
         let mut outbox: VecDeque<WorkerReport> = VecDeque::new();
@@ -330,9 +308,11 @@ impl Pusher {
 
     /// Moves what the hub has for this router into the outbox as numbered reports.
     fn collect(&self, outbox: &mut VecDeque<WorkerReport>, seq: &mut u64) {
-        let (outgoing, load) = self
-            .hub
-            .take(&self.endpoint, self.config.max_blocks_per_report);
+        let max_blocks = self
+            .config
+            .max_blocks_per_report
+            .clamp(1, MAX_BLOCKS_PER_MESSAGE);
+        let (outgoing, load) = self.hub.take(&self.endpoint, max_blocks);
         let mut push = |body: worker_report::Body| {
             outbox.push_back(WorkerReport {
                 seq: *seq,
@@ -361,11 +341,16 @@ impl Pusher {
                     epoch,
                     worker_set: t.worker_set.clone(),
                 };
-                for chunk in snapshot_chunks(identity, &blocks, self.config.max_blocks_per_report) {
+                for chunk in snapshot_chunks(identity, &blocks, max_blocks) {
                     push(worker_report::Body::Snapshot(chunk));
                 }
             }
-            Some(Outgoing::Deltas(batches)) => push(worker_report::Body::Delta(to_delta(&batches))),
+            Some(Outgoing::Deltas(batches)) => {
+                // `take` hands over whole batches: one vLLM event batch may exceed the bound.
+                for delta in split_delta(to_delta(&batches), max_blocks) {
+                    push(worker_report::Body::Delta(delta));
+                }
+            }
             None => {}
         }
         if let Some(load) = load {
@@ -498,20 +483,6 @@ mod tests {
         assert_eq!(d, vec![100, 200, 350, 350]);
         b.reset();
         assert_eq!(b.next_delay().as_millis(), 100);
-    }
-
-    #[test]
-    fn chunks_are_bounded_and_flagged() {
-        let blocks: Vec<u64> = (0..10).collect();
-        let c = snapshot_chunks(WorkerIdentity::default(), &blocks, 4);
-        assert_eq!(
-            c.iter().map(|c| c.blocks.len()).collect::<Vec<_>>(),
-            vec![4, 4, 2]
-        );
-        assert!(c[0].first && c[0].identity.is_some() && !c[0].last && c[2].last && !c[2].first);
-        let empty = snapshot_chunks(WorkerIdentity::default(), &[], 4);
-        assert_eq!(empty.len(), 1);
-        assert!(empty[0].first && empty[0].last);
     }
 
     #[test]

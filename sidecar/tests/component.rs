@@ -349,3 +349,28 @@ async fn slow_router_costs_bounded_memory_then_catches_up() {
             || hub.overflows(&url) >= 1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_batch_larger_than_a_report_is_split() {
+    let mut p = Publisher::start().await;
+    let router = Router::start("127.0.0.1:0".parse().unwrap(), false).await;
+    let running = started(&mut p, vec![router.url()], 1 << 20).await;
+    let hub = running.hub.clone();
+    wait_for("the first snapshot", || router.view.lock().snapshots >= 1).await;
+    // One vLLM batch storing 300 blocks and evicting 5: more than `max_blocks_per_report`
+    // (64) in one report, which the router would refuse above its message cap.
+    p.publish(batch(vec![
+        stored_blocks(1, 0..300),
+        removed(vh(1, 0)),
+        removed(vh(1, 1)),
+        removed(vh(1, 2)),
+        removed(vh(1, 3)),
+        removed(vh(1, 4)),
+    ]))
+    .await;
+    let expect = set(kv(1, 300)[5..].iter().copied());
+    converge(&router, &hub, &expect).await;
+    let v = router.view.lock();
+    assert!(v.max_report_blocks <= 64, "{} blocks", v.max_report_blocks);
+    assert_eq!(v.seq_errors, 0);
+}

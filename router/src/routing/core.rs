@@ -6,6 +6,8 @@
 //!
 //! ```text
 //! snapshot / stored / removed / cleared --> workers + index     load --> workers
+//!            (stores past the worker's block cap are refused: Stored.dropped; a load sample
+//!             that moves the cap past what the index holds asks for a resync: CapResync)
 //! stream_closed --> not a candidate       retire_gone(listed) --> every trace dropped
 //!
 //! request --plan(allowed, now)--> Plan { context } --Policy::choose--> Decision
@@ -28,7 +30,7 @@ use super::index::KvIndex;
 use super::overlay::Overlay;
 use super::plan::Plan;
 use super::predict::{ErrorStats, Predictor, PredictorConfig};
-use super::workers::{LoadSample, Worker, WorkerId, WorkerTable};
+use super::workers::{BlockCaps, LoadSample, Worker, WorkerId, WorkerTable};
 
 /// Settings of the routing core.
 #[derive(Clone, Debug, Serialize)]
@@ -60,6 +62,12 @@ pub struct CoreConfig {
     /// Output tokens assumed for a request without `max_tokens` before any request finished
     /// (then the running mean of finished requests' output is used).
     pub prior_output_tokens: f64,
+    /// How many blocks the index keeps per worker.
+    pub block_caps: BlockCaps,
+    /// Most blocks the pending overlay holds (the chains of outstanding placements); a
+    /// placement that would go past it is not added (a burst may then spread more): bounds
+    /// what unreported Pick calls with long prompts can make the core hold.
+    pub pending_max_blocks: usize,
 }
 
 impl Default for CoreConfig {
@@ -74,6 +82,8 @@ impl Default for CoreConfig {
             pending_grace_s: 1.0,
             saturated_kv_usage: 0.9,
             prior_output_tokens: 256.0,
+            block_caps: BlockCaps::default(),
+            pending_max_blocks: 1 << 20,
         }
     }
 }
@@ -116,6 +126,49 @@ pub struct RoutingCore {
     /// Assignments sent to a saturated worker: (requests queued there including it,
     /// prefill-model prediction), for learning the admission wait at their first token.
     admitted_saturated: HashMap<AssignmentId, (f64, f64)>,
+}
+
+/// What a store did: blocks new to the worker, and blocks refused at a cap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stored {
+    /// Blocks the worker did not hold before.
+    pub added: usize,
+    /// Blocks not stored because the worker, or the whole index, was at its cap (some may
+    /// have been held).
+    pub dropped: usize,
+    /// The index as a whole was full ([`BlockCaps::total`]), not (only) the worker.
+    pub index_full: bool,
+}
+
+/// Why a load sample asks for a fresh snapshot of the worker: its block cap moved so that
+/// the index no longer matches what the cap allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapResync {
+    /// The cap rose and stores had been refused at the old one: the refused blocks can be had.
+    Raised {
+        /// The new cap.
+        cap: u64,
+    },
+    /// The cap fell below what the index holds for the worker: a snapshot, capped, replaces it.
+    Lowered {
+        /// The new cap.
+        cap: u64,
+    },
+}
+
+impl std::fmt::Display for CapResync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Raised { cap } => write!(
+                f,
+                "block cap raised to {cap} after blocks were refused: send a snapshot"
+            ),
+            Self::Lowered { cap } => write!(
+                f,
+                "block cap lowered to {cap}, below the blocks held: send a snapshot"
+            ),
+        }
+    }
 }
 
 /// A worker the core retired, with the assignments it still had (released now, once).
@@ -168,7 +221,8 @@ impl RoutingCore {
 
     /// A worker's stream (re)opened with a snapshot: registers the worker (or updates the
     /// known one: block size, epoch) and replaces everything known about its blocks with
-    /// `blocks`. Later chunks of the same snapshot arrive as [`RoutingCore::stored`].
+    /// `blocks`, up to its cap (see [`RoutingCore::stored`]). Later chunks of the same
+    /// snapshot arrive as [`RoutingCore::stored`].
     pub fn snapshot(
         &mut self,
         key: &str,
@@ -178,17 +232,58 @@ impl RoutingCore {
         now: f64,
     ) -> WorkerId {
         let (w, _) = self.workers.open(key, block_size, epoch, now);
-        self.index.apply_snapshot(w, blocks);
+        self.index.clear(w);
+        if let Some(slot) = self.workers.get_mut(w) {
+            slot.truncated = false;
+        }
+        self.stored(w, blocks, now);
         w
     }
 
-    /// Blocks became resident on `w`; returns how many were new (0 for an unknown id).
-    pub fn stored(&mut self, w: WorkerId, blocks: &[u64], now: f64) -> usize {
+    /// The most blocks the index keeps for `w` (0 for an unknown id).
+    pub fn block_cap(&self, w: WorkerId) -> u64 {
+        self.workers
+            .get(w)
+            .map_or(0, |s| self.cfg.block_caps.cap(s.capacity_blocks))
+    }
+
+    /// Blocks became resident on `w`. Once the index holds [`RoutingCore::block_cap`] blocks
+    /// of `w`, or [`BlockCaps::total`] in all, the rest are refused: counted in
+    /// [`Stored::dropped`] and on the worker, which is marked truncated until its next
+    /// snapshot. Memory never grows past the caps, and the index never claims a block the
+    /// worker did not announce: a refused block only costs a missed hit. Unknown ids store
+    /// nothing.
+    pub fn stored(&mut self, w: WorkerId, blocks: &[u64], now: f64) -> Stored {
         if self.workers.get(w).is_none() {
-            return 0;
+            return Stored::default();
         }
         self.workers.touch(w, now);
-        self.index.apply_stored(w, blocks)
+        let cap = self.block_cap(w);
+        let total = self.cfg.block_caps.total;
+        let mut out = Stored::default();
+        let mut rest = blocks;
+        // Each pass stores as many blocks as there is room for (re-stores of held blocks
+        // take none), so the passes together cost O(blocks).
+        while !rest.is_empty() {
+            let mine = cap.saturating_sub(self.index.blocks_of(w));
+            let all = total.saturating_sub(self.index.pairs());
+            let room = usize::try_from(mine.min(all)).unwrap_or(usize::MAX);
+            if room == 0 {
+                out.dropped = rest.len();
+                out.index_full = all == 0;
+                break;
+            }
+            let (now_in, later) = rest.split_at(room.min(rest.len()));
+            out.added += self.index.apply_stored(w, now_in);
+            rest = later;
+        }
+        if out.dropped > 0
+            && let Some(slot) = self.workers.get_mut(w)
+        {
+            slot.blocks_dropped += out.dropped as u64;
+            slot.truncated = true;
+        }
+        out
     }
 
     /// Blocks were evicted from `w`; returns how many it held.
@@ -209,15 +304,30 @@ impl RoutingCore {
         self.index.clear(w);
     }
 
-    /// Records a load report (it also counts as a sign of life).
-    pub fn load(&mut self, w: WorkerId, sample: LoadSample, now: f64) {
-        let Some(slot) = self.workers.get_mut(w) else {
-            return;
-        };
+    /// Records a load report (it also counts as a sign of life). A reported KV capacity sets
+    /// the worker's block cap; when the new cap lets in blocks that were refused, or is below
+    /// what the index holds, the caller should ask the worker for a snapshot.
+    pub fn load(&mut self, w: WorkerId, sample: LoadSample, now: f64) -> Option<CapResync> {
+        let held = self.index.blocks_of(w);
+        let caps = self.cfg.block_caps;
+        let slot = self.workers.get_mut(w)?;
+        let before = caps.cap(slot.capacity_blocks);
         slot.load = sample;
         slot.load_at = now;
         slot.freed_since_report = 0;
+        if sample.kv_capacity_tokens > 0 && slot.block_size > 0 {
+            slot.capacity_blocks = sample.kv_capacity_tokens.div_ceil(slot.block_size as u64);
+        }
+        let cap = caps.cap(slot.capacity_blocks);
+        let truncated = slot.truncated;
         self.workers.touch(w, now);
+        if cap > before && truncated {
+            Some(CapResync::Raised { cap })
+        } else if cap < before && held > cap {
+            Some(CapResync::Lowered { cap })
+        } else {
+            None
+        }
     }
 
     /// `w`'s GPUs as its latest load sample described them (sent even when the sidecar's
@@ -395,6 +505,7 @@ impl RoutingCore {
             && self.cfg.pending_grace_s > 0.0
             && let Some(c) = decision.chosen_candidate()
             && let Some(chain) = plan.chain(c.block_size)
+            && self.pending.blocks() + chain.len() <= self.cfg.pending_max_blocks
         {
             self.pending.add(id, decision.chosen, chain.to_vec());
         }

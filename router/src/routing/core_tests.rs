@@ -456,3 +456,125 @@ fn a_burst_with_a_new_prefix_stays_on_one_worker_before_reports() {
     }
     assert!(chosen.len() > 1, "{chosen:?}");
 }
+
+/// A core whose workers keep at most 100 blocks until they report a capacity.
+fn capped() -> RoutingCore {
+    RoutingCore::new(CoreConfig {
+        block_caps: BlockCaps {
+            slack: 2.0,
+            unknown: 100,
+            max: 1_000,
+            total: 250,
+        },
+        ..CoreConfig::default()
+    })
+}
+
+fn capacity(blocks: u64) -> LoadSample {
+    LoadSample {
+        kv_capacity_tokens: blocks * 16,
+        ..LoadSample::default()
+    }
+}
+
+#[test]
+fn stores_past_the_block_cap_are_refused_and_marked() {
+    let mut core = capped();
+    let w = core.snapshot("w", 16, 1, &(0..150).collect::<Vec<u64>>(), 0.0);
+    assert_eq!(core.blocks_of(w), 100, "the snapshot stops at the cap");
+    let slot = core.worker(w).expect("slot");
+    assert!(slot.truncated);
+    assert_eq!(slot.blocks_dropped, 50);
+    // Below the cap, re-stores of held blocks take no room.
+    core.removed(w, &[99], 0.5);
+    let s = core.stored(w, &(95..101).collect::<Vec<u64>>(), 0.5);
+    assert_eq!(
+        (s.added, s.dropped),
+        (1, 1),
+        "95..99 held, 99 back in, 100 over"
+    );
+    // At the cap every store is refused unread: re-stores of held blocks (90..100) count.
+    let s = core.stored(w, &(90..120).collect::<Vec<u64>>(), 1.0);
+    assert_eq!((s.added, s.dropped), (0, 30));
+    core.removed(w, &[0, 1], 1.0);
+    let s = core.stored(w, &[500, 501, 502], 1.0);
+    assert_eq!((s.added, s.dropped), (2, 1));
+    assert_eq!(core.blocks_of(w), 100);
+    // A fresh snapshot that fits clears the mark.
+    core.snapshot("w", 16, 1, &[1, 2, 3], 2.0);
+    assert!(!core.worker(w).expect("slot").truncated);
+    assert_eq!(core.blocks_of(w), 3);
+}
+
+#[test]
+fn a_reported_capacity_moves_the_cap_and_asks_for_a_resync_when_needed() {
+    let mut core = capped();
+    let w = core.snapshot("w", 16, 1, &(0..150).collect::<Vec<u64>>(), 0.0);
+    // 300 blocks of KV: cap 600; the 50 refused blocks can be had now.
+    assert_eq!(
+        core.load(w, capacity(300), 1.0),
+        Some(CapResync::Raised { cap: 600 })
+    );
+    assert_eq!(core.block_cap(w), 600);
+    assert_eq!(core.load(w, capacity(300), 2.0), None, "once per change");
+    core.snapshot("w", 16, 1, &(0..150).collect::<Vec<u64>>(), 3.0);
+    assert_eq!(core.blocks_of(w), 150);
+    // An unknown capacity keeps the last one; a claimed huge one stops at the max.
+    assert_eq!(core.load(w, LoadSample::default(), 4.0), None);
+    assert_eq!(core.block_cap(w), 600);
+    assert_eq!(core.load(w, capacity(u64::MAX / 32), 5.0), None);
+    assert_eq!(core.block_cap(w), 1_000);
+    // A capacity below what the index holds: a capped snapshot replaces it.
+    assert_eq!(
+        core.load(w, capacity(50), 6.0),
+        Some(CapResync::Lowered { cap: 100 })
+    );
+    core.snapshot("w", 16, 1, &(0..150).collect::<Vec<u64>>(), 7.0);
+    assert_eq!(core.blocks_of(w), 100);
+}
+
+#[test]
+fn the_index_as_a_whole_stops_at_its_total() {
+    let mut core = capped();
+    let a = core.snapshot("a", 16, 1, &(0..100).collect::<Vec<u64>>(), 0.0);
+    let b = core.snapshot("b", 16, 1, &(0..100).collect::<Vec<u64>>(), 0.0);
+    let c = core.snapshot("c", 16, 1, &[], 0.0);
+    let s = core.stored(c, &(1_000..1_100).collect::<Vec<u64>>(), 1.0);
+    assert_eq!((s.added, s.dropped, s.index_full), (50, 50, true));
+    assert_eq!(core.index_stats().pairs, 250);
+    assert!(core.worker(c).expect("slot").truncated);
+    // Room freed by one worker is room for the others.
+    core.removed(a, &(0..10).collect::<Vec<u64>>(), 2.0);
+    let s = core.stored(c, &[2_000], 2.0);
+    assert_eq!((s.added, s.dropped), (1, 0));
+    assert_eq!(core.blocks_of(b), 100);
+}
+
+#[test]
+fn the_pending_overlay_stops_at_its_cap() {
+    let mut core = RoutingCore::new(CoreConfig {
+        pending_max_blocks: 200,
+        ..CoreConfig::default()
+    });
+    let w = core.snapshot("w", 16, 1, &[], 0.0);
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 7);
+    let mut ids = Vec::new();
+    for q in 0..3u32 {
+        // 144 blocks each: the first fits, the others would pass 200.
+        let tokens: Vec<u32> = (q * 10_000..q * 10_000 + 2_304).collect();
+        let (plan, d) = core
+            .decide(&mut p, &req(&tokens), &[w], 0.0)
+            .expect("decision");
+        ids.push(core.assign(&plan, &d, 0.0));
+        assert_eq!(core.pending.blocks(), 144);
+    }
+    assert_eq!(
+        core.outstanding(),
+        3,
+        "the requests are placed all the same"
+    );
+    for id in ids {
+        core.abort(id);
+    }
+    assert_eq!(core.pending.blocks(), 0);
+}

@@ -36,8 +36,11 @@
 //! (run, holder): 20-30 bytes per block however many workers hold it.
 //!
 //! Dropping all of one worker's blocks (`clear`, a replacing snapshot, `remove_worker`) visits
-//! every run; those happen on restarts and reconnects, not per request.
+//! only the runs that worker holds (each worker's set of runs is kept beside the holder
+//! lists), so a worker that clears over and over costs the router its own blocks, not the
+//! whole index.
 
+use std::collections::HashSet;
 use std::sync::OnceLock;
 
 use super::workers::WorkerId;
@@ -383,6 +386,8 @@ pub struct KvIndex {
     /// where its next new block is appended if it still holds the run's last block, and
     /// where its next block is looked for first. A hint only: checked before use.
     cursors: Vec<(u32, u32, u32)>,
+    /// Per worker: the runs it is a holder of (what `drop_all_blocks` visits).
+    held_runs: Vec<HashSet<u32>>,
     pairs: u64,
 }
 
@@ -411,6 +416,7 @@ impl KvIndex {
             free_runs: Vec::new(),
             blocks: Vec::new(),
             cursors: Vec::new(),
+            held_runs: Vec::new(),
             pairs: 0,
         }
     }
@@ -421,6 +427,7 @@ impl KvIndex {
         if self.blocks.len() <= i {
             self.blocks.resize(i + 1, 0);
             self.cursors.resize(i + 1, (0, 0, 0));
+            self.held_runs.resize_with(i + 1, HashSet::new);
         }
     }
 
@@ -477,23 +484,31 @@ impl KvIndex {
         removed
     }
 
-    /// Drops every block of the worker (vLLM reset its prefix cache or restarted).
-    pub fn clear(&mut self, w: WorkerId) {
+    /// Drops every block of the worker (vLLM reset its prefix cache or restarted). Returns
+    /// how many runs it visited: the worker's own, whatever the size of the index.
+    pub fn clear(&mut self, w: WorkerId) -> usize {
         if w.index() < self.blocks.len() {
-            self.drop_all_blocks(w);
+            self.drop_all_blocks(w)
+        } else {
+            0
         }
     }
 
-    fn drop_all_blocks(&mut self, w: WorkerId) {
+    fn drop_all_blocks(&mut self, w: WorkerId) -> usize {
         self.cursors[w.index()] = (0, 0, 0);
+        let runs = std::mem::take(&mut self.held_runs[w.index()]);
+        let visited = runs.len();
         let held = &mut self.blocks[w.index()];
         if *held == 0 {
-            return;
+            return 0;
         }
         let dropped = *held;
         *held = 0;
-        for r in 1..self.runs.len() {
-            let run = &mut self.runs[r];
+        for r in runs {
+            let r = r as usize;
+            let Some(run) = self.runs.get_mut(r) else {
+                continue;
+            };
             if let Ok(i) = run.holders.binary_search_by_key(&w.0, |h| h.0) {
                 let end = run.holders.remove(i).1 as usize;
                 run.changed();
@@ -503,6 +518,7 @@ impl KvIndex {
             }
         }
         self.pairs = self.pairs.saturating_sub(dropped);
+        visited
     }
 
     /// Reads the home slots of `batch` up front: independent loads whose cache misses
@@ -627,6 +643,7 @@ impl KvIndex {
         }
         let r = self.new_run(Run::fresh(vec![h], vec![(wid, 1)]))?;
         self.cursors[w] = (r, 0, 0);
+        self.held_runs[w].insert(r);
         Some((r, 0))
     }
 
@@ -666,6 +683,7 @@ impl KvIndex {
             }
             Err(i) => {
                 run.holders.insert(i, (wid, pos as u32 + 1));
+                self.held_runs[w].insert(r as u32);
                 i
             }
         };
@@ -698,6 +716,9 @@ impl KvIndex {
         if let (_, Ok(i)) = run.end_of(w) {
             if pos == run.lo as usize {
                 run.holders.remove(i);
+                if let Some(set) = self.held_runs.get_mut(w as usize) {
+                    set.remove(&(r as u32));
+                }
             } else {
                 run.holders[i].1 = pos as u32;
                 still = true;
@@ -772,6 +793,15 @@ impl KvIndex {
             // the prefix moves; the suffix stays, behind a dead stretch
             let hashes = run.hashes[lo..at].to_vec();
             run.lo = cut;
+            // every holder holds the moved prefix; those that end by the cut leave `r`
+            for &(w, e) in &run.holders {
+                if let Some(set) = self.held_runs.get_mut(w as usize) {
+                    set.insert(nr);
+                    if e <= cut {
+                        set.remove(&(r as u32));
+                    }
+                }
+            }
             run.holders = suf;
             let shift = lo as u32;
             let moved = Run::fresh(
@@ -799,6 +829,12 @@ impl KvIndex {
         } else {
             let hashes = run.hashes[at..].to_vec();
             run.hashes.truncate(at);
+            // the holders that go on past the cut hold the moved suffix too
+            for &(w, _) in &suf {
+                if let Some(set) = self.held_runs.get_mut(w as usize) {
+                    set.insert(nr);
+                }
+            }
             run.holders = pre;
             let moved = Run::fresh(hashes, suf.into_iter().map(|(w, e)| (w, e - cut)).collect());
             self.runs[nr as usize] = moved;
@@ -1044,6 +1080,11 @@ impl KvIndex {
             + self.runs.iter().map(Run::heap_bytes).sum::<usize>()
             + self.free_runs.capacity() * 4
             + self.cursors.capacity() * 12
+            + self
+                .held_runs
+                .iter()
+                .map(|r| r.capacity() * 5 + std::mem::size_of::<HashSet<u32>>())
+                .sum::<usize>()
     }
 }
 
@@ -1107,6 +1148,18 @@ impl KvIndex {
         assert_eq!(self.pairs, pairs, "pair count");
         for (w, &held) in self.blocks.iter().enumerate() {
             assert_eq!(held, per_worker[w], "worker {w}: block count");
+        }
+        for (w, runs) in self.held_runs.iter().enumerate() {
+            let actual: HashSet<u32> = (1..self.runs.len())
+                .filter(|&r| {
+                    self.runs[r]
+                        .holders
+                        .binary_search_by_key(&(w as u32), |h| h.0)
+                        .is_ok()
+                })
+                .map(|r| r as u32)
+                .collect();
+            assert_eq!(*runs, actual, "worker {w}: runs held");
         }
     }
 

@@ -458,3 +458,27 @@ fn memory_estimate_grows_with_blocks() {
     let per_pair = ix.memory_bytes() as f64 / ix.pairs() as f64;
     assert!(per_pair > 16.0 && per_pair < 64.0, "{per_pair}");
 }
+
+#[test]
+fn clearing_a_worker_visits_only_its_own_runs() {
+    let mut ix = KvIndex::new(7);
+    let b = WorkerId(1);
+    // 2,000 other workers, one chain (one run) each.
+    for i in 0..2_000u32 {
+        ix.apply_stored(WorkerId(2 + i), &ch(u64::from(i), 3));
+    }
+    assert!(ix.run_count() >= 2_000);
+    // `b` stores and clears over and over: each clear visits `b`'s one run, not the index.
+    for i in 0..1_000u64 {
+        ix.apply_stored(b, &[1_000_000 + i]);
+        assert_eq!(ix.clear(b), 1);
+    }
+    // `b` shares a run with worker 7 (the start of its chain) and holds one of its own.
+    ix.apply_stored(b, &ch(5, 2));
+    ix.apply_stored(b, &[9_999_999]);
+    ix.check_invariants();
+    assert_eq!(ix.clear(b), 2);
+    assert_eq!(ix.blocks_of(b), 0);
+    assert_eq!(ix.blocks_of(WorkerId(7)), 3);
+    ix.check_invariants();
+}

@@ -78,7 +78,7 @@ pub use choose::{
     Candidate, CandidateReport, ChoiceContext, Decision, Policy, PredictedTtft,
     PredictedTtftConfig, Reason,
 };
-pub use core::{CoreConfig, IndexStats, Retired, RouteRequest, RoutingCore};
+pub use core::{CapResync, CoreConfig, IndexStats, Retired, RouteRequest, RoutingCore, Stored};
 pub use gpu::{GpuIssue, GpuStatus};
 pub use index::KvIndex;
 pub use plan::Plan;
@@ -89,4 +89,4 @@ pub use policies::{
 };
 pub use predict::{ErrorStats, Predictor, PredictorConfig, WorkerModel};
 pub use request::PromptHashes;
-pub use workers::{LoadSample, Worker, WorkerId, WorkerTable};
+pub use workers::{BlockCaps, LoadSample, Worker, WorkerId, WorkerTable};

@@ -36,6 +36,8 @@ pub(super) struct Overlay {
     settled: u32,
     /// Latest time seen (for dropping expired entries).
     latest: f64,
+    /// Blocks in the chains of `by_assignment` (what the overlay's size follows).
+    blocks: usize,
 }
 
 impl Overlay {
@@ -57,7 +59,15 @@ impl Overlay {
                     until: f64::NEG_INFINITY,
                 });
         }
-        self.by_assignment.insert(id, (w, chain, true));
+        self.blocks += chain.len();
+        if let Some((_, old, _)) = self.by_assignment.insert(id, (w, chain, true)) {
+            self.blocks -= old.len();
+        }
+    }
+
+    /// Blocks in the chains of the placements it holds.
+    pub(super) fn blocks(&self) -> usize {
+        self.blocks
     }
 
     /// The assignment got its first token: its blocks stay `grace` seconds more as
@@ -89,6 +99,7 @@ impl Overlay {
         let Some((w, chain, _)) = self.by_assignment.remove(&id) else {
             return;
         };
+        self.blocks -= chain.len();
         if let Some(m) = self.per_worker.get_mut(w.index()) {
             for h in chain {
                 if let Some(e) = m.get_mut(&h) {
@@ -142,5 +153,6 @@ impl Overlay {
             m.clear();
         }
         self.by_assignment.retain(|_, (aw, _, _)| *aw != w);
+        self.blocks = self.by_assignment.values().map(|(_, c, _)| c.len()).sum();
     }
 }

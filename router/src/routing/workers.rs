@@ -15,6 +15,10 @@
 //! the table, the index and every per-worker vector stay as large as the live pool however
 //! many pods come and go. The core clears every trace of a worker (blocks, predictor state,
 //! assignments, placements) before its id is reused.
+//!
+//! Each worker's blocks are capped ([`BlockCaps`]): a worker cannot hold more blocks than its
+//! KV cache has, so the index holds at most its reported capacity times a slack factor, and
+//! a fixed default until a capacity is reported.
 
 use std::collections::HashMap;
 
@@ -49,6 +53,51 @@ pub struct LoadSample {
     pub kv_capacity_tokens: u64,
 }
 
+/// How many blocks the index keeps per worker, and in all. A worker holds at most
+/// `num_gpu_blocks` blocks (its reported KV capacity in tokens over its block size); the cap
+/// allows `slack` times that for what the router has not seen evicted yet, never more than
+/// `max`, and `unknown` while no capacity has been reported (a stream's first snapshot comes
+/// before its first load sample). `total` caps the (block, worker) pairs of all workers
+/// together, whatever their number: the index's memory bound.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct BlockCaps {
+    /// Multiplier on the reported capacity in blocks (at least 1).
+    pub slack: f64,
+    /// Cap before the worker reported a capacity.
+    pub unknown: u64,
+    /// Cap however large the reported capacity (a report is the worker's word, not a fact).
+    pub max: u64,
+    /// (block, worker) pairs of all workers together.
+    pub total: u64,
+}
+
+impl Default for BlockCaps {
+    fn default() -> Self {
+        Self {
+            slack: 2.0,
+            unknown: 256 << 10,
+            max: 4 << 20,
+            total: 64 << 20,
+        }
+    }
+}
+
+impl BlockCaps {
+    /// The cap for a worker whose KV cache holds `capacity_blocks` blocks (0: unknown).
+    pub fn cap(&self, capacity_blocks: u64) -> u64 {
+        if capacity_blocks == 0 {
+            return self.unknown.min(self.max);
+        }
+        let slack = if self.slack.is_finite() {
+            self.slack.max(1.0)
+        } else {
+            1.0
+        };
+        // Saturating: a float above u64::MAX converts to u64::MAX.
+        ((capacity_blocks as f64 * slack).ceil() as u64).min(self.max)
+    }
+}
+
 /// One worker's slot.
 #[derive(Clone, Debug, Serialize)]
 pub struct Worker {
@@ -73,6 +122,15 @@ pub struct Worker {
     pub freed_since_report: u64,
     /// Its GPUs as the latest load sample described them (empty: no GPU stats, healthy).
     pub gpus: Vec<GpuStatus>,
+    /// Its KV cache size in blocks from the last load sample that gave one (0: never).
+    /// Kept when a later sample says "unknown", so that the block cap does not flap.
+    pub capacity_blocks: u64,
+    /// Stores refused because the worker was at its block cap (since it joined; re-stores
+    /// of blocks it already held count too: the index does not look them up to tell).
+    pub blocks_dropped: u64,
+    /// A store was refused since its last snapshot began: the index may miss some of its
+    /// blocks until the next snapshot.
+    pub truncated: bool,
 }
 
 impl Worker {
@@ -135,6 +193,9 @@ impl WorkerTable {
             load_at: f64::NEG_INFINITY,
             freed_since_report: 0,
             gpus: Vec::new(),
+            capacity_blocks: 0,
+            blocks_dropped: 0,
+            truncated: false,
         };
         // The lowest free id first, so that a steady pool keeps small, dense ids.
         self.free.sort_unstable_by(|a, b| b.cmp(a));
@@ -242,6 +303,31 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_caps_follow_the_capacity_within_bounds() {
+        let caps = BlockCaps {
+            slack: 1.5,
+            unknown: 1_000,
+            max: 10_000,
+            total: 1 << 20,
+        };
+        assert_eq!(caps.cap(0), 1_000, "unknown capacity");
+        assert_eq!(caps.cap(3), 5, "rounded up");
+        assert_eq!(caps.cap(4_000), 6_000);
+        assert_eq!(
+            caps.cap(u64::MAX),
+            10_000,
+            "a claimed capacity cannot lift the max"
+        );
+        let odd = BlockCaps {
+            slack: f64::NAN,
+            unknown: 50_000,
+            ..caps
+        };
+        assert_eq!(odd.cap(7), 7, "a bad slack counts as 1");
+        assert_eq!(odd.cap(0), 10_000, "the unknown cap is within the max too");
+    }
 
     #[test]
     fn ids_are_reused_lowest_first_and_keys_stay_unique() {

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::limits::{LOG_EVERY, Limit, Limits, LogEvery};
 use crate::metrics::RouterMetrics;
 use crate::readiness::{Phase, Readiness, StartupView, startup_blocker};
 use crate::routing::{
@@ -63,7 +64,7 @@ pub use pick::{
     max_tokens_of,
 };
 pub use sidecars::{
-    DeltaOp, LoadView, SidecarIdentity, SnapshotRefused, WorkerReport, WorkersReport,
+    DeltaOp, LoadApplied, LoadView, SidecarIdentity, SnapshotRefused, WorkerReport, WorkersReport,
 };
 pub use tickets::{DecisionId, TicketError};
 pub use tokenizers::TokenizerDirs;
@@ -97,6 +98,8 @@ pub struct RouterConfig {
     pub predictor: PredictorConfig,
     /// How long the listeners stay open once draining begins (see [`crate::readiness`]).
     pub drain_delay: Duration,
+    /// The bounded router's caps ([`crate::limits`]).
+    pub limits: Limits,
 }
 
 impl Default for RouterConfig {
@@ -113,6 +116,7 @@ impl Default for RouterConfig {
             tokenizers: TokenizerDirs::default(),
             predictor: PredictorConfig::default(),
             drain_delay: Duration::ZERO,
+            limits: Limits::default(),
         }
     }
 }
@@ -138,6 +142,7 @@ struct Inner {
     next_stream: AtomicU64,
     discovery_synced: AtomicBool,
     readiness: Readiness,
+    limit_log: LogEvery,
 }
 
 /// Shared router state; cheap to clone.
@@ -177,6 +182,7 @@ impl RouterState {
         let core_cfg = CoreConfig {
             predictor: config.predictor.clone(),
             stale_after_s: config.stale_after.as_secs_f64(),
+            block_caps: config.limits.worker_blocks,
             ..CoreConfig::default()
         };
         let core = Core {
@@ -198,6 +204,7 @@ impl RouterState {
             next_stream: AtomicU64::new(1),
             discovery_synced: AtomicBool::new(false),
             readiness,
+            limit_log: LogEvery::new(LOG_EVERY),
         })))
     }
 
@@ -209,6 +216,19 @@ impl RouterState {
     /// Metrics.
     pub fn metrics(&self) -> &RouterMetrics {
         &self.0.metrics
+    }
+
+    /// A cap was hit: counts it and logs it (at most once per [`LOG_EVERY`] per cap, with the
+    /// number of hits the line stands for). `what` says what was refused.
+    pub fn limit_hit(&self, limit: Limit, what: std::fmt::Arguments<'_>) {
+        self.0
+            .metrics
+            .limit_hits
+            .with_label_values(&[limit.label()])
+            .inc();
+        if let Some(hits) = self.0.limit_log.hit(limit, Instant::now()) {
+            tracing::warn!(limit = limit.label(), hits, "cap reached: {what}");
+        }
     }
 
     /// Seconds since the state was created: the clock handed to the pure core.

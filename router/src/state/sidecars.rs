@@ -6,6 +6,12 @@
 //!               --sidecar_snapshot_chunk / sidecar_delta / sidecar_load--> core (if owner)
 //!               --sidecar_closed--> core.stream_closed (no candidate; retired later)
 //! ```
+//!
+//! Caps ([`crate::limits`]): a new worker that discovery does not list is refused when its
+//! model already has `max_workers_per_model` workers or the table `max_workers`; blocks past a
+//! worker's cap are not stored (counted, the worker marked truncated); a load sample that
+//! moves the cap past what the index holds asks the stream for a snapshot
+//! ([`LoadApplied::Resync`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -15,7 +21,8 @@ use serde::Serialize;
 
 use super::RouterState;
 use super::catalog::{DiscoveredWorker, find_sidecar};
-use crate::routing::{GpuStatus, LoadSample, WorkerId};
+use crate::limits::{Limit, Limits, MAX_IDENTITY_BYTES};
+use crate::routing::{CapResync, GpuStatus, LoadSample, Stored, WorkerId};
 
 /// Identity of a reporting worker (from the first snapshot chunk).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -68,6 +75,12 @@ pub enum SnapshotRefused {
     /// Identity is incomplete.
     #[error("identity without worker_id, model or block_size")]
     BadIdentity,
+    /// An identity field is longer than the router keeps.
+    #[error("identity field over {max} bytes")]
+    IdentityTooLong {
+        /// The cap ([`crate::limits::MAX_IDENTITY_BYTES`]).
+        max: usize,
+    },
     /// The router already knows a newer epoch of this worker.
     #[error("epoch {got} is older than the known epoch {known}")]
     OlderEpoch {
@@ -76,6 +89,34 @@ pub enum SnapshotRefused {
         /// The newest epoch known.
         known: u64,
     },
+    /// A new worker whose model already has `--max-workers-per-model` workers.
+    #[error(
+        "the model has {max} workers already (--max-workers-per-model); discovery does not list this one"
+    )]
+    TooManyWorkersForModel {
+        /// The cap.
+        max: usize,
+    },
+    /// A new worker while the router has `--max-workers` workers.
+    #[error(
+        "the router has {max} workers already (--max-workers); discovery does not list this one"
+    )]
+    TooManyWorkers {
+        /// The cap.
+        max: usize,
+    },
+}
+
+/// What applying a load sample asks of the stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoadApplied {
+    /// A newer stream owns the worker: nothing was applied.
+    NotOwner,
+    /// Applied.
+    Applied,
+    /// Applied, and the worker's block cap moved past what the index holds: ask the sidecar
+    /// for a snapshot (the reason says why).
+    Resync(CapResync),
 }
 
 /// Which stream owns a worker id (the routing core holds everything else about it).
@@ -124,6 +165,13 @@ pub struct WorkerReport {
     pub block_size: usize,
     /// Resident blocks in the index.
     pub index_blocks: u64,
+    /// The most blocks the index keeps for it (from its reported KV capacity).
+    pub block_cap: u64,
+    /// Stores refused at its block cap since it joined.
+    pub blocks_dropped: u64,
+    /// Stores were refused since its last snapshot began: its cache may be under-reported
+    /// until the next one.
+    pub blocks_truncated: bool,
     /// Seconds since the last report (None: never reported).
     pub last_report_age_s: Option<f64>,
     /// Last load sample.
@@ -147,8 +195,42 @@ pub struct WorkersReport {
     pub index_memory_bytes: usize,
     /// Outstanding assignments (all workers).
     pub in_flight: usize,
+    /// The bounded router's caps.
+    pub limits: Limits,
     /// Workers.
     pub workers: Vec<WorkerReport>,
+}
+
+/// Whether a new worker of `model` that discovery does not list fits the caps, given the
+/// workers known now (`sidecars`: one per worker in the table).
+fn admit(
+    limits: &Limits,
+    sidecars: &std::collections::HashMap<String, SidecarView>,
+    model: &str,
+) -> Result<(), SnapshotRefused> {
+    if sidecars.len() >= limits.max_workers {
+        return Err(SnapshotRefused::TooManyWorkers {
+            max: limits.max_workers,
+        });
+    }
+    let same_model = sidecars
+        .values()
+        .filter(|s| s.identity.model == model)
+        .count();
+    if same_model >= limits.max_workers_per_model {
+        return Err(SnapshotRefused::TooManyWorkersForModel {
+            max: limits.max_workers_per_model,
+        });
+    }
+    Ok(())
+}
+
+/// A worker id as logs show it: a caller chose it, so at most 128 characters.
+fn shown(id: &str) -> &str {
+    match id.char_indices().nth(128) {
+        Some((i, _)) => &id[..i],
+        None => id,
+    }
 }
 
 impl RouterState {
@@ -158,7 +240,8 @@ impl RouterState {
     }
 
     /// Starts a snapshot from stream `stream`: registers the worker (the stream now owns it),
-    /// refuses older epochs, replaces everything known about its blocks with `blocks`.
+    /// refuses older epochs and new workers over the caps, replaces everything known about
+    /// its blocks with `blocks` (up to its block cap).
     pub fn sidecar_snapshot_start(
         &self,
         stream: u64,
@@ -169,14 +252,38 @@ impl RouterState {
         if identity.worker_id.is_empty() || identity.model.is_empty() || identity.block_size == 0 {
             return Err(SnapshotRefused::BadIdentity);
         }
+        let longest = [
+            &identity.worker_id,
+            &identity.address,
+            &identity.model,
+            &identity.worker_set,
+        ]
+        .iter()
+        .map(|f| f.len())
+        .max()
+        .unwrap_or(0);
+        if longest > MAX_IDENTITY_BYTES {
+            self.limit_hit(
+                Limit::IdentitySize,
+                format_args!("stream refused: an identity field of {longest} bytes"),
+            );
+            return Err(SnapshotRefused::IdentityTooLong {
+                max: MAX_IDENTITY_BYTES,
+            });
+        }
         let t = self.secs(now);
+        // By id only: an address is no identity, and anyone may claim a listed one.
+        let listed = self
+            .0
+            .catalog
+            .read()
+            .workers
+            .iter()
+            .any(|w| w.id == identity.worker_id);
         let mut sidecars = self.0.sidecars.write();
         let mut core = self.0.core.lock();
-        if let Some(known) = core
-            .routing
-            .worker_id(&identity.worker_id)
-            .and_then(|w| core.routing.worker(w))
-            .map(|w| w.epoch)
+        let known = core.routing.worker_id(&identity.worker_id);
+        if let Some(known) = known.and_then(|w| core.routing.worker(w)).map(|w| w.epoch)
             && identity.epoch < known
         {
             return Err(SnapshotRefused::OlderEpoch {
@@ -184,13 +291,33 @@ impl RouterState {
                 known,
             });
         }
+        if known.is_none()
+            && !listed
+            && let Err(refused) = admit(&self.0.config.limits, &sidecars, &identity.model)
+        {
+            drop(core);
+            drop(sidecars);
+            let limit = match refused {
+                SnapshotRefused::TooManyWorkers { .. } => Limit::Workers,
+                _ => Limit::WorkersPerModel,
+            };
+            self.limit_hit(
+                limit,
+                format_args!(
+                    "new worker {} refused: {refused}",
+                    shown(&identity.worker_id)
+                ),
+            );
+            return Err(refused);
+        }
         let worker = core.routing.snapshot(
             &identity.worker_id,
             identity.block_size,
             identity.epoch,
-            blocks,
+            &[],
             t,
         );
+        let stored = core.routing.stored(worker, blocks, t);
         drop(core);
         let view = SidecarView {
             worker,
@@ -215,12 +342,33 @@ impl RouterState {
             }
         }
         drop(sidecars);
-        self.0
-            .metrics
-            .ingest_blocks
-            .with_label_values(&["snapshot"])
-            .inc_by(blocks.len() as u64);
+        self.counted(&identity.worker_id, "snapshot", blocks.len(), stored);
         Ok(())
+    }
+
+    /// Counts the `announced` blocks of a report by `kind`: those applied, and those refused
+    /// at a cap (`stored.dropped`).
+    fn counted(&self, worker: &str, kind: &str, announced: usize, stored: Stored) {
+        let m = &self.0.metrics;
+        m.ingest_blocks
+            .with_label_values(&[kind])
+            .inc_by(announced.saturating_sub(stored.dropped) as u64);
+        if stored.dropped > 0 {
+            m.blocks_over_cap.inc_by(stored.dropped as u64);
+            let (limit, cap) = if stored.index_full {
+                (Limit::IndexBlocks, "the index's total (--max-index-blocks)")
+            } else {
+                (Limit::WorkerBlocks, "its block cap")
+            };
+            self.limit_hit(
+                limit,
+                format_args!(
+                    "worker {}: {} blocks over {cap} not stored",
+                    shown(worker),
+                    stored.dropped
+                ),
+            );
+        }
     }
 
     /// A later chunk of a snapshot; `last` completes it (the worker becomes routable). False
@@ -237,15 +385,11 @@ impl RouterState {
         let Some(w) = self.owned(stream, worker) else {
             return false;
         };
-        self.0.core.lock().routing.stored(w, blocks, t);
+        let stored = self.0.core.lock().routing.stored(w, blocks, t);
         if last && let Some(s) = self.0.sidecars.write().get_mut(worker) {
             s.synced = true;
         }
-        self.0
-            .metrics
-            .ingest_blocks
-            .with_label_values(&["snapshot"])
-            .inc_by(blocks.len() as u64);
+        self.counted(worker, "snapshot", blocks.len(), stored);
         true
     }
 
@@ -261,13 +405,16 @@ impl RouterState {
         let Some(w) = self.owned(stream, worker) else {
             return false;
         };
-        let (mut stored, mut removed, mut cleared) = (0u64, 0u64, 0u64);
+        let (mut announced, mut stored, mut removed, mut cleared) =
+            (0, Stored::default(), 0u64, 0u64);
         let mut core = self.0.core.lock();
         for op in ops {
             match *op {
                 DeltaOp::Stored(b) => {
-                    core.routing.stored(w, b, t);
-                    stored += b.len() as u64;
+                    let s = core.routing.stored(w, b, t);
+                    stored.dropped += s.dropped;
+                    stored.index_full |= s.index_full;
+                    announced += b.len();
                 }
                 DeltaOp::Removed(b) => {
                     core.routing.removed(w, b, t);
@@ -280,8 +427,8 @@ impl RouterState {
             }
         }
         drop(core);
+        self.counted(worker, "stored", announced, stored);
         let m = &self.0.metrics.ingest_blocks;
-        m.with_label_values(&["stored"]).inc_by(stored);
         m.with_label_values(&["removed"]).inc_by(removed);
         m.with_label_values(&["cleared"]).inc_by(cleared);
         true
@@ -289,11 +436,17 @@ impl RouterState {
 
     /// Records a load sample. A sample whose scrape failed is noted for display but neither
     /// feeds the predictor nor counts as a sign of life; its GPU stats (from NVML, not the
-    /// scrape) apply either way.
-    pub fn sidecar_load(&self, stream: u64, worker: &str, load: LoadView, now: Instant) -> bool {
+    /// scrape) apply either way. Its KV capacity sets the worker's block cap.
+    pub fn sidecar_load(
+        &self,
+        stream: u64,
+        worker: &str,
+        load: LoadView,
+        now: Instant,
+    ) -> LoadApplied {
         let t = self.secs(now);
         let Some(w) = self.owned(stream, worker) else {
-            return false;
+            return LoadApplied::NotOwner;
         };
         if let Some(s) = self.0.sidecars.write().get_mut(worker) {
             s.scrape_failed = load.scrape_failed;
@@ -307,9 +460,11 @@ impl RouterState {
                 kv_usage: load.kv_usage,
                 kv_capacity_tokens: load.kv_capacity_tokens,
             };
-            core.routing.load(w, sample, t);
+            if let Some(resync) = core.routing.load(w, sample, t) {
+                return LoadApplied::Resync(resync);
+            }
         }
-        true
+        LoadApplied::Applied
     }
 
     /// The stream ended: if it still owns the worker, the worker stops being a candidate (its
@@ -387,6 +542,9 @@ impl RouterState {
                 epoch: slot.map_or(0, |s| s.epoch),
                 block_size: slot.map_or(0, |s| s.block_size),
                 index_blocks: w.map_or(0, |w| routing.blocks_of(w)),
+                block_cap: w.map_or(0, |w| routing.block_cap(w)),
+                blocks_dropped: slot.map_or(0, |s| s.blocks_dropped),
+                blocks_truncated: slot.is_some_and(|s| s.truncated),
                 last_report_age_s: slot.map(|s| (t - s.last_report).max(0.0)),
                 load: slot
                     .filter(|sl| sl.load_at.is_finite() || s.is_some_and(|s| s.scrape_failed))
@@ -423,6 +581,7 @@ impl RouterState {
             index_pairs: stats.pairs,
             index_memory_bytes: stats.memory_bytes,
             in_flight: routing.outstanding(),
+            limits: self.0.config.limits,
             workers,
         }
     }

@@ -240,6 +240,8 @@ pub struct View {
     pub error_ends: usize,
     /// With TLS: the identity (URI) and IP of the last stream's peer.
     pub peer: Option<(String, std::net::IpAddr)>,
+    /// Most blocks seen in one report (a `CLEARED` op counts as one).
+    pub max_report_blocks: usize,
     next_seq: u64,
     in_snapshot: bool,
 }
@@ -254,6 +256,14 @@ impl View {
         }
         self.next_seq = r.seq + 1;
         self.reports += 1;
+        let weight = match &r.body {
+            Some(worker_report::Body::Snapshot(c)) => c.blocks.len(),
+            Some(worker_report::Body::Delta(d)) => {
+                d.ops.iter().map(|o| o.blocks.len().max(1)).sum()
+            }
+            _ => 0,
+        };
+        self.max_report_blocks = self.max_report_blocks.max(weight);
         match &r.body {
             Some(worker_report::Body::Snapshot(c)) => {
                 if c.first {
