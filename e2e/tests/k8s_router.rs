@@ -1,6 +1,9 @@
 //! The router's Kubernetes discovery end to end: a real API server, the operator as a process,
 //! the fake kubelet running a mock-engine WorkerSet's pods (mock vLLM + sidecar on 127.A.B.C),
-//! and `kvroute router --kubernetes` started by the test on loopback.
+//! and `kvroute router --kubernetes` started by the test on loopback. The operator runs as
+//! installed, with mTLS: the sidecars stream with their WorkerSet's certificate and check the
+//! router's, so the test gives its router a certificate from the operator's CA (Secret
+//! `kvroute-ca`) for the address the sidecars dial, and `--grpc-tls-dir`.
 //!
 //! ```text
 //! test --apply--> InferenceWorkerSet "mock" (2 mock workers) + InferencePool (alias)
@@ -46,7 +49,7 @@ struct Router {
 }
 
 impl Router {
-    async fn start(cluster: &Cluster, ns: &str) -> anyhow::Result<Self> {
+    async fn start(cluster: &Cluster, ns: &str, tls_dir: &std::path::Path) -> anyhow::Result<Self> {
         let port = procs::free_local_port;
         let (http, grpc, admin) = (port()?, port()?, port()?);
         let tokenizer = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tokenizers/qwen3");
@@ -72,6 +75,7 @@ impl Router {
                 format!("--namespace={ns}"),
                 format!("--tokenizer={tokenizer}"),
                 "--seed=1".into(),
+                format!("--grpc-tls-dir={}", tls_dir.display()),
                 // The test checks `x-kvroute-worker` names a pod.
                 "--expose-routing-headers".into(),
             ],
@@ -251,11 +255,59 @@ fn sse_content(body: &str) -> anyhow::Result<String> {
     Ok(content)
 }
 
+/// Writes `tls.crt`/`tls.key` (a server certificate for 127.0.0.1, the address the sidecars
+/// dial after the kubelet's rewrite, signed by the operator's CA) and `ca.crt` (the CA, which
+/// signed the sidecars' certificates) into `dir`, once the shared operator has made its CA.
+async fn router_tls_from_operator_ca(
+    client: &kube::Client,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    // The shared operator's own namespace (`--lease-namespace default`).
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let data = wait_for(
+        "the operator's CA (Secret default/kvroute-ca)",
+        WAIT,
+        || async {
+            Ok(secrets
+                .get_opt("kvroute-ca")
+                .await?
+                .and_then(|s| s.data)
+                .filter(|d| d.contains_key("ca.crt") && d.contains_key("ca.key")))
+        },
+    )
+    .await?;
+    let text = |k: &str| -> anyhow::Result<String> {
+        let v = data
+            .get(k)
+            .with_context(|| format!("kvroute-ca has no {k}"))?;
+        Ok(String::from_utf8(v.0.clone())?)
+    };
+    let (ca_cert, ca_key) = (text("ca.crt")?, text("ca.key")?);
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_cert, rcgen::KeyPair::from_pem(&ca_key)?)?;
+    let key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::new(vec![INGEST_NAME.to_string()])?;
+    params.subject_alt_names.push(rcgen::SanType::IpAddress(
+        std::net::Ipv4Addr::LOCALHOST.into(),
+    ));
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let cert = params.signed_by(&key, &issuer)?;
+    std::fs::write(dir.join("tls.crt"), cert.pem())?;
+    std::fs::write(dir.join("tls.key"), key.serialize_pem())?;
+    std::fs::write(dir.join("ca.crt"), ca_cert)?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn router_discovers_mock_workerset_and_serves_through_gateway() -> anyhow::Result<()> {
     let (cluster, _operator) = shared_operator().await?;
     let env = TestNamespace::new(cluster, "route").await?;
-    let mut router = Router::start(cluster, &env.ns).await?;
+    let tls = tempfile::tempdir()?;
+    router_tls_from_operator_ca(&env.client, tls.path()).await?;
+    let mut router = Router::start(cluster, &env.ns, tls.path()).await?;
     env.kubelet
         .rewrite(INGEST_NAME, format!("127.0.0.1:{}", router.grpc));
 

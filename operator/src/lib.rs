@@ -117,8 +117,9 @@ pub struct Args {
     pub requeue_seconds: u64,
     /// Issue mTLS certificates (own CA in Secret `kvroute-ca`, pairs in `kvroute-mtls`, or
     /// cert-manager when a pool names an issuer) and pass the TLS flags to routers and
-    /// sidecars. Needs router and sidecar builds with mTLS support.
-    #[arg(long, env = "KVROUTE_OPERATOR_MTLS", default_value_t = false, action = clap::ArgAction::Set)]
+    /// sidecars (on by default; `--mtls=false` leaves the gRPC listener unauthenticated, which
+    /// the router reports in `kvroute_router_grpc_unauthenticated`).
+    #[arg(long, env = "KVROUTE_OPERATOR_MTLS", default_value_t = true, action = clap::ArgAction::Set)]
     pub mtls: bool,
     /// Life of a leaf certificate in seconds; renewed at two thirds.
     #[arg(

@@ -605,12 +605,7 @@ async fn pki_pass_creates_the_ca_and_applies_only_the_two_named_secrets() {
             .iter()
             .find(|r| r.resources.contains(&"secrets") && !r.names.is_empty())
             .expect("a named secrets rule");
-        assert!(
-            rule.names.contains(&name),
-            "{} {}",
-            c.method,
-            c.path
-        );
+        assert!(rule.names.contains(&name), "{} {}", c.method, c.path);
         assert!(rule.verbs.contains(&verb_of(&c.method, true, false)));
     }
 }

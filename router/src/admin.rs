@@ -46,15 +46,21 @@ pub fn router(state: RouterState, auth: AdminAuth, pool: BlockingPool) -> Router
         .route("/debug/explain", post(explain))
         .layer(axum::Extension(pool))
         .route_layer(axum::middleware::from_fn_with_state(
-            auth,
+            auth.clone(),
             admin_token::require,
         ));
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/drain", get(drain))
         .merge(debug)
+        .route(
+            "/drain",
+            get(drain).route_layer(axum::middleware::from_fn_with_state(
+                auth.clone(),
+                admin_token::require_drain,
+            )),
+        )
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }

@@ -1,10 +1,14 @@
 //! Who may call the admin port's `/debug/*` views: callers on the loopback interface (a
 //! `kubectl port-forward`, `kvroute explain` in the pod), and callers that present
-//! `Authorization: Bearer <token>` matching `--admin-token-file`. `/metrics`, `/healthz`,
-//! `/readyz` and `/drain` stay open for scrapers, probes and the preStop hook.
+//! `Authorization: Bearer <token>` matching `--admin-token-file`. `/metrics`, `/healthz` and
+//! `/readyz` stay open for scrapers and probes. `/drain` (it makes the replica unready, so
+//! an open one would let any pod take the router out of its Service) is for the same callers
+//! plus the node's own address (`--drain-from-ip`, the downward API's `status.hostIP`):
+//! the kubelet runs the preStop hook's `httpGet` from there.
 //!
 //! ```text
 //! request --peer loopback?--> allowed
+//!         --/drain and peer == --drain-from-ip?--> allowed
 //!         --bearer token == file's (SHA-256 digests, constant-time compare)--> allowed
 //!         --else--> 401 (nothing about the router), unauthorized_total{reason}
 //! ```
@@ -12,7 +16,7 @@
 //! The file is re-read when its modification time or size changes (a mounted Secret is
 //! updated in place), so the token rotates without a restart.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -55,6 +59,8 @@ type Cached = Option<((Option<SystemTime>, u64), Option<[u8; 32]>)>;
 #[derive(Clone, Debug)]
 pub struct AdminAuth {
     file: Option<PathBuf>,
+    /// The node's address, allowed to call `/drain` (the kubelet's preStop `httpGet`).
+    drain_from: Option<IpAddr>,
     cached: Arc<Mutex<Cached>>,
     refused: IntCounterVec,
 }
@@ -75,15 +81,38 @@ impl AdminAuth {
     pub fn unregistered(file: Option<PathBuf>) -> prometheus::Result<Self> {
         Ok(Self {
             file,
+            drain_from: None,
             cached: Arc::new(Mutex::new(None)),
             refused: IntCounterVec::new(
                 Opts::new(
                     "kvroute_router_admin_unauthorized_total",
-                    "Calls to the admin port's /debug/* refused with 401, by reason.",
+                    "Calls to the admin port's /debug/* and /drain refused with 401, by reason.",
                 ),
                 &["reason"],
             )?,
         })
+    }
+
+    /// Also lets `ip` (the node's address, where the kubelet's preStop hook comes from) call
+    /// `/drain`.
+    pub fn with_drain_from(mut self, ip: Option<IpAddr>) -> Self {
+        self.drain_from = ip;
+        self
+    }
+
+    /// Whether a caller from `peer` with `headers` may call `/drain`: as for `/debug/*`, or
+    /// from the node's address.
+    pub async fn check_drain(
+        &self,
+        peer: Option<SocketAddr>,
+        headers: &http::HeaderMap,
+    ) -> Result<(), Unauthorized> {
+        if let (Some(p), Some(node)) = (peer, self.drain_from)
+            && p.ip().to_canonical() == node.to_canonical()
+        {
+            return Ok(());
+        }
+        self.check(peer, headers).await
     }
 
     /// Refusals so far for `why`.
@@ -151,7 +180,28 @@ pub async fn require(State(auth): State<AdminAuth>, req: Request, next: Next) ->
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0);
-    match auth.check(peer, req.headers()).await {
+    let checked = auth.check(peer, req.headers()).await;
+    answer(&auth, peer, checked, req, next).await
+}
+
+/// Middleware for `/drain`: as [`require`], plus the node's address.
+pub async fn require_drain(State(auth): State<AdminAuth>, req: Request, next: Next) -> Response {
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    let checked = auth.check_drain(peer, req.headers()).await;
+    answer(&auth, peer, checked, req, next).await
+}
+
+async fn answer(
+    auth: &AdminAuth,
+    peer: Option<SocketAddr>,
+    checked: Result<(), Unauthorized>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match checked {
         Ok(()) => next.run(req).await,
         Err(why) => {
             auth.refused.with_label_values(&[why.label()]).inc();
@@ -180,6 +230,31 @@ mod tests {
             h.insert(header::AUTHORIZATION, a.parse().expect("header"));
         }
         h
+    }
+
+    #[tokio::test]
+    async fn drain_is_open_to_loopback_the_node_and_the_token_only() {
+        let auth = AdminAuth::unregistered(None)
+            .expect("auth")
+            .with_drain_from(Some("10.0.0.7".parse().expect("ip")));
+        let peer = |ip: &str| Some(SocketAddr::new(ip.parse().expect("ip"), 40000));
+        assert_eq!(
+            auth.check_drain(peer("127.0.0.1"), &headers(None)).await,
+            Ok(())
+        );
+        assert_eq!(
+            auth.check_drain(peer("10.0.0.7"), &headers(None)).await,
+            Ok(())
+        );
+        assert_eq!(
+            auth.check_drain(peer("10.0.0.8"), &headers(None)).await,
+            Err(Unauthorized::NoTokenConfigured)
+        );
+        // The node's address is no key to /debug/*.
+        assert_eq!(
+            auth.check(peer("10.0.0.7"), &headers(None)).await,
+            Err(Unauthorized::NoTokenConfigured)
+        );
     }
 
     #[tokio::test]

@@ -18,8 +18,8 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::ingest::IngestService;
 use crate::blocking_pool::BlockingPool;
+use crate::ingest::IngestService;
 use crate::pick::PickerService;
 use crate::state::RouterState;
 

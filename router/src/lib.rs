@@ -33,8 +33,8 @@ pub mod gateway;
 pub mod grpc;
 pub mod health;
 pub mod ingest;
-pub mod listener;
 pub mod limits;
+pub mod listener;
 pub mod metrics;
 pub mod pick;
 pub mod readiness;
@@ -176,6 +176,11 @@ pub struct Args {
     /// `/debug/*`. `/metrics`, `/healthz`, `/readyz` stay open.
     #[arg(long, env = "KVROUTE_ROUTER_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// The node's address (the downward API's `status.hostIP`): the kubelet runs the preStop
+    /// hook's `httpGet /drain` from there, so it may call `/drain` without the token. Other
+    /// non-loopback callers need the token, as for `/debug/*`.
+    #[arg(long, env = "KVROUTE_ROUTER_DRAIN_FROM_IP")]
+    pub drain_from_ip: Option<std::net::IpAddr>,
     /// Send `x-kvroute-worker` and `x-kvroute-predicted-ttft-ms` with gateway responses.
     /// Off by default: they let any client probe which worker caches which prefix.
     #[arg(long, env = "KVROUTE_ROUTER_EXPOSE_ROUTING_HEADERS")]
@@ -375,6 +380,7 @@ impl Default for Args {
             max_body_bytes: 8 << 20,
             gateway_tls_dir: None,
             admin_token_file: None,
+            drain_from_ip: None,
             expose_routing_headers: false,
             max_concurrent_requests: 2048,
             max_concurrent_requests_per_client: 0,
@@ -556,6 +562,7 @@ impl Server {
             max_body_bytes,
             gateway_tls_dir,
             admin_token_file,
+            drain_from_ip,
             expose_routing_headers,
             max_concurrent_requests,
             max_concurrent_requests_per_client,
@@ -629,7 +636,8 @@ impl Server {
         let state = RouterState::new(router_config, metrics)?;
         let pool = BlockingPool::new(PoolConfig::new(decision_threads, decision_queue), &registry)?;
         let listener_metrics = ListenerMetrics::register(&registry)?;
-        let admin_auth = AdminAuth::new(admin_token_file, &registry)?;
+        let admin_auth =
+            AdminAuth::new(admin_token_file, &registry)?.with_drain_from(drain_from_ip);
         let gateway_tls = gateway_tls_dir
             .map(|dir| listener::tls::load(&dir, TLS_RELOAD_INTERVAL, &registry))
             .transpose()

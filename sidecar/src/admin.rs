@@ -1,10 +1,15 @@
 //! The admin HTTP server: `/metrics` (Prometheus text), `/healthz` for the pod's probes, and
 //! `/debug/resident` (the resident kvroute hashes as JSON, for debugging and interop checks).
+//! `/debug/resident` answers loopback callers only (`kubectl exec`, `kubectl port-forward`):
+//! the resident set tells which prefixes the worker caches, and the admin port is open to
+//! the cluster for Prometheus. Other callers get 403, counted in
+//! `kvroute_sidecar_admin_refused_total`.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -52,7 +57,19 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-async fn resident(State(s): State<AdminState>) -> impl IntoResponse {
+async fn resident(
+    State(s): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+) -> axum::response::Response {
+    if !peer.ip().to_canonical().is_loopback() {
+        s.metrics.admin_refused.inc();
+        tracing::debug!(%peer, "/debug/resident refused: not from loopback");
+        return (
+            StatusCode::FORBIDDEN,
+            "/debug/resident answers loopback callers only\n",
+        )
+            .into_response();
+    }
     let mut blocks = s.hub.resident_set();
     blocks.sort_unstable();
     axum::Json(serde_json::json!({
@@ -60,4 +77,5 @@ async fn resident(State(s): State<AdminState>) -> impl IntoResponse {
         "block_size": s.hub.block_size(),
         "blocks": blocks,
     }))
+    .into_response()
 }

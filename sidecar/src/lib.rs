@@ -396,9 +396,12 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
     });
     let token = shutdown.clone();
     tasks.spawn(async move {
-        let r = axum::serve(listener, app)
-            .with_graceful_shutdown(token.cancelled_owned())
-            .await;
+        let r = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(token.cancelled_owned())
+        .await;
         ("admin", r.map_err(anyhow::Error::from))
     });
     tracing::info!(%admin_addr, zmq = %zmq_endpoint, "sidecar started");

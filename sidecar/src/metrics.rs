@@ -62,6 +62,8 @@ pub struct SidecarMetrics {
     /// Changes of the --router-tls-dir files, by outcome (reloaded; failed: the previous
     /// files stay in use).
     pub tls_reloads: IntCounterVec,
+    /// `/debug/resident` calls refused because they did not come from loopback.
+    pub admin_refused: IntCounter,
 }
 
 impl SidecarMetrics {
@@ -124,6 +126,10 @@ impl SidecarMetrics {
                 "resyncs_total",
                 "Times the worker state was dropped (new epoch), by reason",
                 &["reason"],
+            )?,
+            admin_refused: c(
+                "admin_refused_total",
+                "Calls to /debug/resident refused: not from loopback",
             )?,
             unknown_parent: c(
                 "unknown_parent_total",

@@ -463,6 +463,22 @@ impl Kubelet {
                 c.env.push(("KUBECONFIG".to_string(), kc.clone()));
             }
         }
+        // Pod networking: on a real node a pod's connections leave from its pod IP, which the
+        // router checks against discovery for mTLS streams. Here every process shares the
+        // host's loopback, so the sidecar is told to bind its router connections to the pod's
+        // 127.x address (an env var only the sidecar reads).
+        for c in &mut plan.containers {
+            if !c
+                .env
+                .iter()
+                .any(|(k, _)| k == "KVROUTE_SIDECAR_ROUTER_SOURCE_IP")
+            {
+                c.env.push((
+                    "KVROUTE_SIDECAR_ROUTER_SOURCE_IP".to_string(),
+                    ip.to_string(),
+                ));
+            }
+        }
         let dir = self.opts.log_dir.join(format!("{ns}_{name}"));
         let mut containers = Vec::with_capacity(plan.containers.len());
         for c in plan.containers {

@@ -33,9 +33,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
-    Lifecycle, LifecycleHandler, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Service,
-    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSpec, PodTemplateSpec,
+    Probe, SecretVolumeSource, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
+    VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
@@ -420,6 +421,19 @@ fn router_env(cfg: &OperatorConfig) -> Vec<EnvVar> {
         env("KVROUTE_ROUTER_GRPC_ADDR", format!("0.0.0.0:{INGEST_PORT}")),
         env("KVROUTE_ROUTER_ADMIN_ADDR", format!("0.0.0.0:{ADMIN_PORT}")),
         env("KVROUTE_ROUTER_DRAIN_DELAY_S", DRAIN_DELAY_S.to_string()),
+        // The kubelet runs the preStop `httpGet /drain` from the node's address; only it
+        // (and loopback, and the admin token) may drain the replica.
+        EnvVar {
+            name: "KVROUTE_ROUTER_DRAIN_FROM_IP".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "status.hostIP".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
         env(
             "KVROUTE_ROUTER_SHUTDOWN_GRACE_S",
             SHUTDOWN_GRACE_S.to_string(),
@@ -583,6 +597,16 @@ mod tests {
             env.get("KVROUTE_ROUTER_ADMIN_ADDR").copied(),
             Some(format!("0.0.0.0:{admin_port}").as_str())
         );
+        // Only the node (the kubelet's preStop hook), loopback and the token may drain.
+        let drain_from = c
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "KVROUTE_ROUTER_DRAIN_FROM_IP")
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str());
+        assert_eq!(drain_from, Some("status.hostIP"));
         // Drain and grace both fit before the kubelet's SIGKILL.
         let drain: i64 = env["KVROUTE_ROUTER_DRAIN_DELAY_S"].parse().expect("drain");
         let grace: i64 = env["KVROUTE_ROUTER_SHUTDOWN_GRACE_S"]
