@@ -3,18 +3,19 @@
 # ledger, docs/fuzzing.md, then recomputes the per-target totals there.
 #
 #   scripts/fuzz.sh [--seconds N] [--cmin] [--no-nice] [--until TIME [--goal N]] [TARGET ...]
+#   scripts/fuzz.sh --cmin-only [TARGET ...]
 #
 # TARGET is `crate/target` (e.g. `router/ingest_session`) or a crate name (all its targets);
 # none means every target. Each run reads the target's committed corpus
 # (<crate>/fuzz/corpus/<target>, where new inputs are written) and its hand-written seeds
 # (read only), and stops after N seconds (default 300) or at the first crash, whose input is
 # left in <crate>/fuzz/artifacts/<target>/. `--cmin` minimizes each corpus afterwards
-# (`cargo fuzz cmin`) so the committed corpus stays small. Runs are `nice -n 19` unless
-# --no-nice. With `--until TIME` (anything `date -d` reads) it keeps going until TIME, each
-# time running the target with the fewest executions in the ledger that is still below the
-# goal (`--goal`, default 10 M) and that no other run of this script is fuzzing, so two runs
-# side by side share the work. Needs the nightly toolchain and cargo-fuzz (installed here,
-# pinned, if missing).
+# (`cargo fuzz cmin`) so the committed corpus stays small; `--cmin-only` only minimizes.
+# Runs are `nice -n 19` unless --no-nice. With `--until TIME` (anything `date -d` reads) it
+# keeps going until TIME, each time running the target with the fewest executions in the
+# ledger that is still below the goal (`--goal`, default 10 M) and that no other run of this
+# script is fuzzing, so two runs side by side share the work. Needs the nightly toolchain and
+# cargo-fuzz (installed here, pinned, if missing).
 #
 # Builds use `--sanitizer none` (no crate under fuzz contains `unsafe`, and AddressSanitizer
 # costs about half the executions) and `--debug-assertions`, so integer overflow and
@@ -37,6 +38,7 @@ ALL_TARGETS=(
 
 seconds=300
 cmin=0
+cmin_only=0
 until=
 goal=10000000
 nice=(nice -n 19)
@@ -45,6 +47,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --seconds) seconds=$2; shift 2 ;;
         --cmin) cmin=1; shift ;;
+        --cmin-only) cmin_only=1; shift ;;
         --until) until=$2; shift 2 ;;
         --goal) goal=$2; shift 2 ;;
         --no-nice) nice=(); shift ;;
@@ -91,11 +94,16 @@ ledger_row() {
     rm -f "$tmp"
 }
 
-# Recomputes the totals table from the runs table.
+# Recomputes the totals table from the runs table, with each corpus as it is on disk now.
 ledger_totals() {
-    local tmp
+    local tmp t
     tmp=$(mktemp)
-    awk -F'|' '
+    for t in "${ALL_TARGETS[@]}"; do
+        local c=$root/${t%%/*}/fuzz/corpus/${t#*/}
+        [ -d "$c" ] && echo "$t $(find "$c" -type f | wc -l), $(du -sb "$c" | cut -f1)"
+    done > "$tmp.sizes"
+    awk -F'|' -v sizes="$tmp.sizes" '
+        BEGIN { while ((getline line < sizes) > 0) { split(line, p, " "); corpus[p[1]] = substr(line, length(p[1]) + 2) } }
         /^<!-- runs:begin -->$/ { inruns = 1; next }
         /^<!-- runs:end -->$/ { inruns = 0; next }
         inruns && $2 ~ /`/ {
@@ -104,23 +112,28 @@ ledger_totals() {
             s = $4; gsub(/ /, "", s)
             execs[t] += e; secs[t] += s; runs[t] += 1
             if ($6 !~ /ok/) crashes[t] += 1
-            corpus[t] = $5
             if (!(t in order)) { order[t] = ++n; names[n] = t }
         }
         END {
             for (i = 1; i <= n; i++) {
                 t = names[i]
-                printf "| `%s` | %d | %d | %d |%s| %d | %s |\n", t, runs[t], execs[t], secs[t], corpus[t], crashes[t] + 0, (execs[t] >= 10000000 ? "yes" : "no")
+                printf "| `%s` | %d | %d | %d | %s | %d | %s |\n", t, runs[t], execs[t], secs[t], corpus[t], crashes[t] + 0, (execs[t] >= 10000000 ? "yes" : "no")
             }
         }
     ' "$ledger" > "$tmp.rows"
     awk -v rows="$tmp.rows" '
-        /^<!-- totals:begin -->$/ { print; print "| target | runs | executions | seconds | corpus (files, bytes) | runs ending in a crash | >= 10 M |"; print "|---|---:|---:|---:|---|---:|---|"; while ((getline line < rows) > 0) print line; skip = 1; next }
+        /^<!-- totals:begin -->$/ {
+            print
+            print "| target | runs | executions | seconds | corpus now (files, bytes) | runs ending in a crash | >= 10 M |"
+            print "|---|---:|---:|---:|---|---:|---|"
+            while ((getline line < rows) > 0) print line
+            skip = 1; next
+        }
         /^<!-- totals:end -->$/ { skip = 0 }
         !skip { print }
     ' "$ledger" > "$tmp"
     cat "$tmp" > "$ledger"
-    rm -f "$tmp" "$tmp.rows"
+    rm -f "$tmp" "$tmp.rows" "$tmp.sizes"
 }
 
 # Runs one target once: 0 when it ran clean, 1 on a crash (or a failed minimization), 3 when
@@ -188,6 +201,20 @@ total_of() {
 
 status=0
 crashed=" "
+if [ $cmin_only = 1 ]; then
+    # Minimize the named corpora without fuzzing, then refresh the totals' corpus sizes.
+    for t in "${targets[@]}"; do
+        dir=$root/${t%%/*}/fuzz
+        [ -d "$dir/corpus/${t#*/}" ] || continue
+        echo "=== $t: cmin"
+        (cd "$dir" && "${nice[@]}" cargo +nightly fuzz cmin --sanitizer none --debug-assertions \
+            "${t#*/}" "corpus/${t#*/}" -- -timeout=10) > /dev/null 2>&1 || { echo "=== $t: cmin failed"; status=1; }
+    done
+    exec 9<"$ledger"
+    flock 9
+    ledger_totals
+    exit $status
+fi
 if [ -z "$until" ]; then
     for t in "${targets[@]}"; do
         run_target "$t" || { rc=$?; [ $rc = 3 ] && echo "=== $t: another run is fuzzing it, skipped" || status=1; }
