@@ -26,6 +26,18 @@ if [ "$(cargo machete --version 2>/dev/null)" != "$MACHETE_VERSION" ]; then
 fi
 cargo machete --skip-target-dir */Cargo.toml
 
+step "supply chain (cargo-deny: licences, bans, sources)"
+# Pinned like cargo-machete; policy and its reasons in deny.toml. A fresh install builds from
+# crates.io: 225 s of CPU (2026-12-01), so about 2-3 minutes on two idle cores. Advisories
+# are left out: the RustSec database is a git repository that no registry these machines
+# reach ships, so it cannot be had offline (docs/security.md, "Supply chain").
+DENY_VERSION=0.20.2
+if [ "$(cargo deny --version 2>/dev/null)" != "cargo-deny $DENY_VERSION" ]; then
+    cargo install --locked "cargo-deny@$DENY_VERSION" -j"$JOBS"
+fi
+cargo fetch --locked  # cargo-deny reads every dependency's manifest; --offline below
+cargo deny --locked --offline check --hide-inclusion-graph licenses bans sources
+
 step "lints"
 cargo clippy --workspace --all-targets -j"$JOBS" -- -D warnings
 

@@ -15,6 +15,11 @@ mod index;
 #[allow(dead_code)]
 mod workers;
 
+/// Per-GPU status, which the worker table (`workers`) carries.
+#[path = "../../src/routing/gpu.rs"]
+#[allow(dead_code)]
+mod gpu;
+
 use std::collections::HashSet;
 
 use index::KvIndex;

@@ -138,6 +138,12 @@ pub fn decode_request(bytes: &[u8]) -> Result<AnthropicRequest, GatewayError> {
             k.insert("enable_thinking".into(), Value::Bool(kind == "enabled"));
         }
     }
+    // No Messages field, but it passes through to the worker like any unknown key: one that is
+    // not an object would be refused there (and by the chat decoder), so refuse it here.
+    match body.get("stream_options") {
+        None | Some(Value::Null | Value::Object(_)) => {}
+        Some(_) => return Err(invalid("stream_options", "must be an object")),
+    }
     if stream {
         chat.insert("stream".into(), Value::Bool(true));
         chat.insert("stream_options".into(), json!({"include_usage": true}));

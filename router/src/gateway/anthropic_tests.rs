@@ -100,6 +100,9 @@ fn bad_requests() {
         json!({"model": "a", "max_tokens": 1, "messages": m, "stop_sequences": "x"}),
         json!({"model": "a", "max_tokens": 1, "messages": m, "system": 5}),
         json!({"model": "a", "max_tokens": 1, "messages": [{"role": "user", "content": []}]}),
+        // Passed through to the worker, so held to the chat decoder's rule (found by fuzzing).
+        json!({"model": "a", "max_tokens": 1, "messages": m, "stream_options": [1]}),
+        json!({"model": "a", "max_tokens": 1, "messages": m, "stream": true, "stream_options": 1}),
     ] {
         assert!(
             matches!(decode(bad.clone()), Err(E::InvalidField { .. })),
