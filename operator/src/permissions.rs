@@ -120,7 +120,7 @@ pub const OPERATOR_RULES: &[Rule] = &[
     Rule {
         api_groups: &[""],
         resources: &["secrets"],
-        verbs: &["get", "update", "patch"],
+        verbs: &["get", "patch"],
         names: &[CA_SECRET, MTLS_SECRET],
         why: "certificate issuance (--mtls): the CA and the per-namespace certificate \
               Secrets, read and rewritten by name only",
@@ -236,27 +236,6 @@ pub const NOT_EXERCISED: &[(&str, &str, &str, &str, &str)] = &[
         "certificates",
         "patch",
         "cert-manager mode only; the audit scenario uses the operator's own CA",
-    ),
-    (
-        "operator",
-        "",
-        "secrets",
-        "update",
-        "certificate issuance (--mtls) rotates kvroute-ca/kvroute-mtls",
-    ),
-    (
-        "operator",
-        "",
-        "secrets",
-        "patch",
-        "certificate issuance (--mtls) rotates kvroute-ca/kvroute-mtls",
-    ),
-    (
-        "operator",
-        "",
-        "secrets",
-        "create",
-        "certificate issuance (--mtls) creates kvroute-ca/kvroute-mtls",
     ),
     (
         "operator",
