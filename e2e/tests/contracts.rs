@@ -33,18 +33,19 @@ fn cfg() -> OperatorConfig {
     }
 }
 
-fn container_args(d: &k8s_openapi::api::apps::v1::Deployment, name: &str) -> Vec<String> {
-    let pod = d
-        .spec
+fn container<'a>(
+    d: &'a k8s_openapi::api::apps::v1::Deployment,
+    name: &str,
+) -> &'a k8s_openapi::api::core::v1::Container {
+    d.spec
         .as_ref()
         .and_then(|s| s.template.spec.as_ref())
-        .expect("pod spec");
-    let c = pod
-        .containers
-        .iter()
-        .find(|c| c.name == name)
-        .unwrap_or_else(|| panic!("container {name}"));
-    c.args.clone().unwrap_or_default()
+        .and_then(|p| p.containers.iter().find(|c| c.name == name))
+        .unwrap_or_else(|| panic!("container {name}"))
+}
+
+fn container_args(d: &k8s_openapi::api::apps::v1::Deployment, name: &str) -> Vec<String> {
+    container(d, name).args.clone().unwrap_or_default()
 }
 
 /// The container's literal env vars as the flags of `cmd` they set, then its arguments: the
@@ -54,16 +55,7 @@ fn effective_args(
     d: &k8s_openapi::api::apps::v1::Deployment,
     name: &str,
 ) -> Vec<String> {
-    let pod = d
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .expect("pod spec");
-    let c = pod
-        .containers
-        .iter()
-        .find(|c| c.name == name)
-        .unwrap_or_else(|| panic!("container {name}"));
+    let c = container(d, name);
     let mut out = vec![name.to_string()];
     for var in c.env.iter().flatten() {
         let Some(value) = &var.value else { continue };
