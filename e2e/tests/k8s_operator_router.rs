@@ -269,7 +269,8 @@ async fn the_operators_router_routes_cache_aware_and_survives_a_rollout() -> any
         !metrics.contains("kvroute_router_degraded_decisions_total{"),
         "the operator's router made degraded (load-only) decisions:\n{metrics}"
     );
-    if routed < random + 0.15 {
+    // KVROUTE_E2E_DIAG=1 prints the diagnostics of a failure on success too.
+    if routed < random + 0.15 || std::env::var_os("KVROUTE_E2E_DIAG").is_some() {
         let workers = http
             .get(format!("{admin}/debug/workers"))
             .send()
@@ -285,17 +286,38 @@ async fn the_operators_router_routes_cache_aware_and_survives_a_rollout() -> any
                 .await?
                 .text()
                 .await?;
-            for l in m
-                .lines()
-                .filter(|l| l.starts_with("kvroute_sidecar_resident_blocks"))
-            {
+            for l in m.lines().filter(|l| {
+                [
+                    "kvroute_sidecar_resident_blocks",
+                    "kvroute_sidecar_live_messages",
+                    "kvroute_sidecar_seq_gaps",
+                    "kvroute_sidecar_replays",
+                    "kvroute_sidecar_resyncs",
+                    "kvroute_sidecar_kv_events",
+                ]
+                .iter()
+                .any(|p| l.starts_with(p))
+            }) {
                 sidecars += &format!("{} {l}\n", pod.name);
             }
+            // What the KV-event path logged: connects, gaps, replays, resyncs.
+            sidecars += &cluster.pod_log_lines(
+                &ns,
+                &pod.name,
+                &[
+                    "ZMQ", "zmq", "SUB", "PUB", "replay", "resync", "gap", "KV event",
+                ],
+                25,
+            );
         }
-        bail!(
+        let report = format!(
             "cache-aware routing hit {routed:.3} of prompt tokens, random {random:.3}\n\
              sidecars:\n{sidecars}/debug/workers: {workers}"
         );
+        if routed < random + 0.15 {
+            bail!("{report}");
+        }
+        println!("{report}");
     }
 
     // A WorkerSet change rolls every pod while requests keep succeeding.

@@ -122,7 +122,14 @@ impl Publisher {
     /// Binds or connects the sockets and spawns the publishing and replay tasks.
     pub async fn start(config: &KvEventsConfig, dp_rank: u32) -> anyhow::Result<Self> {
         use anyhow::Context as _;
-        let mut pub_socket = zeromq::PubSocket::new();
+        let mut options = zeromq::SocketOptions::default();
+        // The crate retries a refused connect inside one `connect` call with a backoff that
+        // grows to 30 s, so a subscriber binding 7 s after us would be reached only at about
+        // 12.8 s, one binding at 13 s at about 25.6 s. libzmq (vLLM) retries every 100 ms
+        // (`ZMQ_RECONNECT_IVL`), so one attempt is cut at CONNECT_ATTEMPT and the publishing
+        // task starts a fresh one (see `PublishLoop::connect`).
+        options.connect_timeout(CONNECT_ATTEMPT);
+        let mut pub_socket = zeromq::PubSocket::with_options(options);
         let mut connect_to = None;
         let pub_endpoint = if pub_should_bind(&config.endpoint) {
             let ep = pub_socket
@@ -177,6 +184,13 @@ impl Publisher {
     }
 }
 
+/// Longest one connect attempt of the PUB socket may take (the crate's own retries within
+/// it back off from 50 ms).
+const CONNECT_ATTEMPT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Pause between connect attempts: libzmq's default `ZMQ_RECONNECT_IVL`.
+const RECONNECT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
 struct PublishLoop {
     socket: zeromq::PubSocket,
     /// Endpoint to connect to before publishing (connect mode).
@@ -190,15 +204,19 @@ struct PublishLoop {
 }
 
 impl PublishLoop {
-    /// Connects the PUB socket to `ep`, retrying until the subscriber has bound it.
+    /// Connects the PUB socket to `ep`, retrying until the subscriber has bound it: a fresh
+    /// attempt every [`RECONNECT_INTERVAL`] after each one that fails or times out, as libzmq
+    /// reconnects. Logs the first failure only.
     async fn connect(&mut self, ep: &str) {
-        let mut delay = std::time::Duration::from_millis(100);
+        let mut failures = 0u64;
         while let Err(e) = self.socket.connect(ep).await {
-            warn!(endpoint = %ep, error = %e, "KV event PUB socket cannot connect yet; retrying");
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            if failures == 0 {
+                warn!(endpoint = %ep, error = %e, "KV event PUB socket cannot connect yet; retrying");
+            }
+            failures += 1;
+            tokio::time::sleep(RECONNECT_INTERVAL).await;
         }
-        info!(endpoint = %ep, "KV event PUB socket connected");
+        info!(endpoint = %ep, failures, "KV event PUB socket connected");
     }
 
     async fn run(mut self) {

@@ -226,3 +226,56 @@ async fn connect_mode_follows_a_restarted_subscriber() {
     assert_eq!(again.get(0).unwrap().as_ref(), b"kv");
     assert!(seq_of(again.get(1).unwrap()) > first_seq);
 }
+
+/// A subscriber that binds long after the publisher started is reached within about a
+/// second, as libzmq reconnects every 100 ms: the zeromq crate's own retries within one
+/// connect back off to 30 s (a subscriber binding at 7 s would be reached only at about
+/// 12.8 s), which once left a worker pod's events unread for a whole e2e test.
+#[tokio::test]
+async fn connect_mode_reaches_a_subscriber_that_binds_late() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let args = Args {
+        profile: "tiny".into(),
+        speedup: 100.0,
+        kv_events_config: Some(
+            json!({
+                "enable_kv_cache_events": true,
+                "publisher": "zmq",
+                "endpoint": endpoint,
+                "replay_endpoint": "tcp://127.0.0.1:0",
+                "topic": "kv",
+            })
+            .to_string(),
+        ),
+        ..Args::default()
+    };
+    let s = start(args).await.unwrap();
+    let base = format!("http://{}", s.http_addr);
+    // Past the crate's retry points at 3.15 s and 6.35 s after start.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let mut sub = bound_sub(&endpoint).await;
+    let bound = Instant::now();
+    let deadline = bound + Duration::from_secs(4);
+    let mut i = 0;
+    loop {
+        complete(
+            &base,
+            &format!("late subscriber prompt {i}, a block or two long"),
+        )
+        .await;
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(200), sub.recv()).await {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the publisher had not connected {:?} after the subscriber bound",
+            bound.elapsed()
+        );
+        i += 1;
+    }
+}

@@ -275,6 +275,40 @@ impl Cluster {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// The log lines of every container of pod `namespace/pod` run by a fake kubelet with
+    /// [`super::kubelet_options`], those containing any of `needles` (all lines when empty),
+    /// at most `lines` per container, each prefixed with the container's name.
+    pub fn pod_log_lines(
+        &self,
+        namespace: &str,
+        pod: &str,
+        needles: &[&str],
+        lines: usize,
+    ) -> String {
+        let dir = self.dir.join("pods").join(format!("{namespace}_{pod}"));
+        let mut logs: Vec<_> = std::fs::read_dir(&dir)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        logs.sort();
+        let mut out = String::new();
+        for log in logs {
+            let container = log
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let picked: Vec<&str> = text
+                .lines()
+                .filter(|l| needles.is_empty() || needles.iter().any(|n| l.contains(n)))
+                .collect();
+            for l in &picked[picked.len().saturating_sub(lines)..] {
+                out += &format!("  [{container}] {l}\n");
+            }
+        }
+        out
+    }
+
     async fn wait_ready(&self) -> anyhow::Result<()> {
         let client = self.client().await?;
         procs::wait_for(
