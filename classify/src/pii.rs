@@ -140,6 +140,14 @@ fn is_anchor(c: u8) -> bool {
 /// The first anchor at or after `i`.
 fn next_anchor(b: &[u8], mut i: usize) -> Option<usize> {
     const W: usize = 32;
+    // Anchors cluster (digits in code and tables): look at the next bytes one by one first.
+    let near = b.len().min(i + 16);
+    while i < near {
+        if is_anchor(b[i]) {
+            return Some(i);
+        }
+        i += 1;
+    }
     while let Some(chunk) = b.get(i..i + W) {
         // Branch-free over the chunk so it vectorises; the exact position only on a hit.
         let hit = chunk.iter().fold(0u8, |acc, &c| {
@@ -464,6 +472,21 @@ fn skip_alnum(b: &[u8], mut i: usize) -> usize {
 /// run, always > `i`) and the finding, if any.
 fn numeric(b: &[u8], i: usize) -> (usize, Option<Hit>) {
     let before = |k: usize| i.checked_sub(k);
+    // Fast exit for the common short number ("buf[12]", "2048,", "v2"): every kind needs six
+    // digits in a row or a separator and more digits, except an IBAN's two check digits.
+    let mut r = i;
+    while is_digit(b, r) {
+        r += 1;
+    }
+    let continues = match b.get(r) {
+        Some(b' ' | b'-' | b'.' | b'/') => is_digit(b, r + 1) || b.get(r + 1) == Some(&b'('),
+        Some(b'(' | b')') => true,
+        _ => false,
+    };
+    let iban_like = i >= 2 && is(b, i - 1, UPPER | LOWER) && is(b, i - 2, UPPER | LOWER);
+    if r - i < 6 && !continues && !iban_like {
+        return (skip_alnum(b, r), None);
+    }
     // Letters glued to the digits: IBAN, NINO, NIE, or a word/hash with digits in it.
     if alnum_before(b, before(1)) {
         match iban(b, i) {
