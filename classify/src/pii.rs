@@ -590,10 +590,12 @@ fn classify_groups(b: &[u8], gr: &Groups, start: usize, i: usize, plus: bool) ->
     phone(b, gr, start, plus).map(|scheme| (PiiKind::Phone, scheme, start..end))
 }
 
-/// Whether the groups read as a date or a date and time (`01.02.2024 10`).
+/// Whether the groups read as a date, or a date and a time (`01.02.2024 10`: a second
+/// separator kind); five groups of two with dots are a French phone number, not a date.
 fn date_like(gr: &Groups) -> bool {
     let lens = gr.lens();
     gr.g >= 3
+        && (gr.g == 3 || !gr.single_sep())
         && gr.seps & (SEP_DOT | SEP_SLASH | SEP_DASH) != 0
         && (matches!(lens[..3], [1 | 2, 1 | 2, 2 | 4] | [4, 1 | 2, 1 | 2]))
 }
@@ -610,8 +612,7 @@ fn phone(b: &[u8], gr: &Groups, start: usize, plus: bool) -> Option<&'static str
     }
     // "00" international prefix and a country code, grouped.
     if d[0] == 0 && d.get(1) == Some(&0) {
-        return ((10..=17).contains(&n) && d[2] != 0 && gr.g >= 2 && gr.single_sep())
-            .then_some("phone-e164");
+        return ((10..=17).contains(&n) && d[2] != 0 && gr.g >= 2).then_some("phone-e164");
     }
     // North American: (NXX) NXX-XXXX, NXX-NXX-XXXX, NXX.NXX.XXXX, 1 NXX NXX XXXX.
     let nanp = |off: usize| d[off] >= 2 && d[off + 3] >= 2;
