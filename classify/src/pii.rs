@@ -221,14 +221,17 @@ pub(crate) fn scan(
     let b = text.as_bytes();
     let mut stats = ScanStats::default();
     let mut i = 0;
+    // End of the last finding: the next one may not start before it.
+    let mut last_end = 0;
     while let Some(a) = next_anchor(b, i) {
         i = match b[a] {
-            b'@' => match email(b, a) {
+            b'@' => match email(b, a, last_end) {
                 Some(span) => {
                     let end = span.end;
                     if config.email {
                         found(PiiKind::Email, "email", span);
                     }
+                    last_end = end;
                     end
                 }
                 None => a + 1,
@@ -244,8 +247,11 @@ pub(crate) fn scan(
             _ => {
                 let (next, hit) = numeric(b, a);
                 if let Some((kind, scheme, span)) = hit {
-                    if config.wants(kind) {
-                        found(kind, scheme, span);
+                    if span.start >= last_end {
+                        last_end = span.end;
+                        if config.wants(kind) {
+                            found(kind, scheme, span);
+                        }
                     }
                 }
                 next
@@ -262,14 +268,15 @@ const FILE_EXTENSIONS: &[&[u8]] = &[
     b"py", b"rs", b"txt", b"md", b"html", b"yaml", b"yml", b"toml", b"lock", b"zip", b"gz",
 ];
 
-/// The e-mail address around the `@` at `at`, if any.
-fn email(b: &[u8], at: usize) -> Option<Range<usize>> {
+/// The e-mail address around the `@` at `at`, if any; its local part starts at `floor` or
+/// later (the end of the previous finding).
+fn email(b: &[u8], at: usize, floor: usize) -> Option<Range<usize>> {
     // Local part: up to 64 characters to the left.
     let mut start = at;
-    while start > 0 && at - start < 64 && is(b, start - 1, ALNUM | LOCAL) {
+    while start > floor && at - start < 64 && is(b, start - 1, ALNUM | LOCAL) {
         start -= 1;
     }
-    if start > 0 && is(b, start - 1, ALNUM | LOCAL) {
+    if start > floor && is(b, start - 1, ALNUM | LOCAL) {
         return None; // longer than 64: not an address
     }
     while start < at && b[start] == b'.' {
