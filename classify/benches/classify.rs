@@ -10,20 +10,68 @@ use std::time::{Duration, Instant};
 use kvroute_classify::{Classifier, ClassifyInput};
 
 const WORDS: &[&str] = &[
-    "the", "model", "should", "answer", "a", "question", "about", "routing", "requests", "to",
-    "workers", "that", "already", "hold", "their", "prefix", "in", "cache", "and", "we", "want",
-    "The", "summary", "of", "this", "document", "explains", "how", "Kubernetes", "schedules",
-    "pods", "across", "nodes", "with", "GPUs", "while", "keeping", "latency", "low", "for",
-    "every", "tenant", "Please", "write", "clear", "concise", "sentences", "is", "on",
+    "the",
+    "model",
+    "should",
+    "answer",
+    "a",
+    "question",
+    "about",
+    "routing",
+    "requests",
+    "to",
+    "workers",
+    "that",
+    "already",
+    "hold",
+    "their",
+    "prefix",
+    "in",
+    "cache",
+    "and",
+    "we",
+    "want",
+    "The",
+    "summary",
+    "of",
+    "this",
+    "document",
+    "explains",
+    "how",
+    "Kubernetes",
+    "schedules",
+    "pods",
+    "across",
+    "nodes",
+    "with",
+    "GPUs",
+    "while",
+    "keeping",
+    "latency",
+    "low",
+    "for",
+    "every",
+    "tenant",
+    "Please",
+    "write",
+    "clear",
+    "concise",
+    "sentences",
+    "is",
+    "on",
 ];
 
 /// Deterministic English-like text of about `bytes` bytes.
 fn prose(bytes: usize, seed: u64) -> String {
     let mut s = String::with_capacity(bytes + 16);
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let mut n = 0;
     while s.len() < bytes {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         s.push_str(WORDS[(x >> 33) as usize % WORDS.len()]);
         n += 1;
         s.push_str(if n % 14 == 0 { ". " } else { " " });

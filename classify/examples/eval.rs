@@ -10,7 +10,11 @@ use kvroute_classify::{Classifier, eval};
 
 fn main() -> ExitCode {
     let path = std::env::args().nth(1).unwrap_or_else(|| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/pii/labelled.jsonl").to_string()
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../testdata/pii/labelled.jsonl"
+        )
+        .to_string()
     });
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,

@@ -169,7 +169,11 @@ fn iban_value(c: u8) -> u32 {
 /// ISO 7064 MOD 97-10 over an IBAN's characters (upper-case ASCII alphanumerics, country
 /// code first): valid when the rearranged number is 1 mod 97.
 pub fn iban_mod97(chars: &[u8]) -> bool {
-    if chars.len() < 5 || !chars.iter().all(|c| c.is_ascii_digit() || c.is_ascii_uppercase()) {
+    if chars.len() < 5
+        || !chars
+            .iter()
+            .all(|c| c.is_ascii_digit() || c.is_ascii_uppercase())
+    {
         return false;
     }
     let mut r = 0u32;
@@ -231,7 +235,10 @@ pub fn es_dni(nie_prefix: Option<u8>, d: &[u8], letter: u8) -> bool {
 pub fn gb_nino(p1: u8, p2: u8, suffix: u8) -> bool {
     let first_ok = p1.is_ascii_uppercase() && !b"DFIQUV".contains(&p1);
     let second_ok = p2.is_ascii_uppercase() && !b"DFIOQUV".contains(&p2);
-    let pair_ok = !matches!(&[p1, p2], b"BG" | b"GB" | b"KN" | b"NK" | b"NT" | b"TN" | b"ZZ");
+    let pair_ok = !matches!(
+        &[p1, p2],
+        b"BG" | b"GB" | b"KN" | b"NK" | b"NT" | b"TN" | b"ZZ"
+    );
     first_ok && second_ok && pair_ok && (b'A'..=b'D').contains(&suffix)
 }
 

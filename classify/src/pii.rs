@@ -117,7 +117,8 @@ const fn class_table() -> [u8; 256] {
 static CLASS: [u8; 256] = class_table();
 
 fn is(b: &[u8], i: usize, class: u8) -> bool {
-    b.get(i).is_some_and(|&c| CLASS[usize::from(c)] & class != 0)
+    b.get(i)
+        .is_some_and(|&c| CLASS[usize::from(c)] & class != 0)
 }
 
 fn is_digit(b: &[u8], i: usize) -> bool {
@@ -153,10 +154,10 @@ fn next_anchor(b: &[u8], mut i: usize) -> Option<usize> {
         let hit = chunk.iter().fold(0u8, |acc, &c| {
             acc | u8::from(c.wrapping_sub(b'0') < 10) | u8::from(c == b'@') | u8::from(c == b'`')
         });
-        if hit != 0 {
-            if let Some(k) = chunk.iter().position(|&c| is_anchor(c)) {
-                return Some(i + k);
-            }
+        if hit != 0
+            && let Some(k) = chunk.iter().position(|&c| is_anchor(c))
+        {
+            return Some(i + k);
         }
         i += W;
     }
@@ -246,12 +247,12 @@ pub(crate) fn scan(
             }
             _ => {
                 let (next, hit) = numeric(b, a);
-                if let Some((kind, scheme, span)) = hit {
-                    if span.start >= last_end {
-                        last_end = span.end;
-                        if config.wants(kind) {
-                            found(kind, scheme, span);
-                        }
+                if let Some((kind, scheme, span)) = hit
+                    && span.start >= last_end
+                {
+                    last_end = span.end;
+                    if config.wants(kind) {
+                        found(kind, scheme, span);
                     }
                 }
                 next
@@ -264,8 +265,8 @@ pub(crate) fn scan(
 /// File extensions that follow `name@2x`-style asset names; not e-mail top-level domains
 /// in practice.
 const FILE_EXTENSIONS: &[&[u8]] = &[
-    b"png", b"jpg", b"jpeg", b"gif", b"svg", b"webp", b"ico", b"js", b"ts", b"css", b"json",
-    b"py", b"rs", b"txt", b"md", b"html", b"yaml", b"yml", b"toml", b"lock", b"zip", b"gz",
+    b"png", b"jpg", b"jpeg", b"gif", b"svg", b"webp", b"ico", b"js", b"ts", b"css", b"json", b"py",
+    b"rs", b"txt", b"md", b"html", b"yaml", b"yml", b"toml", b"lock", b"zip", b"gz",
 ];
 
 /// The e-mail address around the `@` at `at`, if any; its local part starts at `floor` or
@@ -345,7 +346,12 @@ const PHONE_WORDS: &[&[u8]] = &[
     b"portable",
 ];
 const SSN_WORDS: &[&[u8]] = &[b"ssn", b"social security"];
-const BSN_WORDS: &[&[u8]] = &[b"bsn", b"burgerservicenummer", b"sofinummer", b"sofi-nummer"];
+const BSN_WORDS: &[&[u8]] = &[
+    b"bsn",
+    b"burgerservicenummer",
+    b"sofinummer",
+    b"sofi-nummer",
+];
 const STEUER_WORDS: &[&[u8]] = &[
     b"steuer",
     b"idnr",
@@ -528,13 +534,12 @@ fn numeric(b: &[u8], i: usize) -> (usize, Option<Hit>) {
             Some(b'-' | b' ') => (end + 1, end + 2),
             _ => (end, end + 1),
         };
-        if let Some(&letter) = b.get(letter_at) {
-            if letter.is_ascii_uppercase()
-                && !is_alnum(b, after)
-                && checksum::es_dni(None, gr.digits(), letter)
-            {
-                return (after, Some((PiiKind::NationalId, "es-dni", i..after)));
-            }
+        if let Some(&letter) = b.get(letter_at)
+            && letter.is_ascii_uppercase()
+            && !is_alnum(b, after)
+            && checksum::es_dni(None, gr.digits(), letter)
+        {
+            return (after, Some((PiiKind::NationalId, "es-dni", i..after)));
         }
     }
     if is_alnum(b, end) || b.get(end) == Some(&b'@') || gr.overflow {
@@ -564,10 +569,9 @@ fn classify_groups(b: &[u8], gr: &Groups, start: usize, i: usize, plus: bool) ->
     }
     if bare && n == 9 {
         // US SSN: 3-2-4 with dashes or spaces, or nine bare digits after "SSN".
-        let formatted = lens == [3, 2, 4] && gr.single_sep() && gr.seps & !(SEP_SPACE | SEP_DASH) == 0;
-        if checksum::us_ssn(d)
-            && (formatted || (gr.g == 1 && keyword_before(b, i, SSN_WORDS)))
-        {
+        let formatted =
+            lens == [3, 2, 4] && gr.single_sep() && gr.seps & !(SEP_SPACE | SEP_DASH) == 0;
+        if checksum::us_ssn(d) && (formatted || (gr.g == 1 && keyword_before(b, i, SSN_WORDS))) {
             return Some((PiiKind::NationalId, "us-ssn", i..end));
         }
         // NL BSN: nine digits (or 4.2.3) after "BSN" or similar.
@@ -702,8 +706,7 @@ fn nino(b: &[u8], i: usize) -> Option<Hit> {
         i
     };
     let start = q.checked_sub(2)?;
-    if !is(b, start, UPPER) || !is(b, start + 1, UPPER) || alnum_before(b, start.checked_sub(1))
-    {
+    if !is(b, start, UPPER) || !is(b, start + 1, UPPER) || alnum_before(b, start.checked_sub(1)) {
         return None;
     }
     // Six digits, contiguous or in pairs.

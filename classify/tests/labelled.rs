@@ -17,7 +17,10 @@ const FLOORS: [(Label, f64, f64); 6] = [
 
 #[test]
 fn precision_and_recall_hold() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/pii/labelled.jsonl");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../testdata/pii/labelled.jsonl"
+    );
     let text = std::fs::read_to_string(path).expect("the labelled set is in the repository");
     let samples = eval::parse_set(&text).expect("the labelled set parses");
     assert!(samples.len() >= 300, "the set shrank to {}", samples.len());
@@ -26,7 +29,11 @@ fn precision_and_recall_hold() {
     for (label, p_floor, r_floor) in FLOORS {
         let s = report.score(label);
         // Every label has positives in the set, so recall is not vacuously 1.
-        assert!(s.tp + s.fn_ >= 40, "{label}: only {} positives", s.tp + s.fn_);
+        assert!(
+            s.tp + s.fn_ >= 40,
+            "{label}: only {} positives",
+            s.tp + s.fn_
+        );
         if s.precision() < p_floor || s.recall() < r_floor {
             failures.push(format!(
                 "{label}: precision {:.3} (floor {p_floor}), recall {:.3} (floor {r_floor})",
@@ -43,5 +50,9 @@ fn precision_and_recall_hold() {
             format!("line {}: {label} predicted={predicted} ({note})", idx + 1)
         })
         .collect();
-    assert!(failures.is_empty(), "{failures:#?}\nwrong samples:\n{}", errors.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{failures:#?}\nwrong samples:\n{}",
+        errors.join("\n")
+    );
 }
