@@ -92,6 +92,8 @@ const LOWER: u8 = 4;
 /// A character allowed in an e-mail local part (besides letters and digits).
 const LOCAL: u8 = 8;
 const ALNUM: u8 = DIGIT | UPPER | LOWER;
+/// Where the scan stops: a digit, `@` or a backtick.
+const ANCHOR: u8 = 16;
 
 const fn class_table() -> [u8; 256] {
     let mut t = [0u8; 256];
@@ -99,7 +101,9 @@ const fn class_table() -> [u8; 256] {
     while c < 256 {
         let b = c as u8;
         t[c] = if b.is_ascii_digit() {
-            DIGIT
+            DIGIT | ANCHOR
+        } else if b == b'@' || b == b'`' {
+            ANCHOR
         } else if b.is_ascii_uppercase() {
             UPPER
         } else if b.is_ascii_lowercase() {
@@ -135,7 +139,7 @@ fn alnum_before(b: &[u8], i: Option<usize>) -> bool {
 }
 
 fn is_anchor(c: u8) -> bool {
-    c.wrapping_sub(b'0') < 10 || c == b'@' || c == b'`'
+    CLASS[usize::from(c)] & ANCHOR != 0
 }
 
 /// The first anchor at or after `i`.
@@ -246,6 +250,10 @@ pub(crate) fn scan(
                 }
             }
             _ => {
+                if let Some(next) = dismiss(b, a) {
+                    i = next;
+                    continue;
+                }
                 let (next, hit) = numeric(b, a);
                 if let Some((kind, scheme, span)) = hit
                     && span.start >= last_end
@@ -481,15 +489,18 @@ fn skip_alnum(b: &[u8], mut i: usize) -> usize {
     i
 }
 
-/// Validates the candidate at digit `i`; returns where scanning resumes (past the digit
-/// run, always > `i`) and the finding, if any.
-fn numeric(b: &[u8], i: usize) -> (usize, Option<Hit>) {
-    let before = |k: usize| i.checked_sub(k);
-    // Fast exit for the common short number ("buf[12]", "2048,", "v2"): every kind needs six
-    // digits in a row or a separator and more digits, except an IBAN's two check digits.
+/// Where scanning resumes when the digit run at `i` cannot be part of any finding: the
+/// common short number ("buf[12]", "2048,", "v2"). Every kind needs six digits in a row or a
+/// separator and more digits, except an IBAN's two check digits after the country code.
+/// Kept small and inlined so the hot loop does not pay for `numeric`'s frame.
+#[inline(always)]
+fn dismiss(b: &[u8], i: usize) -> Option<usize> {
     let mut r = i;
     while is_digit(b, r) {
         r += 1;
+    }
+    if r - i >= 6 {
+        return None;
     }
     let continues = match b.get(r) {
         Some(b' ' | b'-' | b'.' | b'/') => is_digit(b, r + 1) || b.get(r + 1) == Some(&b'('),
@@ -497,9 +508,14 @@ fn numeric(b: &[u8], i: usize) -> (usize, Option<Hit>) {
         _ => false,
     };
     let iban_like = i >= 2 && is(b, i - 1, UPPER | LOWER) && is(b, i - 2, UPPER | LOWER);
-    if r - i < 6 && !continues && !iban_like {
-        return (skip_alnum(b, r), None);
-    }
+    (!continues && !iban_like).then(|| skip_alnum(b, r))
+}
+
+/// Validates the candidate at digit `i`; returns where scanning resumes (past the digit
+/// run, always > `i`) and the finding, if any.
+#[inline(never)]
+fn numeric(b: &[u8], i: usize) -> (usize, Option<Hit>) {
+    let before = |k: usize| i.checked_sub(k);
     // Letters glued to the digits: IBAN, NINO, NIE, or a word/hash with digits in it.
     if alnum_before(b, before(1)) {
         match iban(b, i) {
