@@ -13,7 +13,8 @@
 //!                                     Classification { labels, pii }
 //! ```
 //!
-//! `pii_findings(text)` returns the same findings with their byte spans, for tests and
+//! [`RequestTexts::of_body`] borrows the texts out of an OpenAI-shaped body (chat or
+//! completions). `pii_findings(text)` returns the same findings with their byte spans, for tests and
 //! `kvroute explain`; nothing here stores or logs matched text. The labelled test set in
 //! `testdata/pii/labelled.jsonl` and [`eval`] measure precision and recall.
 
@@ -22,10 +23,12 @@ pub mod eval;
 mod labels;
 mod pii;
 mod size;
+mod texts;
 
 pub use labels::{Label, Labels};
 pub use pii::{Finding, PiiConfig, PiiCounts, PiiKind, pii_findings};
 pub use size::{SizeConfig, SizeSignals};
+pub use texts::RequestTexts;
 
 /// Classifier configuration: which PII kinds to report and the size thresholds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,7 +44,8 @@ pub struct ClassifierConfig {
 pub struct ClassifyInput<'a> {
     /// Message contents in order (the prompt alone for completions).
     pub texts: &'a [&'a str],
-    /// Prompt tokens (as the router tokenised them).
+    /// Prompt tokens as the router tokenised them, or
+    /// [`RequestTexts::estimated_tokens`] before tokenisation.
     pub prompt_tokens: usize,
     /// The request's output cap, if it set one.
     pub max_tokens: Option<u32>,
