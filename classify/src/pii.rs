@@ -270,11 +270,12 @@ pub(crate) fn scan(
     stats
 }
 
-/// File extensions that follow `name@2x`-style asset names; not e-mail top-level domains
-/// in practice.
+/// File extensions that follow `name@2x`-style asset names and are no top-level domain.
+/// Extensions that are country domains (`.rs` Serbia, `.py` Paraguay, `.md` Moldova) stay
+/// addresses.
 const FILE_EXTENSIONS: &[&[u8]] = &[
-    b"png", b"jpg", b"jpeg", b"gif", b"svg", b"webp", b"ico", b"js", b"ts", b"css", b"json", b"py",
-    b"rs", b"txt", b"md", b"html", b"yaml", b"yml", b"toml", b"lock", b"zip", b"gz",
+    b"png", b"jpg", b"jpeg", b"gif", b"svg", b"webp", b"ico", b"js", b"ts", b"css", b"json",
+    b"txt", b"html", b"yaml", b"yml", b"toml", b"lock", b"zip", b"gz",
 ];
 
 /// The e-mail address around the `@` at `at`, if any; its local part starts at `floor` or

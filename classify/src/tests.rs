@@ -31,6 +31,7 @@ fn emails() {
     one("<a.b_c@sub.example.org>", "email", "a.b_c@sub.example.org");
     one("x 123@mail.example.com y", "email", "123@mail.example.com");
     none("icon@2x.png and logo@3x.svg");
+    one("pisi na ana@example.rs", "email", "ana@example.rs");
     none("npm i left-pad@1.3.0");
     none("@decorator and user@localhost");
     none("a@b.c and .@example.com");
