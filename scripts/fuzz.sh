@@ -28,6 +28,7 @@ export CARGO_BUILD_JOBS=${JOBS:-2}
 
 FUZZ_VERSION=0.13.2
 ALL_TARGETS=(
+    classify/labeller
     crds/parse_documents
     mock-vllm/request_body
     router/anthropic_request router/index_ops router/ingest_session router/openai_request router/sse_stream
