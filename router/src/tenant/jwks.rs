@@ -1,0 +1,340 @@
+//! Where JWT verification keys come from: a key of a Secret under `--secrets-dir`, or an
+//! `https://` URL fetched with the router's HTTP client (rustls, the Mozilla roots). Each
+//! source's last good [`Jwks`] is cached; a failed load keeps it and is counted.
+//!
+//! ```text
+//! JwksSource::Secret --first use: read now; refresh task: every 2 s--> parse_jwks --> cache
+//! JwksSource::Url    --refresh task: every 5 min, sooner on an unknown kid (≤ 1 per 30 s),
+//!                      after a failure 1 s, 2 s, ... ≤ 5 min; ≤ 64 KiB, 10 s timeout--> cache
+//! verify: cache only (never a fetch on the request path; no keys yet = 401)
+//! ```
+//!
+//! Plain `http://` is refused except to a loopback address (tests, a local sidecar).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use parking_lot::RwLock;
+
+use super::jwt::{Jwks, JwksError, MAX_JWKS_BYTES, parse_jwks};
+use super::metrics::TenantMetrics;
+use super::secrets::SecretFiles;
+
+/// Re-fetch period of a JWKS URL.
+pub const URL_REFRESH: Duration = Duration::from_secs(300);
+/// An unknown `kid` triggers a fetch at most this often per URL.
+pub const FORCED_REFRESH_MIN: Duration = Duration::from_secs(30);
+/// URL sources held (one per pool at most; bounded all the same).
+const MAX_SOURCES: usize = 256;
+
+/// A JWKS source.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum JwksSource {
+    /// `https://` URL.
+    Url(String),
+    /// A key of a Secret in the router's namespace.
+    Secret {
+        /// Secret name.
+        name: String,
+        /// Data key.
+        key: String,
+    },
+}
+
+#[derive(Debug)]
+struct Slot {
+    jwks: Option<Arc<Jwks>>,
+    next_fetch: Instant,
+    last_forced: Option<Instant>,
+    failures: u32,
+}
+
+/// The cached JWKS of every source in use.
+pub struct JwksStore {
+    secrets: Arc<SecretFiles>,
+    slots: RwLock<HashMap<JwksSource, Slot>>,
+    metrics: TenantMetrics,
+    client: Option<reqwest::Client>,
+}
+
+/// Why a URL fetch failed (metric label).
+fn fetch_error_label(e: &FetchError) -> &'static str {
+    match e {
+        FetchError::Insecure => "insecure_url",
+        FetchError::Http => "fetch_failed",
+        FetchError::Status => "bad_status",
+        FetchError::Jwks(j) => j.label(),
+    }
+}
+
+#[derive(Debug)]
+enum FetchError {
+    Insecure,
+    Http,
+    Status,
+    Jwks(JwksError),
+}
+
+fn https_client() -> Option<reqwest::Client> {
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .ok()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .timeout(Duration::from_secs(10))
+        .connect_timeout(Duration::from_secs(5))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| tracing::warn!(error = %e, "cannot build the JWKS HTTP client; JWKS URLs are unusable"))
+        .ok()
+}
+
+/// Is `url` fetchable: `https://`, or `http://` to a loopback address.
+pub fn allowed_url(url: &str) -> bool {
+    if url.starts_with("https://") {
+        return true;
+    }
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let host = rest.split(['/', '?']).next().unwrap_or_default();
+    let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+    host == "localhost"
+        || host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+impl JwksStore {
+    /// A store reading Secrets through `secrets`.
+    pub fn new(secrets: Arc<SecretFiles>, metrics: TenantMetrics) -> Self {
+        Self {
+            secrets,
+            slots: RwLock::new(HashMap::new()),
+            metrics,
+            client: https_client(),
+        }
+    }
+
+    /// The cached keys of `src`. A Secret source is read on first use; a URL source is
+    /// registered for the refresh task and has no keys until its first fetch.
+    pub fn get(&self, src: &JwksSource) -> Option<Arc<Jwks>> {
+        if let Some(s) = self.slots.read().get(src) {
+            return s.jwks.clone();
+        }
+        let now = Instant::now();
+        let jwks = match src {
+            JwksSource::Secret { name, key } => self.load_secret(name, key),
+            JwksSource::Url(_) => None,
+        };
+        let mut slots = self.slots.write();
+        if slots.len() >= MAX_SOURCES {
+            return jwks;
+        }
+        slots.entry(src.clone()).or_insert(Slot {
+            jwks: jwks.clone(),
+            next_fetch: now,
+            last_forced: None,
+            failures: 0,
+        });
+        jwks
+    }
+
+    /// A token named a `kid` the cached keys lack: fetch the URL soon (at most once per
+    /// [`FORCED_REFRESH_MIN`]), in case the issuer rotated.
+    pub fn unknown_kid(&self, src: &JwksSource, now: Instant) {
+        if let (JwksSource::Url(_), Some(slot)) = (src, self.slots.write().get_mut(src))
+            && slot
+                .last_forced
+                .is_none_or(|t| now.saturating_duration_since(t) >= FORCED_REFRESH_MIN)
+        {
+            slot.last_forced = Some(now);
+            slot.next_fetch = slot.next_fetch.min(now);
+        }
+    }
+
+    fn load_secret(&self, name: &str, key: &str) -> Option<Arc<Jwks>> {
+        let bytes = self.secrets.read(name, key).ok()?;
+        match parse_jwks(&bytes) {
+            Ok(j) => Some(Arc::new(j)),
+            Err(e) => {
+                self.metrics
+                    .jwks_errors
+                    .with_label_values(&[e.label()])
+                    .inc();
+                tracing::warn!(secret = name, key, error = %e, "bad JWKS in a Secret; keeping the last good one");
+                None
+            }
+        }
+    }
+
+    /// Re-reads the Secret sources, forgets sources not in `wanted`.
+    pub fn refresh_secrets(&self, wanted: &[JwksSource]) {
+        let sources: Vec<JwksSource> = self.slots.read().keys().cloned().collect();
+        for src in sources {
+            if !wanted.contains(&src) {
+                self.slots.write().remove(&src);
+                continue;
+            }
+            if let JwksSource::Secret { name, key } = &src
+                && let Some(j) = self.load_secret(name, key)
+                && let Some(slot) = self.slots.write().get_mut(&src)
+            {
+                slot.jwks = Some(j);
+            }
+        }
+    }
+
+    /// Fetches every URL source that is due.
+    pub async fn refresh_urls(&self, now: Instant) {
+        let due: Vec<String> = self
+            .slots
+            .read()
+            .iter()
+            .filter_map(|(k, s)| match k {
+                JwksSource::Url(u) if s.next_fetch <= now => Some(u.clone()),
+                _ => None,
+            })
+            .collect();
+        for url in due {
+            let fetched = self.fetch(&url).await;
+            let mut slots = self.slots.write();
+            let Some(slot) = slots.get_mut(&JwksSource::Url(url.clone())) else {
+                continue;
+            };
+            match fetched {
+                Ok(j) => {
+                    slot.jwks = Some(Arc::new(j));
+                    slot.failures = 0;
+                    slot.next_fetch = now + URL_REFRESH;
+                }
+                Err(e) => {
+                    slot.failures = slot.failures.saturating_add(1);
+                    let backoff = Duration::from_secs(1 << slot.failures.min(9)).min(URL_REFRESH);
+                    slot.next_fetch = now + backoff;
+                    self.metrics
+                        .jwks_errors
+                        .with_label_values(&[fetch_error_label(&e)])
+                        .inc();
+                    tracing::warn!(
+                        url,
+                        reason = fetch_error_label(&e),
+                        retry_s = backoff.as_secs(),
+                        "cannot load a JWKS; keeping the last good one"
+                    );
+                }
+            }
+        }
+    }
+
+    async fn fetch(&self, url: &str) -> Result<Jwks, FetchError> {
+        if !allowed_url(url) {
+            return Err(FetchError::Insecure);
+        }
+        let client = self.client.as_ref().ok_or(FetchError::Http)?;
+        let resp = client.get(url).send().await.map_err(|_| FetchError::Http)?;
+        if !resp.status().is_success() {
+            return Err(FetchError::Status);
+        }
+        if resp
+            .content_length()
+            .is_some_and(|n| n > MAX_JWKS_BYTES as u64)
+        {
+            return Err(FetchError::Jwks(JwksError::TooLarge));
+        }
+        let mut body = Vec::new();
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|_| FetchError::Http)?;
+            if body.len() + chunk.len() > MAX_JWKS_BYTES {
+                return Err(FetchError::Jwks(JwksError::TooLarge));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        parse_jwks(&body).map_err(FetchError::Jwks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tenant::jwt::testing::{TestKey, jwks_of};
+
+    #[test]
+    fn urls() {
+        assert!(allowed_url("https://idp.example/jwks"));
+        assert!(allowed_url("http://127.0.0.1:8080/jwks"));
+        assert!(allowed_url("http://[::1]:80/x"));
+        assert!(allowed_url("http://localhost/x"));
+        assert!(!allowed_url("http://idp.example/jwks"));
+        assert!(!allowed_url("http://10.0.0.1/jwks"));
+        assert!(!allowed_url("ftp://x"));
+    }
+
+    #[tokio::test]
+    async fn url_source_is_fetched_cached_and_kept_on_failure() {
+        let key = TestKey::ec("k1");
+        let doc = Arc::new(parking_lot::Mutex::new(jwks_of(&[&key])));
+        let served = doc.clone();
+        let app = axum::Router::new().route(
+            "/jwks",
+            axum::routing::get(move || {
+                let d = served.lock().clone();
+                async move { d }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let metrics = TenantMetrics::register(&prometheus::Registry::new(), &[]).expect("m");
+        let secrets = Arc::new(SecretFiles::new(None, metrics.clone()));
+        let store = JwksStore::new(secrets, metrics.clone());
+        let src = JwksSource::Url(format!("http://{addr}/jwks"));
+        assert!(store.get(&src).is_none(), "nothing before the first fetch");
+        let t0 = Instant::now();
+        store.refresh_urls(t0).await;
+        assert_eq!(store.get(&src).map(|j| j.len()), Some(1));
+
+        // A broken document later: the good keys stay, the failure is counted, backoff.
+        *doc.lock() = "{not json".into();
+        store.refresh_urls(t0 + URL_REFRESH).await;
+        assert_eq!(store.get(&src).map(|j| j.len()), Some(1));
+        assert_eq!(
+            metrics
+                .jwks_errors
+                .with_label_values(&["jwks_malformed"])
+                .get(),
+            1
+        );
+        // Not due yet (1 s backoff from t0 + 5 min ... wait: due at +2 s): nothing fetched.
+        store.refresh_urls(t0 + URL_REFRESH).await;
+        assert_eq!(
+            metrics
+                .jwks_errors
+                .with_label_values(&["jwks_malformed"])
+                .get(),
+            1
+        );
+
+        // Rotation with an unknown kid: an early fetch picks up the new key.
+        let key2 = TestKey::ec("k2");
+        *doc.lock() = jwks_of(&[&key, &key2]);
+        let later = t0 + URL_REFRESH + Duration::from_secs(10);
+        store.unknown_kid(&src, later);
+        store.refresh_urls(later).await;
+        assert_eq!(store.get(&src).map(|j| j.len()), Some(2));
+    }
+}
