@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use parking_lot::RwLock;
 
 use super::jwt::{Jwks, JwksError, MAX_JWKS_BYTES, parse_jwks};
@@ -26,6 +25,8 @@ use super::secrets::SecretFiles;
 pub const URL_REFRESH: Duration = Duration::from_secs(300);
 /// An unknown `kid` triggers a fetch at most this often per URL.
 pub const FORCED_REFRESH_MIN: Duration = Duration::from_secs(30);
+/// A whole JWKS fetch (connect, TLS, request, body) takes at most this long.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// URL sources held (one per pool at most; bounded all the same).
 const MAX_SOURCES: usize = 256;
 
@@ -56,7 +57,7 @@ pub struct JwksStore {
     secrets: Arc<SecretFiles>,
     slots: RwLock<HashMap<JwksSource, Slot>>,
     metrics: TenantMetrics,
-    client: Option<reqwest::Client>,
+    tls: Option<tokio_rustls::TlsConnector>,
 }
 
 /// Why a URL fetch failed (metric label).
@@ -77,7 +78,7 @@ enum FetchError {
     Jwks(JwksError),
 }
 
-fn https_client() -> Option<reqwest::Client> {
+fn tls_connector() -> Option<tokio_rustls::TlsConnector> {
     let roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
@@ -85,17 +86,75 @@ fn https_client() -> Option<reqwest::Client> {
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
+    .map_err(|e| tracing::warn!(error = %e, "no TLS for JWKS URLs"))
     .ok()?
     .with_root_certificates(roots)
     .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .timeout(Duration::from_secs(10))
-        .connect_timeout(Duration::from_secs(5))
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| tracing::warn!(error = %e, "cannot build the JWKS HTTP client; JWKS URLs are unusable"))
-        .ok()
+    Some(tokio_rustls::TlsConnector::from(Arc::new(tls)))
+}
+
+/// One GET over HTTP/1.1 on `io`; the body, at most [`MAX_JWKS_BYTES`].
+async fn get_on<T>(io: T, uri: &http::Uri) -> Result<Vec<u8>, FetchError>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use http_body::Body as _;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+        .await
+        .map_err(|_| FetchError::Http)?;
+    tokio::spawn(conn);
+    let host = uri
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .unwrap_or_default();
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let req = http::Request::get(path)
+        .header(http::header::HOST, host)
+        .header(http::header::ACCEPT, "application/json")
+        .body(http_body_util_empty())
+        .map_err(|_| FetchError::Http)?;
+    let resp = send.send_request(req).await.map_err(|_| FetchError::Http)?;
+    if !resp.status().is_success() {
+        return Err(FetchError::Status);
+    }
+    let mut body = resp.into_body();
+    let mut out = Vec::new();
+    while let Some(frame) =
+        std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+    {
+        let frame = frame.map_err(|_| FetchError::Http)?;
+        if let Some(data) = frame.data_ref() {
+            if out.len() + data.len() > MAX_JWKS_BYTES {
+                return Err(FetchError::Jwks(JwksError::TooLarge));
+            }
+            out.extend_from_slice(data);
+        }
+    }
+    Ok(out)
+}
+
+/// An empty request body.
+fn http_body_util_empty() -> EmptyBody {
+    EmptyBody
+}
+
+/// A request body with no bytes.
+struct EmptyBody;
+
+impl http_body::Body for EmptyBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::task::Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        true
+    }
 }
 
 /// Is `url` fetchable: `https://`, or `http://` to a loopback address.
@@ -122,7 +181,7 @@ impl JwksStore {
             secrets,
             slots: RwLock::new(HashMap::new()),
             metrics,
-            client: https_client(),
+            tls: tls_connector(),
         }
     }
 
@@ -241,26 +300,31 @@ impl JwksStore {
         if !allowed_url(url) {
             return Err(FetchError::Insecure);
         }
-        let client = self.client.as_ref().ok_or(FetchError::Http)?;
-        let resp = client.get(url).send().await.map_err(|_| FetchError::Http)?;
-        if !resp.status().is_success() {
-            return Err(FetchError::Status);
-        }
-        if resp
-            .content_length()
-            .is_some_and(|n| n > MAX_JWKS_BYTES as u64)
-        {
-            return Err(FetchError::Jwks(JwksError::TooLarge));
-        }
-        let mut body = Vec::new();
-        let mut stream = resp.bytes_stream();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|_| FetchError::Http)?;
-            if body.len() + chunk.len() > MAX_JWKS_BYTES {
-                return Err(FetchError::Jwks(JwksError::TooLarge));
+        let uri: http::Uri = url.parse().map_err(|_| FetchError::Insecure)?;
+        let host = uri
+            .host()
+            .ok_or(FetchError::Insecure)?
+            .trim_matches(['[', ']'])
+            .to_string();
+        let https = uri.scheme_str() == Some("https");
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let work = async {
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+                .await
+                .map_err(|_| FetchError::Http)?;
+            if https {
+                let tls = self.tls.as_ref().ok_or(FetchError::Http)?;
+                let name = rustls_pki_types::ServerName::try_from(host.clone())
+                    .map_err(|_| FetchError::Insecure)?;
+                let stream = tls.connect(name, tcp).await.map_err(|_| FetchError::Http)?;
+                get_on(stream, &uri).await
+            } else {
+                get_on(tcp, &uri).await
             }
-            body.extend_from_slice(&chunk);
-        }
+        };
+        let body = tokio::time::timeout(FETCH_TIMEOUT, work)
+            .await
+            .map_err(|_| FetchError::Http)??;
         parse_jwks(&body).map_err(FetchError::Jwks)
     }
 }
@@ -319,7 +383,7 @@ mod tests {
                 .get(),
             1
         );
-        // Not due yet (1 s backoff from t0 + 5 min ... wait: due at +2 s): nothing fetched.
+        // Not due yet (the first failure backs off 2 s): nothing fetched.
         store.refresh_urls(t0 + URL_REFRESH).await;
         assert_eq!(
             metrics
