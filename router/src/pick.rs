@@ -16,6 +16,12 @@
 //! no routable worker, or the decision pool full -> `UNAVAILABLE`. Decisions (JSON parsing,
 //! tokenizing) run on the bounded [`BlockingPool`], never on the async threads.
 //!
+//! The client's credentials travel in the Pick request's `headers` (`authorization`,
+//! `x-api-key`, `x-kvroute-tenant`) and are checked against the model's pool like the embedded
+//! gateway does ([`crate::gateway::tenancy`]; the pool's mTLS picker may name the tenant):
+//! `UNAUTHENTICATED`, `PERMISSION_DENIED`, or `RESOURCE_EXHAUSTED` at a tenant limit, whose
+//! permit stays with the decision id until it is reported or expires.
+//!
 //! Decision ids are 128 random bits (32 hex characters), bound to the caller's identity
 //! ([`crate::auth`]; `anonymous` on a plaintext listener). A report with an id that is
 //! malformed, never issued or already released is refused with `NOT_FOUND`, one issued to

@@ -5,6 +5,7 @@
 //!            +---------------- gateway ----------------------------------------------+
 //! client --> | admission: in-flight caps (503 / 429 + Retry-After)                      |
 //!            | proxy (axum): body limit, decode (openai | anthropic), resolve model     |
+//!            | tenancy: credentials vs the pool's auth (401/403), tenant limits (429)   |
 //!            |   --Dispatch::pick (decision pool)--> Assignment guard --upstream--> worker
 //!            |   <-- sse parser / translator, TTFT/ITL/usage --Dispatch::first_token/done|
 //!            +-----------------------------------------------------------------------+

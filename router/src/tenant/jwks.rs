@@ -47,6 +47,8 @@ pub enum JwksSource {
 #[derive(Debug)]
 struct Slot {
     jwks: Option<Arc<Jwks>>,
+    /// The Secret file's bytes last parsed (Secret sources).
+    raw: Option<Vec<u8>>,
     next_fetch: Instant,
     last_forced: Option<Instant>,
     failures: u32,
@@ -202,6 +204,7 @@ impl JwksStore {
         }
         slots.entry(src.clone()).or_insert(Slot {
             jwks: jwks.clone(),
+            raw: None,
             next_fetch: now,
             last_forced: None,
             failures: 0,
@@ -224,7 +227,11 @@ impl JwksStore {
 
     fn load_secret(&self, name: &str, key: &str) -> Option<Arc<Jwks>> {
         let bytes = self.secrets.read(name, key).ok()?;
-        match parse_jwks(&bytes) {
+        self.parse_secret(name, key, &bytes)
+    }
+
+    fn parse_secret(&self, name: &str, key: &str, bytes: &[u8]) -> Option<Arc<Jwks>> {
+        match parse_jwks(bytes) {
             Ok(j) => Some(Arc::new(j)),
             Err(e) => {
                 self.metrics
@@ -245,11 +252,27 @@ impl JwksStore {
                 self.slots.write().remove(&src);
                 continue;
             }
-            if let JwksSource::Secret { name, key } = &src
-                && let Some(j) = self.load_secret(name, key)
-                && let Some(slot) = self.slots.write().get_mut(&src)
-            {
-                slot.jwks = Some(j);
+            let JwksSource::Secret { name, key } = &src else {
+                continue;
+            };
+            let Ok(bytes) = self.secrets.read(name, key) else {
+                continue;
+            };
+            // Parsed (and a bad document counted and logged) only when the file changed.
+            let changed = self
+                .slots
+                .read()
+                .get(&src)
+                .is_some_and(|s| s.raw.as_deref() != Some(bytes.as_slice()));
+            if !changed {
+                continue;
+            }
+            let parsed = self.parse_secret(name, key, &bytes);
+            if let Some(slot) = self.slots.write().get_mut(&src) {
+                slot.raw = Some(bytes);
+                if parsed.is_some() {
+                    slot.jwks = parsed;
+                }
             }
         }
     }
@@ -343,6 +366,42 @@ mod tests {
         assert!(!allowed_url("http://idp.example/jwks"));
         assert!(!allowed_url("http://10.0.0.1/jwks"));
         assert!(!allowed_url("ftp://x"));
+    }
+
+    #[test]
+    fn secret_source_rotates_and_keeps_the_last_good() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir(tmp.path().join("idp")).expect("mkdir");
+        let file = tmp.path().join("idp/jwks.json");
+        let (k1, k2) = (TestKey::ec("k1"), TestKey::ec("k2"));
+        std::fs::write(&file, jwks_of(&[&k1])).expect("write");
+        let metrics = TenantMetrics::register(&prometheus::Registry::new(), &[]).expect("m");
+        let secrets = Arc::new(SecretFiles::new(
+            Some(tmp.path().to_path_buf()),
+            metrics.clone(),
+        ));
+        let store = JwksStore::new(secrets, metrics.clone());
+        let src = JwksSource::Secret {
+            name: "idp".into(),
+            key: "jwks.json".into(),
+        };
+        assert_eq!(store.get(&src).map(|j| j.len()), Some(1));
+        std::fs::write(&file, jwks_of(&[&k1, &k2])).expect("rotate");
+        store.refresh_secrets(std::slice::from_ref(&src));
+        assert_eq!(store.get(&src).map(|j| j.len()), Some(2));
+        std::fs::write(&file, "{}").expect("break");
+        for _ in 0..3 {
+            store.refresh_secrets(std::slice::from_ref(&src));
+        }
+        assert_eq!(store.get(&src).map(|j| j.len()), Some(2), "last good kept");
+        let bad = metrics
+            .jwks_errors
+            .with_label_values(&["jwks_malformed"])
+            .get();
+        assert_eq!(bad, 1, "an unchanged bad file is counted once");
+        // A source no pool references any more is forgotten.
+        store.refresh_secrets(&[]);
+        assert!(store.slots.read().is_empty());
     }
 
     #[tokio::test]

@@ -40,6 +40,9 @@ pub struct SecretFiles {
     dir: Option<PathBuf>,
     key_secrets: RwLock<HashMap<String, KeySecret>>,
     metrics: TenantMetrics,
+    /// (secret, key, reason) already logged: a file that stays bad is counted on every read
+    /// but logged once (bounded: cleared when it grows past 1024).
+    logged: parking_lot::Mutex<std::collections::HashSet<(String, String, &'static str)>>,
 }
 
 /// Why a Secret file could not be used (metric label: `label()`).
@@ -82,6 +85,7 @@ impl SecretFiles {
             dir,
             key_secrets: RwLock::new(HashMap::new()),
             metrics,
+            logged: parking_lot::Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -90,12 +94,18 @@ impl SecretFiles {
             .secret_errors
             .with_label_values(&[e.label()])
             .inc();
-        tracing::warn!(
-            secret,
-            key,
-            reason = e.label(),
-            "cannot use a Secret file; keeping the last good value"
-        );
+        let mut logged = self.logged.lock();
+        if logged.len() > 1024 {
+            logged.clear();
+        }
+        if logged.insert((secret.to_string(), key.to_string(), e.label())) {
+            tracing::warn!(
+                secret,
+                key,
+                reason = e.label(),
+                "cannot use a Secret file; keeping the last good value"
+            );
+        }
     }
 
     fn secret_dir(&self, secret: &str) -> Result<PathBuf, SecretError> {
