@@ -462,7 +462,6 @@ async fn pick_api_reads_credentials_from_the_request_headers() {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         body: chat("tiny").to_string().into_bytes(),
-        ..PickRequest::default()
     };
     let code = |r: Result<tonic::Response<_>, tonic::Status>| r.err().map(|s| s.code());
     assert_eq!(

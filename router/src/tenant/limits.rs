@@ -200,10 +200,10 @@ impl LimitPermit {
 
 impl Drop for LimitPermit {
     fn drop(&mut self) {
-        if let (Some(table), true) = (&self.table, self.holds_slot) {
-            if let Some(e) = table.lock().entries.get_mut(&self.key) {
-                e.in_flight = e.in_flight.saturating_sub(1);
-            }
+        if let (Some(table), true) = (&self.table, self.holds_slot)
+            && let Some(e) = table.lock().entries.get_mut(&self.key)
+        {
+            e.in_flight = e.in_flight.saturating_sub(1);
         }
     }
 }
