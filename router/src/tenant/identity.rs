@@ -508,6 +508,42 @@ mod tests {
     }
 
     #[test]
+    fn allow_anonymous_still_refuses_a_bad_credential_and_jwks_urls_start_empty() {
+        let f = fixture();
+        let open = PoolAuth {
+            allow_anonymous: true,
+            ..f.pool.clone()
+        };
+        let h = headers(&[("x-api-key", "kvr_wrong")]);
+        let creds = Credentials::from_headers(&h, None, false);
+        assert_eq!(
+            f.auth.authenticate(Some(&open), &creds, SystemTime::now()),
+            Err(AuthError::InvalidApiKey)
+        );
+        // A JWKS URL nobody fetched yet: tokens cannot be verified (401), nothing is fetched
+        // on the request path.
+        let mut by_url = f.pool.clone();
+        if let Some(j) = by_url.jwt.as_mut() {
+            j.jwks = JwksSource::Url("https://idp.invalid/jwks".into());
+        }
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("time")
+            .as_secs();
+        let t = f.ec.sign(
+            json!({}),
+            &json!({"iss": "https://idp", "aud": "kvroute", "exp": now + 60, "tenant": "team-j"}),
+        );
+        let h = headers(&[("authorization", &format!("Bearer {t}"))]);
+        let creds = Credentials::from_headers(&h, None, false);
+        assert_eq!(
+            f.auth
+                .authenticate(Some(&by_url), &creds, SystemTime::now()),
+            Err(AuthError::KeysUnavailable)
+        );
+    }
+
+    #[test]
     fn cidrs() {
         let c = Cidr::parse("192.168.0.0/16").expect("cidr");
         assert!(c.contains("192.168.255.1".parse().expect("ip")));
