@@ -580,3 +580,76 @@ async fn two_replicas_hold_a_tenant_limit_together() {
     }
     assert_eq!(total, f64::from(refused));
 }
+
+/// On a TLS gRPC listener the pool's own picker identity is trusted to name the tenant in
+/// `x-kvroute-tenant` (it has authenticated the client itself); without a credential it is
+/// still refused, and a malformed tenant name too.
+#[tokio::test]
+async fn pick_api_trusts_the_pools_mtls_picker_for_the_tenant_header() {
+    use kvroute_tls::testpki::{TestCa, write_dir};
+    use kvroute_tls::{ClientTls, Identity, WatchedClient};
+
+    let s = setup(false);
+    let tmp = tempfile::tempdir().expect("tmp");
+    let ca = TestCa::new("tenants");
+    let router_id = Identity::Router {
+        namespace: "ml".into(),
+        pool: "chat".into(),
+    };
+    let server_dir = tmp.path().join("router");
+    write_dir(
+        &server_dir,
+        &ca.leaf(Some(&router_id), &["localhost"]),
+        &[&ca],
+    );
+    let picker_dir = tmp.path().join("picker");
+    let picker = Identity::Picker {
+        namespace: "ml".into(),
+        pool: "chat".into(),
+    };
+    write_dir(&picker_dir, &ca.leaf(Some(&picker), &[]), &[&ca]);
+    let r = start(&s.config, &s.secrets, |a| {
+        a.grpc_tls_dir = Some(server_dir.clone());
+        a.tls_reload_interval_ms = 50;
+    })
+    .await;
+    wait_loaded(&r, &s.key).await;
+
+    let config = WatchedClient::client(&picker_dir).expect("client TLS");
+    let tls = ClientTls::new(config, Some("localhost"))
+        .expect("server name")
+        .bind("127.0.0.1".parse().expect("ip"));
+    let endpoint = tonic::transport::Endpoint::from_shared(format!(
+        "http://localhost:{}",
+        r.addrs.grpc.port()
+    ))
+    .expect("endpoint")
+    .connect_timeout(Duration::from_secs(5));
+    let mut client = PickerClient::new(tls.channel(endpoint).await.expect("connect"));
+    let pick = |headers: &[(&str, &str)]| PickRequest {
+        path: "/v1/chat/completions".into(),
+        headers: headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        body: chat("tiny").to_string().into_bytes(),
+    };
+    let code = |r: Result<tonic::Response<_>, tonic::Status>| r.err().map(|s| s.code());
+    assert_eq!(
+        code(client.pick(pick(&[("x-kvroute-tenant", "team-p")])).await),
+        Some(tonic::Code::Unavailable),
+        "the picker's tenant header is believed; no worker is routable"
+    );
+    assert_eq!(
+        code(client.pick(pick(&[])).await),
+        Some(tonic::Code::Unauthenticated)
+    );
+    assert_eq!(
+        code(client.pick(pick(&[("x-kvroute-tenant", "Team P")])).await),
+        Some(tonic::Code::Unauthenticated)
+    );
+    assert!(
+        metric(&r, "kvroute_router_tenant_auth_total{result=\"tenant\"}").await >= 2.0,
+        "wait_loaded's request and the picker's"
+    );
+}
