@@ -3,7 +3,7 @@
 //! per-component binaries.
 //!
 //! ```text
-//! kvroute demo | bench | tokenize | explain | crdgen      user commands
+//! kvroute demo | bench | tokenize | explain | crdgen | tenant-key   user commands
 //! kvroute router | sidecar | mock-vllm | operator         components (same as kvroute-<name>)
 //! ```
 
@@ -33,6 +33,8 @@ enum Command {
     Explain(kvroute_router::explain_cmd::ExplainArgs),
     /// Write the CRD YAML (crds/) and the OLM bundle (bundle/) from the Rust types.
     Crdgen(kvroute_operator::crdgen::CrdgenArgs),
+    /// Make tenant API keys (`tenant-key new --tenant T`: a key and its Secret line).
+    TenantKey(kvroute_router::tenant_key_cmd::TenantKeyArgs),
     /// Run the router (same as `kvroute-router`).
     Router(kvroute_router::Args),
     /// Run the sidecar (same as `kvroute-sidecar`).
@@ -52,6 +54,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Tokenize(args) => kvroute_router::tokenize_cmd::run(args).await,
         Command::Explain(args) => kvroute_router::explain_cmd::run(args).await,
         Command::Crdgen(args) => kvroute_operator::crdgen::run(args).await,
+        Command::TenantKey(args) => kvroute_router::tenant_key_cmd::run(args).await,
         Command::Router(args) => kvroute_router::run(args).await,
         Command::Sidecar(args) => kvroute_sidecar::run(args).await,
         Command::MockVllm(args) => kvroute_mock_vllm::run(args).await,

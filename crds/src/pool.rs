@@ -62,6 +62,88 @@ pub struct InferencePoolSpec {
     /// The router's HTTP gateway for this pool's clients.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<PoolGatewaySpec>,
+    /// Who may call the pool's models: API keys, JWTs, a tenant header from trusted peers.
+    /// Absent: the pool serves anonymous requests (as before tenants existed; the router says
+    /// so at start and in `kvroute_router_tenant_unauthenticated_pools`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<PoolAuthSpec>,
+}
+
+/// Tenant authentication of a pool (docs/control-plane.md, "Tenant identity"). A request is
+/// checked in this order: a tenant header from a trusted peer, else an API key or JWT, else
+/// anonymous (refused unless `allowAnonymous`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolAuthSpec {
+    /// Secrets in the router's namespace holding hashed API keys: each data key is a tenant
+    /// name, its value one or more lines `sha256:<64 hex>` (several lines while a key rotates).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub api_key_secrets: Vec<SecretName>,
+    /// Bearer JWTs (RS256 or ES256) naming the tenant in a claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<JwtAuthSpec>,
+    /// Peers whose `x-kvroute-tenant` header is believed (CIDRs such as `10.0.0.0/8` or
+    /// single addresses). On the gRPC Pick API the pool's mTLS picker identity is trusted too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub trusted_peers: Vec<String>,
+    /// Serve requests that carry no credential, as anonymous (no tenant). Default false.
+    #[serde(default)]
+    pub allow_anonymous: bool,
+}
+
+/// A Secret in the router's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretName {
+    /// The Secret's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// JWT verification settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "has(self.jwksUrl) != has(self.jwksSecretRef)", "message": "set exactly one of jwksUrl, jwksSecretRef"}
+]))]
+pub struct JwtAuthSpec {
+    /// Required `iss`.
+    #[schemars(length(min = 1, max = 1024))]
+    pub issuer: String,
+    /// Accepted `aud` values (the token must name at least one).
+    #[schemars(length(min = 1, max = 16))]
+    pub audiences: Vec<String>,
+    /// The claim holding the tenant name (default `tenant`).
+    #[serde(default = "JwtAuthSpec::default_tenant_claim")]
+    #[schemars(length(min = 1, max = 253))]
+    pub tenant_claim: String,
+    /// An `https://` URL serving the issuer's JWKS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub jwks_url: Option<String>,
+    /// A key of a Secret in the router's namespace holding the JWKS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_secret_ref: Option<SecretKeyRef>,
+}
+
+impl JwtAuthSpec {
+    fn default_tenant_claim() -> String {
+        "tenant".to_string()
+    }
+}
+
+/// One key of a Secret in the router's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The data key.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
 }
 
 /// Certificate source of a pool.
@@ -295,8 +377,66 @@ impl InferencePoolSpec {
                 ));
             }
         }
+        if let Some(auth) = &self.auth {
+            issues.extend(auth.validate());
+        }
         issues
     }
+}
+
+impl PoolAuthSpec {
+    /// Local checks of the auth block (CIDRs parse, one JWKS source, an https JWKS URL).
+    pub fn validate(&self) -> Vec<SpecIssue> {
+        let mut issues = Vec::new();
+        for (i, p) in self.trusted_peers.iter().enumerate() {
+            if parse_cidr(p).is_none() {
+                issues.push(SpecIssue::new(
+                    format!("spec.auth.trustedPeers[{i}]"),
+                    format!("{p:?} is not an IP address or CIDR"),
+                ));
+            }
+        }
+        if let Some(jwt) = &self.jwt {
+            if jwt.jwks_url.is_some() == jwt.jwks_secret_ref.is_some() {
+                issues.push(SpecIssue::new(
+                    "spec.auth.jwt",
+                    "set exactly one of jwksUrl, jwksSecretRef",
+                ));
+            }
+            if jwt
+                .jwks_url
+                .as_deref()
+                .is_some_and(|u| !u.starts_with("https://"))
+            {
+                issues.push(SpecIssue::new(
+                    "spec.auth.jwt.jwksUrl",
+                    "the JWKS URL must be https://",
+                ));
+            }
+            if jwt.audiences.is_empty() {
+                issues.push(SpecIssue::new(
+                    "spec.auth.jwt.audiences",
+                    "name at least one audience",
+                ));
+            }
+        }
+        issues
+    }
+}
+
+/// Parses `addr` or `addr/prefix` (IPv4 or IPv6) into the network address and prefix length.
+pub fn parse_cidr(s: &str) -> Option<(std::net::IpAddr, u8)> {
+    let (addr, prefix) = match s.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (s, None),
+    };
+    let addr: std::net::IpAddr = addr.trim().parse().ok()?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let prefix = match prefix {
+        Some(p) => p.trim().parse::<u8>().ok().filter(|p| *p <= max)?,
+        None => max,
+    };
+    Some((addr, prefix))
 }
 
 #[cfg(test)]
@@ -342,6 +482,33 @@ mod tests {
             1
         );
         assert_eq!(spec("targets: []\n").validate().len(), 1);
+    }
+
+    #[test]
+    fn auth_block() {
+        let s = spec(
+            "targets: [{workerSet: a}]\nauth:\n  apiKeySecrets: [{name: team-keys}]\n  trustedPeers: [10.0.0.0/8, '::1']\n  jwt: {issuer: https://idp, audiences: [kvroute], jwksSecretRef: {name: jwks, key: jwks.json}}\n",
+        );
+        assert!(s.validate().is_empty(), "{:?}", s.validate());
+        let auth = s.auth.expect("auth");
+        assert!(!auth.allow_anonymous);
+        assert_eq!(auth.jwt.expect("jwt").tenant_claim, "tenant");
+        let s = spec(
+            "targets: [{workerSet: a}]\nauth:\n  trustedPeers: [10.0.0.0/33, nope]\n  jwt: {issuer: i, audiences: [a], jwksUrl: 'http://idp/jwks'}\n",
+        );
+        let fields: Vec<_> = s.validate().into_iter().map(|i| i.field).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.auth.trustedPeers[0]",
+                "spec.auth.trustedPeers[1]",
+                "spec.auth.jwt.jwksUrl"
+            ]
+        );
+        assert_eq!(
+            parse_cidr("192.168.1.0/24"),
+            Some(("192.168.1.0".parse().expect("ip"), 24))
+        );
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub mod pick;
 pub mod readiness;
 pub mod routing;
 pub mod state;
+pub mod tenant;
+pub mod tenant_key_cmd;
 pub mod tokenize_cmd;
 pub mod tokenizer_loader;
 pub mod tokenizer_registry;
@@ -351,6 +353,25 @@ pub struct Args {
         default_value_t = 16_384
     )]
     pub max_outstanding_picks: usize,
+    /// Secrets mounted by the operator as `DIR/<secret>/<key>` (API keys, JWKS); re-read
+    /// every 2 s. Unset: no Secrets (pools that need one refuse its credentials).
+    #[arg(long, env = "KVROUTE_ROUTER_SECRETS_DIR")]
+    pub secrets_dir: Option<PathBuf>,
+    /// How many router replicas share each tenant limit: each enforces 1/N of it
+    /// (docs/control-plane.md, "Limits").
+    #[arg(long, env = "KVROUTE_ROUTER_REPLICAS", default_value_t = 1)]
+    pub router_replicas: u32,
+    /// Limits of every tenant no policy rule limits: `rpm=N,tpm=N,concurrency=N` (any
+    /// subset). Unset: none.
+    #[arg(long, env = "KVROUTE_ROUTER_TENANT_DEFAULT_LIMITS")]
+    pub tenant_default_limits: Option<String>,
+    /// Tenants whose metrics carry their name; every other tenant is `other`.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_TENANT_METRICS_ALLOW",
+        value_delimiter = ','
+    )]
+    pub tenant_metrics_allow: Vec<String>,
 }
 
 impl Default for Args {
@@ -410,6 +431,10 @@ impl Default for Args {
             max_ingest_streams: 1_024,
             ingest_first_report_timeout_s: 10.0,
             max_outstanding_picks: 16_384,
+            secrets_dir: None,
+            router_replicas: 1,
+            tenant_default_limits: None,
+            tenant_metrics_allow: Vec::new(),
         }
     }
 }
@@ -592,6 +617,10 @@ impl Server {
             max_ingest_streams,
             ingest_first_report_timeout_s,
             max_outstanding_picks,
+            secrets_dir,
+            router_replicas,
+            tenant_default_limits,
+            tenant_metrics_allow,
         } = args;
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
@@ -630,6 +659,16 @@ impl Server {
                 )?,
                 max_outstanding_picks,
             })?,
+            tenants: tenant::TenantConfig {
+                secrets_dir,
+                replicas: router_replicas.max(1),
+                default_limits: tenant_default_limits
+                    .as_deref()
+                    .map(tenant::LimitSpec::parse)
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("--tenant-default-limits: {e}"))?,
+                metrics_allow: tenant_metrics_allow,
+            },
         };
         let metrics = RouterMetrics::register(&prometheus::Registry::new())?;
         let registry = metrics.registry().clone();
@@ -708,6 +747,7 @@ impl Server {
             body_timeout,
             pool: pool.clone(),
             metrics: listener_metrics.clone(),
+            tenants: state.tenants().clone(),
         };
         Ok(Self {
             http: bind(http_addr, "--http-addr").await?,
@@ -855,6 +895,16 @@ impl Server {
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("the admin thread died")));
             ("admin", ended)
         });
+
+        let stop = close.clone();
+        let refresh = tenant::refresh::RefreshTask::new(state.clone());
+        tasks.spawn(
+            async move {
+                refresh.run(stop).await;
+                ("tenants", Ok(()))
+            }
+            .instrument(tracing::info_span!("tenants")),
+        );
 
         let stop = close.clone();
         let upkeep = UpkeepTask::new(state.clone());

@@ -35,7 +35,8 @@ pub struct RouterMetrics {
     registry: Registry,
     /// Routing decisions, by model, chosen worker and decision reason.
     pub requests: IntCounterVec,
-    /// Pick failures by model and error kind (`PickError::label`).
+    /// Pick failures by model and error kind (`PickError::label`); `model` is a known model
+    /// name or `unknown` (never the client's string for a model that does not exist).
     pub pick_errors: IntCounterVec,
     /// Observed time to first token, by model and worker.
     pub ttft: HistogramVec,

@@ -16,6 +16,12 @@
 //! no routable worker, or the decision pool full -> `UNAVAILABLE`. Decisions (JSON parsing,
 //! tokenizing) run on the bounded [`BlockingPool`], never on the async threads.
 //!
+//! The client's credentials travel in the Pick request's `headers` (`authorization`,
+//! `x-api-key`, `x-kvroute-tenant`) and are checked against the model's pool like the embedded
+//! gateway does ([`crate::gateway::tenancy`]; the pool's mTLS picker may name the tenant):
+//! `UNAUTHENTICATED`, `PERMISSION_DENIED`, or `RESOURCE_EXHAUSTED` at a tenant limit, whose
+//! permit stays with the decision id until it is reported or expires.
+//!
 //! Decision ids are 128 random bits (32 hex characters), bound to the caller's identity
 //! ([`crate::auth`]; `anonymous` on a plaintext listener). A report with an id that is
 //! malformed, never issued or already released is refused with `NOT_FOUND`, one issued to
@@ -44,6 +50,8 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{Caller, PickRefused, authorize_pick};
 use crate::blocking_pool::{BlockingPool, Caller as PoolCaller, PoolError};
+use crate::gateway::GatewayError;
+use crate::gateway::tenancy;
 use crate::limits::Limit;
 use crate::routing::AssignmentId;
 use crate::state::{
@@ -187,6 +195,18 @@ fn headers_of(map: &std::collections::HashMap<String, String>) -> HeaderMap {
     out
 }
 
+/// The gRPC status of a refusal by the tenant step (the same cases as the gateway's 401, 403,
+/// 404 and 429; the message is the one HTTP clients get).
+fn tenant_status(e: &GatewayError) -> Status {
+    match e.status() {
+        401 => Status::unauthenticated(e.to_string()),
+        403 => Status::permission_denied(e.to_string()),
+        404 => Status::not_found(e.to_string()),
+        429 => Status::resource_exhausted(e.to_string()),
+        _ => Status::internal("internal error"),
+    }
+}
+
 fn pick_status(e: &PickError) -> Status {
     match e {
         PickError::UnknownModel(_) => Status::not_found(e.to_string()),
@@ -201,11 +221,14 @@ fn pick_status(e: &PickError) -> Status {
 struct Unsent {
     state: RouterState,
     picked: Option<Picked>,
+    /// Tenant metrics and the tenant's limit permit (released if never sent).
+    tap: Option<crate::tenant::TenantTap>,
 }
 
 impl Unsent {
-    fn send(mut self) -> Option<Picked> {
-        self.picked.take()
+    fn send(mut self) -> Option<(Picked, Option<crate::tenant::TenantTap>)> {
+        let tap = self.tap.take();
+        self.picked.take().map(|p| (p, tap))
     }
 }
 
@@ -256,9 +279,23 @@ fn decide(
     let resolved = state.resolve_model(&model);
     let pool = resolved.as_ref().and_then(|r| r.pool.as_deref());
     authorize_pick(caller, &model, pool).map_err(NotDecided::Refused)?;
-    if let Some(r) = &resolved {
-        input.resolved = Some(r);
-    }
+    // The client's credentials travel in the Pick request's headers; the pool's mTLS picker
+    // may name the tenant in `x-kvroute-tenant`.
+    let trusted = matches!(
+        caller,
+        Caller::Verified {
+            identity: kvroute_tls::Identity::Picker { .. },
+            ..
+        }
+    );
+    let tokens = tenancy::estimated_tokens(req.body.len(), input.max_tokens);
+    let tenants = state.tenants();
+    let admitted = tenancy::admit(
+        state, tenants, &model, &headers, None, trusted, tokens, None,
+    )
+    .map_err(|e| tenant_status(&e))?;
+    input.resolved = Some(&admitted.resolved);
+    input.tenant = admitted.tenant.as_deref();
     let a = state
         .pick(&input, Instant::now())
         .map_err(|e| pick_status(&e))?;
@@ -271,9 +308,11 @@ fn decide(
     } else {
         None
     };
+    let tap = tenancy::tap(tenants, &model, admitted.tenant.clone(), admitted.permit);
     let unsent = Unsent {
         state: state.clone(),
         picked: Some(a),
+        tap: Some(tap),
     };
     Ok((unsent, rewritten_body))
 }
@@ -318,7 +357,7 @@ impl Picker for PickerService {
             }
             Err(PoolError::Panicked) => return Err(Status::internal("internal error")),
         };
-        let Some(a) = unsent.send() else {
+        let Some((a, tap)) = unsent.send() else {
             return Err(Status::internal("internal error"));
         };
         let Some(decision_id) = self.state.issue_decision_id(a.assignment, caller.owner()) else {
@@ -327,6 +366,9 @@ impl Picker for PickerService {
                 "the assignment ended before it could be returned",
             ));
         };
+        if let Some(tap) = tap {
+            self.state.attach_tenant(a.assignment, tap);
+        }
         Ok(Response::new(PickResponse {
             decision_id: decision_id.to_string(),
             destination: Some(pick_response::Destination::WorkerAddress(a.address)),
@@ -350,6 +392,9 @@ impl Picker for PickerService {
         let req = request.into_inner();
         let observed = Some(req.ttft_seconds).filter(|s| s.is_finite() && *s > 0.0);
         let known = self.state.first_token(id, observed, Instant::now());
+        if known && let Some(s) = observed {
+            self.state.tenant_report(id, |t| t.first_token(s));
+        }
         Ok(Response::new(ReportResponse { known }))
     }
 
@@ -365,6 +410,12 @@ impl Picker for PickerService {
             completion_tokens: req.completion_tokens,
             e2e_seconds: Some(req.e2e_seconds).filter(|s| s.is_finite() && *s > 0.0),
         };
+        self.state.tenant_report(id, |t| {
+            t.done(
+                u64::from(usage.prompt_tokens),
+                u64::from(usage.completion_tokens),
+            );
+        });
         let known = self.state.done(id, usage);
         Ok(Response::new(ReportResponse { known }))
     }

@@ -202,6 +202,7 @@ fn add_worker(state: &RouterState, model: &str) {
                 backend_model: model.into(),
             }],
             worker_sets: vec!["ws".into()],
+            auth: None,
         }],
         workers: vec![DiscoveredWorker {
             id: "ns/w0".into(),

@@ -176,6 +176,11 @@ pub fn build_catalog(
             ),
             models,
             worker_sets,
+            auth: pool
+                .spec
+                .auth
+                .as_ref()
+                .map(|a| std::sync::Arc::new(crate::tenant::PoolAuth::from_spec(a))),
         });
     }
     catalog

@@ -29,6 +29,8 @@ pub struct GatewayRequest<'a> {
     pub body: &'a Map<String, Value>,
     /// The client's request headers (for policy rules).
     pub headers: &'a http::HeaderMap,
+    /// The verified tenant (`None`: anonymous); see [`crate::tenant`].
+    pub tenant: Option<&'a str>,
 }
 
 /// The router as the gateway sees it. Implemented by `RouterState`; tests may fake it.
@@ -47,6 +49,16 @@ pub trait Dispatch: Send + Sync + 'static {
     fn done(&self, picked: &Picked, usage: Option<Usage>, e2e: Duration);
     /// Failure, retry or disconnect: releases the assignment.
     fn abort(&self, picked: &Picked);
+    /// The tenant auth block of `pool` (`None`: the pool serves anonymous requests). The
+    /// default: no pool has one.
+    fn pool_auth(&self, _pool: &str) -> Option<Arc<crate::tenant::PoolAuth>> {
+        None
+    }
+    /// Every pool's name and auth block (for unknown models and `/v1/models`). The default:
+    /// none.
+    fn pool_auths(&self) -> Vec<(String, Option<Arc<crate::tenant::PoolAuth>>)> {
+        Vec::new()
+    }
 }
 
 /// An outstanding assignment. Dropping it without [`AssignmentGuard::done`] aborts it, so every
@@ -56,6 +68,7 @@ pub struct AssignmentGuard {
     picked: Picked,
     released: bool,
     first_token_seen: bool,
+    tenant: Option<crate::tenant::TenantTap>,
 }
 
 impl std::fmt::Debug for AssignmentGuard {
@@ -75,7 +88,14 @@ impl AssignmentGuard {
             picked,
             released: false,
             first_token_seen: false,
+            tenant: None,
         }
+    }
+
+    /// Reports this request's first token and usage for its tenant too; the tap (and its
+    /// limit permit) lives as long as the assignment.
+    pub fn set_tenant(&mut self, tap: crate::tenant::TenantTap) {
+        self.tenant = Some(tap);
     }
 
     /// The decision.
@@ -88,6 +108,9 @@ impl AssignmentGuard {
         if !self.first_token_seen && !self.released {
             self.first_token_seen = true;
             self.dispatch.first_token(&self.picked, ttft);
+            if let Some(t) = &self.tenant {
+                t.first_token(ttft.as_secs_f64());
+            }
         }
     }
 
@@ -101,6 +124,9 @@ impl AssignmentGuard {
     /// Completion; releases.
     pub fn done(mut self, usage: Option<Usage>, e2e: Duration) {
         self.released = true;
+        if let (Some(t), Some(u)) = (self.tenant.as_mut(), usage) {
+            t.done(u.prompt_tokens, u.completion_tokens);
+        }
         self.dispatch.done(&self.picked, usage, e2e);
     }
 

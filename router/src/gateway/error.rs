@@ -1,8 +1,9 @@
 //! Gateway errors and their two client-facing shapes (pure: no HTTP types).
 //!
 //! ```text
-//! GatewayError --status()--------> 400 | 404 | 408 | 413 | 429 | 502 | 503 | 504
-//!              --retry_after()----> seconds, for the refusals of admission control
+//! GatewayError --status()--------> 400 | 401 | 403 | 404 | 408 | 413 | 429 | 502 | 503 | 504
+//!              --retry_after()----> seconds, for the refusals of admission control and limits
+//!              --www_authenticate()-> the challenge of a 401
 //!              --openai_body()----> {"error":{"message","type","param","code"}}
 //!              --anthropic_body()-> {"type":"error","error":{"type","message"}}
 //! ```
@@ -75,6 +76,12 @@ pub enum GatewayError {
     /// A bug on our side (e.g. the routing decision panicked); details are only logged.
     #[error("internal error")]
     Internal,
+    /// The caller is not authenticated (401) or may not name a tenant (403).
+    #[error("{0}")]
+    Auth(crate::tenant::AuthError),
+    /// A tenant limit refuses the request (429).
+    #[error("{0}")]
+    TenantLimit(crate::tenant::LimitExceeded),
 }
 
 impl GatewayError {
@@ -85,7 +92,8 @@ impl GatewayError {
             Self::UnknownModel(_) => 404,
             Self::BodyTimeout { .. } => 408,
             Self::BodyTooLarge { .. } => 413,
-            Self::ClientOverloaded => 429,
+            Self::ClientOverloaded | Self::TenantLimit(_) => 429,
+            Self::Auth(e) => e.status(),
             Self::Upstream(_) => 502,
             Self::NoReadyWorker(_)
             | Self::TokenizerNotReady { .. }
@@ -113,6 +121,20 @@ impl GatewayError {
             Self::ClientOverloaded => "client_overloaded",
             Self::DecisionPoolFull => "decision_pool_full",
             Self::Internal => "internal",
+            Self::Auth(e) if e.status() == 403 => "forbidden",
+            Self::Auth(_) => "unauthenticated",
+            Self::TenantLimit(_) => "tenant_limit",
+        }
+    }
+
+    /// The `WWW-Authenticate` challenge of a 401.
+    pub fn www_authenticate(&self) -> Option<&'static str> {
+        match self {
+            Self::Auth(crate::tenant::AuthError::InvalidToken(_)) => {
+                Some(r#"Bearer realm="kvroute", error="invalid_token""#)
+            }
+            Self::Auth(e) if e.status() == 401 => Some(r#"Bearer realm="kvroute""#),
+            _ => None,
         }
     }
 
@@ -120,6 +142,7 @@ impl GatewayError {
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             Self::Overloaded | Self::ClientOverloaded | Self::DecisionPoolFull => Some(1),
+            Self::TenantLimit(e) => Some(e.retry_after.as_secs().max(1)),
             _ => None,
         }
     }
@@ -135,7 +158,8 @@ impl GatewayError {
 
     fn openai_type(&self) -> &'static str {
         match self.status() {
-            400 | 404 | 408 | 413 => "invalid_request_error",
+            400 | 401 | 404 | 408 | 413 => "invalid_request_error",
+            403 => "permission_error",
             429 => "rate_limit_error",
             503 => "service_unavailable_error",
             _ => "server_error",
@@ -157,6 +181,8 @@ impl GatewayError {
             Self::Overloaded | Self::DecisionPoolFull => Value::from("overloaded"),
             Self::ClientOverloaded => Value::from("rate_limit_exceeded"),
             Self::Internal => Value::from("internal_error"),
+            Self::Auth(e) => Value::from(e.code()),
+            Self::TenantLimit(_) => Value::from("rate_limit_exceeded"),
         }
     }
 
@@ -342,6 +368,54 @@ mod tests {
             GatewayError::BodyTimeout { limit_s: 30 }.anthropic_body()["error"]["type"],
             "invalid_request_error"
         );
+    }
+
+    #[test]
+    fn tenant_refusals_in_both_shapes() {
+        use crate::tenant::{AuthError, LimitExceeded, LimitKind};
+        let missing = GatewayError::Auth(AuthError::MissingCredentials);
+        assert_eq!(missing.status(), 401);
+        assert_eq!(
+            missing.www_authenticate(),
+            Some(r#"Bearer realm="kvroute""#)
+        );
+        assert_eq!(
+            missing.openai_body(),
+            json!({"error": {"message": "authentication required: send an API key (Authorization: Bearer or x-api-key) or a bearer token",
+                "type": "invalid_request_error", "param": null, "code": "missing_api_key"}})
+        );
+        assert_eq!(
+            missing.anthropic_body()["error"]["type"],
+            "authentication_error"
+        );
+        let token = GatewayError::Auth(AuthError::InvalidToken(
+            crate::tenant::jwt::JwtError::WrongAudience,
+        ));
+        // The detail (audience) is a metric label, not the client's business.
+        assert_eq!(
+            token.openai_body()["error"]["message"],
+            "the bearer token is not valid or has expired"
+        );
+        assert!(
+            token
+                .www_authenticate()
+                .is_some_and(|c| c.contains("invalid_token"))
+        );
+        let header = GatewayError::Auth(AuthError::UntrustedTenantHeader);
+        assert_eq!((header.status(), header.www_authenticate()), (403, None));
+        assert_eq!(header.openai_body()["error"]["type"], "permission_error");
+        assert_eq!(header.anthropic_body()["error"]["type"], "permission_error");
+        let limit = GatewayError::TenantLimit(LimitExceeded {
+            limit: LimitKind::TokensPerMinute,
+            retry_after: std::time::Duration::from_secs(7),
+        });
+        assert_eq!((limit.status(), limit.retry_after()), (429, Some(7)));
+        assert_eq!(
+            limit.openai_body(),
+            json!({"error": {"message": "tenant limit reached: tokens_per_minute; retry after 7 s",
+                "type": "rate_limit_error", "param": null, "code": "rate_limit_exceeded"}})
+        );
+        assert_eq!(limit.anthropic_body()["error"]["type"], "rate_limit_error");
     }
 
     #[test]

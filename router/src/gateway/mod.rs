@@ -5,6 +5,7 @@
 //!            +---------------- gateway ----------------------------------------------+
 //! client --> | admission: in-flight caps (503 / 429 + Retry-After)                      |
 //!            | proxy (axum): body limit, decode (openai | anthropic), resolve model     |
+//!            | tenancy: credentials vs the pool's auth (401/403), tenant limits (429)   |
 //!            |   --Dispatch::pick (decision pool)--> Assignment guard --upstream--> worker
 //!            |   <-- sse parser / translator, TTFT/ITL/usage --Dispatch::first_token/done|
 //!            +-----------------------------------------------------------------------+
@@ -25,6 +26,7 @@ pub mod error;
 pub mod openai;
 mod proxy;
 pub mod sse;
+pub(crate) mod tenancy;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -40,6 +42,7 @@ pub use admission::AdmissionConfig;
 pub use dispatch::{AssignmentGuard, Dispatch, GatewayRequest, PickError, Picked, Resolved};
 pub use error::GatewayError;
 pub use proxy::{PREDICTED_TTFT_HEADER, WORKER_HEADER};
+pub use tenancy::DEFAULT_CLASS;
 pub use upstream::UpstreamConfig;
 
 /// Gateway settings (the router's `--max-body-bytes`, `--upstream-*`, admission flags).
@@ -62,6 +65,8 @@ pub struct GatewayConfig {
     pub pool: BlockingPool,
     /// Refusal counters (listener `gateway`).
     pub metrics: ListenerMetrics,
+    /// Tenant identity, limits and metrics (shared with the Pick API).
+    pub tenants: Arc<crate::tenant::Tenants>,
 }
 
 impl Default for GatewayConfig {
@@ -76,6 +81,7 @@ impl Default for GatewayConfig {
             pool: BlockingPool::unregistered(PoolConfig::new(0, 256))
                 .expect("the pool's metric names are valid"),
             metrics: ListenerMetrics::unregistered().expect("the metric names are valid"),
+            tenants: crate::tenant::Tenants::unregistered(),
         }
     }
 }
@@ -96,6 +102,7 @@ pub fn router_with(
         body_timeout: cfg.body_timeout,
         pool: cfg.pool,
         metrics: cfg.metrics,
+        tenants: cfg.tenants,
     };
     let generation = Router::new()
         .route("/v1/chat/completions", post(proxy::chat_completions))

@@ -26,9 +26,11 @@ use super::dispatch::{AssignmentGuard, Dispatch, GatewayRequest, PickError, Reso
 use super::error::{GatewayError, anthropic_from_upstream};
 use super::openai::{self, Endpoint, StreamItem, Usage};
 use super::sse::{SseEvent, SseParser};
+use super::tenancy;
 use super::upstream::{SendError, Upstream};
 use crate::blocking_pool::{BlockingPool, Caller, PoolError};
 use crate::listener::{Guarded, ListenerMetrics, Refusal, is_body_timeout};
+use crate::state::max_tokens_of;
 
 /// Response header naming the chosen worker.
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
@@ -47,6 +49,7 @@ pub(crate) struct Gateway {
     pub body_timeout: Duration,
     pub pool: BlockingPool,
     pub metrics: ListenerMetrics,
+    pub tenants: Arc<crate::tenant::Tenants>,
 }
 
 /// Which error shape the client understands.
@@ -80,6 +83,10 @@ fn error_response(flavor: Flavor, e: &GatewayError) -> Response {
     if let Some(s) = e.retry_after() {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    if let Some(c) = e.www_authenticate() {
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(c));
     }
     resp
 }
@@ -164,6 +171,7 @@ struct Route {
     endpoint: Endpoint,
     body: Map<String, Value>,
     headers: HeaderMap,
+    tenant: Option<String>,
 }
 
 impl Route {
@@ -174,6 +182,7 @@ impl Route {
             endpoint: self.endpoint,
             body: &self.body,
             headers: &self.headers,
+            tenant: self.tenant.as_deref(),
         }
     }
 }
@@ -323,9 +332,15 @@ pub(crate) async fn messages(State(gw): State<Gateway>, req: Request) -> Respons
         .unwrap_or_else(|e| error_response(Flavor::Anthropic, &e))
 }
 
-/// `GET /v1/models`
-pub(crate) async fn models(State(gw): State<Gateway>) -> Response {
-    let mut names = gw.dispatch.model_names();
+/// `GET /v1/models`: the models the caller's credentials reach (all of them when no pool
+/// needs auth).
+pub(crate) async fn models(State(gw): State<Gateway>, req: Request) -> Response {
+    let peer = peer_ip(req.extensions());
+    let mut names =
+        match tenancy::visible_models(gw.dispatch.as_ref(), &gw.tenants, req.headers(), peer) {
+            Ok(names) => names,
+            Err(e) => return error_response(Flavor::OpenAi, &e),
+        };
     names.sort();
     names.dedup();
     let data: Vec<Value> = names
@@ -340,23 +355,43 @@ async fn openai_request(
     endpoint: Endpoint,
     req: Request,
 ) -> Result<Response, GatewayError> {
+    let peer = peer_ip(req.extensions());
     let (parts, body) = req.into_parts();
     let bytes = gw.read_body(&parts.headers, body).await?;
     let request = openai::decode_request(endpoint, &bytes)?;
-    let resolved = gw
-        .dispatch
-        .resolve_model(&request.model)
-        .ok_or_else(|| GatewayError::UnknownModel(request.model.clone()))?;
-    let body = openai::upstream_body(&request.body, &resolved.backend_model, request.stream);
+    let tokens = tenancy::estimated_tokens(bytes.len(), max_tokens_of(&request.body));
+    let admitted = tenancy::admit(
+        gw.dispatch.as_ref(),
+        &gw.tenants,
+        &request.model,
+        &parts.headers,
+        peer,
+        false,
+        tokens,
+        None,
+    )?;
+    let body = openai::upstream_body(
+        &request.body,
+        &admitted.resolved.backend_model,
+        request.stream,
+    );
     let (stream, wants_usage) = (request.stream, request.wants_usage);
+    let tap = tenancy::tap(
+        &gw.tenants,
+        &request.model,
+        admitted.tenant.clone(),
+        admitted.permit,
+    );
     let route = Arc::new(Route {
-        resolved,
+        resolved: admitted.resolved,
         client_model: request.model,
         endpoint,
         body: request.body,
         headers: parts.headers,
+        tenant: admitted.tenant,
     });
-    let sent = gw.forward(route, body).await?;
+    let mut sent = gw.forward(route, body).await?;
+    sent.assignment.set_tenant(tap);
     if !sent.response.status().is_success() {
         return Ok(gw.upstream_error(Flavor::OpenAi, sent).await);
     }
@@ -383,23 +418,43 @@ async fn openai_request(
 }
 
 async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, GatewayError> {
+    let peer = peer_ip(req.extensions());
     let (parts, body) = req.into_parts();
     let bytes = gw.read_body(&parts.headers, body).await?;
     let request = anthropic::decode_request(&bytes)?;
-    let resolved = gw
-        .dispatch
-        .resolve_model(&request.model)
-        .ok_or_else(|| GatewayError::UnknownModel(request.model.clone()))?;
-    let body = openai::upstream_body(&request.chat, &resolved.backend_model, request.stream);
+    let tokens = tenancy::estimated_tokens(bytes.len(), max_tokens_of(&request.chat));
+    let admitted = tenancy::admit(
+        gw.dispatch.as_ref(),
+        &gw.tenants,
+        &request.model,
+        &parts.headers,
+        peer,
+        false,
+        tokens,
+        None,
+    )?;
+    let body = openai::upstream_body(
+        &request.chat,
+        &admitted.resolved.backend_model,
+        request.stream,
+    );
     let (stream, model) = (request.stream, request.model.clone());
+    let tap = tenancy::tap(
+        &gw.tenants,
+        &request.model,
+        admitted.tenant.clone(),
+        admitted.permit,
+    );
     let route = Arc::new(Route {
-        resolved,
+        resolved: admitted.resolved,
         client_model: request.model,
         endpoint: Endpoint::ChatCompletions,
         body: request.chat,
         headers: parts.headers,
+        tenant: admitted.tenant,
     });
-    let sent = gw.forward(route, body).await?;
+    let mut sent = gw.forward(route, body).await?;
+    sent.assignment.set_tenant(tap);
     if !sent.response.status().is_success() {
         return Ok(gw.upstream_error(Flavor::Anthropic, sent).await);
     }

@@ -38,6 +38,9 @@ pub struct PoolView {
     /// Names of the InferenceWorkerSets whose workers serve the pool (empty: any worker of
     /// the model).
     pub worker_sets: Vec<String>,
+    /// Tenant authentication of the pool's models (`None`: anonymous requests are served).
+    #[serde(skip)]
+    pub auth: Option<std::sync::Arc<crate::tenant::PoolAuth>>,
 }
 
 /// A client-facing model name.
@@ -136,6 +139,28 @@ impl RouterState {
                 backend_model: m.backend_model,
                 pool: m.pool,
             })
+    }
+
+    /// The auth block of `pool` (`None`: no such pool, or it has none).
+    pub fn pool_auth(&self, pool: &str) -> Option<std::sync::Arc<crate::tenant::PoolAuth>> {
+        self.0
+            .catalog
+            .read()
+            .pools
+            .iter()
+            .find(|p| p.name == pool)
+            .and_then(|p| p.auth.clone())
+    }
+
+    /// Every pool's name and auth block.
+    pub fn pool_auths(&self) -> Vec<(String, Option<std::sync::Arc<crate::tenant::PoolAuth>>)> {
+        self.0
+            .catalog
+            .read()
+            .pools
+            .iter()
+            .map(|p| (p.name.clone(), p.auth.clone()))
+            .collect()
     }
 
     pub(super) fn pool_worker_sets(&self, pool: Option<&str>) -> Vec<String> {

@@ -35,7 +35,16 @@ impl Dispatch for RouterState {
             exclude,
         );
         input.resolved = Some(request.resolved);
+        input.tenant = request.tenant;
         RouterState::pick(self, &input, Instant::now())
+    }
+
+    fn pool_auth(&self, pool: &str) -> Option<std::sync::Arc<crate::tenant::PoolAuth>> {
+        RouterState::pool_auth(self, pool)
+    }
+
+    fn pool_auths(&self) -> Vec<(String, Option<std::sync::Arc<crate::tenant::PoolAuth>>)> {
+        RouterState::pool_auths(self)
     }
 
     fn first_token(&self, picked: &Picked, ttft: Duration) {

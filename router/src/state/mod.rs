@@ -100,6 +100,8 @@ pub struct RouterConfig {
     pub drain_delay: Duration,
     /// The bounded router's caps ([`crate::limits`]).
     pub limits: Limits,
+    /// Tenant identity, limits and metrics settings ([`crate::tenant`]).
+    pub tenants: crate::tenant::TenantConfig,
 }
 
 impl Default for RouterConfig {
@@ -117,6 +119,7 @@ impl Default for RouterConfig {
             predictor: PredictorConfig::default(),
             drain_delay: Duration::ZERO,
             limits: Limits::default(),
+            tenants: crate::tenant::TenantConfig::default(),
         }
     }
 }
@@ -143,6 +146,7 @@ struct Inner {
     discovery_synced: AtomicBool,
     readiness: Readiness,
     limit_log: LogEvery,
+    tenants: Arc<crate::tenant::Tenants>,
 }
 
 /// Shared router state; cheap to clone.
@@ -164,6 +168,9 @@ pub enum StateError {
         #[source]
         source: kvroute_tokenization::TokenizeError,
     },
+    /// A tenant metric could not be registered.
+    #[error("tenant metrics: {0}")]
+    Metrics(prometheus::Error),
 }
 
 impl RouterState {
@@ -193,6 +200,8 @@ impl RouterState {
         };
         let tokenizers = Tokenizers::load(&config.tokenizers)?;
         let readiness = Readiness::new(config.drain_delay);
+        let tenants = crate::tenant::Tenants::new(&config.tenants, metrics.registry())
+            .map_err(StateError::Metrics)?;
         Ok(Self(Arc::new(Inner {
             config,
             metrics,
@@ -205,6 +214,7 @@ impl RouterState {
             discovery_synced: AtomicBool::new(false),
             readiness,
             limit_log: LogEvery::new(LOG_EVERY),
+            tenants,
         })))
     }
 
@@ -216,6 +226,11 @@ impl RouterState {
     /// Metrics.
     pub fn metrics(&self) -> &RouterMetrics {
         &self.0.metrics
+    }
+
+    /// Tenant authentication, limits and metrics, shared by the gateway and the Pick API.
+    pub fn tenants(&self) -> &Arc<crate::tenant::Tenants> {
+        &self.0.tenants
     }
 
     /// A cap was hit: counts it and logs it (at most once per [`LOG_EVERY`] per cap, with the

@@ -52,6 +52,9 @@ pub struct PickInput<'a> {
     pub exclude: &'a [String],
     /// The request's output limit, if it set one (see [`max_tokens_of`]).
     pub max_tokens: Option<u32>,
+    /// The verified tenant ([`crate::tenant`]); `None`: anonymous. Never a client's claim:
+    /// set only from credentials the front door verified.
+    pub tenant: Option<&'a str>,
 }
 
 /// The output limit of an OpenAI or Anthropic request body: `max_completion_tokens`, else
@@ -115,6 +118,7 @@ impl<'a> PickInput<'a> {
             resolved: None,
             exclude,
             max_tokens: max_tokens_of(body),
+            tenant: None,
         }
     }
 }
@@ -324,9 +328,12 @@ impl RouterState {
             }
             Ok((_, None)) => Err(PickError::NoReadyWorker(input.model.into())),
             Err(e) => {
-                m.pick_errors
-                    .with_label_values(&[input.model, e.label()])
-                    .inc();
+                // The client's name is a label only once it resolved to a known model.
+                let model = match &e {
+                    PickError::UnknownModel(_) => "unknown",
+                    _ => input.model,
+                };
+                m.pick_errors.with_label_values(&[model, e.label()]).inc();
                 Err(e)
             }
         }
@@ -451,6 +458,24 @@ impl RouterState {
             return None;
         }
         Some(core.tickets.issue(assignment, owner))
+    }
+
+    /// Keeps `tap` (tenant metrics, the tenant's limit permit) with `assignment`'s decision id
+    /// until the assignment ends.
+    pub fn attach_tenant(&self, assignment: AssignmentId, tap: crate::tenant::TenantTap) {
+        self.0.core.lock().tickets.attach(assignment, tap);
+    }
+
+    /// Runs `f` on the tenant tap of `assignment`, if it has one (outside no lock but the
+    /// core's: `f` must be quick).
+    pub fn tenant_report(
+        &self,
+        assignment: AssignmentId,
+        f: impl FnOnce(&mut crate::tenant::TenantTap),
+    ) {
+        if let Some(t) = self.0.core.lock().tickets.tap_mut(assignment) {
+            f(t);
+        }
     }
 
     /// The assignment of decision id `id` when `owner` holds it.

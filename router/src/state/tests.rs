@@ -39,6 +39,7 @@ fn input<'a>(model: &'a str, tokens: &'a [u32]) -> PickInput<'a> {
         resolved: None,
         exclude: &[],
         max_tokens: None,
+        tenant: None,
     }
 }
 
@@ -88,6 +89,7 @@ fn models_come_from_pools_aliases_and_workers() {
                 },
             ],
             worker_sets: vec!["ws".into()],
+            auth: None,
         }],
         workers: vec![DiscoveredWorker {
             id: "w".into(),

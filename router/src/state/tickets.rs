@@ -52,6 +52,9 @@ pub enum TicketError {
 pub(super) struct Tickets {
     by_id: HashMap<DecisionId, (AssignmentId, String)>,
     by_assignment: HashMap<AssignmentId, DecisionId>,
+    /// The tenant tap of an assignment made through the Pick API (dropped with its id, which
+    /// releases the tenant's concurrency slot).
+    taps: HashMap<AssignmentId, crate::tenant::TenantTap>,
 }
 
 impl Tickets {
@@ -84,6 +87,22 @@ impl Tickets {
         if let Some(id) = self.by_assignment.remove(&assignment) {
             self.by_id.remove(&id);
         }
+        self.taps.remove(&assignment);
+    }
+
+    /// Keeps `tap` until the assignment's id is forgotten.
+    pub(super) fn attach(&mut self, assignment: AssignmentId, tap: crate::tenant::TenantTap) {
+        if self.by_assignment.contains_key(&assignment) {
+            self.taps.insert(assignment, tap);
+        }
+    }
+
+    /// The tenant tap of `assignment`, if it has one.
+    pub(super) fn tap_mut(
+        &mut self,
+        assignment: AssignmentId,
+    ) -> Option<&mut crate::tenant::TenantTap> {
+        self.taps.get_mut(&assignment)
     }
 
     /// Outstanding ids.
