@@ -193,6 +193,15 @@ fn pick_status(e: &PickError) -> Status {
         PickError::NoReadyWorker(_) | PickError::TokenizerNotReady { .. } => {
             Status::unavailable(e.to_string())
         }
+        PickError::NoLocalCapacity { .. } => Status::unavailable(e.to_string()),
+        PickError::Shed { .. } => Status::resource_exhausted(e.to_string()),
+        PickError::Rejected { status, .. } => match status {
+            401 => Status::unauthenticated(e.to_string()),
+            403 => Status::permission_denied(e.to_string()),
+            429 => Status::resource_exhausted(e.to_string()),
+            400..=499 => Status::failed_precondition(e.to_string()),
+            _ => Status::unavailable(e.to_string()),
+        },
     }
 }
 

@@ -240,6 +240,9 @@ fn cached_blocks(r: &Router, toks: &[u32], worker: &str) -> usize {
         resolved: None,
         exclude: &[],
         max_tokens: None,
+        tenant: None,
+        labels: &[],
+        seed: None,
     };
     let rec = r.state.explain(&input, Instant::now()).expect("explain");
     rec.candidates
@@ -975,6 +978,9 @@ async fn a_throttling_gpu_shows_in_workers_explain_and_metrics_and_loses_the_tie
         resolved: None,
         exclude: &[],
         max_tokens: None,
+        tenant: None,
+        labels: &[],
+        seed: None,
     };
     let rec = r.state.explain(&input, Instant::now()).expect("explain");
     assert_eq!(rec.chosen, "cool");

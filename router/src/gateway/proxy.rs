@@ -209,6 +209,7 @@ impl Gateway {
                     failed,
                 })
             }
+            Ok(Err(e)) => Err(GatewayError::from_policy(&e).unwrap_or(GatewayError::Internal)),
             Err(PoolError::Full) => {
                 self.metrics.refuse("gateway", Refusal::DecisionPoolFull);
                 Err(GatewayError::DecisionPoolFull)
@@ -345,7 +346,7 @@ async fn openai_request(
     let request = openai::decode_request(endpoint, &bytes)?;
     let resolved = gw
         .dispatch
-        .resolve_model(&request.model)
+        .resolve_request(&request.model, &parts.headers)
         .ok_or_else(|| GatewayError::UnknownModel(request.model.clone()))?;
     let body = openai::upstream_body(&request.body, &resolved.backend_model, request.stream);
     let (stream, wants_usage) = (request.stream, request.wants_usage);
@@ -388,7 +389,7 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
     let request = anthropic::decode_request(&bytes)?;
     let resolved = gw
         .dispatch
-        .resolve_model(&request.model)
+        .resolve_request(&request.model, &parts.headers)
         .ok_or_else(|| GatewayError::UnknownModel(request.model.clone()))?;
     let body = openai::upstream_body(&request.chat, &resolved.backend_model, request.stream);
     let (stream, model) = (request.stream, request.model.clone());

@@ -5,8 +5,9 @@
 //! across an `.await`.
 //!
 //! Files: `catalog` (discovery's view, model resolution, routability), `pick` (the pick
-//! API: inputs, decisions, reports), `sidecars` (ingest bookkeeping, `/debug/workers`),
-//! `tokenizers`, `dispatch` (the embedded gateway's adapter).
+//! API: inputs, decisions, reports), `policy` (InferencePolicy sets, verdicts, shedding),
+//! `sidecars` (ingest bookkeeping, `/debug/workers`), `tokenizers`, `dispatch` (the
+//! embedded gateway's adapter).
 //!
 //! ```text
 //! discovery --set_catalog--------------+
@@ -52,16 +53,23 @@ use crate::routing::{
 mod catalog;
 mod dispatch;
 mod pick;
+mod policy;
 mod sidecars;
 #[cfg(test)]
 mod tests;
 mod tickets;
 mod tokenizers;
 
-pub use catalog::{Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel};
+pub use catalog::{
+    AliasDraw, Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel,
+};
 pub use pick::{
-    BodyKind, CandidateRecord, DecisionRecord, PickError, PickInput, Picked, Prompt, Usage,
-    max_tokens_of,
+    BodyKind, CandidateRecord, DecisionRecord, PickError, PickInput, Picked, PolicyHooks, Prompt,
+    Usage, max_tokens_of,
+};
+pub use policy::{
+    PoliciesReport, PolicyMetrics, REQUEST_ID_HEADER, SERVICE_CLASS_HEADER, TTFT_TARGET_HEADER,
+    VerdictRecord,
 };
 pub use sidecars::{
     DeltaOp, LoadApplied, LoadView, SidecarIdentity, SnapshotRefused, WorkerReport, WorkersReport,
@@ -143,6 +151,7 @@ struct Inner {
     discovery_synced: AtomicBool,
     readiness: Readiness,
     limit_log: LogEvery,
+    policy: policy::PolicyStore,
 }
 
 /// Shared router state; cheap to clone.
@@ -205,6 +214,7 @@ impl RouterState {
             discovery_synced: AtomicBool::new(false),
             readiness,
             limit_log: LogEvery::new(LOG_EVERY),
+            policy: policy::PolicyStore::default(),
         })))
     }
 

@@ -39,6 +39,9 @@ fn input<'a>(model: &'a str, tokens: &'a [u32]) -> PickInput<'a> {
         resolved: None,
         exclude: &[],
         max_tokens: None,
+        tenant: None,
+        labels: &[],
+        seed: None,
     }
 }
 
