@@ -262,7 +262,7 @@ fn decide(
         &[],
     );
     // Resolved here (not in `pick`) so the caller can be checked against the model's pool.
-    let resolved = state.resolve_model(&model);
+    let resolved = state.resolve_with_headers(&model, Some(&headers));
     let pool = resolved.as_ref().and_then(|r| r.pool.as_deref());
     authorize_pick(caller, &model, pool).map_err(NotDecided::Refused)?;
     if let Some(r) = &resolved {

@@ -152,6 +152,16 @@ impl RouterState {
         self.resolve_model_seeded(name, None)
     }
 
+    /// Resolves the model of a request with `headers`: a split alias draws from the hash of
+    /// its `x-request-id` when it has one (the Pick API and the gateway call this).
+    pub fn resolve_with_headers(
+        &self,
+        name: &str,
+        headers: Option<&http::HeaderMap>,
+    ) -> Option<Resolved> {
+        self.resolve_model_seeded(name, super::policy::request_seed(headers))
+    }
+
     /// Resolves a client-facing model name. A split alias (pool `modelAliases[].split`)
     /// draws one of its models by weight from `seed` (the request id's hash), or from the
     /// router's own seeded sequence without one: the same seed always resolves the same way.

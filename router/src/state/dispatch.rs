@@ -23,7 +23,7 @@ impl Dispatch for RouterState {
     }
 
     fn resolve_request(&self, client_model: &str, headers: &http::HeaderMap) -> Option<Resolved> {
-        self.resolve_model_seeded(client_model, super::policy::request_seed(Some(headers)))
+        self.resolve_with_headers(client_model, Some(headers))
     }
 
     fn pick(&self, request: &GatewayRequest<'_>, exclude: &[String]) -> Result<Picked, PickError> {

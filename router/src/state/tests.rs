@@ -84,10 +84,12 @@ fn models_come_from_pools_aliases_and_workers() {
                 ServedModel {
                     name: "m".into(),
                     backend_model: "m".into(),
+                    split: Vec::new(),
                 },
                 ServedModel {
                     name: "alias".into(),
                     backend_model: "m".into(),
+                    split: Vec::new(),
                 },
             ],
             worker_sets: vec!["ws".into()],
@@ -108,7 +110,8 @@ fn models_come_from_pools_aliases_and_workers() {
         s.resolve_model("alias"),
         Some(Resolved {
             backend_model: "m".into(),
-            pool: Some("ns/p".into())
+            pool: Some("ns/p".into()),
+            alias: None,
         })
     );
     assert_eq!(s.resolve_model("nope"), None);
