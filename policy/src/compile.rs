@@ -85,6 +85,9 @@ impl Figure {
     }
 }
 
+/// A header condition: (lowercase name, exact value or any).
+type HeaderRule = (Box<str>, Option<Box<str>>);
+
 /// One compiled rule.
 #[derive(Debug)]
 struct Rule {
@@ -98,8 +101,7 @@ struct Rule {
     /// Labels that must all be present.
     labels: [u64; LABEL_WORDS],
     has_labels: bool,
-    /// (lowercase name, exact value).
-    headers: Box<[(Box<str>, Option<Box<str>>)]>,
+    headers: Box<[HeaderRule]>,
     ranges: Box<[(Figure, Range)]>,
     action: Action,
 }
