@@ -496,7 +496,7 @@ impl RouterState {
         if names.is_empty() {
             // No local candidate: a reject or local-only rule still says why.
             let verdict = policies.evaluate(&facts, &PoolState::default());
-            self.check_verdict(&verdict, input, assign)?;
+            self.check_verdict(&verdict, assign)?;
             if verdict.local_only() {
                 return Err(PickError::NoLocalCapacity {
                     model: input.model.into(),
@@ -559,7 +559,7 @@ impl RouterState {
             local_only: verdict.local_only(),
         };
         let checked = self
-            .check_verdict(&verdict, input, assign)
+            .check_verdict(&verdict, assign)
             .and_then(|()| {
                 let Some(route) = verdict.route() else {
                     return Ok(());
@@ -632,12 +632,7 @@ impl RouterState {
     }
 
     /// A reject verdict becomes [`PickError::Rejected`] (counted when `assign`).
-    fn check_verdict(
-        &self,
-        verdict: &Verdict<'_>,
-        _input: &PickInput<'_>,
-        assign: bool,
-    ) -> Result<(), PickError> {
+    fn check_verdict(&self, verdict: &Verdict<'_>, assign: bool) -> Result<(), PickError> {
         let Some(r) = verdict.reject() else {
             return Ok(());
         };
