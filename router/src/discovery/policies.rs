@@ -24,8 +24,10 @@ pub struct PolicyWatch {
 }
 
 impl PolicyWatch {
-    /// A watch over `api` (one namespace or all) publishing into `state`.
+    /// A watch over `api` (one namespace or all) publishing into `state`; the replica is
+    /// not ready until the first list is in ([`RouterState::await_policies`]).
     pub fn new(api: Api<InferencePolicy>, state: RouterState) -> Self {
+        state.await_policies();
         Self { api, state }
     }
 

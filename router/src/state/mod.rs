@@ -362,6 +362,9 @@ impl RouterState {
         if let Some(why) = startup_blocker(&view) {
             return Err(why);
         }
+        if self.policies_pending() {
+            return Err("InferencePolicies not listed yet".into());
+        }
         match self.0.readiness.mark_ready() {
             Phase::Draining => Err("shutting down".into()),
             _ => Ok(()),

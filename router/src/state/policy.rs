@@ -15,7 +15,7 @@
 //! string).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kvroute_crds::InferencePolicy;
 use kvroute_policy::{PolicyIssue, PolicySet, Route, Verdict};
@@ -123,6 +123,8 @@ pub(super) struct PolicyStore {
     set: RwLock<Arc<PolicySet>>,
     report: Mutex<PoliciesReport>,
     seq: AtomicU64,
+    /// A watch feeds the set (Kubernetes): readiness waits for its first list.
+    awaited: AtomicBool,
 }
 
 impl Default for PolicyStore {
@@ -131,6 +133,7 @@ impl Default for PolicyStore {
             set: RwLock::new(Arc::new(PolicySet::empty())),
             report: Mutex::new(PoliciesReport::default()),
             seq: AtomicU64::new(0),
+            awaited: AtomicBool::new(false),
         }
     }
 }
@@ -170,6 +173,22 @@ impl RouterState {
                 Err(issues)
             }
         }
+    }
+
+    /// Marks the policy set as fed by a watch (Kubernetes): the replica is not ready until
+    /// the first list has been compiled (applied or refused), so that it never serves a
+    /// request before its policies are in force.
+    pub fn await_policies(&self) {
+        self.0.policy.awaited.store(true, Ordering::Release);
+    }
+
+    /// Why readiness waits for policies, if it does: awaited and nothing loaded yet.
+    pub(super) fn policies_pending(&self) -> bool {
+        if !self.0.policy.awaited.load(Ordering::Acquire) {
+            return false;
+        }
+        let r = self.0.policy.report.lock();
+        r.generation == 0 && r.refused == 0
     }
 
     /// The policy set in force and the reload history (`/debug/policies`).

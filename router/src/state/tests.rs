@@ -277,3 +277,18 @@ fn the_verdict_reaches_the_pick_for_the_limiter_and_the_relay() {
     let c = s.pick(&input("m", &tokens), Instant::now()).expect("pick");
     assert_eq!(c.policy.rule.map(|r| r.1), Some("plain".to_string()));
 }
+
+#[test]
+fn a_watched_policy_set_holds_readiness_until_its_first_list() {
+    let s = state(true);
+    s.set_discovery_synced();
+    s.await_policies();
+    assert_eq!(
+        s.check_ready(Instant::now()),
+        Err("InferencePolicies not listed yet".to_string())
+    );
+    // Even a refused first list unblocks: the router then runs without policies, counted.
+    let bad = "rules:\n- name: x\n  actions: {}\n";
+    assert!(s.set_policies(&[policy(bad)]).is_err());
+    assert_eq!(s.check_ready(Instant::now()), Ok(()));
+}
