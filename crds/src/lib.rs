@@ -6,12 +6,13 @@
 //! ```text
 //! InferencePool --targets--> InferenceWorkerSet (local vLLM pods + sidecars)
 //!      |                \--> InferenceProvider --gatewayBackendRef--> GatewayBackend --> Secret
-//!      '-- InferencePolicy (ordered rules: route / reject / overflow / limits)
+//!      '-- InferencePolicy (ordered rules: route / reject / overflow / limits / class)
 //! ```
 //!
-//! The router acts on WorkerSets and Pools. Policies, Providers and GatewayBackends are
-//! validated and resolved by the operator but not yet enforced: their status says
-//! Accepted=True and Ready=False with reason `NotEnforced`.
+//! The router acts on WorkerSets, Pools and Policies (a policy is Ready=True with reason
+//! `Enforced` once it compiles and resolves). Providers and GatewayBackends are validated and
+//! resolved by the operator but not yet enforced: their status says Accepted=True and
+//! Ready=False with reason `NotEnforced`.
 //!
 //! Everything here is pure data plus validation: no client, no I/O.
 

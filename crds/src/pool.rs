@@ -264,16 +264,57 @@ pub struct PoolTarget {
     pub role: TargetRole,
 }
 
-/// A stable client-facing name for a backend model.
+/// Most extra models an alias may split to.
+pub const MAX_ALIAS_SPLIT: u32 = 8;
+
+/// A stable client-facing name for a backend model, optionally split between models (a
+/// canary): each `split` entry takes its percentage of the alias's requests, `model` the rest.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelAlias {
     /// The name clients send in `model`.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
-    /// The model a target serves (a WorkerSet's served name or a provider model).
+    /// The model a target serves (a WorkerSet's served name or a provider model); it takes
+    /// the requests that no `split` entry takes.
     #[schemars(length(min = 1, max = 253))]
     pub model: String,
+    /// Other models that take a share of the alias's requests (percentages summing to at
+    /// most 100), drawn per request deterministically from its request id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ALIAS_SPLIT))]
+    pub split: Vec<AliasSplit>,
+}
+
+/// One share of a split alias.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AliasSplit {
+    /// The model this share goes to.
+    #[schemars(length(min = 1, max = 253))]
+    pub model: String,
+    /// Percentage of the alias's requests (0-100).
+    #[schemars(range(min = 0, max = 100))]
+    pub percent: i32,
+}
+
+impl ModelAlias {
+    /// `(model, percent)` of every share, `model` first with the remainder. Percentages are
+    /// clamped to 0-100 and the remainder to at least 0 (validation refuses the rest).
+    pub fn shares(&self) -> Vec<(&str, u32)> {
+        let split: u32 = self
+            .split
+            .iter()
+            .map(|s| s.percent.clamp(0, 100).unsigned_abs())
+            .sum();
+        let mut out = vec![(self.model.as_str(), 100u32.saturating_sub(split))];
+        out.extend(
+            self.split
+                .iter()
+                .map(|s| (s.model.as_str(), s.percent.clamp(0, 100).unsigned_abs())),
+        );
+        out
+    }
 }
 
 /// Observed state of an InferencePool.
@@ -368,6 +409,23 @@ impl InferencePoolSpec {
                 issues.push(SpecIssue::new(
                     format!("spec.modelAliases[{i}]"),
                     "alias name and model must not be empty",
+                ));
+            }
+            let total: i64 = a.split.iter().map(|s| i64::from(s.percent)).sum();
+            if a.split.iter().any(|s| !(0..=100).contains(&s.percent)) || total > 100 {
+                issues.push(SpecIssue::new(
+                    format!("spec.modelAliases[{i}].split"),
+                    "split percentages must be 0-100 and sum to at most 100",
+                ));
+            }
+            if a.split
+                .iter()
+                .enumerate()
+                .any(|(j, s)| s.model == a.model || a.split[..j].iter().any(|t| t.model == s.model))
+            {
+                issues.push(SpecIssue::new(
+                    format!("spec.modelAliases[{i}].split"),
+                    "each model may appear once in an alias",
                 ));
             }
             if self.model_aliases[..i].iter().any(|b| b.name == a.name) {
@@ -509,6 +567,22 @@ mod tests {
             parse_cidr("192.168.1.0/24"),
             Some(("192.168.1.0".parse().expect("ip"), 24))
         );
+    }
+
+    #[test]
+    fn alias_split_shares_and_validation() {
+        let s = spec(
+            "targets: [{workerSet: a}]\nmodelAliases:\n- {name: chat, model: v1, split: [{model: v2, percent: 10}]}\n- {name: x, model: v1, split: [{model: v2, percent: 60}, {model: v2, percent: 50}]}\n",
+        );
+        assert_eq!(s.model_aliases[0].shares(), vec![("v1", 90), ("v2", 10)]);
+        let fields: Vec<String> = s.validate().into_iter().map(|i| i.field).collect();
+        assert_eq!(
+            fields,
+            vec!["spec.modelAliases[1].split", "spec.modelAliases[1].split"]
+        );
+        // Today's shape still parses, with no split.
+        let old = spec("targets: [{workerSet: a}]\nmodelAliases: [{name: c, model: m}]\n");
+        assert_eq!(old.model_aliases[0].shares(), vec![("m", 100)]);
     }
 
     #[test]

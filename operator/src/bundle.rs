@@ -323,8 +323,8 @@ pub fn example_note(example: &Value) -> Option<&'static str> {
              # resolved but receives no traffic yet (InferenceProviders are not enforced).\n",
         ),
         "InferencePolicy" => Some(
-            "# Accepted and validated, not enforced: the router does not apply InferencePolicy rules\n\
-             # yet. Status: Accepted=True, ResolvedRefs=True, Ready=False with reason NotEnforced.\n",
+            "# Enforced by the router on every request (gateway, Pick API, explain). Status:\n\
+             # Accepted=True, ResolvedRefs=True, Ready=True with reason Enforced.\n",
         ),
         "InferenceProvider" => Some(
             "# Accepted and validated, not enforced: the router does not send requests to\n\
@@ -479,11 +479,13 @@ fn owned_crds() -> Vec<Value> {
                 descriptor(
                     "rules",
                     "Rules",
-                    "Ordered rules; the first match applies (not yet enforced by the router).",
+                    "Ordered rules; the first match applies (enforced by the router).",
                     &[],
                 ),
             ],
-            vec![not_enforced("the router does not enforce policy rules yet")],
+            vec![ready(
+                "Accepted and ResolvedRefs; Ready=True with reason Enforced once the router's compiler accepts the rules and every reference resolves",
+            )],
             json!([]),
         ),
         describe(

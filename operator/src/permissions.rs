@@ -194,15 +194,15 @@ pub const OPERATOR_NAMESPACE_RULES: &[Rule] = &[
     },
 ];
 
-/// What the router reads: the WorkerSets and Pools discovery lists and watches, and the worker
-/// pods. Nothing else, and never a write. No Secrets: tokenizer tokens are mounted files.
+/// What the router reads: the WorkerSets, Pools and Policies discovery lists and watches, and
+/// the worker pods. Nothing else, and never a write. No Secrets: tokenizer tokens are mounted files.
 pub const ROUTER_RULES: &[Rule] = &[
     Rule {
         api_groups: &["kvroute.dev"],
-        resources: &["inferenceworkersets", "inferencepools"],
+        resources: &["inferenceworkersets", "inferencepools", "inferencepolicies"],
         verbs: &["list", "watch"],
         names: &[],
-        why: "discovery: models, block sizes, tokenizer sources and pool aliases",
+        why: "discovery: models, block sizes, tokenizer sources, pool aliases and the policies it enforces",
     },
     Rule {
         api_groups: &[""],

@@ -453,7 +453,7 @@ async fn pool_reconcile_reports_missing_targets() {
 }
 
 #[tokio::test]
-async fn policy_is_accepted_but_not_ready_because_nothing_enforces_it() {
+async fn a_policy_that_compiles_is_ready_because_the_router_enforces_it() {
     let (client, api) = FakeApi::start(Vec::new());
     let (ctx, _leader) = ctx(client, true);
     let p = policy(json!({"rules": [
@@ -475,18 +475,15 @@ async fn policy_is_accepted_but_not_ready_because_nothing_enforces_it() {
     let ready = condition(&status, "Ready");
     assert_eq!(
         (ready["status"].as_str(), ready["reason"].as_str()),
-        (Some("False"), Some("NotEnforced"))
+        (Some("True"), Some("Enforced"))
     );
     let message = ready["message"].as_str().unwrap_or_default();
-    assert!(
-        message.starts_with("2 rules accepted") && message.contains("does not enforce"),
-        "{message}"
-    );
+    assert_eq!(message, "2 rules enforced by the router");
     let event = calls
         .iter()
         .find(|c| c.method == "POST" && c.path.contains("/events"))
         .expect("event");
-    assert_eq!(event.body["reason"], "NotEnforced");
+    assert_eq!(event.body["reason"], "Enforced");
     assert_rbac_covers(&calls);
 
     // The same decision again writes nothing: the status is patched only when it changes.

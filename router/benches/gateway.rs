@@ -76,6 +76,7 @@ impl Dispatch for OneWorker {
         (m == "m").then(|| Resolved {
             backend_model: "m".to_string(),
             pool: None,
+            alias: None,
         })
     }
     fn pick(&self, _r: &GatewayRequest<'_>, _exclude: &[String]) -> Result<Picked, PickError> {
@@ -88,6 +89,7 @@ impl Dispatch for OneWorker {
             predicted_ttft_s: 0.01,
             reason: "lowest_predicted_ttft",
             degraded: false,
+            policy: Default::default(),
         })
     }
     fn first_token(&self, _p: &Picked, _ttft: Duration) {}

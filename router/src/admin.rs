@@ -13,9 +13,13 @@
 //! GET  /debug/workers  JSON: index size, and per worker its blocks, load, in-flight, state
 //! GET  /debug/tokenizers JSON: per model where its tokenizer comes from and whether it is
 //!                      loaded (state, failures, last error)
-//! POST /debug/explain  body: an OpenAI chat/completions (or completions) request;
-//!                      returns the decision record without assigning anything (decided on
-//!                      the bounded decision pool; 503 when it is full)
+//! POST /debug/explain  body: an OpenAI chat/completions (or completions) request; the
+//!                      request's headers count as the client's (service class, TTFT target,
+//!                      x-request-id, policy header rules); returns the decision record
+//!                      (with the InferencePolicy verdict) without assigning anything
+//!                      (decided on the bounded decision pool; 503 when it is full); a
+//!                      policy refusal answers its status with the policy and rule named
+//! GET  /debug/policies JSON: the InferencePolicy set in force and refused reloads
 //! ```
 //!
 //! `/debug/*` answer loopback callers and callers with the admin bearer token only
@@ -44,6 +48,7 @@ pub fn router(state: RouterState, auth: AdminAuth, pool: BlockingPool) -> Router
         .route("/debug/workers", get(workers))
         .route("/debug/tokenizers", get(tokenizers))
         .route("/debug/explain", post(explain))
+        .route("/debug/policies", get(policies))
         .layer(axum::Extension(pool))
         .route_layer(axum::middleware::from_fn_with_state(
             auth.clone(),
@@ -131,6 +136,10 @@ async fn tokenizers(State(state): State<RouterState>) -> Response {
     axum::Json(state.tokenizers().report()).into_response()
 }
 
+async fn policies(State(state): State<RouterState>) -> Response {
+    axum::Json(state.policies_report()).into_response()
+}
+
 async fn workers(State(state): State<RouterState>) -> Response {
     axum::Json(state.workers_report(Instant::now())).into_response()
 }
@@ -146,6 +155,7 @@ fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response
 async fn explain(
     State(state): State<RouterState>,
     axum::Extension(pool): axum::Extension<BlockingPool>,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
     let body: Value = match serde_json::from_slice(&body) {
@@ -173,7 +183,8 @@ async fn explain(
                 .unwrap_or_default();
             let empty = serde_json::Map::new();
             let obj = body.as_object().unwrap_or(&empty);
-            let input = PickInput::from_body(model, BodyKind::of("", &body), obj, None, &[]);
+            let input =
+                PickInput::from_body(model, BodyKind::of("", &body), obj, Some(&headers), &[]);
             state.explain(&input, Instant::now())
         })
         .await;
@@ -212,5 +223,29 @@ async fn explain(
             "tokenizer_not_ready",
             e.to_string(),
         ),
+        Err(e) => policy_refusal(&e),
     }
+}
+
+/// A policy refusal as explain shows it: the gateway's status, the message, and the
+/// policy and rule that decided it.
+fn policy_refusal(e: &PickError) -> Response {
+    let (policy, rule) = match e {
+        PickError::Rejected { policy, rule, .. } => (Some(policy.as_str()), rule.as_str()),
+        PickError::Shed { rule, .. } | PickError::NoLocalCapacity { rule, .. } => {
+            (None, rule.as_str())
+        }
+        _ => (None, ""),
+    };
+    let gw = crate::gateway::GatewayError::from_policy(e)
+        .unwrap_or(crate::gateway::GatewayError::Internal);
+    let status = StatusCode::from_u16(gw.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        status,
+        axum::Json(json!({
+            "error": {"message": e.to_string(), "type": e.label()},
+            "verdict": {"policy": policy, "rule": rule},
+        })),
+    )
+        .into_response()
 }

@@ -77,6 +77,8 @@ impl Churn {
             exclude: &[],
             max_tokens: Some(8),
             tenant: None,
+            labels: &[],
+            seed: None,
         };
         if let Ok(p) = self.state.pick(&input, self.now) {
             self.state.first_token(p.assignment, Some(0.05), self.now);

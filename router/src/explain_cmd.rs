@@ -1,6 +1,9 @@
-//! `kvroute explain --router URL FILE.json`: asks a running router where it would send a
-//! request, and why, without sending it (POST /debug/explain on the admin address), then
-//! prints the decision record as a table (`--json` prints it raw). A router that is not on
+//! `kvroute explain --router URL [-H NAME:VALUE]... FILE.json`: asks a running router where
+//! it would send a request, and why, without sending it (POST /debug/explain on the admin
+//! address, with the given headers as the client's: service class, TTFT target, request id,
+//! headers that policy rules match), then prints the decision record as a table, the
+//! InferencePolicy rule that matched included (`--json` prints it raw). A request a policy
+//! refuses prints the refusal with its policy and rule. A router that is not on
 //! loopback answers `/debug/*` only with its admin token (`--admin-token-file`, or
 //! `KVROUTE_ADMIN_TOKEN`), sent as `Authorization: Bearer`.
 //!
@@ -38,6 +41,10 @@ pub struct ExplainArgs {
     /// The admin token itself (prefer the file or the environment: a flag shows in `ps`).
     #[arg(long, env = "KVROUTE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// A request header as the client would send it (`NAME:VALUE`; repeatable), e.g.
+    /// `x-kvroute-service-class:batch`.
+    #[arg(long = "header", short = 'H', value_name = "NAME:VALUE")]
+    pub headers: Vec<String>,
     /// An OpenAI chat/completions or completions request body (JSON file; `-` for stdin).
     pub file: PathBuf,
 }
@@ -49,6 +56,7 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<()> {
         json,
         admin_token_file,
         admin_token,
+        headers,
         file,
     } = args;
     let token = match (admin_token_file, admin_token) {
@@ -78,6 +86,12 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<()> {
     if let Some(t) = &token {
         req = req.bearer_auth(t);
     }
+    for h in &headers {
+        let Some((name, value)) = h.split_once(':') else {
+            bail!("--header {h:?}: expected NAME:VALUE");
+        };
+        req = req.header(name.trim(), value.trim());
+    }
     let resp = req.send().await.with_context(|| format!("POST {url}"))?;
     let status = resp.status();
     let text = resp.text().await.context("read the router's answer")?;
@@ -87,6 +101,19 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<()> {
         );
     }
     if !status.is_success() {
+        if let Ok(v) = serde_json::from_str::<Value>(&text)
+            && let Some(verdict) = v.get("verdict")
+        {
+            let message = v
+                .pointer("/error/message")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            bail!(
+                "refused by policy {} rule {} ({status}): {message}",
+                verdict.get("policy").and_then(Value::as_str).unwrap_or("-"),
+                verdict.get("rule").and_then(Value::as_str).unwrap_or("-")
+            );
+        }
         bail!("router answered {status}: {text}");
     }
     let record: Value = serde_json::from_str(&text).context("router answer is not JSON")?;
@@ -131,6 +158,62 @@ pub fn render(rec: &Value) -> String {
         ms(f(rec, "predicted_ttft_s"))
     );
     let _ = writeln!(out, "prompt:     {} tokens", s(rec, "prompt_tokens"));
+    if let Some(a) = rec.get("alias").filter(|a| !a.is_null()) {
+        let _ = writeln!(
+            out,
+            "alias:      {} -> {} ({}% share)",
+            s(a, "alias"),
+            s(a, "model"),
+            s(a, "percent")
+        );
+    }
+    if let Some(labels) = rec.get("labels").and_then(Value::as_array)
+        && !labels.is_empty()
+    {
+        let names: Vec<&str> = labels.iter().filter_map(Value::as_str).collect();
+        let _ = writeln!(out, "labels:     {}", names.join(", "));
+    }
+    if let Some(v) = rec.get("verdict") {
+        if v.get("rule").is_none_or(Value::is_null) {
+            let _ = writeln!(out, "rule:       - (no InferencePolicy rule matched)");
+        } else {
+            let actions: Vec<&str> = v
+                .get("actions")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let _ = writeln!(
+                out,
+                "rule:       {} / {} ({})",
+                s(v, "policy"),
+                s(v, "rule"),
+                actions.join(", ")
+            );
+        }
+        if let Some(t) = v.get("targets").and_then(Value::as_array)
+            && !t.is_empty()
+        {
+            let names: Vec<&str> = t.iter().filter_map(Value::as_str).collect();
+            let _ = writeln!(out, "targets:    {}", names.join(", "));
+        }
+        if !v.get("service_class").is_none_or(Value::is_null)
+            || !v.get("ttft_target_ms").is_none_or(Value::is_null)
+        {
+            let _ = writeln!(
+                out,
+                "class:      {} (TTFT target {} ms{})",
+                s(v, "service_class"),
+                s(v, "ttft_target_ms"),
+                if v.get("sheddable").and_then(Value::as_bool) == Some(true) {
+                    ", sheddable"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
     if rec.get("degraded").and_then(Value::as_bool) == Some(true) {
         let _ = writeln!(
             out,
@@ -209,6 +292,30 @@ mod tests {
         let b = row("ns/b").expect("row b");
         assert!(b.starts_with(' ') && b.contains("true"), "{b}");
         assert!(!text.contains("DEGRADED"));
+    }
+
+    #[test]
+    fn renders_the_policy_verdict_alias_and_labels() {
+        let rec = serde_json::json!({
+            "model": "chat", "backend_model": "tiny-v2", "chosen": "ns/a",
+            "labels": ["pii", "pii:email"],
+            "alias": {"alias": "chat", "model": "tiny-v2", "percent": 20, "seed": 1},
+            "verdict": {"policy": "ml/rules", "rule": "pii-local", "actions": ["route", "local_only"],
+                        "targets": ["fast"], "service_class": "batch", "ttft_target_ms": 800,
+                        "sheddable": true}
+        });
+        let text = render(&rec);
+        for want in [
+            "alias:      chat -> tiny-v2 (20% share)",
+            "labels:     pii, pii:email",
+            "rule:       ml/rules / pii-local (route, local_only)",
+            "targets:    fast",
+            "class:      batch (TTFT target 800 ms, sheddable)",
+        ] {
+            assert!(text.contains(want), "{want:?} missing in\n{text}");
+        }
+        let none = render(&serde_json::json!({"verdict": {"rule": null}}));
+        assert!(none.contains("no InferencePolicy rule matched"), "{none}");
     }
 
     #[test]

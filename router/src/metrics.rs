@@ -92,6 +92,8 @@ pub struct RouterMetrics {
     pub tokenizer_fetch_failures: IntCounterVec,
     /// Authentication: refused streams and calls, TLS handshakes and reloads.
     pub auth: crate::auth::AuthMetrics,
+    /// InferencePolicy reloads, verdicts, rejections and SLO shedding.
+    pub policy: crate::state::PolicyMetrics,
     /// Times a cap of the bounded router was hit, by `limit` (`crate::limits::Limit::label`).
     pub limit_hits: IntCounterVec,
     /// Blocks not stored because their worker was at its block cap.
@@ -246,6 +248,7 @@ impl RouterMetrics {
                 &["model", "reason"],
             )?,
             auth: crate::auth::AuthMetrics::register(registry)?,
+            policy: crate::state::PolicyMetrics::register(registry)?,
             limit_hits: counter_vec(
                 "kvroute_router_limit_hits_total",
                 "Times a cap of the bounded router was hit (a message, stream, worker or blocks refused).",

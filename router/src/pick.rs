@@ -213,6 +213,15 @@ fn pick_status(e: &PickError) -> Status {
         PickError::NoReadyWorker(_) | PickError::TokenizerNotReady { .. } => {
             Status::unavailable(e.to_string())
         }
+        PickError::NoLocalCapacity { .. } => Status::unavailable(e.to_string()),
+        PickError::Shed { .. } => Status::resource_exhausted(e.to_string()),
+        PickError::Rejected { status, .. } => match status {
+            401 => Status::unauthenticated(e.to_string()),
+            403 => Status::permission_denied(e.to_string()),
+            429 => Status::resource_exhausted(e.to_string()),
+            400..=499 => Status::failed_precondition(e.to_string()),
+            _ => Status::unavailable(e.to_string()),
+        },
     }
 }
 
@@ -276,7 +285,7 @@ fn decide(
         &[],
     );
     // Resolved here (not in `pick`) so the caller can be checked against the model's pool.
-    let resolved = state.resolve_model(&model);
+    let resolved = state.resolve_with_headers(&model, Some(&headers));
     let pool = resolved.as_ref().and_then(|r| r.pool.as_deref());
     authorize_pick(caller, &model, pool).map_err(NotDecided::Refused)?;
     // The client's credentials travel in the Pick request's headers; the pool's mTLS picker

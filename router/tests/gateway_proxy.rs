@@ -225,6 +225,7 @@ impl Dispatch for FakeRouter {
         self.models.get(client_model).map(|m| Resolved {
             backend_model: m.clone(),
             pool: None,
+            alias: None,
         })
     }
     fn pick(&self, request: &GatewayRequest<'_>, exclude: &[String]) -> Result<Picked, PickError> {
@@ -247,6 +248,7 @@ impl Dispatch for FakeRouter {
             predicted_ttft_s: 0.0425,
             reason: "lowest_predicted_ttft",
             degraded: false,
+            policy: Default::default(),
         })
     }
     fn first_token(&self, _picked: &Picked, _ttft: Duration) {

@@ -241,6 +241,8 @@ fn cached_blocks(r: &Router, toks: &[u32], worker: &str) -> usize {
         exclude: &[],
         max_tokens: None,
         tenant: None,
+        labels: &[],
+        seed: None,
     };
     let rec = r.state.explain(&input, Instant::now()).expect("explain");
     rec.candidates
@@ -977,6 +979,8 @@ async fn a_throttling_gpu_shows_in_workers_explain_and_metrics_and_loses_the_tie
         exclude: &[],
         max_tokens: None,
         tenant: None,
+        labels: &[],
+        seed: None,
     };
     let rec = r.state.explain(&input, Instant::now()).expect("explain");
     assert_eq!(rec.chosen, "cool");

@@ -200,6 +200,7 @@ fn add_worker(state: &RouterState, model: &str) {
             models: vec![ServedModel {
                 name: model.into(),
                 backend_model: model.into(),
+                split: Vec::new(),
             }],
             worker_sets: vec!["ws".into()],
             auth: None,

@@ -8,10 +8,13 @@
 //! resource + Inventory + now --decide()--> status: Accepted, ResolvedRefs, Ready (+ pool models)
 //! ```
 //!
-//! Honesty rule: Ready=True only for what the router acts on. It reads WorkerSets and Pools;
-//! it does not yet enforce InferencePolicy rules or send requests to InferenceProviders and
-//! GatewayBackends. Those kinds therefore end at Accepted=True, ResolvedRefs=True and
-//! Ready=False with reason [`NOT_ENFORCED`], and the message says so.
+//! Honesty rule: Ready=True only for what the router acts on. It reads WorkerSets and Pools,
+//! and enforces InferencePolicies: a policy is Ready=True with reason [`ENFORCED`] only when
+//! the router's own compiler (`kvroute_policy::compile`) accepts it and everything it names
+//! resolves; a route target that is an InferenceProvider cannot be routed to locally and is
+//! Ready=False with reason [`UNROUTABLE_TARGET`]. It does not yet send requests to
+//! InferenceProviders and GatewayBackends: those kinds end at Accepted=True,
+//! ResolvedRefs=True and Ready=False with reason [`NOT_ENFORCED`], and the message says so.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -35,6 +38,11 @@ use super::{Notable, Severity};
 
 /// Ready reason of a resource that is valid and resolved but that nothing acts on yet.
 pub const NOT_ENFORCED: &str = "NotEnforced";
+/// Ready reason of a policy the router compiles and enforces.
+pub const ENFORCED: &str = "Enforced";
+/// Ready reason of a policy whose route action names an InferenceProvider as a target (the
+/// router restricts local candidates only; providers are reached through `overflow`).
+pub const UNROUTABLE_TARGET: &str = "UnroutableTarget";
 
 /// What exists in one namespace, as far as a resource's references are concerned. Secrets
 /// carry only their key names, never values.
@@ -286,6 +294,8 @@ fn is_accepted_and_resolved(conditions: Option<&[Condition]>) -> bool {
 enum Readiness {
     /// Ready=True, with this message.
     Ready(String),
+    /// Ready=True with reason [`ENFORCED`]: the router acts on it (message).
+    Enforced(String),
     /// Ready=False: waiting for something (reason, message).
     Waiting(&'static str, String),
     /// Ready=False with reason [`NOT_ENFORCED`]: nothing acts on the resource yet (message).
@@ -343,6 +353,7 @@ fn ref_conditions(
             );
             let ready = match readiness {
                 Readiness::Ready(msg) => cond(READY, ConditionStatus::True, "Ready", msg),
+                Readiness::Enforced(msg) => cond(READY, ConditionStatus::True, ENFORCED, msg),
                 Readiness::Waiting(reason, msg) => cond(READY, ConditionStatus::False, reason, msg),
                 Readiness::NotEnforced(msg) => {
                     cond(READY, ConditionStatus::False, NOT_ENFORCED, msg)
@@ -518,7 +529,9 @@ fn tokenizer_routing(spec: &InferencePoolSpec, generation: Option<i64>, now: &Ti
     )
 }
 
-/// Policy conditions: its pool, overflow providers and route targets exist.
+/// Policy conditions: the router's compiler accepts it (its issues, CEL twins included, make
+/// Accepted=False), its pool, overflow providers and route targets exist, and its route
+/// targets are WorkerSets; then Ready=True with reason [`ENFORCED`].
 pub fn policy_conditions(
     spec: &InferencePolicySpec,
     generation: Option<i64>,
@@ -526,7 +539,14 @@ pub fn policy_conditions(
     inv: &Inventory,
     now: &Time,
 ) -> Vec<Condition> {
-    let issues = spec.validate();
+    let compiled = InferencePolicy::new("policy", spec.clone());
+    let issues: Vec<SpecIssue> = match kvroute_policy::compile(std::slice::from_ref(&compiled)) {
+        Ok(_) => Vec::new(),
+        Err(e) => e
+            .into_iter()
+            .map(|i| SpecIssue::new(i.field, i.message))
+            .collect(),
+    };
     let mut missing = Vec::new();
     if let Some(pool) = &spec.pool
         && !inv.pools.iter().any(|p| name_of(p) == pool)
@@ -539,17 +559,31 @@ pub fn policy_conditions(
         }
     }
     let mut seen = BTreeSet::new();
+    let mut provider_targets = Vec::new();
     for t in spec.referenced_targets() {
-        if seen.insert(t) && inv.worker_set(t).is_none() && inv.provider(t).is_none() {
+        if !seen.insert(t) || inv.worker_set(t).is_some() {
+            continue;
+        }
+        if inv.provider(t).is_some() {
+            provider_targets.push(format!("{t:?}"));
+        } else {
             missing.push(format!(
                 "route: no InferenceWorkerSet or InferenceProvider named {t:?}"
             ));
         }
     }
-    let readiness = Readiness::NotEnforced(format!(
-        "{} rules accepted; the router does not enforce InferencePolicy rules yet",
-        spec.rules.len()
-    ));
+    let readiness = if provider_targets.is_empty() {
+        Readiness::Enforced(format!("{} rules enforced by the router", spec.rules.len()))
+    } else {
+        Readiness::Waiting(
+            UNROUTABLE_TARGET,
+            format!(
+                "route targets {} are InferenceProviders; route actions restrict local \
+                 InferenceWorkerSets only (reach a provider with overflow)",
+                provider_targets.join(", ")
+            ),
+        )
+    };
     ref_conditions(&issues, &missing, readiness, generation, previous, now)
 }
 

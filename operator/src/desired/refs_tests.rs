@@ -255,7 +255,7 @@ fn policy_refs_and_invalid_spec() {
 }
 
 #[test]
-fn a_valid_policy_is_accepted_and_says_nothing_enforces_it() {
+fn a_valid_policy_that_compiles_is_ready_and_enforced() {
     let inv = inventory(WORLD);
     let spec: InferencePolicySpec = serde_saphyr::from_str(
             "rules: [{name: a, actions: {route: {allowedTargets: [qwen]}, overflow: {provider: openai, queueThreshold: 4}}}]\n",
@@ -266,22 +266,57 @@ fn a_valid_policy_is_accepted_and_says_nothing_enforces_it() {
     assert_eq!(types, vec![ACCEPTED, RESOLVED_REFS, READY]);
     assert!(condition::is_true(&conds, ACCEPTED));
     assert!(condition::is_true(&conds, RESOLVED_REFS));
-    assert!(!condition::is_true(&conds, READY), "nothing enforces rules");
+    assert!(condition::is_true(&conds, READY));
     let ready = condition::find(&conds, READY).expect("ready");
-    assert_eq!(ready.reason, NOT_ENFORCED);
-    assert_eq!(
-        ready.message,
-        "1 rules accepted; the router does not enforce InferencePolicy rules yet"
-    );
+    assert_eq!(ready.reason, ENFORCED);
+    assert_eq!(ready.message, "1 rules enforced by the router");
     assert!(settled(&conds), "nothing to re-check soon");
-    // A policy is never announced as ready: the event says it is not enforced.
     let events = ready_events(&[], &conds);
     assert_eq!(events.len(), 1);
-    assert_eq!(
-        (events[0].severity, events[0].reason.as_str()),
-        (Severity::Warning, NOT_ENFORCED)
-    );
+    assert_eq!(events[0].severity, Severity::Normal);
     assert!(ready_events(&conds, &conds).is_empty());
+}
+
+#[test]
+fn a_policy_the_engine_refuses_is_not_accepted_with_its_message() {
+    let inv = inventory(WORLD);
+    // Valid for the CRD schema, refused by the compiler: an uppercase label, a bad header.
+    let spec: InferencePolicySpec = serde_saphyr::from_str(
+        "rules: [{name: a, match: {labels: [PII], headers: [{name: \"x y\"}]}, actions: {route: {localOnly: true}}}]\n",
+    )
+    .expect("parses");
+    let conds = policy_conditions(&spec, None, &[], &inv, &now());
+    let accepted = condition::find(&conds, ACCEPTED).expect("accepted");
+    assert_eq!(accepted.status, "False");
+    assert!(
+        accepted.message.contains("spec.rules[0].match.labels")
+            && accepted.message.contains("lowercase")
+            && accepted.message.contains("not a valid header name"),
+        "{}",
+        accepted.message
+    );
+    let ready = condition::find(&conds, READY).expect("ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+}
+
+#[test]
+fn a_provider_as_route_target_is_not_ready() {
+    let inv = inventory(WORLD);
+    let spec: InferencePolicySpec = serde_saphyr::from_str(
+        "rules: [{name: a, actions: {route: {allowedTargets: [openai]}}}]\n",
+    )
+    .expect("parses");
+    let conds = policy_conditions(&spec, None, &[], &inv, &now());
+    assert!(condition::is_true(&conds, RESOLVED_REFS));
+    let ready = condition::find(&conds, READY).expect("ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", UNROUTABLE_TARGET)
+    );
+    assert!(ready.message.contains("\"openai\""), "{}", ready.message);
 }
 
 #[test]

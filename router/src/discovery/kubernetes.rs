@@ -2,7 +2,7 @@
 //! InferencePools and the worker Pods (label `kvroute.dev/workerset`), in one namespace or
 //! all. Any change rebuilds the whole catalog from the three stores (a few hundred objects:
 //! cheaper to rebuild than to patch). Discovery counts as synced once all three initial
-//! lists have arrived.
+//! lists have arrived. InferencePolicies have their own watch ([`super::policies`]).
 //!
 //! ```text
 //! watcher(WorkerSets) --reflector--> Store --+
@@ -75,6 +75,9 @@ impl KubernetesDiscovery {
     /// Runs the watches until `shutdown`. Watch errors are retried with backoff (logged);
     /// the function returns only on shutdown.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        // InferencePolicies: their own watch (super::policies), ended by the same token.
+        let policies = super::policies::PolicyWatch::new(self.api(), self.state.clone());
+        tokio::spawn(policies.run(shutdown.clone()));
         let (sets, sets_w) = reflector::store::<InferenceWorkerSet>();
         let (pools, pools_w) = reflector::store::<InferencePool>();
         let (pods, pods_w) = reflector::store::<Pod>();

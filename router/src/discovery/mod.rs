@@ -25,6 +25,7 @@
 //! ([`tokenizers::build_tokenizer_plan`]) for the tokenizer loader.
 
 pub mod kubernetes;
+pub mod policies;
 pub mod static_file;
 pub mod tokenizers;
 
@@ -158,14 +159,24 @@ pub fn build_catalog(
                 models.push(ServedModel {
                     name: served.clone(),
                     backend_model: served,
+                    split: Vec::new(),
                 });
             }
         }
         for alias in &pool.spec.model_aliases {
             if !models.iter().any(|m| m.name == alias.name) {
+                let shares = alias.shares();
                 models.push(ServedModel {
                     name: alias.name.clone(),
                     backend_model: alias.model.clone(),
+                    split: if alias.split.is_empty() {
+                        Vec::new()
+                    } else {
+                        shares
+                            .into_iter()
+                            .map(|(m, p)| (m.to_string(), p))
+                            .collect()
+                    },
                 });
             }
         }

@@ -1,18 +1,21 @@
 //! Discovery from a YAML file (`--config FILE`): the same multi-document YAML as the CRDs,
-//! workers listed in each InferenceWorkerSet's `status.workers`. Read at start (a bad file
-//! fails start-up), then re-read when its modification time changes; a bad edit is logged
-//! and the previous view kept.
+//! workers listed in each InferenceWorkerSet's `status.workers`, and the InferencePolicies in
+//! force. Read at start (a bad file or an invalid policy set fails start-up), then re-read
+//! when its modification time changes; a bad edit is logged and the previous view kept, and
+//! a policy set that does not compile is refused (counted, logged, in `/debug/policies`)
+//! while the last good set stays in force.
 //!
 //! ```text
 //! FILE --parse_documents--> WorkerSets, Pools --build_catalog(Status)--> RouterState::set_catalog
-//!                                             \--build_tokenizer_plan--> Tokenizers::set_plan
+//!                        |                    \--build_tokenizer_plan--> Tokenizers::set_plan
+//!                        \--> InferencePolicies --------------------------> RouterState::set_policies
 //! ```
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use kvroute_crds::{AnyResource, parse_documents};
+use kvroute_crds::{AnyResource, InferencePolicy, parse_documents};
 use tokio_util::sync::CancellationToken;
 
 use super::tokenizers::build_tokenizer_plan;
@@ -20,26 +23,43 @@ use super::{WorkerSource, build_catalog};
 use crate::state::{Catalog, RouterState};
 use crate::tokenizer_registry::TokenizerPlan;
 
+/// What the file holds for the router.
+pub struct StaticView {
+    /// Pools and workers.
+    pub catalog: Catalog,
+    /// Tokenizer sources.
+    pub plan: TokenizerPlan,
+    /// InferencePolicies (compiled by [`RouterState::set_policies`]).
+    pub policies: Vec<InferencePolicy>,
+}
+
 /// Reads and converts the file.
-pub fn load(path: &Path) -> anyhow::Result<(Catalog, TokenizerPlan)> {
+pub fn load(path: &Path) -> anyhow::Result<StaticView> {
     let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
     parse(&text).with_context(|| format!("parse {}", path.display()))
 }
 
-/// Converts the YAML text. Kinds other than WorkerSets and Pools are accepted and ignored.
-pub fn parse(text: &str) -> anyhow::Result<(Catalog, TokenizerPlan)> {
+/// Converts the YAML text. Kinds other than WorkerSets, Pools and Policies are accepted and
+/// ignored.
+pub fn parse(text: &str) -> anyhow::Result<StaticView> {
     let mut sets = Vec::new();
     let mut pools = Vec::new();
+    let mut policies = Vec::new();
     for doc in parse_documents(text)? {
         match doc {
             AnyResource::WorkerSet(s) => sets.push(s),
             AnyResource::Pool(p) => pools.push(p),
+            AnyResource::Policy(p) => policies.push(p),
             _ => {}
         }
     }
     let catalog = build_catalog(&sets, &pools, WorkerSource::Status);
     let plan = build_tokenizer_plan(&sets, &pools, &catalog);
-    Ok((catalog, plan))
+    Ok(StaticView {
+        catalog,
+        plan,
+        policies,
+    })
 }
 
 /// Watches the file and republishes the catalog when it changes.
@@ -50,15 +70,29 @@ pub struct StaticDiscovery {
 }
 
 impl StaticDiscovery {
-    /// Loads the file once (errors fail start-up) and publishes it.
+    /// Loads the file once (errors, including a policy set that does not compile, fail
+    /// start-up) and publishes it.
     pub fn start(path: PathBuf, state: RouterState) -> anyhow::Result<Self> {
-        let (catalog, plan) = load(&path)?;
+        let StaticView {
+            catalog,
+            plan,
+            policies,
+        } = load(&path)?;
         tracing::info!(
             file = %path.display(),
             workers = catalog.workers.len(),
             pools = catalog.pools.len(),
+            policies = policies.len(),
             "static discovery loaded"
         );
+        if let Err(issues) = state.set_policies(&policies) {
+            let text: Vec<String> = issues.iter().map(ToString::to_string).collect();
+            anyhow::bail!(
+                "{}: invalid InferencePolicy set: {}",
+                path.display(),
+                text.join("; ")
+            );
+        }
         state.set_catalog(catalog);
         state.tokenizers().set_plan(plan);
         state.set_discovery_synced();
@@ -90,10 +124,12 @@ impl StaticDiscovery {
             }
             last = now;
             match load(&self.path) {
-                Ok((catalog, plan)) => {
-                    tracing::info!(file = %self.path.display(), workers = catalog.workers.len(), "static discovery reloaded");
-                    self.state.set_catalog(catalog);
-                    self.state.tokenizers().set_plan(plan);
+                Ok(view) => {
+                    tracing::info!(file = %self.path.display(), workers = view.catalog.workers.len(), "static discovery reloaded");
+                    // A refused policy set is counted and logged there; the rest applies.
+                    let _ = self.state.set_policies(&view.policies);
+                    self.state.set_catalog(view.catalog);
+                    self.state.tokenizers().set_plan(view.plan);
                 }
                 Err(e) => tracing::warn!(
                     error = format!("{e:#}"),

@@ -39,6 +39,12 @@ pub trait Dispatch: Send + Sync + 'static {
     fn model_names(&self) -> Vec<String>;
     /// Where a client's model name (an alias or a served name) goes.
     fn resolve_model(&self, client_model: &str) -> Option<Resolved>;
+    /// Where a request for `client_model` goes: a split alias draws its model from the
+    /// request's `x-request-id` when it has one (so retries resolve alike).
+    fn resolve_request(&self, client_model: &str, headers: &http::HeaderMap) -> Option<Resolved> {
+        let _ = headers;
+        self.resolve_model(client_model)
+    }
     /// Chooses a worker, skipping `exclude` (workers that already failed this request).
     fn pick(&self, request: &GatewayRequest<'_>, exclude: &[String]) -> Result<Picked, PickError>;
     /// First generated token observed `ttft` after the request was sent to the worker.

@@ -82,6 +82,55 @@ pub enum GatewayError {
     /// A tenant limit refuses the request (429).
     #[error("{0}")]
     TenantLimit(crate::tenant::LimitExceeded),
+    /// An InferencePolicy rule refuses the request, with its status and message.
+    #[error("{message}")]
+    PolicyRejected {
+        /// The rule's HTTP status (400-599).
+        status: u16,
+        /// The rule's message (written by the operator).
+        message: String,
+    },
+    /// A sheddable request that every local worker is predicted to serve too late.
+    #[error(
+        "every local worker is predicted to miss this request's TTFT target of {target_ms} ms; retry later"
+    )]
+    SloShed {
+        /// The TTFT target, milliseconds.
+        target_ms: u64,
+        /// Seconds before a retry.
+        retry_after_s: u64,
+    },
+    /// A policy keeps the request local and no local worker can take it.
+    #[error(
+        "no local worker can take this request for model `{0}` now; it may not leave the cluster"
+    )]
+    NoLocalCapacity(String),
+}
+
+impl GatewayError {
+    /// The gateway's error for a policy outcome of the decision path; `None` for other pick
+    /// errors (mapped where the client's model name is at hand).
+    pub fn from_policy(e: &crate::state::PickError) -> Option<Self> {
+        use crate::state::PickError;
+        match e {
+            PickError::Rejected {
+                status, message, ..
+            } => Some(Self::PolicyRejected {
+                status: *status,
+                message: message.clone(),
+            }),
+            PickError::Shed {
+                target_ms,
+                retry_after_s,
+                ..
+            } => Some(Self::SloShed {
+                target_ms: *target_ms,
+                retry_after_s: *retry_after_s,
+            }),
+            PickError::NoLocalCapacity { model, .. } => Some(Self::NoLocalCapacity(model.clone())),
+            _ => None,
+        }
+    }
 }
 
 impl GatewayError {
@@ -92,13 +141,15 @@ impl GatewayError {
             Self::UnknownModel(_) => 404,
             Self::BodyTimeout { .. } => 408,
             Self::BodyTooLarge { .. } => 413,
-            Self::ClientOverloaded | Self::TenantLimit(_) => 429,
+            Self::ClientOverloaded | Self::TenantLimit(_) | Self::SloShed { .. } => 429,
             Self::Auth(e) => e.status(),
+            Self::PolicyRejected { status, .. } => *status,
             Self::Upstream(_) => 502,
             Self::NoReadyWorker(_)
             | Self::TokenizerNotReady { .. }
             | Self::Overloaded
-            | Self::DecisionPoolFull => 503,
+            | Self::DecisionPoolFull
+            | Self::NoLocalCapacity(_) => 503,
             Self::UpstreamTimeout => 504,
             Self::Internal => 500,
         }
@@ -121,6 +172,9 @@ impl GatewayError {
             Self::ClientOverloaded => "client_overloaded",
             Self::DecisionPoolFull => "decision_pool_full",
             Self::Internal => "internal",
+            Self::PolicyRejected { .. } => "policy_rejected",
+            Self::SloShed { .. } => "slo_shed",
+            Self::NoLocalCapacity(_) => "no_local_capacity",
             Self::Auth(e) if e.status() == 403 => "forbidden",
             Self::Auth(_) => "unauthenticated",
             Self::TenantLimit(_) => "tenant_limit",
@@ -143,6 +197,7 @@ impl GatewayError {
         match self {
             Self::Overloaded | Self::ClientOverloaded | Self::DecisionPoolFull => Some(1),
             Self::TenantLimit(e) => Some(e.retry_after.as_secs().max(1)),
+            Self::SloShed { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
         }
     }
@@ -183,6 +238,9 @@ impl GatewayError {
             Self::Internal => Value::from("internal_error"),
             Self::Auth(e) => Value::from(e.code()),
             Self::TenantLimit(_) => Value::from("rate_limit_exceeded"),
+            Self::PolicyRejected { .. } => Value::from("policy_rejected"),
+            Self::SloShed { .. } => Value::from("slo_shed"),
+            Self::NoLocalCapacity(_) => Value::from("no_local_capacity"),
         }
     }
 
@@ -416,6 +474,38 @@ mod tests {
                 "type": "rate_limit_error", "param": null, "code": "rate_limit_exceeded"}})
         );
         assert_eq!(limit.anthropic_body()["error"]["type"], "rate_limit_error");
+    }
+
+    #[test]
+    fn policy_outcomes_in_both_shapes() {
+        let rejected = GatewayError::PolicyRejected {
+            status: 451,
+            message: "not here".into(),
+        };
+        assert_eq!(rejected.status(), 451);
+        assert_eq!(
+            rejected.openai_body(),
+            json!({"error": {"message": "not here", "type": "server_error", "param": null, "code": "policy_rejected"}})
+        );
+        let forbidden = GatewayError::PolicyRejected {
+            status: 403,
+            message: "no".into(),
+        };
+        assert_eq!(forbidden.openai_body()["error"]["type"], "permission_error");
+        assert_eq!(
+            forbidden.anthropic_body(),
+            json!({"type": "error", "error": {"type": "permission_error", "message": "no"}})
+        );
+        let shed = GatewayError::SloShed {
+            target_ms: 500,
+            retry_after_s: 2,
+        };
+        assert_eq!((shed.status(), shed.retry_after()), (429, Some(2)));
+        assert_eq!(shed.anthropic_body()["error"]["type"], "rate_limit_error");
+        assert_eq!(shed.openai_body()["error"]["code"], "slo_shed");
+        let local = GatewayError::NoLocalCapacity("m".into());
+        assert_eq!((local.status(), local.retry_after()), (503, None));
+        assert_eq!(local.anthropic_body()["error"]["type"], "overloaded_error");
     }
 
     #[test]

@@ -218,6 +218,7 @@ impl Gateway {
                     failed,
                 })
             }
+            Ok(Err(e)) => Err(GatewayError::from_policy(&e).unwrap_or(GatewayError::Internal)),
             Err(PoolError::Full) => {
                 self.metrics.refuse("gateway", Refusal::DecisionPoolFull);
                 Err(GatewayError::DecisionPoolFull)

@@ -74,7 +74,7 @@ pub(crate) fn admit(
     let creds = Credentials::from_headers(headers, peer, trusted_caller);
     let auth = &tenants.authenticator;
     let now = SystemTime::now();
-    let Some(resolved) = dispatch.resolve_model(model) else {
+    let Some(resolved) = dispatch.resolve_request(model, headers) else {
         let guarded: Vec<_> = dispatch
             .pool_auths()
             .into_iter()

@@ -3,8 +3,8 @@
 //!
 //! ```text
 //! discovery --set_catalog--> Catalog { pools, workers }
-//! client model --resolve_model--> Resolved { backend model, pool }
-//!     --routable_workers(pool's sets, exclude)--> (id, address, core id) for plan()
+//! client model --resolve_model(_seeded)--> Resolved { backend model, pool, alias draw }
+//!     --routable_workers(pool's sets, exclude)--> (id, address, core id, set) for plan()
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
@@ -48,8 +48,12 @@ pub struct PoolView {
 pub struct ServedModel {
     /// The name clients send.
     pub name: String,
-    /// The model name the workers serve (the same as `name` unless it is an alias).
+    /// The model name the workers serve (the same as `name` unless it is an alias). For a
+    /// split alias: the model that takes the remainder.
     pub backend_model: String,
+    /// A split alias's shares, `(model, percent)`, `backend_model` first; empty otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub split: Vec<(String, u32)>,
 }
 
 /// A worker discovery knows about.
@@ -84,12 +88,27 @@ pub struct ModelInfo {
 }
 
 /// Where a client-facing model name goes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Resolved {
     /// The model name to send to workers (rewrite the body when it differs).
     pub backend_model: String,
     /// The pool, if the name came from one.
     pub pool: Option<String>,
+    /// The draw of a split alias (`None` for other names).
+    pub alias: Option<AliasDraw>,
+}
+
+/// How a split alias was resolved for one request (shown in the decision record).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct AliasDraw {
+    /// The alias the client sent.
+    pub alias: String,
+    /// The model drawn.
+    pub model: String,
+    /// That model's share, percent.
+    pub percent: u32,
+    /// The seed of the draw (from the request id, else the router's sequence).
+    pub seed: u64,
 }
 
 impl RouterState {
@@ -130,14 +149,58 @@ impl RouterState {
         out.into_values().collect()
     }
 
-    /// Resolves a client-facing model name.
+    /// Resolves a client-facing model name; a split alias draws from the router's seeded
+    /// sequence (see [`RouterState::resolve_model_seeded`]).
     pub fn resolve_model(&self, name: &str) -> Option<Resolved> {
+        self.resolve_model_seeded(name, None)
+    }
+
+    /// Resolves the model of a request with `headers`: a split alias draws from the hash of
+    /// its `x-request-id` when it has one (the Pick API and the gateway call this).
+    pub fn resolve_with_headers(
+        &self,
+        name: &str,
+        headers: Option<&http::HeaderMap>,
+    ) -> Option<Resolved> {
+        self.resolve_model_seeded(name, super::policy::request_seed(headers))
+    }
+
+    /// Resolves a client-facing model name. A split alias (pool `modelAliases[].split`)
+    /// draws one of its models by weight from `seed` (the request id's hash), or from the
+    /// router's own seeded sequence without one: the same seed always resolves the same way.
+    pub fn resolve_model_seeded(&self, name: &str, seed: Option<u64>) -> Option<Resolved> {
+        let split = {
+            let catalog = self.0.catalog.read();
+            catalog.pools.iter().find_map(|p| {
+                p.models
+                    .iter()
+                    .find(|m| m.name == name && !m.split.is_empty())
+                    .map(|m| (p.name.clone(), m.split.clone()))
+            })
+        };
+        if let Some((pool, shares)) = split {
+            let seed = seed.unwrap_or_else(|| self.next_seed());
+            let i = kvroute_policy::weighted_choice(seed, shares.iter().map(|s| s.1))
+                .unwrap_or_default();
+            let (model, percent) = shares.get(i).cloned().unwrap_or_default();
+            return Some(Resolved {
+                backend_model: model.clone(),
+                pool: Some(pool),
+                alias: Some(AliasDraw {
+                    alias: name.to_string(),
+                    model,
+                    percent,
+                    seed,
+                }),
+            });
+        }
         self.models()
             .into_iter()
             .find(|m| m.id == name)
             .map(|m| Resolved {
                 backend_model: m.backend_model,
                 pool: m.pool,
+                alias: None,
             })
     }
 
@@ -175,13 +238,14 @@ impl RouterState {
             .unwrap_or_default()
     }
 
-    /// (worker id, address, core id) of every routable worker of `model`, sorted by id.
+    /// (worker id, address, core id, WorkerSet) of every routable worker of `model`, sorted
+    /// by id.
     pub(super) fn routable_workers(
         &self,
         model: &str,
         sets: &[String],
         exclude: &[String],
-    ) -> Vec<(String, String, WorkerId)> {
+    ) -> Vec<(String, String, WorkerId, String)> {
         let catalog = self.0.catalog.read();
         let sidecars = self.0.sidecars.read();
         let live = |s: &SidecarView| s.synced && s.stream_open;
@@ -199,7 +263,12 @@ impl RouterState {
                 && !exclude.contains(&w.id)
                 && live(s)
             {
-                out.push((w.id.clone(), w.address.clone(), s.worker));
+                out.push((
+                    w.id.clone(),
+                    w.address.clone(),
+                    s.worker,
+                    w.worker_set.clone(),
+                ));
             }
         }
         if self.0.config.route_unlisted {
@@ -210,7 +279,12 @@ impl RouterState {
                     && in_sets(&s.identity.worker_set)
                     && !exclude.contains(key)
                 {
-                    out.push((key.clone(), s.identity.address.clone(), s.worker));
+                    out.push((
+                        key.clone(),
+                        s.identity.address.clone(),
+                        s.worker,
+                        s.identity.worker_set.clone(),
+                    ));
                 }
             }
         }

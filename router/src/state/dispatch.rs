@@ -22,6 +22,10 @@ impl Dispatch for RouterState {
         RouterState::resolve_model(self, client_model)
     }
 
+    fn resolve_request(&self, client_model: &str, headers: &http::HeaderMap) -> Option<Resolved> {
+        self.resolve_with_headers(client_model, Some(headers))
+    }
+
     fn pick(&self, request: &GatewayRequest<'_>, exclude: &[String]) -> Result<Picked, PickError> {
         let kind = match request.endpoint {
             Endpoint::ChatCompletions => BodyKind::Chat,

@@ -5,8 +5,9 @@
 //! across an `.await`.
 //!
 //! Files: `catalog` (discovery's view, model resolution, routability), `pick` (the pick
-//! API: inputs, decisions, reports), `sidecars` (ingest bookkeeping, `/debug/workers`),
-//! `tokenizers`, `dispatch` (the embedded gateway's adapter).
+//! API: inputs, decisions, reports), `policy` (InferencePolicy sets, verdicts, shedding),
+//! `sidecars` (ingest bookkeeping, `/debug/workers`), `tokenizers`, `dispatch` (the
+//! embedded gateway's adapter).
 //!
 //! ```text
 //! discovery --set_catalog--------------+
@@ -52,16 +53,23 @@ use crate::routing::{
 mod catalog;
 mod dispatch;
 mod pick;
+mod policy;
 mod sidecars;
 #[cfg(test)]
 mod tests;
 mod tickets;
 mod tokenizers;
 
-pub use catalog::{Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel};
+pub use catalog::{
+    AliasDraw, Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel,
+};
 pub use pick::{
-    BodyKind, CandidateRecord, DecisionRecord, PickError, PickInput, Picked, Prompt, Usage,
-    max_tokens_of,
+    BodyKind, CandidateRecord, DecisionRecord, PickError, PickInput, Picked, PolicyHooks, Prompt,
+    Usage, max_tokens_of,
+};
+pub use policy::{
+    PoliciesReport, PolicyMetrics, REQUEST_ID_HEADER, SERVICE_CLASS_HEADER, TTFT_TARGET_HEADER,
+    VerdictRecord,
 };
 pub use sidecars::{
     DeltaOp, LoadApplied, LoadView, SidecarIdentity, SnapshotRefused, WorkerReport, WorkersReport,
@@ -147,6 +155,7 @@ struct Inner {
     readiness: Readiness,
     limit_log: LogEvery,
     tenants: Arc<crate::tenant::Tenants>,
+    policy: policy::PolicyStore,
 }
 
 /// Shared router state; cheap to clone.
@@ -215,6 +224,7 @@ impl RouterState {
             readiness,
             limit_log: LogEvery::new(LOG_EVERY),
             tenants,
+            policy: policy::PolicyStore::default(),
         })))
     }
 
@@ -366,6 +376,9 @@ impl RouterState {
         };
         if let Some(why) = startup_blocker(&view) {
             return Err(why);
+        }
+        if self.policies_pending() {
+            return Err("InferencePolicies not listed yet".into());
         }
         match self.0.readiness.mark_ready() {
             Phase::Draining => Err("shutting down".into()),

@@ -3,8 +3,9 @@
 //! policy's choice), the assignment, and the reports that end it.
 //!
 //! ```text
-//! PickInput --resolve--> Resolved --routable_workers--> allowed
-//!    --tokens_for (no lock)--> RouteRequest --core.plan--> Plan --policy--> Decision
+//! PickInput --resolve (alias draw)--> Resolved --routable_workers--> allowed
+//!    --tokens_for (no lock)--> RouteRequest --core.plan--> Plan
+//!    --InferencePolicy verdict (reject | restrict | shed)--> candidates --policy--> Decision
 //!    pick: core.assign --> Picked          explain: DecisionRecord (nothing assigned)
 //! first_token / observe_itl / done / abort / expire --> released once, metrics
 //! ```
@@ -13,8 +14,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use kvroute_policy::{PoolState, PoolStateBuilder, RequestFacts, Verdict};
+
 use super::RouterState;
-use super::catalog::Resolved;
+use super::catalog::{AliasDraw, Resolved};
+use super::policy::{self, VerdictRecord};
 use super::tickets::{DecisionId, TicketError};
 use super::tokenizers::Degraded;
 use crate::routing::{AssignmentId, Candidate, Decision, RouteRequest, WorkerId};
@@ -55,6 +59,11 @@ pub struct PickInput<'a> {
     /// The verified tenant ([`crate::tenant`]); `None`: anonymous. Never a client's claim:
     /// set only from credentials the front door verified.
     pub tenant: Option<&'a str>,
+    /// Request labels for policy rules (classifiers, `x-kvroute-labels`); empty when none.
+    pub labels: &'a [&'a str],
+    /// Seed of the request's weighted draws (alias split, weighted targets); `None`: the
+    /// hash of its `x-request-id` header, else the router's seeded sequence.
+    pub seed: Option<u64>,
 }
 
 /// The output limit of an OpenAI or Anthropic request body: `max_completion_tokens`, else
@@ -119,6 +128,8 @@ impl<'a> PickInput<'a> {
             exclude,
             max_tokens: max_tokens_of(body),
             tenant: None,
+            labels: &[],
+            seed: None,
         }
     }
 }
@@ -141,6 +152,24 @@ pub struct Picked {
     pub reason: &'static str,
     /// Scored on load alone.
     pub degraded: bool,
+    /// What the matched policy rule leaves to the gateway: hook for the limiter and the
+    /// provider relay.
+    pub policy: PolicyHooks,
+}
+
+/// The parts of a verdict acted on after the pick: the per-tenant limiter reads `limits`,
+/// the provider relay reads `overflow` (never set for a local-only request).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicyHooks {
+    /// The matched rule (`policy`, `rule`), if any.
+    pub rule: Option<(String, String)>,
+    /// The rule's per-tenant limits.
+    pub limits: Option<kvroute_policy::Limits>,
+    /// The rule's overflow provider and whether the pool crossed its threshold at decision
+    /// time ([`kvroute_policy::Overflow::triggered`]).
+    pub overflow: Option<(String, bool)>,
+    /// The request must stay on local workers.
+    pub local_only: bool,
 }
 
 /// A routing decision, ready to serialize (`/debug/explain`, `kvroute explain`).
@@ -168,8 +197,16 @@ pub struct DecisionRecord {
     pub prompt_tokens: usize,
     /// Predicted TTFT of the chosen worker, seconds.
     pub predicted_ttft_s: f64,
-    /// Every candidate with its figures.
+    /// Every candidate with its figures (after policy restrictions).
     pub candidates: Vec<CandidateRecord>,
+    /// The tenant the request was evaluated for.
+    pub tenant: Option<String>,
+    /// The request's labels.
+    pub labels: Vec<String>,
+    /// The split alias's draw, if the model is one.
+    pub alias: Option<AliasDraw>,
+    /// The InferencePolicy rule that matched and what it did.
+    pub verdict: VerdictRecord,
 }
 
 /// One candidate of a [`DecisionRecord`].
@@ -221,6 +258,39 @@ pub enum PickError {
         /// At least one load attempt failed (else it is still loading).
         failed: bool,
     },
+    /// An InferencePolicy rule rejects the request.
+    #[error("{message}")]
+    Rejected {
+        /// HTTP status the rule gives (400-599).
+        status: u16,
+        /// The rule's message.
+        message: String,
+        /// The policy (`namespace/name`).
+        policy: String,
+        /// The rule.
+        rule: String,
+    },
+    /// A sheddable request whose TTFT target every local candidate is predicted to miss.
+    #[error(
+        "every local worker is predicted to miss this request's TTFT target of {target_ms} ms; retry later"
+    )]
+    Shed {
+        /// The target, milliseconds.
+        target_ms: u64,
+        /// Seconds to wait before retrying.
+        retry_after_s: u64,
+        /// The rule that made it sheddable.
+        rule: String,
+    },
+    /// A policy keeps the request on local workers (or restricts its targets) and none of
+    /// them can take it.
+    #[error("no local worker can take this request for model `{model}` now")]
+    NoLocalCapacity {
+        /// The client-facing model name.
+        model: String,
+        /// The rule that restricted it.
+        rule: String,
+    },
 }
 
 impl PickError {
@@ -230,6 +300,9 @@ impl PickError {
             PickError::UnknownModel(_) => "unknown_model",
             PickError::NoReadyWorker(_) => "no_ready_worker",
             PickError::TokenizerNotReady { .. } => "tokenizer_not_ready",
+            PickError::Rejected { .. } => "policy_rejected",
+            PickError::Shed { .. } => "slo_shed",
+            PickError::NoLocalCapacity { .. } => "no_local_capacity",
         }
     }
 }
@@ -272,9 +345,11 @@ impl Release {
 struct Decided {
     resolved: Resolved,
     decision: Decision,
-    /// (worker id, address, core id) of every candidate.
-    names: Vec<(String, String, WorkerId)>,
+    /// (worker id, address, core id, WorkerSet) of every candidate.
+    names: Vec<(String, String, WorkerId, String)>,
     degraded_reason: Option<&'static str>,
+    verdict: VerdictRecord,
+    hooks: PolicyHooks,
 }
 
 impl Decided {
@@ -324,6 +399,7 @@ impl RouterState {
                     predicted_ttft_s,
                     reason: d.decision.reason.as_str(),
                     degraded: d.decision.degraded,
+                    policy: d.hooks,
                 })
             }
             Ok((_, None)) => Err(PickError::NoReadyWorker(input.model.into())),
@@ -375,24 +451,62 @@ impl RouterState {
             prompt_tokens: d.decision.prompt_tokens,
             predicted_ttft_s: d.decision.predicted_ttft(),
             candidates,
+            tenant: input.tenant.map(str::to_string),
+            labels: input.labels.iter().map(|l| l.to_string()).collect(),
+            alias: d.resolved.alias.clone(),
+            verdict: d.verdict,
         })
     }
 
+    /// The one decision path of the gateway, the Pick API and explain: resolve (a split
+    /// alias draws its model), routable workers, tokens, plan, the InferencePolicy verdict
+    /// (reject, restrict candidates, shed), the routing policy's choice, and with `assign`
+    /// the assignment. Policy metrics count only assigning calls (not explain).
     fn decide(
         &self,
         input: &PickInput<'_>,
         now: Instant,
         assign: bool,
     ) -> Result<(Decided, Option<AssignmentId>), PickError> {
+        let m = &self.0.metrics;
+        let seed = input.seed.or_else(|| policy::request_seed(input.headers));
         let resolved = match input.resolved {
             Some(r) => r.clone(),
             None => self
-                .resolve_model(input.model)
+                .resolve_model_seeded(input.model, seed)
                 .ok_or_else(|| PickError::UnknownModel(input.model.into()))?,
+        };
+        let seed = seed
+            .or_else(|| resolved.alias.as_ref().map(|a| a.seed))
+            .unwrap_or_else(|| self.next_seed());
+        let policies = self.policy_set();
+        let (class_header, target_header) =
+            policy::class_headers(input.headers, &m.policy.bad_headers);
+        let headers = policy::Headers(input.headers);
+        let mut facts = RequestFacts {
+            pool: resolved.pool.as_deref(),
+            tenant: input.tenant,
+            model: input.model,
+            backend_model: (resolved.backend_model != input.model)
+                .then_some(resolved.backend_model.as_str()),
+            labels: input.labels,
+            headers: &headers,
+            service_class: class_header,
+            prompt_tokens: 0,
+            max_output_tokens: input.max_tokens,
         };
         let pool_sets = self.pool_worker_sets(resolved.pool.as_deref());
         let names = self.routable_workers(&resolved.backend_model, &pool_sets, input.exclude);
         if names.is_empty() {
+            // No local candidate: a reject or local-only rule still says why.
+            let verdict = policies.evaluate(&facts, &PoolState::default());
+            self.check_verdict(&verdict, assign)?;
+            if verdict.local_only() {
+                return Err(PickError::NoLocalCapacity {
+                    model: input.model.into(),
+                    rule: verdict.rule().unwrap_or_default().into(),
+                });
+            }
             return Err(PickError::NoReadyWorker(input.model.into()));
         }
 
@@ -410,6 +524,7 @@ impl RouterState {
                 (None, Some(reason.label()))
             }
         };
+        facts.prompt_tokens = tokens.as_ref().map_or(0, |t| t.len() as u64);
         let req = RouteRequest {
             tokens: tokens.as_deref(),
             model: &resolved.backend_model,
@@ -422,7 +537,67 @@ impl RouterState {
 
         let mut guard = self.0.core.lock();
         let core = &mut *guard;
-        let plan = core.routing.plan(&req, &allowed, t);
+        let mut plan = core.routing.plan(&req, &allowed, t);
+        let mut pool = PoolStateBuilder::default();
+        for c in &plan.context.candidates {
+            let gpus = core.routing.worker(c.worker).map(|w| &w.gpus[..]);
+            let gpu = gpus.filter(|g| !g.is_empty()).map(|g| {
+                g.iter()
+                    .map(|x| f64::from(x.utilization_percent))
+                    .sum::<f64>()
+                    / (100.0 * g.len() as f64)
+            });
+            pool.add(c.predicted_ttft, c.waiting, f64::from(c.kv_usage), gpu);
+        }
+        let pool = pool.finish();
+        let verdict = policies.evaluate(&facts, &pool);
+        let mut record = VerdictRecord::of(&verdict);
+        let hooks = PolicyHooks {
+            rule: verdict
+                .matched
+                .map(|x| (x.policy.to_string(), x.rule.to_string())),
+            limits: verdict.limits().copied(),
+            overflow: verdict
+                .overflow()
+                .map(|o| (o.provider.to_string(), o.triggered(&pool))),
+            local_only: verdict.local_only(),
+        };
+        let checked = self
+            .check_verdict(&verdict, assign)
+            .and_then(|()| {
+                let Some(route) = verdict.route() else {
+                    return Ok(());
+                };
+                let set_of = |w: WorkerId| names.iter().find(|n| n.2 == w).map(|n| n.3.clone());
+                if policy::restrict(
+                    route,
+                    &mut plan.context.candidates,
+                    &set_of,
+                    seed,
+                    &mut record,
+                ) {
+                    Ok(())
+                } else {
+                    Err(PickError::NoLocalCapacity {
+                        model: input.model.into(),
+                        rule: verdict.rule().unwrap_or_default().into(),
+                    })
+                }
+            })
+            .and_then(|()| {
+                self.shed_check(
+                    &verdict,
+                    &plan.context.candidates,
+                    class_header,
+                    target_header,
+                    &mut record,
+                    assign,
+                )
+            });
+        if let Err(e) = checked {
+            drop(guard);
+            return Err(e);
+        }
         let decision = core
             .policy
             .choose(&plan.context, t)
@@ -440,13 +615,96 @@ impl RouterState {
             None
         };
         drop(guard);
+        if assign {
+            m.policy
+                .verdicts
+                .with_label_values(&[
+                    verdict.policy().unwrap_or("-"),
+                    verdict.rule().unwrap_or("-"),
+                ])
+                .inc();
+        }
         let decided = Decided {
             resolved,
             decision,
             names,
             degraded_reason,
+            verdict: record,
+            hooks,
         };
         Ok((decided, id))
+    }
+
+    /// A reject verdict becomes [`PickError::Rejected`] (counted when `assign`).
+    fn check_verdict(&self, verdict: &Verdict<'_>, assign: bool) -> Result<(), PickError> {
+        let Some(r) = verdict.reject() else {
+            return Ok(());
+        };
+        let rule = verdict.rule().unwrap_or_default();
+        if assign {
+            let p = &self.0.metrics.policy;
+            p.rejected.with_label_values(&[rule]).inc();
+            p.verdicts
+                .with_label_values(&[verdict.policy().unwrap_or("-"), rule])
+                .inc();
+        }
+        Err(PickError::Rejected {
+            status: r.status,
+            message: r.message.to_string(),
+            policy: verdict.policy().unwrap_or_default().into(),
+            rule: rule.into(),
+        })
+    }
+
+    /// Service class and SLO shedding: the class in effect (rule, else header), the TTFT
+    /// target (header, else rule), and for a sheddable request whose every candidate has a
+    /// prediction above the target, [`PickError::Shed`] (counted when `assign`).
+    fn shed_check(
+        &self,
+        verdict: &Verdict<'_>,
+        candidates: &[crate::routing::Candidate],
+        class_header: Option<&str>,
+        target_header: Option<u64>,
+        record: &mut VerdictRecord,
+        assign: bool,
+    ) -> Result<(), PickError> {
+        let class = verdict.service_class();
+        record.service_class = class
+            .and_then(|c| c.name.as_deref())
+            .or(class_header)
+            .map(str::to_string);
+        let target_s = target_header
+            .map(|ms| ms as f64 / 1000.0)
+            .or_else(|| class.and_then(|c| c.ttft_target_s));
+        record.ttft_target_ms = target_s.map(|s| (s * 1000.0).round() as u64);
+        record.sheddable = class.is_some_and(|c| c.sheddable);
+        let (Some(target), true) = (target_s, record.sheddable) else {
+            return Ok(());
+        };
+        let all_late = !candidates.is_empty()
+            && candidates
+                .iter()
+                .all(|c| c.predicted_ttft.is_finite() && c.predicted_ttft > target);
+        if !all_late {
+            return Ok(());
+        }
+        let best = candidates
+            .iter()
+            .map(|c| c.predicted_ttft)
+            .fold(f64::INFINITY, f64::min);
+        let rule = verdict.rule().unwrap_or_default();
+        if assign {
+            let p = &self.0.metrics.policy;
+            p.slo_shed.with_label_values(&[rule]).inc();
+            p.verdicts
+                .with_label_values(&[verdict.policy().unwrap_or("-"), rule])
+                .inc();
+        }
+        Err(PickError::Shed {
+            target_ms: record.ttft_target_ms.unwrap_or_default(),
+            retry_after_s: best.ceil().clamp(1.0, 60.0) as u64,
+            rule: rule.into(),
+        })
     }
     // ---------------------------------------------------------------- Pick API ids
 

@@ -40,6 +40,8 @@ fn input<'a>(model: &'a str, tokens: &'a [u32]) -> PickInput<'a> {
         exclude: &[],
         max_tokens: None,
         tenant: None,
+        labels: &[],
+        seed: None,
     }
 }
 
@@ -82,10 +84,12 @@ fn models_come_from_pools_aliases_and_workers() {
                 ServedModel {
                     name: "m".into(),
                     backend_model: "m".into(),
+                    split: Vec::new(),
                 },
                 ServedModel {
                     name: "alias".into(),
                     backend_model: "m".into(),
+                    split: Vec::new(),
                 },
             ],
             worker_sets: vec!["ws".into()],
@@ -107,7 +111,8 @@ fn models_come_from_pools_aliases_and_workers() {
         s.resolve_model("alias"),
         Some(Resolved {
             backend_model: "m".into(),
-            pool: Some("ns/p".into())
+            pool: Some("ns/p".into()),
+            alias: None,
         })
     );
     assert_eq!(s.resolve_model("nope"), None);
@@ -218,4 +223,73 @@ fn classifies_bodies_by_path_then_fields() {
     let input = PickInput::from_body("m", BodyKind::Completion, &obj, None, &[]);
     assert!(matches!(input.prompt, Prompt::Completion(_)));
     assert_eq!((input.cache_salt, input.max_tokens), (Some("s"), Some(9)));
+}
+
+fn policy(spec_yaml: &str) -> kvroute_crds::InferencePolicy {
+    let indented: String = spec_yaml.lines().map(|l| format!("  {l}\n")).collect();
+    let doc = format!(
+        "apiVersion: kvroute.dev/v1alpha1\nkind: InferencePolicy\nmetadata: {{name: p}}\nspec:\n{indented}"
+    );
+    match kvroute_crds::parse_documents(&doc)
+        .expect("policy parses")
+        .pop()
+    {
+        Some(kvroute_crds::AnyResource::Policy(p)) => p,
+        other => panic!("not a policy: {other:?}"),
+    }
+}
+
+#[test]
+fn the_verdict_reaches_the_pick_for_the_limiter_and_the_relay() {
+    let s = state(true);
+    report(&s, 1, "w", "m");
+    let tokens = [1, 2, 3, 4, 5, 6, 7, 8];
+    let rules = "rules:\n- name: tenant-a\n  match: {tenants: [a], labels: [pii]}\n  actions:\n    limits: {requestsPerMinute: 5, maxConcurrency: 2}\n    overflow: {provider: cloud, queueThreshold: 0}\n- name: plain\n  actions: {limits: {tokensPerMinute: 100}}\n";
+    assert_eq!(s.set_policies(&[policy(rules)]), Ok(2));
+    let labels = ["pii"];
+    let tenant_a = PickInput {
+        tenant: Some("a"),
+        labels: &labels,
+        ..input("m", &tokens)
+    };
+    let a = s.pick(&tenant_a, Instant::now()).expect("pick");
+    assert_eq!(
+        a.policy.rule,
+        Some(("default/p".to_string(), "tenant-a".to_string()))
+    );
+    assert_eq!(
+        a.policy
+            .limits
+            .map(|l| (l.requests_per_minute, l.max_concurrency)),
+        Some((Some(5), Some(2)))
+    );
+    // No waiting request at the best worker: the queue threshold (0) is not crossed.
+    assert_eq!(a.policy.overflow, Some(("cloud".to_string(), false)));
+    assert!(!a.policy.local_only);
+    let b = s.pick(&input("m", &tokens), Instant::now()).expect("pick");
+    assert_eq!(b.policy.rule.map(|r| r.1), Some("plain".to_string()));
+    assert_eq!(b.policy.overflow, None);
+    // An invalid set is refused and the last good one stays.
+    let bad = "rules:\n- name: x\n  actions: {reject: {}, route: {}}\n";
+    let issues = s.set_policies(&[policy(bad)]).expect_err("refused");
+    assert_eq!(issues[0].policy, "default/p");
+    let report = s.policies_report();
+    assert_eq!((report.generation, report.refused, report.rules), (1, 1, 2));
+    let c = s.pick(&input("m", &tokens), Instant::now()).expect("pick");
+    assert_eq!(c.policy.rule.map(|r| r.1), Some("plain".to_string()));
+}
+
+#[test]
+fn a_watched_policy_set_holds_readiness_until_its_first_list() {
+    let s = state(true);
+    s.set_discovery_synced();
+    s.await_policies();
+    assert_eq!(
+        s.check_ready(Instant::now()),
+        Err("InferencePolicies not listed yet".to_string())
+    );
+    // Even a refused first list unblocks: the router then runs without policies, counted.
+    let bad = "rules:\n- name: x\n  actions: {}\n";
+    assert!(s.set_policies(&[policy(bad)]).is_err());
+    assert_eq!(s.check_ready(Instant::now()), Ok(()));
 }
