@@ -37,6 +37,7 @@ pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod pick;
+pub mod provider;
 pub mod readiness;
 pub mod routing;
 pub mod state;

@@ -75,6 +75,23 @@ pub enum GatewayError {
     /// A bug on our side (e.g. the routing decision panicked); details are only logged.
     #[error("internal error")]
     Internal,
+    /// The overflow provider failed, or refused the router's credentials (details logged,
+    /// never the provider's URL or key).
+    #[error("the overflow provider failed: {0}")]
+    ProviderFailed(String),
+    /// The overflow provider did not answer in time.
+    #[error("the overflow provider did not answer in time")]
+    ProviderTimeout,
+    /// The overflow provider cannot take the request (not ready, overloaded, API kind).
+    #[error("the overflow provider is unavailable: {0}")]
+    ProviderUnavailable(String),
+    /// A provider limit (its own 429, or its `spec.limits` in this router) is reached.
+    #[error("the overflow provider is at its limit: {0}; retry later")]
+    ProviderRateLimited(String),
+    /// The request must stay on local workers (local-only or personal data) and none can
+    /// take it now.
+    #[error("no local capacity: {0}")]
+    NoLocalCapacity(String),
 }
 
 impl GatewayError {
@@ -93,6 +110,10 @@ impl GatewayError {
             | Self::DecisionPoolFull => 503,
             Self::UpstreamTimeout => 504,
             Self::Internal => 500,
+            Self::ProviderFailed(_) => 502,
+            Self::ProviderTimeout => 504,
+            Self::ProviderUnavailable(_) | Self::NoLocalCapacity(_) => 503,
+            Self::ProviderRateLimited(_) => 429,
         }
     }
 
@@ -113,13 +134,21 @@ impl GatewayError {
             Self::ClientOverloaded => "client_overloaded",
             Self::DecisionPoolFull => "decision_pool_full",
             Self::Internal => "internal",
+            Self::ProviderFailed(_) => "provider_failed",
+            Self::ProviderTimeout => "provider_timeout",
+            Self::ProviderUnavailable(_) => "provider_unavailable",
+            Self::ProviderRateLimited(_) => "provider_rate_limited",
+            Self::NoLocalCapacity(_) => "no_local_capacity",
         }
     }
 
     /// Seconds a client should wait before retrying (`Retry-After`), for load shedding.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
-            Self::Overloaded | Self::ClientOverloaded | Self::DecisionPoolFull => Some(1),
+            Self::Overloaded
+            | Self::ClientOverloaded
+            | Self::DecisionPoolFull
+            | Self::ProviderRateLimited(_) => Some(1),
             _ => None,
         }
     }
@@ -157,6 +186,11 @@ impl GatewayError {
             Self::Overloaded | Self::DecisionPoolFull => Value::from("overloaded"),
             Self::ClientOverloaded => Value::from("rate_limit_exceeded"),
             Self::Internal => Value::from("internal_error"),
+            Self::ProviderFailed(_) => Value::from("provider_error"),
+            Self::ProviderTimeout => Value::from("provider_timeout"),
+            Self::ProviderUnavailable(_) => Value::from("provider_unavailable"),
+            Self::ProviderRateLimited(_) => Value::from("rate_limit_exceeded"),
+            Self::NoLocalCapacity(_) => Value::from("no_local_capacity"),
         }
     }
 
@@ -248,6 +282,11 @@ mod tests {
             (GatewayError::ClientOverloaded, 429),
             (GatewayError::Overloaded, 503),
             (GatewayError::DecisionPoolFull, 503),
+            (GatewayError::ProviderFailed("x".into()), 502),
+            (GatewayError::ProviderTimeout, 504),
+            (GatewayError::ProviderUnavailable("x".into()), 503),
+            (GatewayError::ProviderRateLimited("x".into()), 429),
+            (GatewayError::NoLocalCapacity("x".into()), 503),
         ];
         for (e, status) in cases {
             assert_eq!(e.status(), status, "{e:?}");
