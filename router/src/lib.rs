@@ -352,6 +352,31 @@ pub struct Args {
         default_value_t = 16_384
     )]
     pub max_outstanding_picks: usize,
+    /// Where referenced Secrets are mounted, `<DIR>/<secret>/<key>` (the operator sets it):
+    /// provider API keys and CA bundles. Re-read every 2 s; without it no Secret is readable.
+    #[arg(long, env = "KVROUTE_ROUTER_SECRETS_DIR")]
+    pub secrets_dir: Option<PathBuf>,
+    /// Overflow providers: TCP connect timeout, seconds.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_PROVIDER_CONNECT_TIMEOUT_S",
+        default_value_t = 5.0
+    )]
+    pub provider_connect_timeout_s: f64,
+    /// Overflow providers: seconds from sending a request to the response head.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_PROVIDER_FIRST_BYTE_TIMEOUT_S",
+        default_value_t = 60.0
+    )]
+    pub provider_first_byte_timeout_s: f64,
+    /// Overflow providers: longest silence within a response, seconds.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_PROVIDER_IDLE_TIMEOUT_S",
+        default_value_t = 120.0
+    )]
+    pub provider_idle_timeout_s: f64,
 }
 
 impl Default for Args {
@@ -411,6 +436,10 @@ impl Default for Args {
             max_ingest_streams: 1_024,
             ingest_first_report_timeout_s: 10.0,
             max_outstanding_picks: 16_384,
+            secrets_dir: None,
+            provider_connect_timeout_s: 5.0,
+            provider_first_byte_timeout_s: 60.0,
+            provider_idle_timeout_s: 120.0,
         }
     }
 }
@@ -528,6 +557,7 @@ pub struct Server {
     listener_metrics: ListenerMetrics,
     admin_auth: AdminAuth,
     pool: BlockingPool,
+    providers: provider::Providers,
     grace: Duration,
 }
 
@@ -593,6 +623,10 @@ impl Server {
             max_ingest_streams,
             ingest_first_report_timeout_s,
             max_outstanding_picks,
+            secrets_dir,
+            provider_connect_timeout_s,
+            provider_first_byte_timeout_s,
+            provider_idle_timeout_s,
         } = args;
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
@@ -676,12 +710,29 @@ impl Server {
                 ..Backoff::default()
             },
         );
+        let providers = provider::Providers::new(
+            provider::ProvidersConfig {
+                secrets_dir,
+                timeouts: provider::ClientTimeouts {
+                    connect: secs("provider-connect-timeout-s", provider_connect_timeout_s)?,
+                    first_byte: secs(
+                        "provider-first-byte-timeout-s",
+                        provider_first_byte_timeout_s,
+                    )?,
+                    idle: secs("provider-idle-timeout-s", provider_idle_timeout_s)?,
+                },
+            },
+            provider::ProviderMetrics::register(&registry)?,
+        );
         let discovery = match (config, kubernetes) {
-            (Some(path), _) => Discovery::Static(StaticDiscovery::start(path, state.clone())?),
+            (Some(path), _) => Discovery::Static(
+                StaticDiscovery::start(path, state.clone())?.with_providers(providers.clone())?,
+            ),
             (None, true) => Discovery::Kubernetes(
                 KubernetesDiscovery::connect(namespace, state.clone())
                     .await
-                    .context("connect to the Kubernetes API")?,
+                    .context("connect to the Kubernetes API")?
+                    .with_providers(providers.clone()),
             ),
             (None, false) => {
                 state.set_discovery_synced();
@@ -709,6 +760,7 @@ impl Server {
             body_timeout,
             pool: pool.clone(),
             metrics: listener_metrics.clone(),
+            providers: Some(providers.clone()),
         };
         Ok(Self {
             http: bind(http_addr, "--http-addr").await?,
@@ -724,6 +776,7 @@ impl Server {
             listener_metrics,
             admin_auth,
             pool,
+            providers,
             grace: secs("shutdown-grace-s", shutdown_grace_s)?,
         })
     }
@@ -763,6 +816,7 @@ impl Server {
             listener_metrics,
             admin_auth,
             pool,
+            providers,
             grace,
         } = self;
         let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
@@ -874,6 +928,15 @@ impl Server {
                 ("tokenizers", Ok(()))
             }
             .instrument(tracing::info_span!("tokenizers")),
+        );
+
+        let stop = close.clone();
+        tasks.spawn(
+            async move {
+                providers.run(Duration::from_secs(2), stop).await;
+                ("provider-secrets", Ok(()))
+            }
+            .instrument(tracing::info_span!("provider-secrets")),
         );
 
         let stop = close.clone();

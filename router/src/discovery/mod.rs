@@ -25,6 +25,7 @@
 //! ([`tokenizers::build_tokenizer_plan`]) for the tokenizer loader.
 
 pub mod kubernetes;
+pub mod providers;
 pub mod static_file;
 pub mod tokenizers;
 

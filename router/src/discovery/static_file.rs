@@ -47,6 +47,7 @@ pub struct StaticDiscovery {
     path: PathBuf,
     state: RouterState,
     poll: Duration,
+    providers: Option<crate::provider::Providers>,
 }
 
 impl StaticDiscovery {
@@ -66,7 +67,19 @@ impl StaticDiscovery {
             path,
             state,
             poll: Duration::from_secs(2),
+            providers: None,
         })
+    }
+
+    /// Also feeds the file's InferenceProviders and GatewayBackends to `providers` (now and on
+    /// every change).
+    pub fn with_providers(mut self, providers: crate::provider::Providers) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(&self.path)
+            .with_context(|| format!("read {}", self.path.display()))?;
+        let (p, b) = super::providers::from_text(&text)?;
+        providers.apply(p, b);
+        self.providers = Some(providers);
+        Ok(self)
     }
 
     fn mtime(&self) -> Option<SystemTime> {
@@ -94,6 +107,12 @@ impl StaticDiscovery {
                     tracing::info!(file = %self.path.display(), workers = catalog.workers.len(), "static discovery reloaded");
                     self.state.set_catalog(catalog);
                     self.state.tokenizers().set_plan(plan);
+                    if let Some(providers) = &self.providers
+                        && let Ok(text) = std::fs::read_to_string(&self.path)
+                        && let Ok((p, b)) = super::providers::from_text(&text)
+                    {
+                        providers.apply(p, b);
+                    }
                 }
                 Err(e) => tracing::warn!(
                     error = format!("{e:#}"),

@@ -47,6 +47,12 @@ pub trait Dispatch: Send + Sync + 'static {
     fn done(&self, picked: &Picked, usage: Option<Usage>, e2e: Duration);
     /// Failure, retry or disconnect: releases the assignment.
     fn abort(&self, picked: &Picked);
+    /// What the policy says about leaving the cluster for this request: the overflow action,
+    /// whether it must stay local, its tenant. The default never overflows.
+    fn overflow_plan(&self, request: &GatewayRequest<'_>) -> super::OverflowPlan {
+        let _ = request;
+        super::OverflowPlan::default()
+    }
 }
 
 /// An outstanding assignment. Dropping it without [`AssignmentGuard::done`] aborts it, so every

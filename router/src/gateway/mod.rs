@@ -23,6 +23,7 @@ pub mod anthropic;
 pub mod dispatch;
 pub mod error;
 pub mod openai;
+pub mod overflow;
 mod proxy;
 pub mod sse;
 pub mod upstream;
@@ -39,6 +40,7 @@ use crate::listener::ListenerMetrics;
 pub use admission::AdmissionConfig;
 pub use dispatch::{AssignmentGuard, Dispatch, GatewayRequest, PickError, Picked, Resolved};
 pub use error::GatewayError;
+pub use overflow::OverflowPlan;
 pub use proxy::{PREDICTED_TTFT_HEADER, WORKER_HEADER};
 pub use upstream::UpstreamConfig;
 
@@ -62,6 +64,8 @@ pub struct GatewayConfig {
     pub pool: BlockingPool,
     /// Refusal counters (listener `gateway`).
     pub metrics: ListenerMetrics,
+    /// Overflow providers (none: requests never leave the cluster).
+    pub providers: Option<crate::provider::Providers>,
 }
 
 impl Default for GatewayConfig {
@@ -76,6 +80,7 @@ impl Default for GatewayConfig {
             pool: BlockingPool::unregistered(PoolConfig::new(0, 256))
                 .expect("the pool's metric names are valid"),
             metrics: ListenerMetrics::unregistered().expect("the metric names are valid"),
+            providers: None,
         }
     }
 }
@@ -96,6 +101,7 @@ pub fn router_with(
         body_timeout: cfg.body_timeout,
         pool: cfg.pool,
         metrics: cfg.metrics,
+        providers: cfg.providers,
     };
     let generation = Router::new()
         .route("/v1/chat/completions", post(proxy::chat_completions))

@@ -341,17 +341,25 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
+/// A rustls error somewhere in `e`, looking through io::Errors wrapping io::Errors (as the
+/// TLS connector nests them).
+fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
+    if e.downcast_ref::<rustls::Error>().is_some() {
+        return true;
+    }
+    match e
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+    {
+        Some(inner) => is_tls(inner),
+        None => false,
+    }
+}
+
 fn classify(e: &hyper_util::client::legacy::Error) -> SendError {
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = next {
-        if s.downcast_ref::<rustls::Error>().is_some() {
-            return SendError::Tls;
-        }
-        if let Some(io) = s.downcast_ref::<std::io::Error>()
-            && io
-                .get_ref()
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-        {
+        if is_tls(s) {
             return SendError::Tls;
         }
         next = s.source();

@@ -186,6 +186,8 @@ impl Admitted {
     }
 }
 
+type LimiterSlot = (kvroute_crds::provider::ProviderLimits, Arc<Mutex<Limiter>>);
+
 struct Inner {
     timeouts: ClientTimeouts,
     secrets: SecretsDir,
@@ -193,7 +195,8 @@ struct Inner {
     objects: Mutex<(Vec<InferenceProvider>, Vec<GatewayBackend>)>,
     table: RwLock<BTreeMap<String, Arc<Entry>>>,
     states: RwLock<BTreeMap<String, ProviderState>>,
-    limiters: Mutex<HashMap<String, (kvroute_crds::provider::ProviderLimits, Arc<Mutex<Limiter>>)>>,
+    /// Limiters by provider name, kept across rebuilds while the limits stay the same.
+    limiters: Mutex<HashMap<String, LimiterSlot>>,
     secret_fingerprint: Mutex<u64>,
     hook: RwLock<Option<UsageHook>>,
 }
@@ -593,10 +596,8 @@ spec:
     #[test]
     fn admission_refuses_pii_unknown_unsupported_and_over_limit() {
         let dir = tempfile::tempdir().expect("tempdir");
-        for (name, key, value) in [("oai-key", "apiKey", "sk-1")] {
-            std::fs::create_dir(dir.path().join(name)).expect("mkdir");
-            std::fs::write(dir.path().join(name).join(key), value).expect("write");
-        }
+        std::fs::create_dir(dir.path().join("oai-key")).expect("mkdir");
+        std::fs::write(dir.path().join("oai-key").join("apiKey"), "sk-1").expect("write");
         let providers = Providers::new(
             ProvidersConfig {
                 secrets_dir: Some(dir.path().to_path_buf()),
