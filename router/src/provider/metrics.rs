@@ -7,7 +7,7 @@
 //! kvroute_router_provider_tokens_total{provider, kind}        prompt / completion tokens (usage)
 //! kvroute_router_provider_ttft_seconds{provider}              first token through the relay
 //! kvroute_router_provider_in_flight{provider}                 requests at the provider now
-//! kvroute_router_provider_ready{provider}                     1 usable, 0 not (see /debug/providers)
+//! kvroute_router_provider_ready{provider}                     1 usable, 0 not (the reason is logged)
 //! kvroute_router_provider_insecure{provider}                  1 when certificate checks are off
 //! kvroute_router_provider_config_errors_total{reason}         unusable objects, bad Secrets
 //! ```

@@ -199,6 +199,9 @@ struct Inner {
     limiters: Mutex<HashMap<String, LimiterSlot>>,
     secret_fingerprint: Mutex<u64>,
     hook: RwLock<Option<UsageHook>>,
+    /// Serialises rebuilds (discovery and the Secret poll may both trigger one): the table
+    /// always reflects the latest objects.
+    rebuilding: Mutex<()>,
 }
 
 /// The provider registry. Cheap to clone.
@@ -226,6 +229,7 @@ impl Providers {
             limiters: Mutex::new(HashMap::new()),
             secret_fingerprint: Mutex::new(0),
             hook: RwLock::new(None),
+            rebuilding: Mutex::new(()),
         }))
     }
 
@@ -315,6 +319,7 @@ impl Providers {
     }
 
     fn rebuild(&self) {
+        let _one_at_a_time = self.0.rebuilding.lock();
         let (providers, backends) = self.0.objects.lock().clone();
         let resolution = config::resolve(&providers, &backends);
         let mut table = BTreeMap::new();
