@@ -11,6 +11,7 @@
 //! Secrets: credentials come from `--secrets-dir`.
 
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -19,17 +20,29 @@ use tokio_util::sync::CancellationToken;
 
 use crate::provider::Providers;
 
-/// The Provider and Backend documents of a static discovery file's text.
-pub fn from_text(text: &str) -> anyhow::Result<(Vec<InferenceProvider>, Vec<GatewayBackend>)> {
-    let (mut providers, mut backends) = (Vec::new(), Vec::new());
+/// The Provider, Backend and Secret documents of a static discovery file's text.
+pub fn from_text(
+    text: &str,
+) -> anyhow::Result<(Vec<InferenceProvider>, Vec<GatewayBackend>, Vec<Secret>)> {
+    let (mut providers, mut backends, mut secrets) = (Vec::new(), Vec::new(), Vec::new());
     for doc in parse_documents(text)? {
         match doc {
             AnyResource::Provider(p) => providers.push(p),
             AnyResource::GatewayBackend(b) => backends.push(b),
+            AnyResource::Secret(s) => secrets.push(s),
             _ => {}
         }
     }
-    Ok((providers, backends))
+    Ok((providers, backends, secrets))
+}
+
+/// Applies a static discovery file's text to `providers` (its Secret documents stand in for
+/// Secrets not mounted under `--secrets-dir`).
+pub fn apply_text(providers: &Providers, text: &str) -> anyhow::Result<()> {
+    let (p, b, s) = from_text(text)?;
+    providers.set_inline_secrets(&s);
+    providers.apply(p, b);
+    Ok(())
 }
 
 /// Watches InferenceProviders and GatewayBackends (in `namespace`, or all) until `shutdown`,
@@ -97,8 +110,8 @@ mod tests {
     #[test]
     fn static_file_documents() {
         let text = "apiVersion: kvroute.dev/v1alpha1\nkind: InferenceProvider\nmetadata: {name: p}\nspec: {kind: openai, models: [m], gatewayBackendRef: {name: b}}\n---\napiVersion: kvroute.dev/v1alpha1\nkind: GatewayBackend\nmetadata: {name: b}\nspec: {url: 'https://x.example'}\n---\napiVersion: kvroute.dev/v1alpha1\nkind: InferencePool\nmetadata: {name: pool}\nspec: {targets: [{workerSet: w}]}\n";
-        let (p, b) = from_text(text).expect("parse");
-        assert_eq!((p.len(), b.len()), (1, 1));
+        let (p, b, s) = from_text(text).expect("parse");
+        assert_eq!((p.len(), b.len(), s.len()), (1, 1, 0));
         assert!(from_text("kind: Nope\napiVersion: v9\n").is_err());
     }
 }

@@ -76,8 +76,7 @@ impl StaticDiscovery {
     pub fn with_providers(mut self, providers: crate::provider::Providers) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(&self.path)
             .with_context(|| format!("read {}", self.path.display()))?;
-        let (p, b) = super::providers::from_text(&text)?;
-        providers.apply(p, b);
+        super::providers::apply_text(&providers, &text)?;
         self.providers = Some(providers);
         Ok(self)
     }
@@ -109,9 +108,8 @@ impl StaticDiscovery {
                     self.state.tokenizers().set_plan(plan);
                     if let Some(providers) = &self.providers
                         && let Ok(text) = std::fs::read_to_string(&self.path)
-                        && let Ok((p, b)) = super::providers::from_text(&text)
                     {
-                        providers.apply(p, b);
+                        let _ = super::providers::apply_text(providers, &text);
                     }
                 }
                 Err(e) => tracing::warn!(

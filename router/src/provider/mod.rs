@@ -243,6 +243,11 @@ impl Providers {
         &self.0.metrics
     }
 
+    /// Replaces the Secrets given inline (file mode), used where no mounted file exists.
+    pub fn set_inline_secrets(&self, secrets: &[k8s_openapi::api::core::v1::Secret]) {
+        self.0.secrets.set_inline(secrets);
+    }
+
     /// Replaces the objects (discovery calls this on every change) and rebuilds the table.
     pub fn apply(&self, providers: Vec<InferenceProvider>, backends: Vec<GatewayBackend>) {
         *self.0.objects.lock() = (providers, backends);

@@ -9,7 +9,9 @@
 //!
 //! Names and keys must be single path components (no `/`, no `..`), so a spec cannot make the
 //! router read outside the directory. A file that is missing or unreadable is a counted error;
-//! the last good value stays in use until the file is readable again.
+//! the last good value stays in use until the file is readable again. In file mode (no
+//! Kubernetes) `v1` Secret documents of the static discovery file stand in for a Secret that
+//! is not mounted.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -58,6 +60,7 @@ fn plain(component: &str) -> bool {
 pub struct SecretsDir {
     root: Option<PathBuf>,
     last_good: Mutex<HashMap<(String, String), Vec<u8>>>,
+    inline: Mutex<HashMap<(String, String), Vec<u8>>>,
 }
 
 impl SecretsDir {
@@ -66,7 +69,24 @@ impl SecretsDir {
         Self {
             root,
             last_good: Mutex::new(HashMap::new()),
+            inline: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Replaces the Secrets given inline (file mode: `v1` Secret documents; `data` is already
+    /// decoded, `stringData` wins as the API server would merge it).
+    pub fn set_inline(&self, secrets: &[k8s_openapi::api::core::v1::Secret]) {
+        let mut map = HashMap::new();
+        for s in secrets {
+            let name = s.metadata.name.clone().unwrap_or_default();
+            for (k, v) in s.data.iter().flatten() {
+                map.insert((name.clone(), k.clone()), v.0.clone());
+            }
+            for (k, v) in s.string_data.iter().flatten() {
+                map.insert((name.clone(), k.clone()), v.clone().into_bytes());
+            }
+        }
+        *self.inline.lock() = map;
     }
 
     /// The value now: the file's content, or (when it cannot be read) the last good value.
@@ -90,14 +110,22 @@ impl SecretsDir {
     }
 
     fn read_file(&self, r: &SecretKeyRef, id: &str) -> Result<Vec<u8>, SecretError> {
-        let Some(root) = &self.root else {
-            return Err(SecretError::NoSecretsDir(id.to_string()));
-        };
         if !plain(&r.name) || !plain(&r.key) {
             return Err(SecretError::BadReference(id.to_string()));
         }
-        let bytes = std::fs::read(root.join(&r.name).join(&r.key))
-            .map_err(|_| SecretError::Missing(id.to_string()))?;
+        let inline = || {
+            self.inline
+                .lock()
+                .get(&(r.name.clone(), r.key.clone()))
+                .cloned()
+        };
+        let bytes = match &self.root {
+            Some(root) => match std::fs::read(root.join(&r.name).join(&r.key)) {
+                Ok(b) => b,
+                Err(_) => inline().ok_or_else(|| SecretError::Missing(id.to_string()))?,
+            },
+            None => inline().ok_or_else(|| SecretError::NoSecretsDir(id.to_string()))?,
+        };
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Err(SecretError::Empty(id.to_string()));
         }
@@ -151,5 +179,13 @@ mod tests {
             none.read(&r("a", "b")).0.map_err(|e| e.label()),
             Err("no_secrets_dir")
         );
+        // File mode: a Secret document stands in for a mount.
+        let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "a"}, "data": {"b": "c2stMw=="}, "stringData": {"c": "sk-4"}}),
+        )
+        .expect("secret");
+        none.set_inline(&[secret]);
+        assert_eq!(none.read(&r("a", "b")).0, Ok(b"sk-3".to_vec()));
+        assert_eq!(none.read(&r("a", "c")).0, Ok(b"sk-4".to_vec()));
     }
 }
