@@ -870,3 +870,72 @@ async fn provider_limits_keep_requests_local_or_refuse_them() {
     );
     assert_eq!(provider.requests(), 2);
 }
+
+// ---------------------------------------------------------------- the router process
+
+/// The value of one series in the router's `/metrics`, if present.
+async fn scrape(admin: SocketAddr, series: &str) -> Option<f64> {
+    let text = reqwest::get(format!("http://{admin}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+}
+
+async fn metric_becomes(admin: SocketAddr, series: &str, want: f64) {
+    let end = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let v = scrape(admin, series).await;
+        if v == Some(want) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "{series} stayed at {v:?}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_router_loads_providers_from_its_file_and_rereads_secrets() {
+    let ca = TestCa::new("provider");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secrets = dir.path().join("secrets");
+    write_secret(&secrets, "provider-ca", "ca.crt", ca.pem());
+    // The key comes from a Secret document of the file (file mode), the CA from the mount.
+    let config = dir.path().join("router.yaml");
+    let text = format!(
+        "{}---\napiVersion: v1\nkind: Secret\nmetadata: {{name: oai-key}}\nstringData: {{apiKey: sk-1}}\n",
+        objects("127.0.0.1:1".parse().expect("addr"), None, "")
+    );
+    std::fs::write(&config, text).expect("write config");
+    let args = kvroute_router::Args {
+        http_addr: "127.0.0.1:0".parse().expect("addr"),
+        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+        admin_addr: "127.0.0.1:0".parse().expect("addr"),
+        config: Some(config),
+        secrets_dir: Some(secrets.clone()),
+        seed: Some(7),
+        ..kvroute_router::Args::default()
+    };
+    let server = kvroute_router::Server::bind(args)
+        .await
+        .expect("bind router");
+    let admin = server.addrs().expect("addrs").admin;
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(server.serve(stop.clone()));
+    let ready = |p: &str| format!("kvroute_router_provider_ready{{provider=\"{p}\"}}");
+    metric_becomes(admin, &ready("cloud"), 1.0).await;
+    // `claude`'s key (anth-key) exists nowhere.
+    metric_becomes(admin, &ready("claude"), 0.0).await;
+    // A CA bundle replaced by junk is noticed by the Secret poll: not ready any more.
+    write_secret(&secrets, "provider-ca", "ca.crt", "junk");
+    metric_becomes(admin, &ready("cloud"), 0.0).await;
+    write_secret(&secrets, "provider-ca", "ca.crt", ca.pem());
+    metric_becomes(admin, &ready("cloud"), 1.0).await;
+    stop.cancel();
+}
