@@ -1,7 +1,8 @@
 //! `GatewayBackend`: how to reach an external HTTP backend: URL, TLS and credentials from a
-//! Secret. The router does not send requests to backends yet: the operator validates a backend
-//! and checks its Secrets (conditions Accepted, ResolvedRefs) and reports Ready=False with
-//! reason `NotEnforced`.
+//! Secret. The router relays overflow requests through it (its Secrets are mounted into the
+//! router from the router's namespace and read from `--secrets-dir`); the operator validates a
+//! backend, checks its Secrets (conditions Accepted, ResolvedRefs) and reports Ready=True with
+//! reason `Enforced`.
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -22,7 +23,7 @@ use crate::validation::SpecIssue;
     shortname = "gwb",
     category = "kvroute",
     derive = "PartialEq",
-    doc = "An external HTTP backend: URL, TLS settings and credentials from a Secret. Validated by the operator; the router does not send requests to backends yet (Ready=False, reason NotEnforced).",
+    doc = "An external HTTP backend: URL, TLS settings and credentials from a Secret in the router's namespace. The router relays overflow requests through it (Ready=True, reason Enforced, once its Secrets resolve; TLSVerified=False with insecureSkipVerify).",
     printcolumn(name = "URL", type_ = "string", json_path = ".spec.url"),
     printcolumn(
         name = "Accepted",
@@ -63,14 +64,15 @@ pub struct GatewayBackendSpec {
     {"rule": "!(has(self.insecureSkipVerify) && self.insecureSkipVerify) || !has(self.caSecretRef)", "message": "caSecretRef has no effect with insecureSkipVerify"}
 ]))]
 pub struct TlsSpec {
-    /// Secret key holding a PEM CA bundle to trust instead of the system roots.
+    /// Secret key holding a PEM CA bundle to trust instead of the platform roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_secret_ref: Option<SecretKeyRef>,
     /// Server name for SNI and certificate checks, when it differs from the URL host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub sni: Option<String>,
-    /// Skip certificate verification (testing only).
+    /// Skip certificate verification (testing only: the router logs a warning, sets
+    /// `kvroute_router_provider_insecure` and the operator reports TLSVerified=False).
     #[serde(default)]
     pub insecure_skip_verify: bool,
 }
@@ -123,8 +125,9 @@ pub struct GatewayBackendStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Accepted` (the spec is valid), `ResolvedRefs` (what it names exists) and `Ready`
-    /// (False with reason `NotEnforced` while the router does not act on this kind).
+    /// `Accepted` (the spec is valid), `ResolvedRefs` (its Secrets exist with their keys),
+    /// `Ready` (True with reason `Enforced`: the router relays through it) and, with
+    /// `insecureSkipVerify`, `TLSVerified` (False).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -1,7 +1,8 @@
 //! `InferenceProvider`: a remote OpenAI- or Anthropic-compatible API, reached through a
-//! GatewayBackend. The router does not send requests to providers yet: the operator validates
-//! a provider and resolves its backend (conditions Accepted, ResolvedRefs) and reports
-//! Ready=False with reason `NotEnforced`.
+//! GatewayBackend. The router relays overflow to it when a policy's overflow action says so
+//! (see docs/control-plane.md, "Overflow to providers"); the operator validates it, resolves
+//! its backend (conditions Accepted, ResolvedRefs) and reports Ready=True with reason
+//! `Enforced` once the backend is Ready.
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -22,7 +23,7 @@ use crate::validation::SpecIssue;
     shortname = "iprov",
     category = "kvroute",
     derive = "PartialEq",
-    doc = "A remote OpenAI- or Anthropic-compatible inference API, its models and limits. Validated by the operator; the router does not send requests to providers yet (Ready=False, reason NotEnforced).",
+    doc = "A remote OpenAI- or Anthropic-compatible inference API, its models and limits. The router relays overflow requests to it through its GatewayBackend (Ready=True, reason Enforced, once the backend is Ready); OpenAI-API requests are not translated to Anthropic providers (condition OpenAIClients=False).",
     printcolumn(name = "Kind", type_ = "string", json_path = ".spec.kind"),
     printcolumn(
         name = "Backend",
@@ -49,10 +50,14 @@ use crate::validation::SpecIssue;
 pub struct InferenceProviderSpec {
     /// API dialect of the provider.
     pub kind: ProviderKind,
-    /// Models the provider serves (names as the provider spells them).
+    /// Models the provider serves (names as the provider spells them). An overflowed request
+    /// asks for the model its client's name resolved to, or the client's name, when listed
+    /// here; otherwise the first one.
     #[schemars(length(min = 1, max = 256))]
     pub models: Vec<String>,
-    /// Limits kvroute keeps to when sending to this provider.
+    /// Limits kvroute keeps to when sending to this provider, counted by each router replica
+    /// (with N replicas the provider may see up to N times each). Over a limit the overflow
+    /// is not taken: the request stays local, or gets 429 when no local worker can take it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<ProviderLimits>,
     /// The GatewayBackend (URL, TLS, credentials) used to reach the provider.
@@ -77,7 +82,8 @@ pub struct ProviderLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub requests_per_minute: Option<i64>,
-    /// Tokens per minute.
+    /// Tokens per minute (prompt estimate + output limit on admission, replaced by the
+    /// provider's reported usage when the request ends).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub tokens_per_minute: Option<i64>,
@@ -103,8 +109,9 @@ pub struct InferenceProviderStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Accepted` (the spec is valid), `ResolvedRefs` (what it names exists) and `Ready`
-    /// (False with reason `NotEnforced` while the router does not act on this kind).
+    /// `Accepted` (the spec is valid), `ResolvedRefs` (what it names exists), `Ready` (True with
+    /// reason `Enforced` once its GatewayBackend is Ready) and, for Anthropic providers,
+    /// `OpenAIClients` (False, `NotTranslated`: OpenAI-API requests stay local).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod openai;
 pub mod server;
 pub mod text;
+pub mod tls;
 pub mod vllm_args;
 pub mod vllm_hash;
 
@@ -115,6 +116,17 @@ pub struct Args {
         default_value_t = 0
     )]
     pub data_parallel_rank: u32,
+    /// Require this key on `/v1/*` (vLLM's `--api-key`): `Authorization: Bearer <key>`, or
+    /// `x-api-key: <key>` as Anthropic-style clients send it; 401 otherwise. Lets the mock
+    /// stand in for a cloud provider that checks its key.
+    #[arg(long, env = "KVROUTE_MOCK_VLLM_API_KEY")]
+    pub api_key: Option<String>,
+    /// Serve HTTPS with this PEM private key (vLLM's `--ssl-keyfile`; needs --ssl-certfile).
+    #[arg(long, env = "KVROUTE_MOCK_VLLM_SSL_KEYFILE", requires = "ssl_certfile")]
+    pub ssl_keyfile: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate chain (vLLM's `--ssl-certfile`).
+    #[arg(long, env = "KVROUTE_MOCK_VLLM_SSL_CERTFILE", requires = "ssl_keyfile")]
+    pub ssl_certfile: Option<PathBuf>,
     /// Other vLLM arguments: accepted and ignored.
     #[arg(
         num_args = 0..,
@@ -150,6 +162,9 @@ impl Default for Args {
             eos_probability: 0.0,
             restart_after: None,
             data_parallel_rank: 0,
+            api_key: None,
+            ssl_keyfile: None,
+            ssl_certfile: None,
             ignored: Vec::new(),
         }
     }
@@ -306,16 +321,26 @@ pub async fn start(args: Args) -> anyhow::Result<RunningServer> {
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let http_addr = listener.local_addr()?;
-    let app = server::router(state);
+    let app = match &args.api_key {
+        Some(key) => server::require_api_key(server::router(state), key),
+        None => server::router(state),
+    };
+    let tls = match (&args.ssl_keyfile, &args.ssl_certfile) {
+        (Some(key), Some(cert)) => Some(tls::acceptor(key, cert)?),
+        _ => None,
+    };
     // Like vLLM's server on SIGTERM: stop accepting, let in-flight requests finish.
     let (drain, mut draining) = tokio::sync::watch::channel(false);
-    let http = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = draining.wait_for(|d| *d).await;
-            })
-            .await
-    });
+    let http = match tls {
+        None => tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = draining.wait_for(|d| *d).await;
+                })
+                .await
+        }),
+        Some(acceptor) => tokio::spawn(tls::serve(listener, acceptor, app, draining)),
+    };
     info!(%http_addr, profile = %profile.name, speedup = args.speedup, "mock vLLM serving");
     Ok(RunningServer {
         http_addr,

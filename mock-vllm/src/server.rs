@@ -76,6 +76,35 @@ impl AppState {
     }
 }
 
+/// Requires `key` on `/v1/*` (as vLLM's `--api-key` does): `Authorization: Bearer <key>` or
+/// `x-api-key: <key>`; anything else gets vLLM's 401 body. Probes and metrics stay open.
+pub fn require_api_key(app: Router, key: &str) -> Router {
+    let key: Arc<str> = Arc::from(key);
+    app.layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let key = key.clone();
+            async move {
+                let h = req.headers();
+                let bearer = h
+                    .get(axum::http::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "));
+                let header = h.get("x-api-key").and_then(|v| v.to_str().ok());
+                let ok = bearer == Some(&*key) || header == Some(&*key);
+                if req.uri().path().starts_with("/v1") && !ok {
+                    return (
+                        axum::http::StatusCode::UNAUTHORIZED,
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        r#"{"error":"Unauthorized"}"#,
+                    )
+                        .into_response();
+                }
+                next.run(req).await
+            }
+        },
+    ))
+}
+
 /// The router with every route vLLM (and the peers' probes) use.
 pub fn router(state: Shared) -> Router {
     Router::new()

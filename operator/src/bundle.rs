@@ -327,12 +327,12 @@ pub fn example_note(example: &Value) -> Option<&'static str> {
              # Accepted=True, ResolvedRefs=True, Ready=True with reason Enforced.\n",
         ),
         "InferenceProvider" => Some(
-            "# Accepted and validated, not enforced: the router does not send requests to\n\
-             # InferenceProviders yet. Status: Accepted=True, Ready=False with reason NotEnforced.\n",
+            "# The router relays overflow to this provider when a policy's overflow action says so.\n\
+             # Status: Ready=True with reason Enforced once its GatewayBackend is Ready.\n",
         ),
         "GatewayBackend" => Some(
-            "# Accepted and validated (its Secret and key must exist), not enforced: the router does\n\
-             # not send requests to GatewayBackends yet. Status: Ready=False, reason NotEnforced.\n",
+            "# The router relays through this backend; its Secret (and key) must exist in the\n\
+             # router's namespace, mounted at --secrets-dir. Status: Ready=True, reason Enforced.\n",
         ),
         _ => None,
     }
@@ -500,8 +500,10 @@ fn owned_crds() -> Vec<Value> {
                     &[TEXT],
                 ),
             ],
-            vec![not_enforced(
-                "the router does not send requests to providers yet",
+            vec![ready(
+                "Accepted, ResolvedRefs, Ready (True, reason Enforced: the router relays overflow to \
+                 the provider once its GatewayBackend is Ready) and, for Anthropic providers, \
+                 OpenAIClients=False (OpenAI-API requests are not translated to them).",
             )],
             json!([{"kind": "GatewayBackend", "version": kvroute_crds::VERSION}]),
         ),
@@ -517,8 +519,10 @@ fn owned_crds() -> Vec<Value> {
                     &["urn:alm:descriptor:io.kubernetes:Secret"],
                 ),
             ],
-            vec![not_enforced(
-                "the router does not send requests to backends yet",
+            vec![ready(
+                "Accepted, ResolvedRefs (its Secrets exist in the router's namespace), Ready (True, \
+                 reason Enforced: the router relays through it) and TLSVerified=False with \
+                 insecureSkipVerify.",
             )],
             json!([{"kind": "Secret", "version": "v1"}]),
         ),

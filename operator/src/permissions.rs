@@ -194,8 +194,9 @@ pub const OPERATOR_NAMESPACE_RULES: &[Rule] = &[
     },
 ];
 
-/// What the router reads: the WorkerSets, Pools and Policies discovery lists and watches, and
-/// the worker pods. Nothing else, and never a write. No Secrets: tokenizer tokens are mounted files.
+/// What the router reads: the WorkerSets, Pools and Policies discovery lists and watches, the
+/// worker pods, and the InferenceProviders and GatewayBackends it overflows to. Nothing else,
+/// and never a write. No Secrets: tokenizer tokens, API keys and provider keys are mounted files.
 pub const ROUTER_RULES: &[Rule] = &[
     Rule {
         api_groups: &["kvroute.dev"],
@@ -203,6 +204,14 @@ pub const ROUTER_RULES: &[Rule] = &[
         verbs: &["list", "watch"],
         names: &[],
         why: "discovery: models, block sizes, tokenizer sources, pool aliases and the policies it enforces",
+    },
+    Rule {
+        api_groups: &["kvroute.dev"],
+        resources: &["inferenceproviders", "gatewaybackends"],
+        verbs: &["list", "watch"],
+        names: &[],
+        why: "overflow: the providers and backends the router relays to (their Secrets are \
+              mounted files, never read from the API)",
     },
     Rule {
         api_groups: &[""],

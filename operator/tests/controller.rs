@@ -520,16 +520,17 @@ async fn backend_reads_only_the_secrets_it_names() {
         .filter(|c| c.method == "GET")
         .map(|c| c.path.split('?').next().unwrap_or_default())
         .collect();
+    // Secrets are looked up in the router's namespace: the router reads them from mounts.
     assert_eq!(
         gets,
         vec![
-            "/api/v1/namespaces/team-a/secrets/openai-credentials",
-            "/api/v1/namespaces/team-a/secrets/missing"
+            "/api/v1/namespaces/kvroute-system/secrets/openai-credentials",
+            "/api/v1/namespaces/kvroute-system/secrets/missing"
         ]
     );
     let found = written_status(&calls, "/gatewaybackends/openai/status").expect("status");
     assert_eq!(condition(&found, "Accepted")["status"], "True");
-    assert_eq!(condition(&found, "Ready")["reason"], "NotEnforced");
+    assert_eq!(condition(&found, "Ready")["reason"], "Enforced");
     let missing = written_status(&calls, "/gatewaybackends/other/status").expect("status");
     let refs = condition(&missing, "ResolvedRefs");
     assert_eq!(refs["status"], "False");

@@ -37,6 +37,7 @@ pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod pick;
+pub mod provider;
 pub mod readiness;
 pub mod routing;
 pub mod state;
@@ -353,8 +354,9 @@ pub struct Args {
         default_value_t = 16_384
     )]
     pub max_outstanding_picks: usize,
-    /// Secrets mounted by the operator as `DIR/<secret>/<key>` (API keys, JWKS); re-read
-    /// every 2 s. Unset: no Secrets (pools that need one refuse its credentials).
+    /// Where the operator mounts referenced Secrets, `DIR/<secret>/<key>`: API keys, JWKS,
+    /// provider API keys and CA bundles. Re-read every 2 s. Unset: no Secrets (pools that
+    /// need one refuse its credentials; providers that need one are not ready).
     #[arg(long, env = "KVROUTE_ROUTER_SECRETS_DIR")]
     pub secrets_dir: Option<PathBuf>,
     /// How many router replicas share each tenant limit: each enforces 1/N of it
@@ -372,6 +374,27 @@ pub struct Args {
         value_delimiter = ','
     )]
     pub tenant_metrics_allow: Vec<String>,
+    /// Overflow providers: TCP connect timeout, seconds.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_PROVIDER_CONNECT_TIMEOUT_S",
+        default_value_t = 5.0
+    )]
+    pub provider_connect_timeout_s: f64,
+    /// Overflow providers: seconds from sending a request to the response head.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_PROVIDER_FIRST_BYTE_TIMEOUT_S",
+        default_value_t = 60.0
+    )]
+    pub provider_first_byte_timeout_s: f64,
+    /// Overflow providers: longest silence within a response, seconds.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_PROVIDER_IDLE_TIMEOUT_S",
+        default_value_t = 120.0
+    )]
+    pub provider_idle_timeout_s: f64,
 }
 
 impl Default for Args {
@@ -435,6 +458,9 @@ impl Default for Args {
             router_replicas: 1,
             tenant_default_limits: None,
             tenant_metrics_allow: Vec::new(),
+            provider_connect_timeout_s: 5.0,
+            provider_first_byte_timeout_s: 60.0,
+            provider_idle_timeout_s: 120.0,
         }
     }
 }
@@ -552,6 +578,7 @@ pub struct Server {
     listener_metrics: ListenerMetrics,
     admin_auth: AdminAuth,
     pool: BlockingPool,
+    providers: provider::Providers,
     grace: Duration,
 }
 
@@ -621,6 +648,9 @@ impl Server {
             router_replicas,
             tenant_default_limits,
             tenant_metrics_allow,
+            provider_connect_timeout_s,
+            provider_first_byte_timeout_s,
+            provider_idle_timeout_s,
         } = args;
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
@@ -660,7 +690,7 @@ impl Server {
                 max_outstanding_picks,
             })?,
             tenants: tenant::TenantConfig {
-                secrets_dir,
+                secrets_dir: secrets_dir.clone(),
                 replicas: router_replicas.max(1),
                 default_limits: tenant_default_limits
                     .as_deref()
@@ -714,12 +744,29 @@ impl Server {
                 ..Backoff::default()
             },
         );
+        let providers = provider::Providers::new(
+            provider::ProvidersConfig {
+                secrets_dir,
+                timeouts: provider::ClientTimeouts {
+                    connect: secs("provider-connect-timeout-s", provider_connect_timeout_s)?,
+                    first_byte: secs(
+                        "provider-first-byte-timeout-s",
+                        provider_first_byte_timeout_s,
+                    )?,
+                    idle: secs("provider-idle-timeout-s", provider_idle_timeout_s)?,
+                },
+            },
+            provider::ProviderMetrics::register(&registry)?,
+        );
         let discovery = match (config, kubernetes) {
-            (Some(path), _) => Discovery::Static(StaticDiscovery::start(path, state.clone())?),
+            (Some(path), _) => Discovery::Static(
+                StaticDiscovery::start(path, state.clone())?.with_providers(providers.clone())?,
+            ),
             (None, true) => Discovery::Kubernetes(
                 KubernetesDiscovery::connect(namespace, state.clone())
                     .await
-                    .context("connect to the Kubernetes API")?,
+                    .context("connect to the Kubernetes API")?
+                    .with_providers(providers.clone()),
             ),
             (None, false) => {
                 state.set_discovery_synced();
@@ -748,6 +795,7 @@ impl Server {
             pool: pool.clone(),
             metrics: listener_metrics.clone(),
             tenants: state.tenants().clone(),
+            providers: Some(providers.clone()),
         };
         Ok(Self {
             http: bind(http_addr, "--http-addr").await?,
@@ -763,6 +811,7 @@ impl Server {
             listener_metrics,
             admin_auth,
             pool,
+            providers,
             grace: secs("shutdown-grace-s", shutdown_grace_s)?,
         })
     }
@@ -802,6 +851,7 @@ impl Server {
             listener_metrics,
             admin_auth,
             pool,
+            providers,
             grace,
         } = self;
         let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
@@ -923,6 +973,15 @@ impl Server {
                 ("tokenizers", Ok(()))
             }
             .instrument(tracing::info_span!("tokenizers")),
+        );
+
+        let stop = close.clone();
+        tasks.spawn(
+            async move {
+                providers.run(Duration::from_secs(2), stop).await;
+                ("provider-secrets", Ok(()))
+            }
+            .instrument(tracing::info_span!("provider-secrets")),
         );
 
         let stop = close.clone();

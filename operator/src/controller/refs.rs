@@ -51,8 +51,14 @@ where
         .items)
 }
 
-/// Fetches what `needs` names from `ns`. Of a Secret only its key names are kept.
-async fn inventory(client: &Client, ns: &str, needs: Needs) -> Result<Inventory, Error> {
+/// Fetches what `needs` names from `ns`; Secrets from `secrets_ns` (the router's namespace:
+/// the router reads mounted Secrets from there only). Of a Secret only its key names are kept.
+async fn inventory(
+    client: &Client,
+    ns: &str,
+    secrets_ns: &str,
+    needs: Needs,
+) -> Result<Inventory, Error> {
     let mut inv = Inventory::default();
     if needs.worker_sets {
         inv.worker_sets = list(client, ns).await?;
@@ -66,7 +72,7 @@ async fn inventory(client: &Client, ns: &str, needs: Needs) -> Result<Inventory,
     if needs.backends {
         inv.backends = list(client, ns).await?;
     }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), secrets_ns);
     for name in needs.secrets {
         if let Some(s) = secrets.get_opt(&name).await? {
             let keys: BTreeSet<String> = s.data.into_iter().flatten().map(|(k, _)| k).collect();
@@ -140,7 +146,7 @@ where
         .ok_or(DesiredError::MissingMetadata("namespace"))?;
     let needs = obj.needs();
     let transport = needs.transport.clone();
-    let mut inv = inventory(&ctx.client, &ns, needs).await?;
+    let mut inv = inventory(&ctx.client, &ns, &ctx.cfg.router_namespace, needs).await?;
     if let (Some(gateway_secret), true) = (transport, ctx.cfg.mtls) {
         let stems = obj.identity_stems(&inv);
         inv.transport = Some(transport_facts(&ctx, &ns, stems, gateway_secret).await?);

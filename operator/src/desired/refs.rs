@@ -12,15 +12,18 @@
 //! and enforces InferencePolicies: a policy is Ready=True with reason [`ENFORCED`] only when
 //! the router's own compiler (`kvroute_policy::compile`) accepts it and everything it names
 //! resolves; a route target that is an InferenceProvider cannot be routed to locally and is
-//! Ready=False with reason [`UNROUTABLE_TARGET`]. It does not yet send requests to
-//! InferenceProviders and GatewayBackends: those kinds end at Accepted=True,
+//! Ready=False with reason [`UNROUTABLE_TARGET`]. It relays overflow to InferenceProviders
+//! through GatewayBackends: a backend whose Secrets resolve and a provider whose backend is
+//! Ready are Ready=True with reason [`ENFORCED`] (what the router cannot do with them, e.g.
+//! translate OpenAI requests for an Anthropic provider, is a False condition of its own).
+//! What nothing enforces yet ends at Accepted=True,
 //! ResolvedRefs=True and Ready=False with reason [`NOT_ENFORCED`], and the message says so.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::object::HasStatus;
-use kvroute_crds::backend::{GatewayBackendSpec, GatewayBackendStatus};
+use kvroute_crds::backend::{AuthType, GatewayBackendSpec, GatewayBackendStatus};
 use kvroute_crds::condition::{
     self, ACCEPTED, Condition, ConditionStatus, READY, RESOLVED_REFS, Time,
 };
@@ -28,7 +31,7 @@ use kvroute_crds::policy::{InferencePolicySpec, InferencePolicyStatus};
 use kvroute_crds::pool::{
     InferencePoolSpec, InferencePoolStatus, ModelTargets, ReadyTarget, TargetKind, TargetRole,
 };
-use kvroute_crds::provider::{InferenceProviderSpec, InferenceProviderStatus};
+use kvroute_crds::provider::{InferenceProviderSpec, InferenceProviderStatus, ProviderKind};
 use kvroute_crds::validation::{SpecIssue, summary};
 use kvroute_crds::{
     GatewayBackend, InferencePolicy, InferencePool, InferenceProvider, InferenceWorkerSet,
@@ -38,11 +41,17 @@ use super::{Notable, Severity};
 
 /// Ready reason of a resource that is valid and resolved but that nothing acts on yet.
 pub const NOT_ENFORCED: &str = "NotEnforced";
-/// Ready reason of a policy the router compiles and enforces.
+/// Ready reason of a policy the router compiles and enforces, or of a provider or backend
+/// the router relays through.
 pub const ENFORCED: &str = "Enforced";
 /// Ready reason of a policy whose route action names an InferenceProvider as a target (the
 /// router restricts local candidates only; providers are reached through `overflow`).
 pub const UNROUTABLE_TARGET: &str = "UnroutableTarget";
+/// Condition type: whether the backend's TLS certificate is verified (present only when it
+/// is not: `insecureSkipVerify`).
+pub const TLS_VERIFIED: &str = "TLSVerified";
+/// Condition type of an Anthropic provider: OpenAI-API clients are not translated to it.
+pub const OPENAI_CLIENTS: &str = "OpenAIClients";
 
 /// What exists in one namespace, as far as a resource's references are concerned. Secrets
 /// carry only their key names, never values.
@@ -300,6 +309,8 @@ enum Readiness {
     Waiting(&'static str, String),
     /// Ready=False with reason [`NOT_ENFORCED`]: nothing acts on the resource yet (message).
     NotEnforced(String),
+    /// Ready=True with reason [`ENFORCED`]: the router acts on it (message).
+    Enforced(String),
 }
 
 /// Conditions shared by the status-only kinds: Accepted (the spec is valid), ResolvedRefs
@@ -358,6 +369,7 @@ fn ref_conditions(
                 Readiness::NotEnforced(msg) => {
                     cond(READY, ConditionStatus::False, NOT_ENFORCED, msg)
                 }
+                Readiness::Enforced(msg) => cond(READY, ConditionStatus::True, ENFORCED, msg),
             };
             vec![accepted, resolved, ready]
         }
@@ -587,7 +599,9 @@ pub fn policy_conditions(
     ref_conditions(&issues, &missing, readiness, generation, previous, now)
 }
 
-/// Provider conditions: its GatewayBackend exists, is accepted and resolves its Secrets.
+/// Provider conditions: its GatewayBackend exists and is Ready (the router relays through
+/// it), plus [`OPENAI_CLIENTS`]=False for Anthropic providers (OpenAI requests are not
+/// translated to them; they stay local).
 pub fn provider_conditions(
     spec: &InferenceProviderSpec,
     generation: Option<i64>,
@@ -604,24 +618,61 @@ pub fn provider_conditions(
         )],
         Some(_) => Vec::new(),
     };
-    let backend_usable = backend.is_some_and(|b| {
-        is_accepted_and_resolved(b.status.as_ref().map(|s| s.conditions.as_slice()))
-    });
-    let readiness = if backend_usable {
-        Readiness::NotEnforced(format!(
-            "{} models via GatewayBackend {name:?} accepted; the router does not send requests to InferenceProviders yet",
+    let backend_conditions =
+        backend.and_then(|b| b.status.as_ref().map(|s| s.conditions.as_slice()));
+    let readiness = if is_ready(backend_conditions) {
+        let limits = spec.limits.as_ref().map(|l| {
+            let mut parts = Vec::new();
+            if let Some(n) = l.requests_per_minute {
+                parts.push(format!("{n} requests/min"));
+            }
+            if let Some(n) = l.tokens_per_minute {
+                parts.push(format!("{n} tokens/min"));
+            }
+            if let Some(n) = l.max_concurrency {
+                parts.push(format!("{n} in flight"));
+            }
+            parts
+        });
+        let limits = match limits {
+            Some(parts) if !parts.is_empty() => {
+                format!("; limits {} kept by each router replica", parts.join(", "))
+            }
+            _ => String::new(),
+        };
+        Readiness::Enforced(format!(
+            "the router relays overflow to {} model(s) via GatewayBackend {name:?}{limits}",
             spec.models.len()
         ))
+    } else if is_accepted_and_resolved(backend_conditions) {
+        Readiness::Waiting(
+            "BackendNotReady",
+            format!("GatewayBackend {name:?} is not Ready"),
+        )
     } else {
         Readiness::Waiting(
             "BackendNotAccepted",
             format!("GatewayBackend {name:?} is not accepted or its Secrets do not resolve"),
         )
     };
-    ref_conditions(&issues, &missing, readiness, generation, previous, now)
+    let mut conditions = ref_conditions(&issues, &missing, readiness, generation, previous, now);
+    if spec.kind == ProviderKind::Anthropic && issues.is_empty() {
+        let c = condition::condition(
+            OPENAI_CLIENTS,
+            ConditionStatus::False,
+            "NotTranslated",
+            "OpenAI /v1/chat/completions and /v1/completions requests are not translated to an Anthropic provider: they stay local (503 when no local worker can take them); Anthropic /v1/messages requests overflow",
+            generation,
+            now,
+        );
+        conditions.extend(condition::merge_conditions(previous, vec![c]));
+    }
+    conditions
 }
 
-/// GatewayBackend conditions: each referenced Secret exists and has the named key.
+/// GatewayBackend conditions: each referenced Secret exists (in the router's namespace, where
+/// the operator mounts it from) and has the named key; then the router relays through it
+/// (Ready=True, [`ENFORCED`]). `insecureSkipVerify` adds [`TLS_VERIFIED`]=False.
 pub fn backend_conditions(
     spec: &GatewayBackendSpec,
     generation: Option<i64>,
@@ -641,11 +692,45 @@ pub fn backend_conditions(
             Some(_) => {}
         }
     }
-    let readiness = Readiness::NotEnforced(format!(
-        "backend {} accepted; the router does not send requests to GatewayBackends yet",
-        spec.url
+    let tls = spec.tls.clone().unwrap_or_default();
+    let https = spec.url.starts_with("https://");
+    let verification = match (https, tls.insecure_skip_verify, &tls.ca_secret_ref) {
+        (false, _, _) => "plain HTTP, no TLS".to_string(),
+        (true, true, _) => {
+            "TLS without certificate verification (insecureSkipVerify: testing only)".to_string()
+        }
+        (true, false, Some(ca)) => format!("TLS verified against the CA in Secret {:?}", ca.name),
+        (true, false, None) => "TLS verified against the platform roots".to_string(),
+    };
+    let sni = tls
+        .sni
+        .as_ref()
+        .map(|s| format!(", server name {s:?}"))
+        .unwrap_or_default();
+    let auth = match &spec.auth {
+        None => "no credential".to_string(),
+        Some(a) if a.type_ == AuthType::Header => format!(
+            "credential in header {:?}",
+            a.header_name.as_deref().unwrap_or_default()
+        ),
+        Some(_) => "bearer credential".to_string(),
+    };
+    let readiness = Readiness::Enforced(format!(
+        "the router relays overflow requests through this backend: {verification}{sni}, {auth}"
     ));
-    ref_conditions(&issues, &missing, readiness, generation, previous, now)
+    let mut conditions = ref_conditions(&issues, &missing, readiness, generation, previous, now);
+    if tls.insecure_skip_verify && issues.is_empty() {
+        let c = condition::condition(
+            TLS_VERIFIED,
+            ConditionStatus::False,
+            "InsecureSkipVerify",
+            "certificate verification is off: anyone on the path can impersonate the backend and read its credential",
+            generation,
+            now,
+        );
+        conditions.extend(condition::merge_conditions(previous, vec![c]));
+    }
+    conditions
 }
 
 #[cfg(test)]

@@ -152,21 +152,41 @@ fn backend_secret_must_have_the_key() {
     let spec: GatewayBackendSpec =
         serde_saphyr::from_str("url: https://x\nauth: {secretRef: {name: openai, key: token}}\n")
             .expect("parses");
-    // Valid and resolved, but the router sends nothing to backends: not Ready.
+    // Valid and resolved: the router relays through it.
     let conds = backend_conditions(&spec, None, &[], &inv, &now());
     assert!(condition::is_true(&conds, ACCEPTED));
     assert!(condition::is_true(&conds, RESOLVED_REFS));
     let ready = condition::find(&conds, READY).expect("ready");
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
-        ("False", NOT_ENFORCED)
+        ("True", ENFORCED)
     );
+    assert_eq!(
+        ready.message,
+        "the router relays overflow requests through this backend: TLS verified against the platform roots, bearer credential"
+    );
+    assert!(settled(&conds));
+    assert!(condition::find(&conds, TLS_VERIFIED).is_none());
+    // Certificate checks off: still relayed, and said so in a False condition.
+    let spec: GatewayBackendSpec = serde_saphyr::from_str(
+        "url: https://x\ntls: {insecureSkipVerify: true, sni: api.example}\nauth: {secretRef: {name: openai, key: token}, type: header, headerName: x-api-key}\n",
+    )
+    .expect("parses");
+    let conds = backend_conditions(&spec, None, &[], &inv, &now());
+    let ready = condition::find(&conds, READY).expect("ready");
+    assert_eq!(ready.status, "True");
     assert!(
-        ready.message.contains("does not send requests"),
+        ready.message.contains("without certificate verification")
+            && ready.message.contains("server name \"api.example\"")
+            && ready.message.contains("header \"x-api-key\""),
         "{}",
         ready.message
     );
-    assert!(settled(&conds));
+    let tls = condition::find(&conds, TLS_VERIFIED).expect("tls condition");
+    assert_eq!(
+        (tls.status.as_str(), tls.reason.as_str()),
+        ("False", "InsecureSkipVerify")
+    );
     let spec: GatewayBackendSpec =
         serde_saphyr::from_str("url: https://x\nauth: {secretRef: {name: nope, key: token}}\n")
             .expect("parses");
@@ -192,7 +212,7 @@ fn provider_waits_for_its_backend() {
         "BackendNotAccepted"
     );
     assert!(!settled(&conds));
-    // Once the backend is accepted and resolved, the provider is as far as it can get.
+    // Once the backend is Ready, the router relays to the provider.
     let mut inv = inv;
     let backend_conds = backend_conditions(&inv.backends[0].spec, None, &[], &inv, &now());
     inv.backends[0].status = Some(GatewayBackendStatus {
@@ -203,14 +223,31 @@ fn provider_waits_for_its_backend() {
     let ready = condition::find(&conds, READY).expect("ready");
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
-        ("False", NOT_ENFORCED)
+        ("True", ENFORCED)
     );
+    assert_eq!(
+        ready.message,
+        "the router relays overflow to 1 model(s) via GatewayBackend \"openai\""
+    );
+    assert!(condition::find(&conds, OPENAI_CLIENTS).is_none());
+    // An Anthropic provider with limits: OpenAI clients are not translated to it.
+    let anthropic: InferenceProviderSpec = serde_saphyr::from_str(
+        "kind: anthropic\nmodels: [c]\nlimits: {requestsPerMinute: 60, maxConcurrency: 4}\ngatewayBackendRef: {name: openai}\n",
+    )
+    .expect("parses");
+    let conds = provider_conditions(&anthropic, None, &[], &inv, &now());
+    let ready = condition::find(&conds, READY).expect("ready");
     assert!(
         ready
             .message
-            .contains("does not send requests to InferenceProviders"),
+            .ends_with("limits 60 requests/min, 4 in flight kept by each router replica"),
         "{}",
         ready.message
+    );
+    let openai = condition::find(&conds, OPENAI_CLIENTS).expect("openai clients");
+    assert_eq!(
+        (openai.status.as_str(), openai.reason.as_str()),
+        ("False", "NotTranslated")
     );
     let spec: InferenceProviderSpec =
         serde_saphyr::from_str("kind: openai\nmodels: [m]\ngatewayBackendRef: {name: nope}\n")

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -29,6 +29,7 @@ pub struct KubernetesDiscovery {
     client: Client,
     namespace: Option<String>,
     state: RouterState,
+    providers: Option<crate::provider::Providers>,
 }
 
 /// A pod as discovery needs it; `None` without the WorkerSet label.
@@ -58,7 +59,14 @@ impl KubernetesDiscovery {
             client,
             namespace,
             state,
+            providers: None,
         })
+    }
+
+    /// Also watches InferenceProviders and GatewayBackends for `providers`.
+    pub fn with_providers(mut self, providers: crate::provider::Providers) -> Self {
+        self.providers = Some(providers);
+        self
     }
 
     fn api<K>(&self) -> Api<K>
@@ -101,10 +109,21 @@ impl KubernetesDiscovery {
             .map_ok(|_| ())
             .boxed();
         let mut events = futures::stream::select_all([s1, s2, s3]);
+        let mut provider_watch = match self.providers.clone() {
+            Some(p) => super::providers::watch(
+                self.client.clone(),
+                self.namespace.clone(),
+                p,
+                shutdown.clone(),
+            )
+            .boxed(),
+            None => futures::future::pending().boxed(),
+        };
         loop {
             let ev = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Ok(()),
+                ended = &mut provider_watch => return ended,
                 ev = events.next() => ev,
             };
             match ev {

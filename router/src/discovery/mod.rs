@@ -26,6 +26,7 @@
 
 pub mod kubernetes;
 pub mod policies;
+pub mod providers;
 pub mod static_file;
 pub mod tokenizers;
 

@@ -67,6 +67,7 @@ pub struct StaticDiscovery {
     path: PathBuf,
     state: RouterState,
     poll: Duration,
+    providers: Option<crate::provider::Providers>,
 }
 
 impl StaticDiscovery {
@@ -100,7 +101,18 @@ impl StaticDiscovery {
             path,
             state,
             poll: Duration::from_secs(2),
+            providers: None,
         })
+    }
+
+    /// Also feeds the file's InferenceProviders and GatewayBackends to `providers` (now and on
+    /// every change).
+    pub fn with_providers(mut self, providers: crate::provider::Providers) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(&self.path)
+            .with_context(|| format!("read {}", self.path.display()))?;
+        super::providers::apply_text(&providers, &text)?;
+        self.providers = Some(providers);
+        Ok(self)
     }
 
     fn mtime(&self) -> Option<SystemTime> {
@@ -130,6 +142,11 @@ impl StaticDiscovery {
                     let _ = self.state.set_policies(&view.policies);
                     self.state.set_catalog(view.catalog);
                     self.state.tokenizers().set_plan(view.plan);
+                    if let Some(providers) = &self.providers
+                        && let Ok(text) = std::fs::read_to_string(&self.path)
+                    {
+                        let _ = super::providers::apply_text(providers, &text);
+                    }
                 }
                 Err(e) => tracing::warn!(
                     error = format!("{e:#}"),

@@ -65,6 +65,12 @@ pub trait Dispatch: Send + Sync + 'static {
     fn pool_auths(&self) -> Vec<(String, Option<Arc<crate::tenant::PoolAuth>>)> {
         Vec::new()
     }
+    /// What the policy says about leaving the cluster for this request: the overflow action,
+    /// whether it must stay local, its tenant. The default never overflows.
+    fn overflow_plan(&self, request: &GatewayRequest<'_>) -> super::OverflowPlan {
+        let _ = request;
+        super::OverflowPlan::default()
+    }
 }
 
 /// An outstanding assignment. Dropping it without [`AssignmentGuard::done`] aborts it, so every

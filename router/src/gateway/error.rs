@@ -105,6 +105,19 @@ pub enum GatewayError {
         "no local worker can take this request for model `{0}` now; it may not leave the cluster"
     )]
     NoLocalCapacity(String),
+    /// The overflow provider failed, or refused the router's credentials (details logged,
+    /// never the provider's URL or key).
+    #[error("the overflow provider failed: {0}")]
+    ProviderFailed(String),
+    /// The overflow provider did not answer in time.
+    #[error("the overflow provider did not answer in time")]
+    ProviderTimeout,
+    /// The overflow provider cannot take the request (not ready, overloaded, API kind).
+    #[error("the overflow provider is unavailable: {0}")]
+    ProviderUnavailable(String),
+    /// A provider limit (its own 429, or its `spec.limits` in this router) is reached.
+    #[error("the overflow provider is at its limit: {0}; retry later")]
+    ProviderRateLimited(String),
 }
 
 impl GatewayError {
@@ -152,6 +165,10 @@ impl GatewayError {
             | Self::NoLocalCapacity(_) => 503,
             Self::UpstreamTimeout => 504,
             Self::Internal => 500,
+            Self::ProviderFailed(_) => 502,
+            Self::ProviderTimeout => 504,
+            Self::ProviderUnavailable(_) => 503,
+            Self::ProviderRateLimited(_) => 429,
         }
     }
 
@@ -172,6 +189,10 @@ impl GatewayError {
             Self::ClientOverloaded => "client_overloaded",
             Self::DecisionPoolFull => "decision_pool_full",
             Self::Internal => "internal",
+            Self::ProviderFailed(_) => "provider_failed",
+            Self::ProviderTimeout => "provider_timeout",
+            Self::ProviderUnavailable(_) => "provider_unavailable",
+            Self::ProviderRateLimited(_) => "provider_rate_limited",
             Self::PolicyRejected { .. } => "policy_rejected",
             Self::SloShed { .. } => "slo_shed",
             Self::NoLocalCapacity(_) => "no_local_capacity",
@@ -195,7 +216,10 @@ impl GatewayError {
     /// Seconds a client should wait before retrying (`Retry-After`), for load shedding.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
-            Self::Overloaded | Self::ClientOverloaded | Self::DecisionPoolFull => Some(1),
+            Self::Overloaded
+            | Self::ClientOverloaded
+            | Self::DecisionPoolFull
+            | Self::ProviderRateLimited(_) => Some(1),
             Self::TenantLimit(e) => Some(e.retry_after.as_secs().max(1)),
             Self::SloShed { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
@@ -240,6 +264,10 @@ impl GatewayError {
             Self::TenantLimit(_) => Value::from("rate_limit_exceeded"),
             Self::PolicyRejected { .. } => Value::from("policy_rejected"),
             Self::SloShed { .. } => Value::from("slo_shed"),
+            Self::ProviderFailed(_) => Value::from("provider_error"),
+            Self::ProviderTimeout => Value::from("provider_timeout"),
+            Self::ProviderUnavailable(_) => Value::from("provider_unavailable"),
+            Self::ProviderRateLimited(_) => Value::from("rate_limit_exceeded"),
             Self::NoLocalCapacity(_) => Value::from("no_local_capacity"),
         }
     }
@@ -332,6 +360,11 @@ mod tests {
             (GatewayError::ClientOverloaded, 429),
             (GatewayError::Overloaded, 503),
             (GatewayError::DecisionPoolFull, 503),
+            (GatewayError::ProviderFailed("x".into()), 502),
+            (GatewayError::ProviderTimeout, 504),
+            (GatewayError::ProviderUnavailable("x".into()), 503),
+            (GatewayError::ProviderRateLimited("x".into()), 429),
+            (GatewayError::NoLocalCapacity("x".into()), 503),
         ];
         for (e, status) in cases {
             assert_eq!(e.status(), status, "{e:?}");

@@ -24,6 +24,7 @@ pub mod anthropic;
 pub mod dispatch;
 pub mod error;
 pub mod openai;
+pub mod overflow;
 mod proxy;
 pub mod sse;
 pub(crate) mod tenancy;
@@ -41,6 +42,7 @@ use crate::listener::ListenerMetrics;
 pub use admission::AdmissionConfig;
 pub use dispatch::{AssignmentGuard, Dispatch, GatewayRequest, PickError, Picked, Resolved};
 pub use error::GatewayError;
+pub use overflow::OverflowPlan;
 pub use proxy::{PREDICTED_TTFT_HEADER, WORKER_HEADER};
 pub use tenancy::DEFAULT_CLASS;
 pub use upstream::UpstreamConfig;
@@ -67,6 +69,8 @@ pub struct GatewayConfig {
     pub metrics: ListenerMetrics,
     /// Tenant identity, limits and metrics (shared with the Pick API).
     pub tenants: Arc<crate::tenant::Tenants>,
+    /// Overflow providers (none: requests never leave the cluster).
+    pub providers: Option<crate::provider::Providers>,
 }
 
 impl Default for GatewayConfig {
@@ -82,6 +86,7 @@ impl Default for GatewayConfig {
                 .expect("the pool's metric names are valid"),
             metrics: ListenerMetrics::unregistered().expect("the metric names are valid"),
             tenants: crate::tenant::Tenants::unregistered(),
+            providers: None,
         }
     }
 }
@@ -103,6 +108,7 @@ pub fn router_with(
         pool: cfg.pool,
         metrics: cfg.metrics,
         tenants: cfg.tenants,
+        providers: cfg.providers,
     };
     let generation = Router::new()
         .route("/v1/chat/completions", post(proxy::chat_completions))

@@ -25,11 +25,13 @@ use super::anthropic::{self, StreamTranslator};
 use super::dispatch::{AssignmentGuard, Dispatch, GatewayRequest, PickError, Resolved};
 use super::error::{GatewayError, anthropic_from_upstream};
 use super::openai::{self, Endpoint, StreamItem, Usage};
+use super::overflow::Routed;
 use super::sse::{SseEvent, SseParser};
 use super::tenancy;
 use super::upstream::{SendError, Upstream};
 use crate::blocking_pool::{BlockingPool, Caller, PoolError};
 use crate::listener::{Guarded, ListenerMetrics, Refusal, is_body_timeout};
+use crate::provider::{ClientApi, Providers};
 use crate::state::max_tokens_of;
 
 /// Response header naming the chosen worker.
@@ -50,6 +52,7 @@ pub(crate) struct Gateway {
     pub pool: BlockingPool,
     pub metrics: ListenerMetrics,
     pub tenants: Arc<crate::tenant::Tenants>,
+    pub providers: Option<Providers>,
 }
 
 /// Which error shape the client understands.
@@ -157,7 +160,7 @@ impl Gateway {
 }
 
 /// A forwarded request whose worker answered with headers.
-struct Sent {
+pub(super) struct Sent {
     assignment: AssignmentGuard,
     response: reqwest::Response,
     sent_at: Instant,
@@ -165,17 +168,17 @@ struct Sent {
 
 /// The routing-relevant part of a request, owned so the decision can run off the async
 /// threads (tokenizing a long prompt takes milliseconds) and be repeated for retries.
-struct Route {
-    resolved: Resolved,
-    client_model: String,
-    endpoint: Endpoint,
-    body: Map<String, Value>,
-    headers: HeaderMap,
-    tenant: Option<String>,
+pub(super) struct Route {
+    pub(super) resolved: Resolved,
+    pub(super) client_model: String,
+    pub(super) endpoint: Endpoint,
+    pub(super) body: Map<String, Value>,
+    pub(super) headers: HeaderMap,
+    pub(super) tenant: Option<String>,
 }
 
 impl Route {
-    fn request(&self) -> GatewayRequest<'_> {
+    pub(super) fn request(&self) -> GatewayRequest<'_> {
         GatewayRequest {
             resolved: &self.resolved,
             client_model: &self.client_model,
@@ -190,7 +193,7 @@ impl Route {
 impl Gateway {
     /// Runs the routing decision on the blocking pool. The assignment guard is made there too:
     /// if the client goes away meanwhile, the finished decision is dropped and so released.
-    async fn pick(
+    pub(super) async fn pick(
         &self,
         route: &Arc<Route>,
         exclude: &[String],
@@ -227,12 +230,22 @@ impl Gateway {
         }
     }
 
-    /// Picks a worker and sends; retries on another worker while the request never started.
-    async fn forward(&self, route: Arc<Route>, body: Bytes) -> Result<Sent, GatewayError> {
+    /// Picks a worker (the first attempt uses `first` when given) and sends; retries on
+    /// another worker while the request never started.
+    pub(super) async fn forward(
+        &self,
+        route: Arc<Route>,
+        body: Bytes,
+        mut first: Option<AssignmentGuard>,
+    ) -> Result<Sent, GatewayError> {
         let mut exclude: Vec<String> = Vec::new();
         let mut last_failure: Option<GatewayError> = None;
         for _attempt in 0..=self.max_retries {
-            let assignment = match self.pick(&route, &exclude).await {
+            let picked = match first.take() {
+                Some(a) => Ok(a),
+                None => self.pick(&route, &exclude).await,
+            };
+            let assignment = match picked {
                 Ok(a) => a,
                 Err(GatewayError::NoReadyWorker(m)) => {
                     return Err(last_failure.unwrap_or(GatewayError::NoReadyWorker(m)));
@@ -377,7 +390,7 @@ async fn openai_request(
         request.stream,
     );
     let (stream, wants_usage) = (request.stream, request.wants_usage);
-    let tap = tenancy::tap(
+    let mut tap = tenancy::tap(
         &gw.tenants,
         &request.model,
         admitted.tenant.clone(),
@@ -391,7 +404,14 @@ async fn openai_request(
         headers: parts.headers,
         tenant: admitted.tenant,
     });
-    let mut sent = gw.forward(route, body).await?;
+    let (routed, permit) = gw
+        .forward_or_overflow(route, body, ClientApi::of(endpoint), bytes)
+        .await?;
+    let mut sent = match routed {
+        Routed::Local(sent) => sent,
+        Routed::Provider(resp) => return Ok(resp),
+    };
+    tap.rule_permit = permit;
     sent.assignment.set_tenant(tap);
     if !sent.response.status().is_success() {
         return Ok(gw.upstream_error(Flavor::OpenAi, sent).await);
@@ -440,7 +460,7 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
         request.stream,
     );
     let (stream, model) = (request.stream, request.model.clone());
-    let tap = tenancy::tap(
+    let mut tap = tenancy::tap(
         &gw.tenants,
         &request.model,
         admitted.tenant.clone(),
@@ -454,7 +474,14 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
         headers: parts.headers,
         tenant: admitted.tenant,
     });
-    let mut sent = gw.forward(route, body).await?;
+    let (routed, permit) = gw
+        .forward_or_overflow(route, body, ClientApi::Messages, bytes)
+        .await?;
+    let mut sent = match routed {
+        Routed::Local(sent) => sent,
+        Routed::Provider(resp) => return Ok(resp),
+    };
+    tap.rule_permit = permit;
     sent.assignment.set_tenant(tap);
     if !sent.response.status().is_success() {
         return Ok(gw.upstream_error(Flavor::Anthropic, sent).await);

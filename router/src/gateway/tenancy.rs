@@ -38,6 +38,7 @@ pub(crate) fn tap(
         class: DEFAULT_CLASS.to_string(),
         tenant: admitted_tenant,
         permit,
+        rule_permit: None,
     }
 }
 

@@ -43,6 +43,26 @@ impl Dispatch for RouterState {
         RouterState::pick(self, &input, Instant::now())
     }
 
+    fn overflow_plan(&self, request: &GatewayRequest<'_>) -> crate::gateway::OverflowPlan {
+        let kind = match request.endpoint {
+            Endpoint::ChatCompletions => BodyKind::Chat,
+            Endpoint::Completions => BodyKind::Completion,
+        };
+        let mut input = PickInput::from_body(
+            request.client_model,
+            kind,
+            request.body,
+            Some(request.headers),
+            &[],
+        );
+        input.resolved = Some(request.resolved);
+        input.tenant = request.tenant;
+        let Some(hooks) = self.hooks_without_capacity(&input) else {
+            return crate::gateway::OverflowPlan::default();
+        };
+        crate::gateway::OverflowPlan::of_hooks(&hooks, request.tenant)
+    }
+
     fn pool_auth(&self, pool: &str) -> Option<std::sync::Arc<crate::tenant::PoolAuth>> {
         RouterState::pool_auth(self, pool)
     }

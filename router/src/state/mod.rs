@@ -52,6 +52,7 @@ use crate::routing::{
 
 mod catalog;
 mod dispatch;
+mod labels;
 mod pick;
 mod policy;
 mod sidecars;
@@ -156,6 +157,8 @@ struct Inner {
     limit_log: LogEvery,
     tenants: Arc<crate::tenant::Tenants>,
     policy: policy::PolicyStore,
+    /// The request classifiers (labels for policy rules).
+    classifier: kvroute_classify::Classifier,
 }
 
 /// Shared router state; cheap to clone.
@@ -225,6 +228,7 @@ impl RouterState {
             limit_log: LogEvery::new(LOG_EVERY),
             tenants,
             policy: policy::PolicyStore::default(),
+            classifier: labels::classifier(),
         })))
     }
 

@@ -170,6 +170,8 @@ pub struct PolicyHooks {
     pub overflow: Option<(String, bool)>,
     /// The request must stay on local workers.
     pub local_only: bool,
+    /// It must never leave the cluster: local-only, or labelled as personal data (`pii`).
+    pub stay_local: bool,
 }
 
 /// A routing decision, ready to serialize (`/debug/explain`, `kvroute explain`).
@@ -350,6 +352,8 @@ struct Decided {
     degraded_reason: Option<&'static str>,
     verdict: VerdictRecord,
     hooks: PolicyHooks,
+    /// The request's labels (classifiers and the caller's).
+    labels: Vec<String>,
 }
 
 impl Decided {
@@ -452,7 +456,7 @@ impl RouterState {
             predicted_ttft_s: d.decision.predicted_ttft(),
             candidates,
             tenant: input.tenant.map(str::to_string),
-            labels: input.labels.iter().map(|l| l.to_string()).collect(),
+            labels: d.labels.clone(),
             alias: d.resolved.alias.clone(),
             verdict: d.verdict,
         })
@@ -483,13 +487,14 @@ impl RouterState {
         let (class_header, target_header) =
             policy::class_headers(input.headers, &m.policy.bad_headers);
         let headers = policy::Headers(input.headers);
+        let labels = super::labels::label(&self.0.classifier, input);
         let mut facts = RequestFacts {
             pool: resolved.pool.as_deref(),
             tenant: input.tenant,
             model: input.model,
             backend_model: (resolved.backend_model != input.model)
                 .then_some(resolved.backend_model.as_str()),
-            labels: input.labels,
+            labels: &labels.all,
             headers: &headers,
             service_class: class_header,
             prompt_tokens: 0,
@@ -561,6 +566,7 @@ impl RouterState {
                 .overflow()
                 .map(|o| (o.provider.to_string(), o.triggered(&pool))),
             local_only: verdict.local_only(),
+            stay_local: verdict.local_only() || is_personal(&labels.all),
         };
         let checked = self
             .check_verdict(&verdict, assign)
@@ -623,6 +629,9 @@ impl RouterState {
                     verdict.rule().unwrap_or("-"),
                 ])
                 .inc();
+            for l in labels.classified.iter_names() {
+                m.policy.labels.with_label_values(&[l]).inc();
+            }
         }
         let decided = Decided {
             resolved,
@@ -631,8 +640,50 @@ impl RouterState {
             degraded_reason,
             verdict: record,
             hooks,
+            labels: labels.all.iter().map(|l| l.to_string()).collect(),
         };
         Ok((decided, id))
+    }
+
+    /// The policy's hooks for a request no local worker can take now (evaluated on an empty
+    /// pool state, so an overflow rule triggers): what the gateway's overflow step needs when
+    /// the local pick found no capacity. Never assigns nor counts.
+    pub fn hooks_without_capacity(&self, input: &PickInput<'_>) -> Option<PolicyHooks> {
+        let seed = input.seed.or_else(|| policy::request_seed(input.headers));
+        let resolved = match input.resolved {
+            Some(r) => r.clone(),
+            None => self.resolve_model_seeded(input.model, seed)?,
+        };
+        let policies = self.policy_set();
+        let (class_header, _) =
+            policy::class_headers(input.headers, &self.0.metrics.policy.bad_headers);
+        let headers = policy::Headers(input.headers);
+        let labels = super::labels::label(&self.0.classifier, input);
+        let facts = RequestFacts {
+            pool: resolved.pool.as_deref(),
+            tenant: input.tenant,
+            model: input.model,
+            backend_model: (resolved.backend_model != input.model)
+                .then_some(resolved.backend_model.as_str()),
+            labels: &labels.all,
+            headers: &headers,
+            service_class: class_header,
+            prompt_tokens: 0,
+            max_output_tokens: input.max_tokens,
+        };
+        let pool = PoolState::default();
+        let verdict = policies.evaluate(&facts, &pool);
+        Some(PolicyHooks {
+            rule: verdict
+                .matched
+                .map(|x| (x.policy.to_string(), x.rule.to_string())),
+            limits: verdict.limits().copied(),
+            overflow: verdict
+                .overflow()
+                .map(|o| (o.provider.to_string(), o.triggered(&pool))),
+            local_only: verdict.local_only(),
+            stay_local: verdict.local_only() || is_personal(&labels.all),
+        })
     }
 
     /// A reject verdict becomes [`PickError::Rejected`] (counted when `assign`).
@@ -875,4 +926,9 @@ impl RouterState {
     pub fn in_flight(&self) -> usize {
         self.0.core.lock().routing.outstanding()
     }
+}
+
+/// Labels that mark personal data: `pii` and `pii:<kind>`.
+pub(crate) fn is_personal(labels: &[&str]) -> bool {
+    labels.iter().any(|l| *l == "pii" || l.starts_with("pii:"))
 }

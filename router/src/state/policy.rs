@@ -55,6 +55,9 @@ pub struct PolicyMetrics {
     pub bad_headers: IntCounter,
     /// Rules in force.
     pub rules: IntGauge,
+    /// Routed requests by classifier label (a fixed set: `pii`, `pii:<kind>`, `size:<class>`;
+    /// labels a client adds are never a metric label).
+    pub labels: IntCounterVec,
 }
 
 impl PolicyMetrics {
@@ -89,6 +92,11 @@ impl PolicyMetrics {
                 "Invalid x-kvroute-service-class or x-kvroute-ttft-target-ms headers (ignored).",
             )?,
             rules: IntGauge::new("kvroute_router_policy_rules", "Policy rules in force.")?,
+            labels: vec(
+                "kvroute_router_request_labels_total",
+                "Routed requests by classifier label (pii, pii:<kind>, size:<class>).",
+                &["label"],
+            )?,
         };
         registry.register(Box::new(m.reloads.clone()))?;
         registry.register(Box::new(m.verdicts.clone()))?;
@@ -96,6 +104,10 @@ impl PolicyMetrics {
         registry.register(Box::new(m.rejected.clone()))?;
         registry.register(Box::new(m.bad_headers.clone()))?;
         registry.register(Box::new(m.rules.clone()))?;
+        registry.register(Box::new(m.labels.clone()))?;
+        for l in super::labels::classifier_label_names() {
+            m.labels.with_label_values(&[l]);
+        }
         for r in ["applied", "refused"] {
             m.reloads.with_label_values(&[r]);
         }

@@ -57,6 +57,9 @@ pub struct TenantTap {
     pub tenant: Option<String>,
     /// The hold on the tenant's limits.
     pub permit: LimitPermit,
+    /// The hold on the matched policy rule's limits, when a rule limits this request (both
+    /// holds last as long as the request and are settled to its usage).
+    pub rule_permit: Option<LimitPermit>,
 }
 
 impl TenantTap {
@@ -76,6 +79,9 @@ impl TenantTap {
             completion,
         );
         self.permit.settle(prompt.saturating_add(completion));
+        if let Some(p) = self.rule_permit.as_mut() {
+            p.settle(prompt.saturating_add(completion));
+        }
     }
 }
 
