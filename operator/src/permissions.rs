@@ -111,15 +111,6 @@ pub const OPERATOR_RULES: &[Rule] = &[
     Rule {
         api_groups: &[""],
         resources: &["secrets"],
-        verbs: &["get"],
-        names: &[],
-        why: "a GatewayBackend's Secret references are user-chosen names in any namespace, so \
-              no static role can name them: the operator gets each by name to report \
-              ResolvedRefs and keeps only the key names; never list or watch",
-    },
-    Rule {
-        api_groups: &[""],
-        resources: &["secrets"],
         verbs: &["get", "patch"],
         names: &[CA_SECRET, MTLS_SECRET],
         why: "certificate issuance (--mtls): the CA and the per-namespace certificate \
@@ -192,10 +183,24 @@ pub const OPERATOR_NAMESPACE_RULES: &[Rule] = &[
         names: &[ROUTER_NAME],
         why: "the router's ServiceAccount (server-side apply)",
     },
+    Rule {
+        api_groups: &[""],
+        resources: &["secrets"],
+        verbs: &["get"],
+        names: &[],
+        why: "the Secrets that pools, policies and GatewayBackends name for the router (API \
+              keys, JWKS, backend credentials and CAs, the gateway's TLS Secret) live in the \
+              router's namespace under user-chosen names, so no role can name them: the \
+              operator gets each by name there to report ResolvedRefs and SecretsMounted and \
+              keeps only the key names; never list or watch, and no Secret of any other \
+              namespace",
+    },
 ];
 
-/// What the router reads: the WorkerSets and Pools discovery lists and watches, and the worker
-/// pods. Nothing else, and never a write. No Secrets: tokenizer tokens are mounted files.
+/// What the router reads: the WorkerSets and Pools discovery lists and watches, the policies,
+/// providers and backends it enforces, and the worker pods. Nothing else, and never a write.
+/// No Secrets: tokenizer tokens, API keys, JWKS and backend credentials are mounted files
+/// (`desired::secrets`).
 pub const ROUTER_RULES: &[Rule] = &[
     Rule {
         api_groups: &["kvroute.dev"],
@@ -203,6 +208,14 @@ pub const ROUTER_RULES: &[Rule] = &[
         verbs: &["list", "watch"],
         names: &[],
         why: "discovery: models, block sizes, tokenizer sources and pool aliases",
+    },
+    Rule {
+        api_groups: &["kvroute.dev"],
+        resources: &["inferencepolicies", "inferenceproviders", "gatewaybackends"],
+        verbs: &["list", "watch"],
+        names: &[],
+        why: "enforcement: policy rules, overflow providers and the backends that reach them, \
+              hot-reloaded from the watch (their Secrets are mounted, never read here)",
     },
     Rule {
         api_groups: &[""],
@@ -244,7 +257,54 @@ pub const NOT_EXERCISED: &[(&str, &str, &str, &str, &str)] = &[
         "patch",
         "only when the same Event repeats within the recorder's cache window",
     ),
+    (
+        "router",
+        "kvroute.dev",
+        "inferencepolicies",
+        "list",
+        ROUTER_WATCH_PENDING,
+    ),
+    (
+        "router",
+        "kvroute.dev",
+        "inferencepolicies",
+        "watch",
+        ROUTER_WATCH_PENDING,
+    ),
+    (
+        "router",
+        "kvroute.dev",
+        "inferenceproviders",
+        "list",
+        ROUTER_WATCH_PENDING,
+    ),
+    (
+        "router",
+        "kvroute.dev",
+        "inferenceproviders",
+        "watch",
+        ROUTER_WATCH_PENDING,
+    ),
+    (
+        "router",
+        "kvroute.dev",
+        "gatewaybackends",
+        "list",
+        ROUTER_WATCH_PENDING,
+    ),
+    (
+        "router",
+        "kvroute.dev",
+        "gatewaybackends",
+        "watch",
+        ROUTER_WATCH_PENDING,
+    ),
 ];
+
+/// Why the router's policy, provider and backend grants may go unused in the audit run:
+/// remove those [`NOT_EXERCISED`] entries once the router's discovery watches the three kinds.
+const ROUTER_WATCH_PENDING: &str =
+    "granted ahead of the router's discovery of policies, providers and backends (issue 13)";
 
 fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, ListParams};
@@ -23,7 +24,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use kvroute_crds::condition::Time;
+use kvroute_crds::condition::{self, Time};
 use kvroute_crds::{
     GatewayBackend, InferencePolicy, InferencePool, InferenceProvider, InferenceWorkerSet,
 };
@@ -32,7 +33,9 @@ use serde::de::DeserializeOwned;
 use super::{Ctx, Error, apply_status, error_policy, object_key};
 use crate::desired::DesiredError;
 use crate::desired::refs::{Inventory, Needs, RefStatus, ready_events, settled};
+use crate::desired::secrets::{SECRETS_MOUNTED, mounted_secrets};
 use crate::desired::tls::{self, TlsMode, TransportFacts};
+use crate::permissions::ROUTER_NAME;
 use crate::pki::MTLS_SECRET;
 
 /// How soon an unsettled resource is re-checked (at most; never later than `ctx.requeue`).
@@ -51,9 +54,19 @@ where
         .items)
 }
 
-/// Fetches what `needs` names from `ns`. Of a Secret only its key names are kept.
-async fn inventory(client: &Client, ns: &str, needs: Needs) -> Result<Inventory, Error> {
-    let mut inv = Inventory::default();
+/// Fetches what `needs` names from `ns`; Secrets from the router's namespace (the router
+/// mounts them from there), with the router Deployment's Secret mounts. Of a Secret only its
+/// key names are kept.
+async fn inventory(
+    client: &Client,
+    ns: &str,
+    router_ns: &str,
+    needs: Needs,
+) -> Result<Inventory, Error> {
+    let mut inv = Inventory {
+        router_namespace: router_ns.to_string(),
+        ..Inventory::default()
+    };
     if needs.worker_sets {
         inv.worker_sets = list(client, ns).await?;
     }
@@ -66,7 +79,13 @@ async fn inventory(client: &Client, ns: &str, needs: Needs) -> Result<Inventory,
     if needs.backends {
         inv.backends = list(client, ns).await?;
     }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    if !needs.secrets.is_empty() {
+        inv.router_mounts = Api::<Deployment>::namespaced(client.clone(), router_ns)
+            .get_opt(ROUTER_NAME)
+            .await?
+            .map(|d| mounted_secrets(&d));
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), router_ns);
     for name in needs.secrets {
         if let Some(s) = secrets.get_opt(&name).await? {
             let keys: BTreeSet<String> = s.data.into_iter().flatten().map(|(k, _)| k).collect();
@@ -140,7 +159,7 @@ where
         .ok_or(DesiredError::MissingMetadata("namespace"))?;
     let needs = obj.needs();
     let transport = needs.transport.clone();
-    let mut inv = inventory(&ctx.client, &ns, needs).await?;
+    let mut inv = inventory(&ctx.client, &ns, &ctx.cfg.router_namespace, needs).await?;
     if let (Some(gateway_secret), true) = (transport, ctx.cfg.mtls) {
         let stems = obj.identity_stems(&inv);
         inv.transport = Some(transport_facts(&ctx, &ns, stems, gateway_secret).await?);
@@ -162,6 +181,13 @@ where
         .await;
     }
     ctx.succeeded(&object_key(obj.as_ref()));
+    if condition::find(K::conditions(&status), SECRETS_MOUNTED)
+        .is_some_and(|c| c.reason == "MountPending")
+    {
+        // A Secret this resource names is not in the router's pod template yet: the router
+        // pass adds it now rather than at its next period.
+        ctx.router_wake.notify_one();
+    }
     // Certificates appear without an event this controller sees (it never watches Secrets).
     let tls_pending = inv.transport.is_some()
         && K::conditions(&status).iter().any(|c| {

@@ -1,0 +1,147 @@
+//! Conditions that say what the router really does with a pool's requests, beyond its
+//! targets: how it tells the pool's tenants apart ([`TENANT_IDENTITY`]) and whether it sends
+//! anything to the pool's provider targets ([`PROVIDER_TARGETS`]). Pure: spec in, condition
+//! out.
+//!
+//! ```text
+//! pool spec --pool_identity_methods()--> ["API keys (Secret k)", "JWT (issuer i)", ...]
+//!           --tenant_identity()--> TenantIdentity: True Verified | False Anonymous
+//! pool spec --provider_targets()--> ProviderTargets (only with provider or overflow targets)
+//! ```
+
+use kvroute_crds::condition::{self, Condition, ConditionStatus, Time};
+use kvroute_crds::pool::{InferencePoolSpec, TargetRole};
+
+/// Condition type: whether the router verifies a tenant for the pool's requests.
+pub const TENANT_IDENTITY: &str = "TenantIdentity";
+/// Condition type, on pools with provider or overflow-role targets: whether the router acts
+/// on them.
+pub const PROVIDER_TARGETS: &str = "ProviderTargets";
+/// Whether the router sends requests to InferenceProviders (overflow through a
+/// GatewayBackend). Flip when the router's provider relay (part D of issue 13) is merged.
+pub const ROUTER_SENDS_TO_PROVIDERS: bool = false;
+
+/// How the router verifies the tenant of the pool's requests, one phrase per method.
+///
+/// Plug-in point of the pool's `spec.auth` block (part B of issue 13: API keys, JWT, trusted
+/// peers). Until it exists the router verifies no tenant: every request is anonymous.
+pub fn pool_identity_methods(_spec: &InferencePoolSpec) -> Vec<String> {
+    Vec::new()
+}
+
+/// The pool's [`TENANT_IDENTITY`] condition.
+///
+/// True, reason `Verified`: the router verifies tenants by the methods listed. False, reason
+/// `Anonymous`: the pool has no `spec.auth`, so its requests carry no verified tenant: rules
+/// that match tenants and per-tenant limits never apply to them, and a tenant header is not
+/// believed.
+pub fn tenant_identity(spec: &InferencePoolSpec, generation: Option<i64>, now: &Time) -> Condition {
+    let methods = pool_identity_methods(spec);
+    let (status, reason, message) = if methods.is_empty() {
+        (
+            ConditionStatus::False,
+            "Anonymous",
+            "the pool has no spec.auth: its requests carry no verified tenant, so rules that \
+             match tenants and per-tenant limits do not apply to them"
+                .to_string(),
+        )
+    } else {
+        (
+            ConditionStatus::True,
+            "Verified",
+            format!("the router verifies tenants by {}", methods.join(", ")),
+        )
+    };
+    condition::condition(TENANT_IDENTITY, status, reason, message, generation, now)
+}
+
+/// The pool's [`PROVIDER_TARGETS`] condition; `None` when it has no provider target and no
+/// overflow-role target.
+pub fn provider_targets(
+    spec: &InferencePoolSpec,
+    generation: Option<i64>,
+    now: &Time,
+) -> Option<Condition> {
+    let providers = spec.targets.iter().filter(|t| t.provider.is_some()).count();
+    let overflow = spec
+        .targets
+        .iter()
+        .filter(|t| t.role == TargetRole::Overflow)
+        .count();
+    if providers == 0 && overflow == 0 {
+        return None;
+    }
+    let (status, reason, message) = if ROUTER_SENDS_TO_PROVIDERS {
+        (
+            ConditionStatus::True,
+            "Enforced",
+            format!(
+                "{providers} provider targets receive the requests that policies overflow; \
+                 {overflow} targets have the overflow role"
+            ),
+        )
+    } else {
+        (
+            ConditionStatus::False,
+            super::refs::NOT_ENFORCED,
+            format!(
+                "the router does not send requests to the pool's {providers} provider targets \
+                 yet, and routes to overflow-role WorkerSets like primaries ({overflow} targets \
+                 have the overflow role)"
+            ),
+        )
+    };
+    Some(condition::condition(
+        PROVIDER_TARGETS,
+        status,
+        reason,
+        message,
+        generation,
+        now,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn now() -> Time {
+        Time(Timestamp::from_second(1_700_000_000).expect("valid"))
+    }
+
+    fn spec(yaml: &str) -> InferencePoolSpec {
+        serde_saphyr::from_str(yaml).expect("pool")
+    }
+
+    #[test]
+    fn a_pool_without_auth_is_anonymous() {
+        let c = tenant_identity(&spec("targets: [{workerSet: a}]\n"), Some(2), &now());
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+            (TENANT_IDENTITY, "False", "Anonymous")
+        );
+        assert_eq!(c.observed_generation, Some(2));
+    }
+
+    #[test]
+    fn provider_and_overflow_targets_say_whether_the_router_acts_on_them() {
+        assert!(provider_targets(&spec("targets: [{workerSet: a}]\n"), None, &now()).is_none());
+        let c = provider_targets(
+            &spec("targets: [{workerSet: a}, {provider: p, role: overflow}]\n"),
+            None,
+            &now(),
+        )
+        .expect("condition");
+        assert_eq!(c.type_, PROVIDER_TARGETS);
+        if ROUTER_SENDS_TO_PROVIDERS {
+            assert_eq!(c.status, "True");
+        } else {
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("False", "NotEnforced")
+            );
+            assert!(c.message.contains("1 provider targets"), "{}", c.message);
+        }
+    }
+}
