@@ -154,6 +154,16 @@ impl FakeKubelet {
         out
     }
 
+    /// Where the running pod `namespace/name` finds `path` (a path inside its containers,
+    /// e.g. a file of a mounted Secret) on this machine; `None` when no such pod runs.
+    pub fn local_path(&self, namespace: &str, name: &str, path: &str) -> Option<PathBuf> {
+        let pods = lock(&self.state.pods);
+        let pod = pods
+            .values()
+            .find(|p| p.namespace == namespace && p.name == name)?;
+        Some(PathBuf::from(podspec::rewrite(path, &pod.mount_rewrites)))
+    }
+
     /// Pods that could not start, with the last reason (`namespace/name` -> error).
     pub fn problems(&self) -> BTreeMap<String, String> {
         lock(&self.state.problems).clone()
@@ -218,6 +228,8 @@ struct PodRun {
     reported: Option<serde_json::Value>,
     /// Secret volumes and their local directories.
     volumes: Vec<(SecretVolume, PathBuf)>,
+    /// Mount roots -> local directories (see [`volumes::mount_layout`]).
+    mount_rewrites: Vec<(String, String)>,
 }
 
 struct ContainerRun {
@@ -432,6 +444,7 @@ impl Kubelet {
         // names the parent of several mounts finds each of them.
         let layout = volumes::mount_layout(&mount_paths, &pod_dir);
         volumes::make_links(&layout).with_context(|| format!("link the mounts of {ns}/{name}"))?;
+        let mount_rewrites = layout.rewrites.clone();
         let mut rewrites = layout.rewrites;
         rewrites.extend(lock(&self.state.rewrites).iter().cloned());
         let (ip, mut plan) = match self.plan(pod, &keys, &rewrites) {
@@ -512,6 +525,7 @@ impl Kubelet {
             containers,
             reported: None,
             volumes: mounted,
+            mount_rewrites,
         };
         lock(&self.state.pods).insert(uid, run);
         Ok(())

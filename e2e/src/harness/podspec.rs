@@ -486,7 +486,7 @@ pub fn rewrite_hosts(s: &str, ip: Ipv4Addr) -> String {
 /// Applies `rewrites` in one pass: at each position the first rule that matches is replaced
 /// and the scan continues after it, so what a rule wrote is never rewritten again (a local
 /// directory that still contains the mount path it stands for stays as written).
-fn rewrite(s: &str, rewrites: &[(String, String)]) -> String {
+pub fn rewrite(s: &str, rewrites: &[(String, String)]) -> String {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     'scan: while let Some(c) = rest.chars().next() {
