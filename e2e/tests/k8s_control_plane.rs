@@ -34,7 +34,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kvroute_e2e::harness::{Cluster, FakeKubelet, OperatorProcess, RunningPod, kubelet_options};
 use kvroute_e2e::procs::wait_for;
 use kvroute_operator::desired::router::{
@@ -357,21 +357,32 @@ impl Plane {
     }
 }
 
+/// Creates `obj`, or replaces it when it exists (create and update prune the fields a CRD
+/// does not declare, as `kubectl apply` does; server-side apply would refuse them, and the
+/// tests are written against the final shapes).
 async fn apply(client: &kube::Client, ns: &str, obj: &Value) -> anyhow::Result<()> {
     let kind = obj["kind"].as_str().context("kind")?;
     let name = obj["metadata"]["name"].as_str().context("name")?;
-    let pp = PatchParams::apply("kvroute-e2e").force();
-    if kind == "Secret" {
-        Api::<Secret>::namespaced(client.clone(), ns)
-            .patch(name, &pp, &Patch::Apply(obj))
-            .await
-            .with_context(|| format!("apply Secret {name}"))?;
-        return Ok(());
+    let ar = if kind == "Secret" {
+        ApiResource::erase::<Secret>(&())
+    } else {
+        resource(kind)
+    };
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar);
+    let mut desired: DynamicObject = serde_json::from_value(obj.clone())?;
+    match api.get_opt(name).await? {
+        None => {
+            api.create(&PostParams::default(), &desired)
+                .await
+                .with_context(|| format!("create {kind} {name}"))?;
+        }
+        Some(current) => {
+            desired.metadata.resource_version = current.metadata.resource_version;
+            api.replace(name, &PostParams::default(), &desired)
+                .await
+                .with_context(|| format!("replace {kind} {name}"))?;
+        }
     }
-    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource(kind))
-        .patch(name, &pp, &Patch::Apply(obj))
-        .await
-        .with_context(|| format!("apply {kind} {name}"))?;
     Ok(())
 }
 
@@ -403,7 +414,6 @@ async fn plane(prefix: &str, scenario: Scenario) -> anyhow::Result<Plane> {
         secret(PROVIDER_KEY_SECRET, json!({"apiKey": PROVIDER_KEY})),
         secret(PROVIDER_CA_SECRET, json!({"ca.crt": provider.ca_pem})),
         secret(BAD_JWKS_SECRET, json!({"jwks.json": "this is not a JWKS"})),
-        worker_set(SET, SERVED, &scenario.engine_args),
         json!({"apiVersion": "kvroute.dev/v1alpha1", "kind": "GatewayBackend",
                "metadata": {"name": "fake"},
                "spec": {"url": format!("https://127.0.0.1:{}", provider.addr.port()),
@@ -424,8 +434,10 @@ async fn plane(prefix: &str, scenario: Scenario) -> anyhow::Result<Plane> {
         json!({"workerSet": SET}),
         json!({"provider": "fake", "role": "overflow"}),
     ];
+    // The WorkerSets come once the router runs: their sidecars must find it.
+    let mut sets = vec![worker_set(SET, SERVED, &scenario.engine_args)];
     if scenario.canary {
-        objects.push(worker_set(CANARY_SET, CANARY_SERVED, &scenario.engine_args));
+        sets.push(worker_set(CANARY_SET, CANARY_SERVED, &scenario.engine_args));
         targets.push(json!({"workerSet": CANARY_SET}));
     }
     let auth = scenario
@@ -458,13 +470,17 @@ async fn plane(prefix: &str, scenario: Scenario) -> anyhow::Result<Plane> {
     opts.rewrites
         .push((HF_HOME.to_string(), hf_home.display().to_string()));
     let kubelet = FakeKubelet::start(client.clone(), opts).await?;
-    let operator = OperatorProcess::start(
+    // Its Lease in the test's namespace: the tests of this file run at once, one operator
+    // each.
+    let operator = OperatorProcess::start_as(
         cluster,
+        &cluster.kubeconfig(),
         &format!("operator-{ns}"),
         &format!("op-{prefix}"),
         &[
             format!("--namespace={ns}"),
             format!("--router-namespace={ns}"),
+            format!("--lease-namespace={ns}"),
             "--router-replicas=1".to_string(),
             // Status re-checks come from watches and the 15 s re-check of unsettled objects.
             "--requeue-seconds=30".to_string(),
@@ -483,6 +499,9 @@ async fn plane(prefix: &str, scenario: Scenario) -> anyhow::Result<Plane> {
         format!("{INGEST_SERVICE}.{ns}.svc:{INGEST_PORT}"),
         format!("{}:{INGEST_PORT}", router.ip),
     );
+    for set in &sets {
+        apply(&client, &ns, set).await?;
+    }
     let gateway = format!("http://{}:{HTTP_PORT}", router.ip);
     let admin = format!("http://{}:{ADMIN_PORT}", router.ip);
     let http = reqwest::Client::builder()
@@ -503,9 +522,26 @@ async fn plane(prefix: &str, scenario: Scenario) -> anyhow::Result<Plane> {
         })
         .await
         .with_context(|| {
+            let log = cluster
+                .dir()
+                .join("pods")
+                .join(format!("{ns}_{}", router.name))
+                .join("router.log");
+            let tail: String = std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .take(40)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
             format!(
-                "kubelet problems: {:?}\noperator log:\n{}",
+                "kubelet problems: {:?}\nrunning: {:?}\njournal:\n{}\nrouter log:\n{tail}\noperator log:\n{}",
                 kubelet.problems(),
+                kubelet.running(),
+                kubelet.journal().join("\n"),
                 operator.log()
             )
         })?;
