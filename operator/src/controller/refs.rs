@@ -24,7 +24,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use kvroute_crds::condition::{self, Time};
+use kvroute_crds::condition::Time;
 use kvroute_crds::{
     GatewayBackend, InferencePolicy, InferencePool, InferenceProvider, InferenceWorkerSet,
 };
@@ -33,7 +33,7 @@ use serde::de::DeserializeOwned;
 use super::{Ctx, Error, apply_status, error_policy, object_key};
 use crate::desired::DesiredError;
 use crate::desired::refs::{Inventory, Needs, RefStatus, ready_events, settled};
-use crate::desired::secrets::{SECRETS_MOUNTED, mounted_secrets};
+use crate::desired::secrets::{mountable, mounted_secrets};
 use crate::desired::tls::{self, TlsMode, TransportFacts};
 use crate::permissions::ROUTER_NAME;
 use crate::pki::MTLS_SECRET;
@@ -181,11 +181,16 @@ where
         .await;
     }
     ctx.succeeded(&object_key(obj.as_ref()));
-    if condition::find(K::conditions(&status), SECRETS_MOUNTED)
-        .is_some_and(|c| c.reason == "MountPending")
-    {
-        // A Secret this resource names is not in the router's pod template yet: the router
-        // pass adds it now rather than at its next period.
+    let unmounted = obj.secret_uses().iter().any(|u| {
+        mountable(&u.name)
+            && !inv
+                .router_mounts
+                .as_ref()
+                .is_some_and(|m| m.contains(&u.name))
+    });
+    if unmounted {
+        // A Secret this resource names (existing yet or not) is not in the router's pod
+        // template: the router pass adds it now rather than at its next period.
         ctx.router_wake.notify_one();
     }
     // Certificates appear without an event this controller sees (it never watches Secrets).
