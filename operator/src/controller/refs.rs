@@ -88,6 +88,11 @@ async fn inventory(
     let secrets: Api<Secret> = Api::namespaced(client.clone(), router_ns);
     for name in needs.secrets {
         if let Some(s) = secrets.get_opt(&name).await? {
+            for (secret, key) in needs.jwks.iter().filter(|(s, _)| *s == name) {
+                if let Some(v) = s.data.as_ref().and_then(|d| d.get(key)) {
+                    inv.jwks.insert((secret.clone(), key.clone()), v.0.clone());
+                }
+            }
             let keys: BTreeSet<String> = s.data.into_iter().flatten().map(|(k, _)| k).collect();
             inv.secrets.insert(name, keys);
         }

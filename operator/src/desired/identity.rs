@@ -5,12 +5,17 @@
 //!
 //! ```text
 //! pool spec --pool_identity_methods()--> ["API keys (Secret k)", "JWT (issuer i)", ...]
-//!           --tenant_identity()--> TenantIdentity: True Verified | False Anonymous
+//!           + JWKS Secret content (pool_jwks_uses, jwks_problem)
+//!           --tenant_identity()--> TenantIdentity: True Verified | False InvalidJWKS | False Anonymous
 //! pool spec --provider_targets()--> ProviderTargets (only with provider or overflow targets)
 //! ```
 
+use std::collections::BTreeMap;
+
 use kvroute_crds::condition::{self, Condition, ConditionStatus, Time};
 use kvroute_crds::pool::{InferencePoolSpec, TargetRole};
+
+use super::secrets::SecretUse;
 
 /// Condition type: whether the router verifies a tenant for the pool's requests.
 pub const TENANT_IDENTITY: &str = "TenantIdentity";
@@ -29,15 +34,72 @@ pub fn pool_identity_methods(_spec: &InferencePoolSpec) -> Vec<String> {
     Vec::new()
 }
 
-/// The pool's [`TENANT_IDENTITY`] condition.
+/// The JWKS Secret keys a pool names (`spec.auth.jwt.jwksSecretRef`), whose content the
+/// operator checks ([`jwks_problem`]); a JWKS from a URL is the router's to fetch and check.
+///
+/// Plug-in point of the pool's `spec.auth.jwt` (part B of issue 13); none until it exists.
+pub fn pool_jwks_uses(_spec: &InferencePoolSpec) -> Vec<SecretUse> {
+    Vec::new()
+}
+
+/// Why `bytes` is not a JWKS the router can verify RS256 or ES256 tokens with; `None` when it
+/// is one (a JSON object whose `keys` hold at least one RSA key with `n` and `e` or one P-256
+/// EC key with `x` and `y`). A JWKS is public: checking its content reveals nothing secret.
+pub fn jwks_problem(bytes: &[u8]) -> Option<String> {
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return Some("not JSON".to_string());
+    };
+    let Some(keys) = doc.get("keys").and_then(|k| k.as_array()) else {
+        return Some("no \"keys\" array".to_string());
+    };
+    let has = |k: &serde_json::Value, f: &str| k.get(f).and_then(|v| v.as_str()).is_some();
+    let usable = keys
+        .iter()
+        .any(|k| match k.get("kty").and_then(|v| v.as_str()) {
+            Some("RSA") => has(k, "n") && has(k, "e"),
+            Some("EC") => {
+                k.get("crv").and_then(|v| v.as_str()) == Some("P-256") && has(k, "x") && has(k, "y")
+            }
+            _ => false,
+        });
+    (!usable).then(|| {
+        format!(
+            "none of its {} keys is an RSA or P-256 EC public key",
+            keys.len()
+        )
+    })
+}
+
+/// The pool's [`TENANT_IDENTITY`] condition; `jwks` holds the content of the JWKS Secret keys
+/// it names ([`pool_jwks_uses`]; a missing one is `SecretsMounted`'s to report).
 ///
 /// True, reason `Verified`: the router verifies tenants by the methods listed. False, reason
-/// `Anonymous`: the pool has no `spec.auth`, so its requests carry no verified tenant: rules
-/// that match tenants and per-tenant limits never apply to them, and a tenant header is not
-/// believed.
-pub fn tenant_identity(spec: &InferencePoolSpec, generation: Option<i64>, now: &Time) -> Condition {
+/// `InvalidJWKS`: a JWKS Secret the pool names holds no usable key, so JWTs are refused (other
+/// methods still work). False, reason `Anonymous`: the pool has no `spec.auth`, so its
+/// requests carry no verified tenant: rules that match tenants and per-tenant limits never
+/// apply to them, and a tenant header is not believed.
+pub fn tenant_identity(
+    spec: &InferencePoolSpec,
+    jwks: &BTreeMap<(String, String), Vec<u8>>,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
     let methods = pool_identity_methods(spec);
-    let (status, reason, message) = if methods.is_empty() {
+    let bad: Vec<String> = pool_jwks_uses(spec)
+        .iter()
+        .filter_map(|u| {
+            let key = u.key.clone().unwrap_or_default();
+            let bytes = jwks.get(&(u.name.clone(), key.clone()))?;
+            jwks_problem(bytes).map(|p| format!("{}: Secret {}, key {key}: {p}", u.field, u.name))
+        })
+        .collect();
+    let (status, reason, message) = if !bad.is_empty() {
+        (
+            ConditionStatus::False,
+            "InvalidJWKS",
+            format!("the router refuses JWTs for this pool: {}", bad.join("; ")),
+        )
+    } else if methods.is_empty() {
         (
             ConditionStatus::False,
             "Anonymous",
@@ -116,12 +178,38 @@ mod tests {
 
     #[test]
     fn a_pool_without_auth_is_anonymous() {
-        let c = tenant_identity(&spec("targets: [{workerSet: a}]\n"), Some(2), &now());
+        let c = tenant_identity(
+            &spec("targets: [{workerSet: a}]\n"),
+            &BTreeMap::new(),
+            Some(2),
+            &now(),
+        );
         assert_eq!(
             (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
             (TENANT_IDENTITY, "False", "Anonymous")
         );
         assert_eq!(c.observed_generation, Some(2));
+    }
+
+    #[test]
+    fn a_jwks_needs_an_rsa_or_p256_public_key() {
+        assert!(jwks_problem(b"this is not a JWKS").is_some());
+        assert!(jwks_problem(b"{\"keys\": []}").is_some());
+        assert!(jwks_problem(br#"{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}"#).is_some());
+        assert!(
+            jwks_problem(br#"{"keys": [{"kty": "EC", "crv": "P-384", "x": "a", "y": "b"}]}"#)
+                .is_some()
+        );
+        assert_eq!(
+            jwks_problem(
+                br#"{"keys": [{"kty": "oct"}, {"kty": "RSA", "n": "AQAB", "e": "AQAB"}]}"#
+            ),
+            None
+        );
+        assert_eq!(
+            jwks_problem(br#"{"keys": [{"kty": "EC", "crv": "P-256", "x": "a", "y": "b"}]}"#),
+            None
+        );
     }
 
     #[test]

@@ -60,6 +60,9 @@ pub struct Inventory {
     /// Secrets the router Deployment mounts under [`super::secrets::SECRETS_DIR`]; `None`
     /// when there is no router Deployment (looked up only for resources that name Secrets).
     pub router_mounts: Option<BTreeSet<String>>,
+    /// (Secret, key) -> content, for the JWKS keys a pool names (public keys; the only
+    /// Secret values the operator keeps).
+    pub jwks: BTreeMap<(String, String), Vec<u8>>,
     /// Transport security facts of a pool (only with `--mtls`, see [`super::tls`]).
     pub transport: Option<super::tls::TransportFacts>,
 }
@@ -121,6 +124,8 @@ pub struct Needs {
     /// Get these Secrets (by name, in the router's namespace) and the router Deployment's
     /// mounts; only the Secrets' key names are kept.
     pub secrets: BTreeSet<String>,
+    /// Keep the content of these (Secret, key)s: JWKS, checked by the operator.
+    pub jwks: BTreeSet<(String, String)>,
     /// Gather the transport security facts (pools only; the controller does it with
     /// `--mtls`): `Some(gateway Secret the pool names, if any)`.
     pub transport: Option<Option<String>>,
@@ -173,6 +178,10 @@ impl RefStatus for InferencePool {
             worker_sets: true,
             providers: true,
             secrets: names(&self.secret_uses()),
+            jwks: super::identity::pool_jwks_uses(&self.spec)
+                .into_iter()
+                .map(|u| (u.name, u.key.unwrap_or_default()))
+                .collect(),
             transport: Some(
                 self.spec
                     .gateway
@@ -540,7 +549,7 @@ pub fn pool_status(
     let mut conditions = ref_conditions(&issues, &missing, readiness, generation, previous, now);
     let mut extra = vec![
         tokenizer_routing(spec, generation, now),
-        super::identity::tenant_identity(spec, generation, now),
+        super::identity::tenant_identity(spec, &inv.jwks, generation, now),
     ];
     extra.extend(super::identity::provider_targets(spec, generation, now));
     if let Some(facts) = &inv.transport {

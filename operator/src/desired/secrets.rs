@@ -62,7 +62,8 @@ pub struct SecretUse {
 }
 
 impl SecretUse {
-    fn new(field: impl Into<String>, name: &str, key: Option<&str>) -> Self {
+    /// A use of `name` (and `key`, when the router reads one key) by `field`.
+    pub fn new(field: impl Into<String>, name: &str, key: Option<&str>) -> Self {
         Self {
             field: field.into(),
             name: name.to_string(),
