@@ -207,8 +207,10 @@ struct Scenario {
     canary: bool,
     /// The pool's `spec.auth`; `None`: the default (API keys, no anonymous requests).
     pool_auth: Option<Value>,
-    /// Mock worker options (`--max-num-seqs`, speed) for saturation.
+    /// Mock worker options (e.g. `--max-num-seqs`) for saturation.
     engine_args: Vec<String>,
+    /// Mock worker speed-up over the modelled GPU (default 50: fast tests).
+    speedup: Option<f64>,
 }
 
 /// One namespace with everything issue 13 needs, running.
@@ -242,7 +244,7 @@ fn secret_line(key: &str) -> String {
     format!("sha256:{hex}")
 }
 
-fn worker_set(name: &str, served: &str, args: &[String]) -> Value {
+fn worker_set(name: &str, served: &str, args: &[String], speedup: f64) -> Value {
     let mut engine_args = vec![
         "--tokenizer".to_string(),
         format!("{IMAGE_TOKENIZERS}/qwen3"),
@@ -252,7 +254,7 @@ fn worker_set(name: &str, served: &str, args: &[String]) -> Value {
            "metadata": {"name": name},
            "spec": {"model": {"name": "Qwen/Qwen3-0.6B", "servedName": served},
                     "replicas": 1,
-                    "engine": {"mode": "mock", "speedup": 50.0, "args": engine_args}}})
+                    "engine": {"mode": "mock", "speedup": speedup, "args": engine_args}}})
 }
 
 impl Plane {
@@ -435,9 +437,15 @@ async fn plane(prefix: &str, scenario: Scenario) -> anyhow::Result<Plane> {
         json!({"provider": "fake", "role": "overflow"}),
     ];
     // The WorkerSets come once the router runs: their sidecars must find it.
-    let mut sets = vec![worker_set(SET, SERVED, &scenario.engine_args)];
+    let speedup = scenario.speedup.unwrap_or(50.0);
+    let mut sets = vec![worker_set(SET, SERVED, &scenario.engine_args, speedup)];
     if scenario.canary {
-        sets.push(worker_set(CANARY_SET, CANARY_SERVED, &scenario.engine_args));
+        sets.push(worker_set(
+            CANARY_SET,
+            CANARY_SERVED,
+            &scenario.engine_args,
+            speedup,
+        ));
         targets.push(json!({"workerSet": CANARY_SET}));
     }
     let auth = scenario
@@ -839,7 +847,7 @@ async fn a_pii_request_stays_local() -> anyhow::Result<()> {
         "pii",
         json!([{"name": "pii-local", "match": {"labels": ["pii"]},
                 "actions": {"route": {"localOnly": true}}},
-               {"name": "all-out", "actions": {"overflow": {"provider": "fake", "queueThreshold": 0}}}]),
+               {"name": "all-out", "actions": {"overflow": {"provider": "fake", "ttftThresholdMs": 1}}}]),
     );
     p.takes_effect("overflow of plain requests", &rules, || async {
         let before = p.provider.served();
@@ -870,8 +878,10 @@ async fn a_pii_request_stays_local() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the policy engine (A) and overflow (D) merged"]
 async fn overflow_goes_to_the_provider_when_the_pool_is_saturated() -> anyhow::Result<()> {
+    // One sequence at a time at the modelled GPU's speed: a burst queues.
     let scenario = Scenario {
         engine_args: vec!["--max-num-seqs".into(), "1".into()],
+        speedup: Some(1.0),
         ..Scenario::default()
     };
     let p = plane("cp-overflow", scenario).await?;
@@ -1101,6 +1111,15 @@ async fn bad_input_is_counted_and_the_last_good_configuration_stays() -> anyhow:
         "SecretsMounted",
         "False",
         "SecretNotFound",
+    )
+    .await?;
+    // The bad JWKS is a condition too.
+    p.wait_condition(
+        "InferencePool",
+        POOL,
+        "TenantIdentity",
+        "False",
+        "InvalidJWKS",
     )
     .await?;
     p.stop().await;
