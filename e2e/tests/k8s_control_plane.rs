@@ -224,6 +224,8 @@ struct Plane {
     gateway: String,
     admin: String,
     http: reqwest::Client,
+    /// Where the fake kubelet keeps each pod's logs (`<ns>_<pod>/<container>.log`).
+    pods_dir: std::path::PathBuf,
     _hub: FakeHub,
 }
 
@@ -352,6 +354,47 @@ impl Plane {
         let took = start.elapsed();
         println!("{what}: took effect after {} ms", took.as_millis());
         Ok(took)
+    }
+
+    /// The router's view of its workers and its log's tail, for failure messages.
+    async fn debug(&self) -> String {
+        let workers = match self
+            .http
+            .get(format!("{}/debug/workers", self.admin))
+            .send()
+            .await
+        {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(e) => e.to_string(),
+        };
+        let mut logs = format!("running: {:?}\n", self.kubelet.running());
+        for pod in self.kubelet.running() {
+            let dir = self
+                .pods_dir
+                .join(format!("{}_{}", pod.namespace, pod.name));
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.extension().is_some_and(|e| e == "log") {
+                    let text = std::fs::read_to_string(&path).unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    let tail = lines[lines.len().saturating_sub(12)..].join("\n");
+                    logs += &format!("--- {}:\n{tail}\n", path.display());
+                }
+            }
+        }
+        let pods: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        if let Ok(list) = pods.list(&Default::default()).await {
+            for pod in list.items {
+                let statuses = pod.status.and_then(|s| s.container_statuses);
+                logs += &format!(
+                    "pod {}: {}\n",
+                    pod.metadata.name.unwrap_or_default(),
+                    serde_json::to_string(&statuses).unwrap_or_default()
+                );
+            }
+        }
+        format!("/debug/workers: {workers}\n{logs}")
     }
 
     async fn stop(self) {
@@ -564,6 +607,7 @@ async fn plane(prefix: &str, scenario: Scenario) -> anyhow::Result<Plane> {
         gateway,
         admin,
         http,
+        pods_dir: cluster.dir().join("pods"),
         _hub: hub,
     })
 }
@@ -804,7 +848,7 @@ async fn status_conditions_tell_the_truth_about_pools_and_bad_input() -> anyhow:
     .await?;
     // The router keeps serving.
     let (status, _, body) = p.chat(SERVED, "still there?", Some(KEY_A)).await?;
-    assert!(status.is_success(), "{status}: {body}");
+    assert!(status.is_success(), "{status}: {body}\n{}", p.debug().await);
     p.stop().await;
     Ok(())
 }
