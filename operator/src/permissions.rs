@@ -192,8 +192,8 @@ pub const OPERATOR_NAMESPACE_RULES: &[Rule] = &[
               keys, JWKS, backend credentials and CAs, the gateway's TLS Secret) live in the \
               router's namespace under user-chosen names, so no role can name them: the \
               operator gets each by name there to report ResolvedRefs and SecretsMounted and \
-              keeps only the key names; never list or watch, and no Secret of any other \
-              namespace",
+              keeps only the key names (and a pool's public JWKS); never list or watch, and no \
+              Secret of any other namespace",
     },
 ];
 
