@@ -36,7 +36,7 @@ enum Command {
     /// Make tenant API keys (`tenant-key new --tenant T`: a key and its Secret line).
     TenantKey(kvroute_router::tenant_key_cmd::TenantKeyArgs),
     /// Run the router (same as `kvroute-router`).
-    Router(kvroute_router::Args),
+    Router(Box<kvroute_router::Args>),
     /// Run the sidecar (same as `kvroute-sidecar`).
     Sidecar(kvroute_sidecar::Args),
     /// Run the mock vLLM worker (same as `kvroute-mock-vllm`).
@@ -55,7 +55,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Explain(args) => kvroute_router::explain_cmd::run(args).await,
         Command::Crdgen(args) => kvroute_operator::crdgen::run(args).await,
         Command::TenantKey(args) => kvroute_router::tenant_key_cmd::run(args).await,
-        Command::Router(args) => kvroute_router::run(args).await,
+        Command::Router(args) => kvroute_router::run(*args).await,
         Command::Sidecar(args) => kvroute_sidecar::run(args).await,
         Command::MockVllm(args) => kvroute_mock_vllm::run(args).await,
         Command::Operator(args) => kvroute_operator::run(args).await,

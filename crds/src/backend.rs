@@ -106,7 +106,8 @@ pub struct AuthSpec {
     pub header_name: Option<String>,
 }
 
-/// A key in a Secret of the same namespace.
+/// A key in a Secret of the router's namespace (the operator mounts it into the router; a pod
+/// can mount only Secrets of its own namespace).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretKeyRef {

@@ -218,7 +218,9 @@ async fn workload(admin: &kube::Client) -> anyhow::Result<()> {
         "metadata": {"name": "openai-credentials"},
         "stringData": {"apiKey": "sk-test"},
     }))?;
-    Api::<Secret>::namespaced(admin.clone(), TEAM)
+    // In the router's namespace: the router mounts it from there, and the operator looks it
+    // up there (its Secret get is a Role in its own namespace).
+    Api::<Secret>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
         .create(&PostParams::default(), &secret)
         .await?;
     let docs = [

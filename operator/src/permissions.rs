@@ -111,15 +111,6 @@ pub const OPERATOR_RULES: &[Rule] = &[
     Rule {
         api_groups: &[""],
         resources: &["secrets"],
-        verbs: &["get"],
-        names: &[],
-        why: "a GatewayBackend's Secret references are user-chosen names in any namespace, so \
-              no static role can name them: the operator gets each by name to report \
-              ResolvedRefs and keeps only the key names; never list or watch",
-    },
-    Rule {
-        api_groups: &[""],
-        resources: &["secrets"],
         verbs: &["get", "patch"],
         names: &[CA_SECRET, MTLS_SECRET],
         why: "certificate issuance (--mtls): the CA and the per-namespace certificate \
@@ -192,26 +183,39 @@ pub const OPERATOR_NAMESPACE_RULES: &[Rule] = &[
         names: &[ROUTER_NAME],
         why: "the router's ServiceAccount (server-side apply)",
     },
+    Rule {
+        api_groups: &[""],
+        resources: &["secrets"],
+        verbs: &["get"],
+        names: &[],
+        why: "the Secrets that pools, policies and GatewayBackends name for the router (API \
+              keys, JWKS, backend credentials and CAs, the gateway's TLS Secret) live in the \
+              router's namespace under user-chosen names, so no role can name them: the \
+              operator gets each by name there to report ResolvedRefs and SecretsMounted and \
+              keeps only the key names (and a pool's public JWKS); never list or watch, and no \
+              Secret of any other namespace",
+    },
 ];
 
-/// What the router reads: the WorkerSets, Pools and Policies discovery lists and watches, the
-/// worker pods, and the InferenceProviders and GatewayBackends it overflows to. Nothing else,
-/// and never a write. No Secrets: tokenizer tokens, API keys and provider keys are mounted files.
+/// What the router reads: the WorkerSets and Pools discovery lists and watches, the policies,
+/// providers and backends it enforces, and the worker pods. Nothing else, and never a write.
+/// No Secrets: tokenizer tokens, API keys, JWKS and backend credentials are mounted files
+/// (`desired::secrets`).
 pub const ROUTER_RULES: &[Rule] = &[
     Rule {
         api_groups: &["kvroute.dev"],
-        resources: &["inferenceworkersets", "inferencepools", "inferencepolicies"],
+        resources: &["inferenceworkersets", "inferencepools"],
         verbs: &["list", "watch"],
         names: &[],
-        why: "discovery: models, block sizes, tokenizer sources, pool aliases and the policies it enforces",
+        why: "discovery: models, block sizes, tokenizer sources and pool aliases",
     },
     Rule {
         api_groups: &["kvroute.dev"],
-        resources: &["inferenceproviders", "gatewaybackends"],
+        resources: &["inferencepolicies", "inferenceproviders", "gatewaybackends"],
         verbs: &["list", "watch"],
         names: &[],
-        why: "overflow: the providers and backends the router relays to (their Secrets are \
-              mounted files, never read from the API)",
+        why: "enforcement: policy rules, overflow providers and the backends that reach them, \
+              hot-reloaded from the watch (their Secrets are mounted, never read here)",
     },
     Rule {
         api_groups: &[""],

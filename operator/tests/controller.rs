@@ -119,6 +119,20 @@ impl FakeApi {
                     ("POST", p) if p.contains("/events") || p.ends_with("/secrets") => {
                         respond(StatusCode::CREATED, &body)
                     }
+                    ("GET", p)
+                        if p.ends_with("/namespaces/kvroute-system/deployments/kvroute-router") =>
+                    {
+                        respond(
+                            StatusCode::OK,
+                            &json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                                "metadata": {"name": "kvroute-router", "namespace": "kvroute-system"},
+                                "spec": {"selector": {}, "template": {"spec": {
+                                    "containers": [{"name": "router", "volumeMounts": [
+                                        {"name": "request-secret-0", "mountPath": "/var/run/kvroute/secrets/openai-credentials"}]}],
+                                    "volumes": [{"name": "request-secret-0",
+                                                 "secret": {"secretName": "openai-credentials", "optional": true}}]}}}}),
+                        )
+                    }
                     ("GET", p) if p.ends_with("/secrets/openai-credentials") => respond(
                         StatusCode::OK,
                         &json!({"apiVersion": "v1", "kind": "Secret",
@@ -520,17 +534,20 @@ async fn backend_reads_only_the_secrets_it_names() {
         .filter(|c| c.method == "GET")
         .map(|c| c.path.split('?').next().unwrap_or_default())
         .collect();
-    // Secrets are looked up in the router's namespace: the router reads them from mounts.
+    // Secrets are looked up where the router mounts them from: its own namespace.
     assert_eq!(
         gets,
         vec![
+            "/apis/apps/v1/namespaces/kvroute-system/deployments/kvroute-router",
             "/api/v1/namespaces/kvroute-system/secrets/openai-credentials",
+            "/apis/apps/v1/namespaces/kvroute-system/deployments/kvroute-router",
             "/api/v1/namespaces/kvroute-system/secrets/missing"
         ]
     );
     let found = written_status(&calls, "/gatewaybackends/openai/status").expect("status");
     assert_eq!(condition(&found, "Accepted")["status"], "True");
     assert_eq!(condition(&found, "Ready")["reason"], "Enforced");
+    assert_eq!(condition(&found, "SecretsMounted")["reason"], "Mounted");
     let missing = written_status(&calls, "/gatewaybackends/other/status").expect("status");
     let refs = condition(&missing, "ResolvedRefs");
     assert_eq!(refs["status"], "False");
@@ -541,6 +558,10 @@ async fn backend_reads_only_the_secrets_it_names() {
         "{refs}"
     );
     assert_eq!(condition(&missing, "Ready")["reason"], "RefNotFound");
+    assert_eq!(
+        condition(&missing, "SecretsMounted")["reason"],
+        "SecretNotFound"
+    );
     assert_rbac_covers(&calls);
     api.task.abort();
 }

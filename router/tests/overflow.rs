@@ -538,7 +538,8 @@ async fn slow_local_overflows_and_streams_token_by_token_with_usage() {
             usage[0].prompt_tokens,
             usage[0].completion_tokens
         ),
-        (Some("team-a"), 11, 3)
+        // The tenant is the verified one of the request (anonymous here: no pool auth).
+        (None, 11, 3)
     );
 }
 

@@ -6,8 +6,9 @@
 //!     bind to the fake Node, spawn `kvroute <subcommand>` per container, status Running
 //! tick (200 ms): readiness probes, restart exited containers (backoff), patch status on change
 //! pod terminating / deleted: stop its processes, confirm the deletion (grace 0)
-//! Secret volumes (volumes.rs): written under the pod's directory before it starts, the mount
-//!     path in args/env rewritten to them, re-synced from the API every second
+//! Secret volumes (volumes.rs): written under the pod's directory before it starts (kubelet's
+//!     `..data` layout), each mount root in args/env rewritten to a local directory linking
+//!     them, re-synced from the API every second (a changed Secret swaps `..data` at once)
 //! ```
 //!
 //! Pods it cannot run (a real vLLM image, an unknown container) stay Pending with a
@@ -153,6 +154,16 @@ impl FakeKubelet {
         out
     }
 
+    /// Where the running pod `namespace/name` finds `path` (a path inside its containers,
+    /// e.g. a file of a mounted Secret) on this machine; `None` when no such pod runs.
+    pub fn local_path(&self, namespace: &str, name: &str, path: &str) -> Option<PathBuf> {
+        let pods = lock(&self.state.pods);
+        let pod = pods
+            .values()
+            .find(|p| p.namespace == namespace && p.name == name)?;
+        Some(PathBuf::from(podspec::rewrite(path, &pod.mount_rewrites)))
+    }
+
     /// Pods that could not start, with the last reason (`namespace/name` -> error).
     pub fn problems(&self) -> BTreeMap<String, String> {
         lock(&self.state.problems).clone()
@@ -217,6 +228,8 @@ struct PodRun {
     reported: Option<serde_json::Value>,
     /// Secret volumes and their local directories.
     volumes: Vec<(SecretVolume, PathBuf)>,
+    /// Mount roots -> local directories (see [`volumes::mount_layout`]).
+    mount_rewrites: Vec<(String, String)>,
 }
 
 struct ContainerRun {
@@ -415,7 +428,7 @@ impl Kubelet {
         let kubeconfig = self.service_account_kubeconfig(&ns, pod).await?;
         let pod_dir = self.opts.log_dir.join(format!("{ns}_{name}"));
         let mut mounted = Vec::new();
-        let mut rewrites = Vec::new();
+        let mut mount_paths = Vec::new();
         for vol in volumes::secret_volumes(pod) {
             let dir = pod_dir.join("volumes").join(&vol.volume);
             let data = self.secret_data(&ns, &vol.secret).await?;
@@ -423,12 +436,16 @@ impl Kubelet {
             volumes::write_dir(&dir, &files)
                 .with_context(|| format!("write volume {}", dir.display()))?;
             for path in &vol.mount_paths {
-                rewrites.push((path.clone(), dir.display().to_string()));
+                mount_paths.push((path.clone(), dir.clone()));
             }
             mounted.push((vol, dir));
         }
-        // Longer mount paths first, so a nested mount is not cut by its parent's rewrite.
-        rewrites.sort_by_key(|(from, _)| std::cmp::Reverse(from.len()));
+        // Mount roots map to local directories holding a link per mount, so a flag that
+        // names the parent of several mounts finds each of them.
+        let layout = volumes::mount_layout(&mount_paths, &pod_dir);
+        volumes::make_links(&layout).with_context(|| format!("link the mounts of {ns}/{name}"))?;
+        let mount_rewrites = layout.rewrites.clone();
+        let mut rewrites = layout.rewrites;
         rewrites.extend(lock(&self.state.rewrites).iter().cloned());
         let (ip, mut plan) = match self.plan(pod, &keys, &rewrites) {
             Ok(v) => v,
@@ -508,6 +525,7 @@ impl Kubelet {
             containers,
             reported: None,
             volumes: mounted,
+            mount_rewrites,
         };
         lock(&self.state.pods).insert(uid, run);
         Ok(())
@@ -662,8 +680,9 @@ impl Kubelet {
         }))
     }
 
-    /// Re-reads every mounted Secret and rewrites the files that changed, as kubelet's sync
-    /// does. A Secret that went missing leaves the files as they were.
+    /// Re-reads every mounted Secret and swaps in a new version of the volumes that changed,
+    /// as kubelet's sync does. A Secret that went missing empties an optional volume and
+    /// leaves a required one as it was.
     async fn sync_volumes(&self) {
         let targets: Vec<(String, String, SecretVolume, PathBuf)> = {
             let pods = lock(&self.state.pods);

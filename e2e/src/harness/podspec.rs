@@ -483,10 +483,26 @@ pub fn rewrite_hosts(s: &str, ip: Ipv4Addr) -> String {
         .replace("localhost", &ip)
 }
 
-fn rewrite(s: &str, rewrites: &[(String, String)]) -> String {
-    rewrites.iter().fold(s.to_string(), |acc, (from, to)| {
-        acc.replace(from.as_str(), to)
-    })
+/// Applies `rewrites` in one pass: at each position the first rule that matches is replaced
+/// and the scan continues after it, so what a rule wrote is never rewritten again (a local
+/// directory that still contains the mount path it stands for stays as written).
+pub fn rewrite(s: &str, rewrites: &[(String, String)]) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    'scan: while let Some(c) = rest.chars().next() {
+        for (from, to) in rewrites {
+            if !from.is_empty()
+                && let Some(after) = rest.strip_prefix(from.as_str())
+            {
+                out.push_str(to);
+                rest = after;
+                continue 'scan;
+            }
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
 }
 
 fn readiness(c: &Container, probe: Option<&Probe>) -> Result<Readiness, PlanError> {
@@ -712,5 +728,25 @@ mod tests {
         ]}}));
         let err = plan_pod(&p, &facts(), &BTreeMap::new(), &[]).expect_err("unknown port");
         assert!(matches!(err, PlanError::UnknownPort { .. }));
+    }
+
+    #[test]
+    fn rewrites_apply_once_so_a_local_path_keeps_the_mount_path_it_contains() {
+        let rules = vec![
+            (
+                "/var/run/kvroute".to_string(),
+                "/tmp/p/var/run/kvroute".to_string(),
+            ),
+            ("/run/kvroute".to_string(), "/tmp/p/run/kvroute".to_string()),
+        ];
+        assert_eq!(
+            rewrite(
+                "--secrets-dir=/var/run/kvroute/secrets /run/kvroute/gpu",
+                &rules
+            ),
+            "--secrets-dir=/tmp/p/var/run/kvroute/secrets /tmp/p/run/kvroute/gpu"
+        );
+        assert_eq!(rewrite("", &rules), "");
+        assert_eq!(rewrite("é/run/kvroute", &rules), "é/tmp/p/run/kvroute");
     }
 }

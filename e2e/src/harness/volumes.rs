@@ -1,22 +1,31 @@
 //! Secret volumes for the fake kubelet, as a kubelet materializes them: each Secret volume a
 //! container mounts becomes a local directory holding the Secret's keys (or only its `items:`,
-//! under their `path`s), and the mount path in the container's args and env is rewritten to
-//! that directory. When the Secret changes the files are replaced in place (write to a
-//! temporary file, then rename), so a process that re-reads them sees the new content, as it
-//! would after kubelet's periodic sync.
+//! under their `path`s), laid out like kubelet's atomic writer: the files live in a
+//! `..<version>` directory, `..data` links to the current one and every top-level name links
+//! through `..data`. When the Secret changes a new version is written and `..data` swapped to
+//! it in one rename, so a process that re-reads sees the old set of keys or the new one,
+//! never a mix, as after kubelet's periodic sync.
+//!
+//! Mount paths: each mount's root (its parent directory, e.g. `/var/run/kvroute` for
+//! `/var/run/kvroute/tls`) becomes a local directory `<pod dir>/mnt/<n>` with a link per
+//! mount below it, and the root is rewritten to that directory in the container's args and
+//! env. So a flag naming the parent of several mounts (`--secrets-dir /var/run/kvroute/secrets`
+//! with one Secret mounted per name below it) finds them all.
 //!
 //! ```text
 //! Pod spec --secret_volumes()--> [SecretVolume {volume, secret, items, optional, mounts}]
 //! SecretVolume + Secret data --files()--> relative path -> bytes (or which key is missing)
-//! files --write_dir()--> <pod dir>/volumes/<volume>/..., only what changed
+//! files --write_dir()--> <pod dir>/volumes/<volume>/{..<v>/, ..data -> ..<v>, key -> ..data/key}
+//! mount paths --mount_layout()--> links <pod dir>/mnt/<n>/<rel> -> volume dir, rewrites root -> mnt/<n>
 //! ```
 //!
-//! Other volume kinds (emptyDir, ConfigMap) are not materialized; their paths are left as
-//! they are.
+//! Other volume kinds (emptyDir, ConfigMap) are not materialized; a path below a rewritten
+//! root points into the local root directory, where nothing is mounted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -154,37 +163,180 @@ pub fn files(
     Ok(out)
 }
 
-/// Makes `dir` hold exactly `files`: changed files are replaced atomically, files no longer
-/// present are removed. Returns whether anything changed.
-pub fn write_dir(dir: &Path, files: &BTreeMap<String, Vec<u8>>) -> std::io::Result<bool> {
-    std::fs::create_dir_all(dir)?;
-    let mut changed = false;
-    for (rel, bytes) in files {
-        let path = dir.join(rel);
-        if std::fs::read(&path).is_ok_and(|old| &old == bytes) {
-            continue;
+/// The version directories and links of [`write_dir`].
+const DATA: &str = "..data";
+const DATA_TMP: &str = "..data_tmp";
+
+/// The files under `root` (recursively), by path relative to it.
+fn read_tree(root: &Path) -> std::io::Result<BTreeMap<String, Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let entry = entry?;
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                dirs.push(path);
+            } else if let Ok(rel) = path.strip_prefix(root) {
+                out.insert(rel.to_string_lossy().into_owned(), std::fs::read(&path)?);
+            }
         }
+    }
+    Ok(out)
+}
+
+/// The top-level names of `files` (the first component of each path).
+fn top_level(files: &BTreeMap<String, Vec<u8>>) -> BTreeSet<String> {
+    files
+        .keys()
+        .filter_map(|rel| {
+            Path::new(rel).components().find_map(|c| match c {
+                Component::Normal(n) => Some(n.to_string_lossy().into_owned()),
+                _ => None,
+            })
+        })
+        .collect()
+}
+
+/// Makes `dir` hold exactly `files` the way kubelet's atomic writer does: a fresh
+/// `..<version>` directory gets the files, the `..data` link is swapped to it in one rename,
+/// every top-level name is a link `name -> ..data/name`, names no longer present are removed,
+/// and so is the previous version. Returns whether anything changed.
+pub fn write_dir(dir: &Path, files: &BTreeMap<String, Vec<u8>>) -> std::io::Result<bool> {
+    static VERSION: AtomicU64 = AtomicU64::new(0);
+    std::fs::create_dir_all(dir)?;
+    let previous = std::fs::read_link(dir.join(DATA)).ok();
+    if let Some(prev) = &previous
+        && read_tree(&dir.join(prev)).is_ok_and(|old| &old == files)
+    {
+        return Ok(false);
+    }
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let version = format!("..{stamp}_{}", VERSION.fetch_add(1, Ordering::Relaxed));
+    let data = dir.join(&version);
+    std::fs::create_dir(&data)?;
+    for (rel, bytes) in files {
+        let path = data.join(rel);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        let tmp = path.with_extension("kvroute-tmp");
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(bytes)?;
-            f.sync_all()?;
+        let mut f = std::fs::File::create(&path)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    let tmp = dir.join(DATA_TMP);
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&version, &tmp)?;
+    std::fs::rename(&tmp, dir.join(DATA))?;
+    let names = top_level(files);
+    for name in &names {
+        let link = dir.join(name);
+        let target = Path::new(DATA).join(name);
+        match std::fs::read_link(&link) {
+            Ok(t) if t == target => continue,
+            Ok(_) => std::fs::remove_file(&link)?,
+            Err(_) if std::fs::symlink_metadata(&link).is_ok() => remove_any(&link)?,
+            Err(_) => {}
         }
-        std::fs::rename(&tmp, &path)?;
-        changed = true;
+        std::os::unix::fs::symlink(&target, &link)?;
     }
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if entry.file_type()?.is_file() && !files.contains_key(&name) {
-            std::fs::remove_file(entry.path())?;
-            changed = true;
+        if !name.starts_with("..") && !names.contains(&name) {
+            remove_any(&entry.path())?;
         }
     }
-    Ok(changed)
+    if let Some(prev) = previous
+        && prev != Path::new(&version)
+    {
+        let _ = std::fs::remove_dir_all(dir.join(prev));
+    }
+    Ok(true)
+}
+
+fn remove_any(path: &Path) -> std::io::Result<()> {
+    let meta = std::fs::symlink_metadata(path)?;
+    if meta.is_dir() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    }
+}
+
+/// The root of a mount path: its parent directory, or the path itself when the parent is `/`
+/// or a top-level directory (`/tls` or `/var/tls` are their own roots, so `/` and `/var` are
+/// never rewritten).
+pub fn mount_root(path: &str) -> String {
+    let p = Path::new(path);
+    match p.parent() {
+        Some(parent) if parent.components().count() > 2 => parent.display().to_string(),
+        _ => p.display().to_string(),
+    }
+}
+
+/// Where a pod's mounts are found locally.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MountLayout {
+    /// (link to create, the volume directory it points to).
+    pub links: Vec<(PathBuf, PathBuf)>,
+    /// (mount root, local directory) rewrites for args and env.
+    pub rewrites: Vec<(String, String)>,
+}
+
+/// The local layout of `mounts` (mount path, volume directory) under `base` (the pod's
+/// directory): each outermost [`mount_root`] becomes `base/mnt/<n>`, each mount a link below
+/// it. A root inside another root is served by the outer one.
+pub fn mount_layout(mounts: &[(String, PathBuf)], base: &Path) -> MountLayout {
+    let below = |path: &str, root: &str| {
+        path == root || path.strip_prefix(root).is_some_and(|r| r.starts_with('/'))
+    };
+    let mut roots: Vec<String> = mounts.iter().map(|(m, _)| mount_root(m)).collect();
+    roots.sort();
+    roots.dedup();
+    let outer: Vec<String> = roots
+        .iter()
+        .filter(|r| !roots.iter().any(|o| o != *r && below(r, o)))
+        .cloned()
+        .collect();
+    let mut layout = MountLayout::default();
+    for (n, root) in outer.iter().enumerate() {
+        let local = base.join("mnt").join(n.to_string());
+        layout
+            .rewrites
+            .push((root.clone(), local.display().to_string()));
+        for (path, dir) in mounts.iter().filter(|(m, _)| below(m, root)) {
+            let rel = path[root.len()..].trim_start_matches('/');
+            let link = if rel.is_empty() {
+                local.clone()
+            } else {
+                local.join(rel)
+            };
+            layout.links.push((link, dir.clone()));
+        }
+    }
+    // Longer roots first, so that no rewrite cuts another's path.
+    layout
+        .rewrites
+        .sort_by_key(|(from, _)| std::cmp::Reverse(from.len()));
+    layout
+}
+
+/// Creates the links of `layout` (replacing what was there).
+pub fn make_links(layout: &MountLayout) -> std::io::Result<()> {
+    for (link, target) in &layout.links {
+        if let Some(parent) = link.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        if std::fs::symlink_metadata(link).is_ok() {
+            remove_any(link)?;
+        }
+        std::os::unix::fs::symlink(target, link)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -267,7 +419,7 @@ spec:
     }
 
     #[test]
-    fn write_dir_replaces_changed_files_and_removes_stale_ones() {
+    fn write_dir_swaps_a_new_version_in_like_kubelet() {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path().join("tls");
         let one = BTreeMap::from([
@@ -275,10 +427,111 @@ spec:
             ("ca.crt".to_string(), b"ca".to_vec()),
         ]);
         assert!(write_dir(&d, &one).expect("write"));
+        let first = std::fs::read_link(d.join(DATA)).expect("..data links a version");
+        assert_eq!(
+            std::fs::read_link(d.join("tls.crt")).expect("key links through ..data"),
+            Path::new("..data/tls.crt")
+        );
         assert!(!write_dir(&d, &one).expect("rewrite"));
+        assert_eq!(std::fs::read_link(d.join(DATA)).expect("same"), first);
+
         let two = BTreeMap::from([("tls.crt".to_string(), b"2".to_vec())]);
         assert!(write_dir(&d, &two).expect("update"));
         assert_eq!(std::fs::read(d.join("tls.crt")).expect("read"), b"2");
-        assert!(!d.join("ca.crt").exists());
+        assert!(std::fs::symlink_metadata(d.join("ca.crt")).is_err());
+        let second = std::fs::read_link(d.join(DATA)).expect("..data");
+        assert_ne!(second, first);
+        assert!(!d.join(&first).exists(), "the old version is removed");
+        let names: BTreeSet<String> = std::fs::read_dir(&d)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            BTreeSet::from([
+                "..data".to_string(),
+                second.display().to_string(),
+                "tls.crt".to_string()
+            ])
+        );
+
+        // A reader holding the old version's file keeps reading it whole; a new open sees
+        // the new content (no torn mix across keys).
+        let nested = BTreeMap::from([("sub/x".to_string(), b"x".to_vec())]);
+        assert!(write_dir(&d, &nested).expect("nested"));
+        assert_eq!(std::fs::read(d.join("sub/x")).expect("nested read"), b"x");
+        assert!(write_dir(&d, &BTreeMap::new()).expect("emptied"));
+        assert!(std::fs::symlink_metadata(d.join("sub")).is_err());
+    }
+
+    #[test]
+    fn mounts_under_one_root_share_its_local_directory() {
+        let base = Path::new("/pods/p");
+        let mounts = vec![
+            (
+                "/var/run/kvroute/secrets/api-keys".to_string(),
+                PathBuf::from("/pods/p/volumes/a"),
+            ),
+            (
+                "/var/run/kvroute/secrets/ca".to_string(),
+                PathBuf::from("/pods/p/volumes/b"),
+            ),
+            (
+                "/var/run/kvroute/tls".to_string(),
+                PathBuf::from("/pods/p/volumes/c"),
+            ),
+            ("/tls".to_string(), PathBuf::from("/pods/p/volumes/d")),
+        ];
+        assert_eq!(mount_root("/var/run/kvroute/tls"), "/var/run/kvroute");
+        assert_eq!(mount_root("/var/tls"), "/var/tls");
+        assert_eq!(mount_root("/tls"), "/tls");
+        let layout = mount_layout(&mounts, base);
+        assert_eq!(
+            layout.rewrites,
+            vec![
+                ("/var/run/kvroute".to_string(), "/pods/p/mnt/1".to_string()),
+                ("/tls".to_string(), "/pods/p/mnt/0".to_string()),
+            ]
+        );
+        assert_eq!(
+            layout.links,
+            vec![
+                (
+                    PathBuf::from("/pods/p/mnt/0"),
+                    PathBuf::from("/pods/p/volumes/d")
+                ),
+                (
+                    PathBuf::from("/pods/p/mnt/1/secrets/api-keys"),
+                    PathBuf::from("/pods/p/volumes/a")
+                ),
+                (
+                    PathBuf::from("/pods/p/mnt/1/secrets/ca"),
+                    PathBuf::from("/pods/p/volumes/b")
+                ),
+                (
+                    PathBuf::from("/pods/p/mnt/1/tls"),
+                    PathBuf::from("/pods/p/volumes/c")
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_flag_naming_the_parent_of_mounts_reads_every_secret_through_the_links() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = dir.path();
+        let vol = base.join("volumes").join("k");
+        write_dir(&vol, &BTreeMap::from([("key".to_string(), b"v1".to_vec())])).expect("write");
+        let layout = mount_layout(
+            &[("/var/run/kvroute/secrets/keys".to_string(), vol.clone())],
+            base,
+        );
+        make_links(&layout).expect("links");
+        let (from, to) = &layout.rewrites[0];
+        let flag = "/var/run/kvroute/secrets".replace(from.as_str(), to);
+        let read = || std::fs::read(Path::new(&flag).join("keys").join("key")).expect("read");
+        assert_eq!(read(), b"v1");
+        write_dir(&vol, &BTreeMap::from([("key".to_string(), b"v2".to_vec())])).expect("rotate");
+        assert_eq!(read(), b"v2");
     }
 }

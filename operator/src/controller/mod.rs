@@ -76,6 +76,8 @@ pub struct Ctx {
     pub pki: pki::PkiSettings,
     /// Wakes the PKI loop early (a WorkerSet or Pool appeared and needs its pair).
     pub pki_wake: tokio::sync::Notify,
+    /// Wakes the router pass early (a resource names a Secret the router does not mount yet).
+    pub router_wake: tokio::sync::Notify,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -98,6 +100,7 @@ impl Ctx {
             requeue,
             pki: pki::PkiSettings::default(),
             pki_wake: tokio::sync::Notify::new(),
+            router_wake: tokio::sync::Notify::new(),
             failures: Mutex::new(HashMap::new()),
         }
     }

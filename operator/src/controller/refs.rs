@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, ListParams};
@@ -32,7 +33,9 @@ use serde::de::DeserializeOwned;
 use super::{Ctx, Error, apply_status, error_policy, object_key};
 use crate::desired::DesiredError;
 use crate::desired::refs::{Inventory, Needs, RefStatus, ready_events, settled};
+use crate::desired::secrets::{mountable, mounted_secrets};
 use crate::desired::tls::{self, TlsMode, TransportFacts};
+use crate::permissions::ROUTER_NAME;
 use crate::pki::MTLS_SECRET;
 
 /// How soon an unsettled resource is re-checked (at most; never later than `ctx.requeue`).
@@ -51,15 +54,19 @@ where
         .items)
 }
 
-/// Fetches what `needs` names from `ns`; Secrets from `secrets_ns` (the router's namespace:
-/// the router reads mounted Secrets from there only). Of a Secret only its key names are kept.
+/// Fetches what `needs` names from `ns`; Secrets from the router's namespace (the router
+/// mounts them from there), with the router Deployment's Secret mounts. Of a Secret only its
+/// key names are kept.
 async fn inventory(
     client: &Client,
     ns: &str,
-    secrets_ns: &str,
+    router_ns: &str,
     needs: Needs,
 ) -> Result<Inventory, Error> {
-    let mut inv = Inventory::default();
+    let mut inv = Inventory {
+        router_namespace: router_ns.to_string(),
+        ..Inventory::default()
+    };
     if needs.worker_sets {
         inv.worker_sets = list(client, ns).await?;
     }
@@ -72,9 +79,20 @@ async fn inventory(
     if needs.backends {
         inv.backends = list(client, ns).await?;
     }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), secrets_ns);
+    if !needs.secrets.is_empty() {
+        inv.router_mounts = Api::<Deployment>::namespaced(client.clone(), router_ns)
+            .get_opt(ROUTER_NAME)
+            .await?
+            .map(|d| mounted_secrets(&d));
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), router_ns);
     for name in needs.secrets {
         if let Some(s) = secrets.get_opt(&name).await? {
+            for (secret, key) in needs.jwks.iter().filter(|(s, _)| *s == name) {
+                if let Some(v) = s.data.as_ref().and_then(|d| d.get(key)) {
+                    inv.jwks.insert((secret.clone(), key.clone()), v.0.clone());
+                }
+            }
             let keys: BTreeSet<String> = s.data.into_iter().flatten().map(|(k, _)| k).collect();
             inv.secrets.insert(name, keys);
         }
@@ -168,6 +186,18 @@ where
         .await;
     }
     ctx.succeeded(&object_key(obj.as_ref()));
+    let unmounted = obj.secret_uses().iter().any(|u| {
+        mountable(&u.name)
+            && !inv
+                .router_mounts
+                .as_ref()
+                .is_some_and(|m| m.contains(&u.name))
+    });
+    if unmounted {
+        // A Secret this resource names (existing yet or not) is not in the router's pod
+        // template: the router pass adds it now rather than at its next period.
+        ctx.router_wake.notify_one();
+    }
     // Certificates appear without an event this controller sees (it never watches Secrets).
     let tls_pending = inv.transport.is_some()
         && K::conditions(&status).iter().any(|c| {

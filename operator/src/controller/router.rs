@@ -10,33 +10,37 @@ use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, ListParams};
-use kvroute_crds::{InferencePool, InferenceWorkerSet};
+use kvroute_crds::{GatewayBackend, InferencePolicy, InferencePool, InferenceWorkerSet};
 use tokio_util::sync::CancellationToken;
 
 use super::{Ctx, Error, apply, backoff};
 use crate::desired::router::{desired_router, tokenizer_mounts};
+use crate::desired::secrets::{
+    SecretUse, backend_secret_uses, mount_secrets, policy_secret_uses, pool_secret_uses,
+    router_secrets,
+};
 use crate::desired::tls::{secure_router, transport};
 
 /// Applies every router object once. The WorkerSets are listed for the tokenizer Secrets
-/// and ConfigMaps the router pods mount.
+/// and ConfigMaps the router pods mount; Pools, Policies and GatewayBackends for the Secrets
+/// the router reads while serving (API keys, JWKS, backend credentials and CAs).
 pub async fn reconcile(ctx: &Ctx) -> Result<(), Error> {
     let _timer = ctx.start("Router");
     ctx.ensure_leader()?;
     let c = &ctx.client;
-    let sets_api: Api<InferenceWorkerSet> = if ctx.cfg.watch_namespace.is_empty() {
-        Api::all(c.clone())
-    } else {
-        Api::namespaced(c.clone(), &ctx.cfg.watch_namespace)
-    };
-    let sets = sets_api.list(&ListParams::default()).await?.items;
+    let sets: Vec<InferenceWorkerSet> = list(ctx).await?;
     let mut objs = desired_router(&ctx.cfg, &tokenizer_mounts(&sets));
+    let pools: Vec<InferencePool> = list(ctx).await?;
+    let policies: Vec<InferencePolicy> = list(ctx).await?;
+    let backends: Vec<GatewayBackend> = list(ctx).await?;
+    let uses: Vec<SecretUse> = pools
+        .iter()
+        .flat_map(|p| pool_secret_uses(&p.spec))
+        .chain(policies.iter().flat_map(|p| policy_secret_uses(&p.spec)))
+        .chain(backends.iter().flat_map(|b| backend_secret_uses(&b.spec)))
+        .collect();
+    mount_secrets(&mut objs.deployment, &router_secrets(&uses));
     if ctx.cfg.mtls {
-        let pools: Api<InferencePool> = if ctx.cfg.watch_namespace.is_empty() {
-            Api::all(c.clone())
-        } else {
-            Api::namespaced(c.clone(), &ctx.cfg.watch_namespace)
-        };
-        let pools = pools.list(&ListParams::default()).await?.items;
         secure_router(&mut objs.deployment, &transport(&pools));
     }
     let ns = ctx.cfg.router_namespace.as_str();
@@ -70,6 +74,22 @@ pub async fn reconcile(ctx: &Ctx) -> Result<(), Error> {
     Ok(())
 }
 
+/// Every `K` in the watched namespace (all namespaces when unset).
+async fn list<K>(ctx: &Ctx) -> Result<Vec<K>, Error>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = if ctx.cfg.watch_namespace.is_empty() {
+        Api::all(ctx.client.clone())
+    } else {
+        Api::namespaced(ctx.client.clone(), &ctx.cfg.watch_namespace)
+    };
+    Ok(api.list(&ListParams::default()).await?.items)
+}
+
 /// Re-applies the router every `ctx.requeue` (sooner, with backoff, after a failure) until
 /// `stop`.
 pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
@@ -93,6 +113,7 @@ pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(delay) => {}
+            _ = ctx.router_wake.notified(), if failures == 0 => {}
         }
     }
 }

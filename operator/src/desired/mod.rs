@@ -4,9 +4,11 @@
 //! call, and apply.
 
 pub mod hardening;
+pub mod identity;
 pub mod network_policy;
 pub mod refs;
 pub mod router;
+pub mod secrets;
 pub mod tls;
 pub mod workerset;
 

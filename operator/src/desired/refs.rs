@@ -37,6 +37,10 @@ use kvroute_crds::{
     GatewayBackend, InferencePolicy, InferencePool, InferenceProvider, InferenceWorkerSet,
 };
 
+use super::secrets::{
+    SECRETS_MOUNTED, SecretFacts, SecretUse, backend_secret_uses, policy_secret_uses,
+    pool_secret_uses, secrets_mounted,
+};
 use super::{Notable, Severity};
 
 /// Ready reason of a resource that is valid and resolved but that nothing acts on yet.
@@ -65,8 +69,17 @@ pub struct Inventory {
     pub backends: Vec<GatewayBackend>,
     /// InferencePools.
     pub pools: Vec<InferencePool>,
-    /// Secret name -> its keys; only the Secrets a resource references are looked up.
+    /// Secret name -> its keys, in the router's namespace (where the router mounts them
+    /// from, see [`super::secrets`]); only the Secrets a resource references are looked up.
     pub secrets: BTreeMap<String, BTreeSet<String>>,
+    /// The router's namespace.
+    pub router_namespace: String,
+    /// Secrets the router Deployment mounts under [`super::secrets::SECRETS_DIR`]; `None`
+    /// when there is no router Deployment (looked up only for resources that name Secrets).
+    pub router_mounts: Option<BTreeSet<String>>,
+    /// (Secret, key) -> content, for the JWKS keys a pool names (public keys; the only
+    /// Secret values the operator keeps).
+    pub jwks: BTreeMap<(String, String), Vec<u8>>,
     /// Transport security facts of a pool (only with `--mtls`, see [`super::tls`]).
     pub transport: Option<super::tls::TransportFacts>,
 }
@@ -76,6 +89,14 @@ fn name_of<K: kube::Resource>(k: &K) -> &str {
 }
 
 impl Inventory {
+    /// What the [`super::secrets::SECRETS_MOUNTED`] condition reads.
+    pub fn secret_facts(&self) -> SecretFacts {
+        SecretFacts {
+            router_namespace: self.router_namespace.clone(),
+            keys: self.secrets.clone(),
+            mounted: self.router_mounts.clone(),
+        }
+    }
     fn worker_set(&self, name: &str) -> Option<&InferenceWorkerSet> {
         self.worker_sets.iter().find(|w| name_of(*w) == name)
     }
@@ -117,8 +138,11 @@ pub struct Needs {
     pub pools: bool,
     /// List the GatewayBackends.
     pub backends: bool,
-    /// Get these Secrets (by name); only their key names are kept.
+    /// Get these Secrets (by name, in the router's namespace) and the router Deployment's
+    /// mounts; only the Secrets' key names are kept.
     pub secrets: BTreeSet<String>,
+    /// Keep the content of these (Secret, key)s: JWKS, checked by the operator.
+    pub jwks: BTreeSet<(String, String)>,
     /// Gather the transport security facts (pools only; the controller does it with
     /// `--mtls`): `Some(gateway Secret the pool names, if any)`.
     pub transport: Option<Option<String>>,
@@ -139,6 +163,26 @@ pub trait RefStatus:
     fn identity_stems(&self, _inv: &Inventory) -> Vec<String> {
         Vec::new()
     }
+    /// The Secrets this resource makes the router read (mounted by the operator).
+    fn secret_uses(&self) -> Vec<SecretUse> {
+        Vec::new()
+    }
+}
+
+/// Adds the [`SECRETS_MOUNTED`] condition of `uses` (when there are any) to `conditions`.
+fn with_secrets(
+    mut conditions: Vec<Condition>,
+    uses: &[SecretUse],
+    inv: &Inventory,
+    generation: Option<i64>,
+    previous: &[Condition],
+    now: &Time,
+) -> Vec<Condition> {
+    let next: Vec<Condition> = secrets_mounted(uses, &inv.secret_facts(), generation, now)
+        .into_iter()
+        .collect();
+    conditions.extend(condition::merge_conditions(previous, next));
+    conditions
 }
 
 fn previous_conditions<K: RefStatus>(obj: &K) -> &[Condition] {
@@ -150,6 +194,11 @@ impl RefStatus for InferencePool {
         Needs {
             worker_sets: true,
             providers: true,
+            secrets: names(&self.secret_uses()),
+            jwks: super::identity::pool_jwks_uses(&self.spec)
+                .into_iter()
+                .map(|u| (u.name, u.key.unwrap_or_default()))
+                .collect(),
             transport: Some(
                 self.spec
                     .gateway
@@ -163,10 +212,21 @@ impl RefStatus for InferencePool {
     fn identity_stems(&self, inv: &Inventory) -> Vec<String> {
         super::tls::pool_stems(name_of(self), &self.spec, &inv.worker_sets)
     }
+    fn secret_uses(&self) -> Vec<SecretUse> {
+        pool_secret_uses(&self.spec)
+    }
     fn decide(&self, inv: &Inventory, now: &Time) -> InferencePoolStatus {
         let generation = self.metadata.generation;
-        let (models, conditions) =
-            pool_status(&self.spec, generation, previous_conditions(self), inv, now);
+        let previous = previous_conditions(self);
+        let (models, conditions) = pool_status(&self.spec, generation, previous, inv, now);
+        let conditions = with_secrets(
+            conditions,
+            &self.secret_uses(),
+            inv,
+            generation,
+            previous,
+            now,
+        );
         InferencePoolStatus {
             observed_generation: generation,
             models,
@@ -184,18 +244,25 @@ impl RefStatus for InferencePolicy {
             worker_sets: true,
             providers: true,
             pools: true,
+            secrets: names(&self.secret_uses()),
             ..Needs::default()
         }
     }
+    fn secret_uses(&self) -> Vec<SecretUse> {
+        policy_secret_uses(&self.spec)
+    }
     fn decide(&self, inv: &Inventory, now: &Time) -> InferencePolicyStatus {
         let generation = self.metadata.generation;
+        let previous = previous_conditions(self);
+        let conditions = policy_conditions(&self.spec, generation, previous, inv, now);
         InferencePolicyStatus {
             observed_generation: generation,
-            conditions: policy_conditions(
-                &self.spec,
-                generation,
-                previous_conditions(self),
+            conditions: with_secrets(
+                conditions,
+                &self.secret_uses(),
                 inv,
+                generation,
+                previous,
                 now,
             ),
         }
@@ -233,24 +300,25 @@ impl RefStatus for InferenceProvider {
 impl RefStatus for GatewayBackend {
     fn needs(&self) -> Needs {
         Needs {
-            secrets: self
-                .spec
-                .secret_refs()
-                .into_iter()
-                .map(|(_, r)| r.name.clone())
-                .collect(),
+            secrets: names(&self.secret_uses()),
             ..Needs::default()
         }
     }
+    fn secret_uses(&self) -> Vec<SecretUse> {
+        backend_secret_uses(&self.spec)
+    }
     fn decide(&self, inv: &Inventory, now: &Time) -> GatewayBackendStatus {
         let generation = self.metadata.generation;
+        let previous = previous_conditions(self);
+        let conditions = backend_conditions(&self.spec, generation, previous, inv, now);
         GatewayBackendStatus {
             observed_generation: generation,
-            conditions: backend_conditions(
-                &self.spec,
-                generation,
-                previous_conditions(self),
+            conditions: with_secrets(
+                conditions,
+                &self.secret_uses(),
                 inv,
+                generation,
+                previous,
                 now,
             ),
         }
@@ -260,12 +328,19 @@ impl RefStatus for GatewayBackend {
     }
 }
 
-/// True when nothing is left to wait for: Ready, or valid and resolved but [`NOT_ENFORCED`].
-/// Unsettled resources are re-checked sooner (what they wait for, a Secret or a WorkerSet
-/// becoming ready, may not trigger a watch event on them).
+/// True when nothing is left to wait for: Ready, or valid and resolved but [`NOT_ENFORCED`],
+/// and every Secret it names mounted. Unsettled resources are re-checked sooner (what they
+/// wait for, a Secret, a router rollout or a WorkerSet becoming ready, may not trigger a
+/// watch event on them).
 pub fn settled(conditions: &[Condition]) -> bool {
     condition::find(conditions, READY)
         .is_some_and(|r| r.status == "True" || r.reason == NOT_ENFORCED)
+        && condition::find(conditions, SECRETS_MOUNTED).is_none_or(|c| c.status == "True")
+}
+
+/// The Secret names of `uses` (what the controller gets, keys only).
+fn names(uses: &[SecretUse]) -> BTreeSet<String> {
+    uses.iter().map(|u| u.name.clone()).collect()
 }
 
 /// Events when Ready changes status or reason.
@@ -307,10 +382,6 @@ enum Readiness {
     Enforced(String),
     /// Ready=False: waiting for something (reason, message).
     Waiting(&'static str, String),
-    /// Ready=False with reason [`NOT_ENFORCED`]: nothing acts on the resource yet (message).
-    NotEnforced(String),
-    /// Ready=True with reason [`ENFORCED`]: the router acts on it (message).
-    Enforced(String),
 }
 
 /// Conditions shared by the status-only kinds: Accepted (the spec is valid), ResolvedRefs
@@ -366,10 +437,6 @@ fn ref_conditions(
                 Readiness::Ready(msg) => cond(READY, ConditionStatus::True, "Ready", msg),
                 Readiness::Enforced(msg) => cond(READY, ConditionStatus::True, ENFORCED, msg),
                 Readiness::Waiting(reason, msg) => cond(READY, ConditionStatus::False, reason, msg),
-                Readiness::NotEnforced(msg) => {
-                    cond(READY, ConditionStatus::False, NOT_ENFORCED, msg)
-                }
-                Readiness::Enforced(msg) => cond(READY, ConditionStatus::True, ENFORCED, msg),
             };
             vec![accepted, resolved, ready]
         }
@@ -495,7 +562,11 @@ pub fn pool_status(
         ))
     };
     let mut conditions = ref_conditions(&issues, &missing, readiness, generation, previous, now);
-    let mut extra = vec![tokenizer_routing(spec, generation, now)];
+    let mut extra = vec![
+        tokenizer_routing(spec, generation, now),
+        super::identity::tenant_identity(spec, &inv.jwks, generation, now),
+    ];
+    extra.extend(super::identity::provider_targets(spec, generation, now));
     if let Some(facts) = &inv.transport {
         extra.push(super::tls::transport_condition(
             spec, facts, generation, now,

@@ -94,6 +94,16 @@ fn pool_lists_ready_targets_per_model_primaries_first() {
     let load_only = pool("targets: [{workerSet: qwen}]\nrouting: {allowLoadOnly: true}\n");
     let (_, conds) = pool_status(&load_only, Some(1), &[], &inv, &now());
     assert_eq!(reason(&conds).as_deref(), Some("LoadOnlyAllowed"));
+    // No spec.auth: the pool says its requests are anonymous; the local-only pool has no
+    // ProviderTargets condition, the one with a provider target says what the router does.
+    let identity = condition::find(&conds, super::super::identity::TENANT_IDENTITY).expect("c");
+    assert_eq!(
+        (identity.status.as_str(), identity.reason.as_str()),
+        ("False", "Anonymous")
+    );
+    assert!(condition::find(&conds, super::super::identity::PROVIDER_TARGETS).is_none());
+    let (_, with_provider) = pool_status(&spec, Some(1), &[], &inv, &now());
+    assert!(condition::find(&with_provider, super::super::identity::PROVIDER_TARGETS).is_some());
 }
 
 #[test]
@@ -398,9 +408,19 @@ fn generic_decision_needs_what_it_reads_and_keeps_transition_times() {
         "s".into(),
         BTreeSet::from(["ca".to_string(), "token".to_string()]),
     );
+    inv.router_mounts = Some(BTreeSet::from(["s".to_string()]));
     let first = backend.decide(&inv, &now());
     assert_eq!(first.observed_generation, Some(5));
-    assert_eq!(GatewayBackend::conditions(&first).len(), 3);
+    let conditions = GatewayBackend::conditions(&first);
+    assert_eq!(conditions.len(), 4);
+    assert!(condition::is_true(conditions, SECRETS_MOUNTED));
+    assert!(settled(conditions));
+    inv.router_mounts = Some(BTreeSet::new());
+    let pending = backend.decide(&inv, &now());
+    let c = condition::find(GatewayBackend::conditions(&pending), SECRETS_MOUNTED).expect("c");
+    assert_eq!(c.reason, "MountPending");
+    assert!(!settled(GatewayBackend::conditions(&pending)));
+    inv.router_mounts = Some(BTreeSet::from(["s".to_string()]));
     let mut seen = backend.clone();
     seen.status = Some(first.clone());
     let later = Time(Timestamp::from_second(1_700_000_600).expect("valid"));

@@ -438,6 +438,8 @@ fn router_env(cfg: &OperatorConfig) -> Vec<EnvVar> {
             "KVROUTE_ROUTER_SHUTDOWN_GRACE_S",
             SHUTDOWN_GRACE_S.to_string(),
         ),
+        // Each replica enforces 1/N of a tenant's limits (docs/control-plane.md, "Limits").
+        env("KVROUTE_ROUTER_REPLICAS", cfg.router_replicas.to_string()),
     ];
     if !cfg.watch_namespace.is_empty() {
         vars.push(env("KVROUTE_ROUTER_NAMESPACE", cfg.watch_namespace.clone()));
@@ -637,6 +639,12 @@ mod tests {
         let spec = o.deployment.spec.expect("spec");
         assert_eq!(spec.replicas, Some(3));
         let pod = spec.template.spec.expect("pod");
+        // The replicas share tenant limits: each is told how many there are.
+        assert!(
+            pod.containers[0].env.iter().flatten().any(|e| {
+                e.name == "KVROUTE_ROUTER_REPLICAS" && e.value.as_deref() == Some("3")
+            })
+        );
         assert_eq!(pod.service_account_name.as_deref(), Some(ROUTER_NAME));
         assert_eq!(pod.containers[0].image.as_deref(), Some("r:1"));
         assert_eq!(

@@ -69,7 +69,7 @@ impl OverflowPlan {
 /// Where a request went.
 pub(super) enum Routed {
     /// To a local worker, which answered with headers.
-    Local(Sent),
+    Local(Box<Sent>),
     /// To a provider: the client's response.
     Provider(axum::response::Response),
 }
@@ -161,7 +161,7 @@ impl Gateway {
             Some(a) => self
                 .forward(route, body, Some(a))
                 .await
-                .map(|sent| (Routed::Local(sent), permit)),
+                .map(|sent| (Routed::Local(Box::new(sent)), permit)),
             None => Err(stay_local_error(
                 GatewayError::NoReadyWorker(route.client_model.clone()),
                 &plan,

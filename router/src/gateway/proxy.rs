@@ -408,7 +408,7 @@ async fn openai_request(
         .forward_or_overflow(route, body, ClientApi::of(endpoint), bytes)
         .await?;
     let mut sent = match routed {
-        Routed::Local(sent) => sent,
+        Routed::Local(sent) => *sent,
         Routed::Provider(resp) => return Ok(resp),
     };
     tap.rule_permit = permit;
@@ -478,7 +478,7 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
         .forward_or_overflow(route, body, ClientApi::Messages, bytes)
         .await?;
     let mut sent = match routed {
-        Routed::Local(sent) => sent,
+        Routed::Local(sent) => *sent,
         Routed::Provider(resp) => return Ok(resp),
     };
     tap.rule_permit = permit;
