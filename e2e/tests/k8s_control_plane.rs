@@ -419,11 +419,20 @@ async fn apply(client: &kube::Client, ns: &str, obj: &Value) -> anyhow::Result<(
                 .await
                 .with_context(|| format!("create {kind} {name}"))?;
         }
-        Some(current) => {
-            desired.metadata.resource_version = current.metadata.resource_version;
-            api.replace(name, &PostParams::default(), &desired)
-                .await
-                .with_context(|| format!("replace {kind} {name}"))?;
+        Some(mut current) => {
+            // The operator writes status meanwhile: retry a replace that lost that race.
+            for attempt in 0.. {
+                desired.metadata.resource_version = current.metadata.resource_version.clone();
+                match api.replace(name, &PostParams::default(), &desired).await {
+                    Ok(_) => break,
+                    Err(kube::Error::Api(e)) if e.code == 409 && attempt < 5 => {
+                        current = api.get(name).await?;
+                    }
+                    Err(e) => {
+                        return Err(e).with_context(|| format!("replace {kind} {name}"));
+                    }
+                }
+            }
         }
     }
     Ok(())
@@ -937,6 +946,12 @@ async fn overflow_goes_to_the_provider_when_the_pool_is_saturated() -> anyhow::R
         let prompts: Vec<String> = (0..8).map(|i| format!("long story {i}")).collect();
         let burst = prompts.iter().map(|t| p.chat(SERVED, t, Some(KEY_A)));
         let answers = futures::future::join_all(burst).await;
+        for a in &answers {
+            match a {
+                Ok((s, _, b)) => eprintln!("burst answer {s}: {:.120}", b.to_string()),
+                Err(e) => eprintln!("burst error {e}"),
+            }
+        }
         let from_provider = answers
             .into_iter()
             .filter_map(Result::ok)
@@ -944,13 +959,26 @@ async fn overflow_goes_to_the_provider_when_the_pool_is_saturated() -> anyhow::R
             .count();
         Ok((from_provider > 0).then_some(from_provider))
     })
-    .await?;
+    .await;
+    let answered = match answered {
+        Ok(n) => n,
+        Err(e) => {
+            let m = p.metrics().await.unwrap_or_default();
+            let lines: Vec<&str> = m
+                .lines()
+                .filter(|l| {
+                    !l.starts_with('#') && (l.contains("provider") || l.contains("policy_verdicts"))
+                })
+                .collect();
+            anyhow::bail!("{e}\nmetrics:\n{}\n{}", lines.join("\n"), p.debug().await);
+        }
+    };
     println!(
         "overflow: {answered} of 8 answered by the provider after {} ms",
         start.elapsed().as_millis()
     );
     assert_eq!(p.provider.refused.load(Ordering::Relaxed), 0);
-    p.wait_condition("InferenceProvider", "fake", "Ready", "True", "Ready")
+    p.wait_condition("InferenceProvider", "fake", "Ready", "True", "Enforced")
         .await?;
     p.stop().await;
     Ok(())
@@ -1100,10 +1128,12 @@ async fn bad_input_is_counted_and_the_last_good_configuration_stays() -> anyhow:
     .await?;
     let m0 = p.metrics().await?;
     // A malformed version of the same policy: refused, and the good one stays.
+    // (An empty range: its CEL rule is not enforced by this API server, so the object is
+    // stored and the operator's and router's own validation must refuse it.)
     let bad = policy(
         "rules",
-        json!([{"name": "a", "actions": {"route": {"localOnly": true}}},
-               {"name": "a", "actions": {"reject": {"status": 403}}}]),
+        json!([{"name": "a", "match": {"poolState": {"bestTtftMs": {"atLeast": 500, "below": 100}}},
+                "actions": {"reject": {"status": 403}}}]),
     );
     p.apply(&bad).await?;
     p.wait_condition(
@@ -1128,14 +1158,27 @@ async fn bad_input_is_counted_and_the_last_good_configuration_stays() -> anyhow:
         "RefNotFound",
     )
     .await?;
-    wait_for("the router counts the bad input", WAIT, || async {
+    let counted = wait_for("the router counts the bad input", WAIT, || async {
         let m = p.metrics().await?;
         let missing = metric(&m, "kvroute_router_tenant_secret_errors_total", "");
         let jwks = metric(&m, "kvroute_router_tenant_jwks_errors_total", "");
         Ok((missing > 0.0 && jwks > 0.0).then_some(()))
     })
-    .await
-    .with_context(|| m0.clone())?;
+    .await;
+    if let Err(e) = counted {
+        let now = p.metrics().await.unwrap_or_default();
+        let tenant: Vec<&str> = now
+            .lines()
+            .filter(|l| {
+                l.starts_with("kvroute_router_tenant") || l.starts_with("kvroute_router_policy")
+            })
+            .collect();
+        anyhow::bail!(
+            "{e}\nbefore:\n{m0}\nnow:\n{}\n{}",
+            tenant.join("\n"),
+            p.debug().await
+        );
+    }
     let (status, _, _) = p.chat(SERVED, "x", Some(KEY_B)).await?;
     assert_eq!(status, StatusCode::FORBIDDEN, "the last good policy stays");
     let (status, _, body) = p.chat(SERVED, "x", Some(KEY_A)).await?;

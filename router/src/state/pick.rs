@@ -552,7 +552,12 @@ impl RouterState {
                     .sum::<f64>()
                     / (100.0 * g.len() as f64)
             });
-            pool.add(c.predicted_ttft, c.waiting, f64::from(c.kv_usage), gpu);
+            pool.add(
+                c.predicted_ttft,
+                c.waiting.max(c.inflight),
+                f64::from(c.kv_usage),
+                gpu,
+            );
         }
         let pool = pool.finish();
         let verdict = policies.evaluate(&facts, &pool);

@@ -244,8 +244,17 @@ impl JwksStore {
         }
     }
 
-    /// Re-reads the Secret sources, forgets sources not in `wanted`.
+    /// Re-reads the Secret sources, forgets sources not in `wanted`. A wanted Secret source
+    /// never used yet is read now, so a missing or bad JWKS is counted (and the operator's
+    /// condition matched by a router counter) before the first token needs it.
     pub fn refresh_secrets(&self, wanted: &[JwksSource]) {
+        for src in wanted {
+            let fresh =
+                matches!(src, JwksSource::Secret { .. }) && !self.slots.read().contains_key(src);
+            if fresh {
+                self.get(src);
+            }
+        }
         let sources: Vec<JwksSource> = self.slots.read().keys().cloned().collect();
         for src in sources {
             if !wanted.contains(&src) {

@@ -143,8 +143,14 @@ impl SecretFiles {
         table
     }
 
-    /// Re-reads every loaded API-key Secret, forgetting those not in `wanted`.
+    /// Re-reads every API-key Secret in `wanted` (one not loaded yet is loaded now, so a
+    /// missing Secret is counted before a request needs it), forgetting the others.
     pub fn refresh(&self, wanted: &[String]) {
+        for name in wanted {
+            if !self.key_secrets.read().contains_key(name) {
+                self.key_table(name);
+            }
+        }
         let loaded: Vec<(String, KeySecret)> = self
             .key_secrets
             .read()
@@ -207,6 +213,11 @@ impl SecretFiles {
                     }
                 }
             }
+        }
+        if files.is_empty() && old.files.is_empty() {
+            // An optional Secret volume of a Secret that does not exist is an empty directory
+            // (kubelet): as missing as no directory at all.
+            self.error(secret, "", SecretError::Missing);
         }
         let mut table = KeyTable::default();
         let mut names: Vec<&String> = files.keys().collect();
