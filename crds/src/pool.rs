@@ -9,6 +9,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::backend::SecretKeyRef;
 use crate::condition::Condition;
 use crate::validation::SpecIssue;
 
@@ -134,17 +135,6 @@ impl JwtAuthSpec {
     }
 }
 
-/// One key of a Secret in the router's namespace.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct SecretKeyRef {
-    /// The Secret's name.
-    #[schemars(length(min = 1, max = 253))]
-    pub name: String,
-    /// The data key.
-    #[schemars(length(min = 1, max = 253))]
-    pub key: String,
-}
 
 /// Certificate source of a pool.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
