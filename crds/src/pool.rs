@@ -135,7 +135,6 @@ impl JwtAuthSpec {
     }
 }
 
-
 /// Certificate source of a pool.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
