@@ -488,18 +488,7 @@ impl RouterState {
             policy::class_headers(input.headers, &m.policy.bad_headers);
         let headers = policy::Headers(input.headers);
         let labels = super::labels::label(&self.0.classifier, input);
-        let mut facts = RequestFacts {
-            pool: resolved.pool.as_deref(),
-            tenant: input.tenant,
-            model: input.model,
-            backend_model: (resolved.backend_model != input.model)
-                .then_some(resolved.backend_model.as_str()),
-            labels: &labels.all,
-            headers: &headers,
-            service_class: class_header,
-            prompt_tokens: 0,
-            max_output_tokens: input.max_tokens,
-        };
+        let mut facts = request_facts(input, &resolved, &labels.all, &headers, class_header);
         let pool_sets = self.pool_worker_sets(resolved.pool.as_deref());
         let names = self.routable_workers(&resolved.backend_model, &pool_sets, input.exclude);
         if names.is_empty() {
@@ -562,17 +551,7 @@ impl RouterState {
         let pool = pool.finish();
         let verdict = policies.evaluate(&facts, &pool);
         let mut record = VerdictRecord::of(&verdict);
-        let hooks = PolicyHooks {
-            rule: verdict
-                .matched
-                .map(|x| (x.policy.to_string(), x.rule.to_string())),
-            limits: verdict.limits().copied(),
-            overflow: verdict
-                .overflow()
-                .map(|o| (o.provider.to_string(), o.triggered(&pool))),
-            local_only: verdict.local_only(),
-            stay_local: verdict.local_only() || is_personal(&labels.all),
-        };
+        let hooks = PolicyHooks::of(&verdict, &pool, &labels.all);
         let checked = self
             .check_verdict(&verdict, assign)
             .and_then(|()| {
@@ -664,31 +643,10 @@ impl RouterState {
             policy::class_headers(input.headers, &self.0.metrics.policy.bad_headers);
         let headers = policy::Headers(input.headers);
         let labels = super::labels::label(&self.0.classifier, input);
-        let facts = RequestFacts {
-            pool: resolved.pool.as_deref(),
-            tenant: input.tenant,
-            model: input.model,
-            backend_model: (resolved.backend_model != input.model)
-                .then_some(resolved.backend_model.as_str()),
-            labels: &labels.all,
-            headers: &headers,
-            service_class: class_header,
-            prompt_tokens: 0,
-            max_output_tokens: input.max_tokens,
-        };
+        let facts = request_facts(input, &resolved, &labels.all, &headers, class_header);
         let pool = PoolState::default();
         let verdict = policies.evaluate(&facts, &pool);
-        Some(PolicyHooks {
-            rule: verdict
-                .matched
-                .map(|x| (x.policy.to_string(), x.rule.to_string())),
-            limits: verdict.limits().copied(),
-            overflow: verdict
-                .overflow()
-                .map(|o| (o.provider.to_string(), o.triggered(&pool))),
-            local_only: verdict.local_only(),
-            stay_local: verdict.local_only() || is_personal(&labels.all),
-        })
+        Some(PolicyHooks::of(&verdict, &pool, &labels.all))
     }
 
     /// A reject verdict becomes [`PickError::Rejected`] (counted when `assign`).
@@ -936,4 +894,43 @@ impl RouterState {
 /// Labels that mark personal data: `pii` and `pii:<kind>`.
 pub(crate) fn is_personal(labels: &[&str]) -> bool {
     labels.iter().any(|l| *l == "pii" || l.starts_with("pii:"))
+}
+
+/// The policy engine's view of a request (prompt tokens filled in once tokenized).
+fn request_facts<'a>(
+    input: &PickInput<'a>,
+    resolved: &'a Resolved,
+    labels: &'a [&'a str],
+    headers: &'a policy::Headers<'a>,
+    service_class: Option<&'a str>,
+) -> RequestFacts<'a> {
+    RequestFacts {
+        pool: resolved.pool.as_deref(),
+        tenant: input.tenant,
+        model: input.model,
+        backend_model: (resolved.backend_model != input.model)
+            .then_some(resolved.backend_model.as_str()),
+        labels,
+        headers,
+        service_class,
+        prompt_tokens: 0,
+        max_output_tokens: input.max_tokens,
+    }
+}
+
+impl PolicyHooks {
+    /// What the gateway acts on after the pick, from `verdict` on `pool`.
+    fn of(verdict: &Verdict<'_>, pool: &PoolState, labels: &[&str]) -> Self {
+        Self {
+            rule: verdict
+                .matched
+                .map(|x| (x.policy.to_string(), x.rule.to_string())),
+            limits: verdict.limits().copied(),
+            overflow: verdict
+                .overflow()
+                .map(|o| (o.provider.to_string(), o.triggered(pool))),
+            local_only: verdict.local_only(),
+            stay_local: verdict.local_only() || is_personal(labels),
+        }
+    }
 }
