@@ -212,7 +212,8 @@ pub struct ServiceClassAction {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "size(self.allowedTargets) == 0 || self.preferredTargets.all(t, t in self.allowedTargets)", "message": "preferredTargets must be a subset of allowedTargets"},
-    {"rule": "size(self.allowedTargets) == 0 || self.weights.all(w, w.target in self.allowedTargets)", "message": "weights must name allowedTargets"}
+    {"rule": "size(self.allowedTargets) == 0 || !has(self.weights) || self.weights.all(w, w.target in self.allowedTargets)", "message": "weights must name allowedTargets"},
+    {"rule": "!has(self.model) || (size(self.allowedTargets) == 0 && (!has(self.weights) || size(self.weights) == 0))", "message": "model cannot be combined with allowedTargets or weights (they name WorkerSets of one model)"}
 ]))]
 pub struct RouteAction {
     /// Only these targets may serve the request (all when empty). Bounded like a pool's
@@ -232,6 +233,18 @@ pub struct RouteAction {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_ROUTE_WEIGHTS))]
     pub weights: Vec<TargetWeight>,
+    /// Serve the request with this model instead of the requested one (a model the pool
+    /// serves, e.g. a smaller one for `size:small` requests), unless `keepWhenCached` keeps
+    /// it: the router plans over the WorkerSets of both models, each with its own tokenizer
+    /// and cache view. The worker's response names the model that served it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub model: Option<String>,
+    /// With `model`: stay on the requested model when one of its workers already caches a
+    /// prefix of the prompt and is predicted to answer before every worker of the
+    /// alternative. Default true; false switches whenever the alternative has a ready worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_when_cached: Option<bool>,
 }
 
 /// One weighted target of a route action.
@@ -376,6 +389,15 @@ impl InferencePolicySpec {
                 issues.push(SpecIssue::new(
                     at("actions.route.weights"),
                     format!("weighted target {:?} is not in allowedTargets", w.target),
+                ));
+            }
+            if let Some(route) = &a.route
+                && route.model.is_some()
+                && (!route.allowed_targets.is_empty() || !route.weights.is_empty())
+            {
+                issues.push(SpecIssue::new(
+                    at("actions.route.model"),
+                    "model cannot be combined with allowedTargets or weights (they name WorkerSets of one model)",
                 ));
             }
             if let Some(route) = &a.route

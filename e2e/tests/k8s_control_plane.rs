@@ -1103,6 +1103,78 @@ async fn a_weighted_alias_split_sends_its_share_to_the_canary() -> anyhow::Resul
     Ok(())
 }
 
+/// "Cheap requests to a smaller model, unless the bigger one already caches their prefix":
+/// a rule moves `size:small` requests from [`SERVED`] to [`CANARY_SERVED`] (served by its
+/// own WorkerSet), and a prompt the requested model already caches stays there. The model
+/// that answered is the one the worker names in its response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_request_moves_to_the_other_model_unless_its_own_caches_the_prefix()
+-> anyhow::Result<()> {
+    let p = plane(
+        "cp-switch",
+        Scenario {
+            canary: true,
+            ..Scenario::default()
+        },
+    )
+    .await?;
+    // Several blocks of prompt, served (so cached) by the requested model before the rule.
+    let cached = "Here are my meeting notes from the weekly sync, please keep them in mind: \
+                  the release moves to Thursday, the dashboard needs two more panels, and \
+                  the on-call rota changes next month. Now answer briefly: which day?";
+    let (status, _, body) = p.chat(SERVED, cached, Some(KEY_A)).await?;
+    assert!(status.is_success(), "{status}: {body}");
+    assert_eq!(body["model"], SERVED);
+    let rule = policy(
+        "small-to-canary",
+        json!([{"name": "small-to-canary", "match": {"labels": ["size:small"]},
+                "actions": {"route": {"model": CANARY_SERVED}}}]),
+    );
+    p.takes_effect("model switch", &rule, || async {
+        let (status, _, body) = p.chat(SERVED, "what is a haiku?", Some(KEY_A)).await?;
+        Ok(status.is_success() && body["model"] == CANARY_SERVED)
+    })
+    .await?;
+    // The requested model caches this prompt and is predicted to answer first: it stays.
+    let start = Instant::now();
+    wait_for("a cached prompt stays on its model", EFFECT, || async {
+        let (status, _, body) = p.chat(SERVED, cached, Some(KEY_A)).await?;
+        anyhow::ensure!(status.is_success(), "{status}: {body}");
+        Ok((body["model"] == SERVED).then_some(()))
+    })
+    .await
+    .with_context(|| "the cached prompt kept moving to the canary")?;
+    println!(
+        "model switch: a cached prompt stayed after {} ms",
+        start.elapsed().as_millis()
+    );
+    p.wait_condition(
+        "InferencePolicy",
+        "small-to-canary",
+        "Ready",
+        "True",
+        "Enforced",
+    )
+    .await?;
+    let text = p.metrics().await?;
+    let switched = metric(
+        &text,
+        "kvroute_router_policy_model_switches_total",
+        "outcome=\"switched\"",
+    );
+    let kept = metric(
+        &text,
+        "kvroute_router_policy_model_switches_total",
+        "outcome=\"kept-cached\"",
+    );
+    assert!(
+        switched >= 1.0 && kept >= 1.0,
+        "switched {switched}, kept {kept}"
+    );
+    p.stop().await;
+    Ok(())
+}
+
 /// Bad input is counted by the router and the last good configuration stays in force: a
 /// malformed policy does not replace the good one, a bad JWKS keeps the pool's keys working,
 /// a missing Secret is counted.

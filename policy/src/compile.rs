@@ -8,7 +8,9 @@ use kvroute_crds::InferencePolicy;
 use kvroute_crds::policy::{IntRange, PolicyRule};
 
 use crate::facts::{PoolState, RequestFacts};
-use crate::verdict::{Action, Limits, Matched, Overflow, Reject, Route, ServiceClass, Verdict};
+use crate::verdict::{
+    Action, Limits, Matched, ModelSwitch, Overflow, Reject, Route, ServiceClass, Verdict,
+};
 
 /// Most distinct label names all rules of a set may name together (a request's labels are a
 /// bitmask of this many bits on the stack).
@@ -345,6 +347,10 @@ fn compile_rule(
             .iter()
             .map(|w| (w.target.as_str().into(), w.weight.max(0).unsigned_abs()))
             .collect(),
+        switch: r.model.as_deref().map(|m| ModelSwitch {
+            model: m.into(),
+            keep_when_cached: r.keep_when_cached.unwrap_or(true),
+        }),
     });
     let reject = a.reject.as_ref().map(|r| Reject {
         status: u16::try_from(r.status)

@@ -25,7 +25,9 @@ mod verdict;
 
 pub use compile::{MAX_DISTINCT_LABELS, PolicyIssue, PolicySet, compile};
 pub use facts::{HeaderSource, PoolState, PoolStateBuilder, RequestFacts};
-pub use verdict::{Action, Limits, Matched, Overflow, Reject, Route, ServiceClass, Verdict};
+pub use verdict::{
+    Action, Limits, Matched, ModelSwitch, Overflow, Reject, Route, ServiceClass, Verdict,
+};
 
 /// A 64-bit mix of `seed` (splitmix64's finaliser): the same seed always gives the same draw.
 pub fn mix(seed: u64) -> u64 {

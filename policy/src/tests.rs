@@ -325,6 +325,42 @@ rules:
 }
 
 #[test]
+fn a_route_model_compiles_to_a_switch_that_keeps_when_faster_by_default() {
+    let s = set(&[policy(
+        "ml",
+        "p",
+        r#"
+rules:
+- name: small-to-8b
+  match: {labels: [size:small]}
+  actions: {route: {model: llama-8b, localOnly: true}}
+- name: always
+  actions: {route: {model: llama-8b, keepWhenCached: false}}
+"#,
+    )]);
+    let mut f = facts("llama-70b");
+    f.labels = &["size:small"];
+    let v = s.evaluate(&f, &PoolState::default());
+    let switch = v.route().and_then(|r| r.switch.as_ref()).expect("switch");
+    assert_eq!(
+        (&*switch.model, switch.keep_when_cached),
+        ("llama-8b", true)
+    );
+    assert!(v.local_only());
+    let v = s.evaluate(&facts("llama-70b"), &PoolState::default());
+    let switch = v.route().and_then(|r| r.switch.as_ref()).expect("switch");
+    assert!(!switch.keep_when_cached);
+    // A model switch names no WorkerSets: targets of one model cannot restrict it.
+    let issues = compile(&[policy(
+        "ml",
+        "bad",
+        "rules: [{name: r, actions: {route: {model: m8, allowedTargets: [big]}}}]",
+    )])
+    .expect_err("refused");
+    assert_eq!(issues[0].field, "spec.rules[0].actions.route.model");
+}
+
+#[test]
 fn local_only_suppresses_overflow() {
     let s = set(&[policy(
         "ml",

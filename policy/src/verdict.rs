@@ -31,6 +31,21 @@ pub struct Route {
     pub local_only: bool,
     /// Weighted split between targets.
     pub weights: Box<[(Box<str>, u32)]>,
+    /// Serve with this model instead of the requested one (see [`ModelSwitch`]).
+    pub switch: Option<ModelSwitch>,
+}
+
+/// A route action's alternative model: the router plans over the WorkerSets of the
+/// requested model and of `model`, and serves with `model` unless `keep_when_cached` and a
+/// worker of the requested model that caches a prefix of the prompt is predicted to answer
+/// first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelSwitch {
+    /// The alternative model (a model name the pool serves).
+    pub model: Box<str>,
+    /// Stay on the requested model when a worker of it caches a prefix of the prompt and is
+    /// predicted to answer first.
+    pub keep_when_cached: bool,
 }
 
 impl Route {

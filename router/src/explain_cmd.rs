@@ -198,6 +198,29 @@ pub fn render(rec: &Value) -> String {
             let names: Vec<&str> = t.iter().filter_map(Value::as_str).collect();
             let _ = writeln!(out, "targets:    {}", names.join(", "));
         }
+        if let Some(sw) = v.get("model_switch").filter(|x| !x.is_null()) {
+            let ttft = |k: &str| {
+                sw.get(k)
+                    .and_then(Value::as_f64)
+                    .map_or_else(|| "-".to_string(), |t| format!("{:.0} ms", t * 1000.0))
+            };
+            let detail = sw
+                .get("detail")
+                .and_then(Value::as_str)
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "model:      {} -> {} {}{} (best predicted TTFT {}, {} where cached, vs {})",
+                s(sw, "requested"),
+                s(sw, "alternative"),
+                s(sw, "outcome"),
+                detail,
+                ttft("requested_best_ttft_s"),
+                ttft("requested_cached_best_ttft_s"),
+                ttft("alternative_best_ttft_s"),
+            );
+        }
         if !v.get("service_class").is_none_or(Value::is_null)
             || !v.get("ttft_target_ms").is_none_or(Value::is_null)
         {
@@ -302,7 +325,11 @@ mod tests {
             "alias": {"alias": "chat", "model": "tiny-v2", "percent": 20, "seed": 1},
             "verdict": {"policy": "ml/rules", "rule": "pii-local", "actions": ["route", "local_only"],
                         "targets": ["fast"], "service_class": "batch", "ttft_target_ms": 800,
-                        "sheddable": true}
+                        "sheddable": true,
+                        "model_switch": {"requested": "big", "alternative": "small",
+                                         "outcome": "kept-cached", "requested_best_ttft_s": 0.05,
+                                         "requested_cached_best_ttft_s": 0.05,
+                                         "alternative_best_ttft_s": 0.12}}
         });
         let text = render(&rec);
         for want in [
@@ -311,6 +338,7 @@ mod tests {
             "rule:       ml/rules / pii-local (route, local_only)",
             "targets:    fast",
             "class:      batch (TTFT target 800 ms, sheddable)",
+            "model:      big -> small kept-cached (best predicted TTFT 50 ms, 50 ms where cached, vs 120 ms)",
         ] {
             assert!(text.contains(want), "{want:?} missing in\n{text}");
         }

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use kvroute_proto::v1::ingest_client::IngestClient;
 use kvroute_proto::v1::picker_client::PickerClient;
 use kvroute_proto::v1::{
-    IngestControl, PickRequest, PickResponse, SnapshotChunk, WorkerIdentity, WorkerReport,
-    worker_report,
+    Delta, DeltaOp, IngestControl, PickRequest, PickResponse, SnapshotChunk, WorkerIdentity,
+    WorkerReport, delta_op, worker_report,
 };
 use kvroute_router::{Addrs, Args, Server};
 use serde_json::{Value, json};
@@ -377,6 +377,188 @@ async fn a_route_rule_restricts_to_local_targets() {
     assert_eq!(body["verdict"]["actions"], json!(["route", "local_only"]));
     assert_eq!(body["chosen"], "default/w-fast");
     assert_eq!(body["candidates"].as_array().map(Vec::len), Some(1));
+}
+
+/// A second policy: requests marked small move from `tiny` to `tiny-v2` (the smaller model
+/// of the story), unless a `tiny` worker caches their prefix and answers first;
+/// `x-size: always` moves them anyway.
+const SWITCH: &str = r#"
+---
+apiVersion: kvroute.dev/v1alpha1
+kind: InferencePolicy
+metadata: {name: sizes}
+spec:
+  pool: chat
+  rules:
+    - name: small-to-v2
+      match: {headers: [{name: x-size, value: small}]}
+      actions: {route: {model: tiny-v2}}
+    - name: always-v2
+      match: {headers: [{name: x-size, value: always}]}
+      actions: {route: {model: tiny-v2, keepWhenCached: false}}
+"#;
+
+/// Picks a completion of `prompt` for `model`.
+async fn pick_prompt(
+    r: &Router,
+    model: &str,
+    prompt: &[u32],
+    headers: &[(&str, &str)],
+) -> PickResponse {
+    let mut client = PickerClient::connect(format!("http://{}", r.addrs.grpc))
+        .await
+        .expect("picker");
+    let body = json!({"model": model, "prompt": prompt, "max_tokens": 4});
+    client
+        .pick(PickRequest {
+            path: "/v1/completions".into(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            body: serde_json::to_vec(&body).expect("json"),
+        })
+        .await
+        .expect("pick")
+        .into_inner()
+}
+
+#[tokio::test]
+async fn a_route_model_moves_small_requests_unless_the_requested_model_caches_them() {
+    let r = start(&config("no", SWITCH)).await;
+    let small = [("x-size", "small")];
+    // Nothing cached anywhere: the request moves (though an idle `tiny` worker would be as
+    // fast), and the body the caller forwards names the model.
+    let fresh: Vec<u32> = (1_000..1_064).collect();
+    let p = pick_prompt(&r, "tiny", &fresh, &small).await;
+    assert_eq!(p.worker_id, "default/w-canary");
+    let body: Value =
+        serde_json::from_slice(p.rewritten_body.as_deref().expect("body rewritten")).expect("json");
+    assert_eq!(body["model"], "tiny-v2");
+    // Without the mark the request stays on its model.
+    let p = pick_prompt(&r, "tiny", &fresh, &[]).await;
+    assert_ne!(p.worker_id, "default/w-canary");
+
+    // `w-fast` (a `tiny` worker) caches the whole of another prompt: `tiny` is predicted
+    // to answer first, so the small request stays there.
+    let cached: Vec<u32> = (5_000..5_064).collect();
+    let chain = kvroute_hash::chain(kvroute_hash::root_hash("tiny", None), &cached, 16, &[]);
+    let stored = WorkerReport {
+        seq: 1,
+        body: Some(worker_report::Body::Delta(Delta {
+            ops: vec![DeltaOp {
+                kind: delta_op::Kind::Stored as i32,
+                blocks: chain,
+            }],
+        })),
+    };
+    r._sidecars[0].0.send(stored).await.expect("send delta");
+    let end = Instant::now() + DEADLINE;
+    let explained = loop {
+        let body = json!({"model": "tiny", "prompt": cached, "max_tokens": 4});
+        let resp = reqwest::Client::new()
+            .post(format!("http://{}/debug/explain", r.addrs.admin))
+            .header("x-size", "small")
+            .json(&body)
+            .send()
+            .await
+            .expect("explain answers");
+        let v: Value = resp.json().await.expect("explain json");
+        if v["verdict"]["model_switch"]["outcome"] == "kept-cached" {
+            break v;
+        }
+        assert!(Instant::now() < end, "the cached prefix never kept it: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The model stays; the worker is the routing policy's choice among `tiny`'s.
+    assert_ne!(explained["chosen"], "default/w-canary", "{explained}");
+    assert_eq!(explained["backend_model"], "tiny");
+    let sw = &explained["verdict"]["model_switch"];
+    assert_eq!(
+        (&sw["requested"], &sw["alternative"]),
+        (&json!("tiny"), &json!("tiny-v2"))
+    );
+    let (kept, alt) = (
+        sw["requested_best_ttft_s"]
+            .as_f64()
+            .expect("requested ttft"),
+        sw["alternative_best_ttft_s"]
+            .as_f64()
+            .expect("alternative ttft"),
+    );
+    assert!(kept < alt, "{sw}");
+    let p = pick_prompt(&r, "tiny", &cached, &small).await;
+    assert_ne!(p.worker_id, "default/w-canary");
+    assert_eq!(p.rewritten_body, None);
+    // `keepWhenCached: false` moves it even so.
+    let p = pick_prompt(&r, "tiny", &cached, &[("x-size", "always")]).await;
+    assert_eq!(p.worker_id, "default/w-canary");
+
+    let text = reqwest::get(format!("http://{}/metrics", r.addrs.admin))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("metrics text");
+    let count = |rule: &str, outcome: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("kvroute_router_policy_model_switches_total{"))
+            .filter(|l| l.contains(&format!("rule=\"{rule}\"")))
+            .filter(|l| l.contains(&format!("outcome=\"{outcome}\"")))
+            .find_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .unwrap_or(0.0)
+    };
+    assert_eq!(count("small-to-v2", "switched"), 1.0, "{text}");
+    assert_eq!(count("small-to-v2", "kept-cached"), 1.0);
+    assert_eq!(count("always-v2", "switched"), 1.0);
+}
+
+#[tokio::test]
+async fn a_route_model_serves_a_model_without_ready_workers_from_the_alternative() {
+    // Only the alternative model has a worker: `tiny` requests marked small still get one.
+    let text = config("no", SWITCH)
+        .replace(
+            "\"127.0.0.1:21\", ready: true",
+            "\"127.0.0.1:21\", ready: false",
+        )
+        .replace(
+            "\"127.0.0.1:22\", ready: true",
+            "\"127.0.0.1:22\", ready: false",
+        );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("router.yaml");
+    std::fs::write(&path, text).expect("write config");
+    let args = Args {
+        http_addr: "127.0.0.1:0".parse().expect("addr"),
+        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+        admin_addr: "127.0.0.1:0".parse().expect("addr"),
+        config: Some(path.clone()),
+        seed: Some(7),
+        max_retries: 0,
+        ..Args::default()
+    };
+    let server = Server::bind(args).await.expect("bind router");
+    let addrs = server.addrs().expect("addrs");
+    let stop = CancellationToken::new();
+    tokio::spawn(server.serve(stop.clone()));
+    let _canary = sidecar(&addrs, "w-canary", 23, "tiny-v2").await;
+    let r = Router {
+        addrs,
+        stop,
+        _sidecars: Vec::new(),
+        _dir: dir,
+        path,
+    };
+    let prompt: Vec<u32> = (0..64).collect();
+    let end = Instant::now() + DEADLINE;
+    while pick(&r, "tiny-v2", &[]).await.is_err() {
+        assert!(Instant::now() < end, "canary never routable");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let p = pick_prompt(&r, "tiny", &prompt, &[("x-size", "small")]).await;
+    assert_eq!(p.worker_id, "default/w-canary");
+    let e = pick(&r, "tiny", &[]).await.expect_err("no tiny worker");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
 }
 
 #[tokio::test]

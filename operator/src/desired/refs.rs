@@ -655,6 +655,21 @@ pub fn policy_conditions(
             ));
         }
     }
+    for m in spec
+        .rules
+        .iter()
+        .filter_map(|r| r.actions.route.as_ref()?.model.as_deref())
+    {
+        let served = inv.worker_sets.iter().any(|w| w.spec.model.served() == m)
+            || inv
+                .pools
+                .iter()
+                .any(|p| p.spec.model_aliases.iter().any(|a| a.name == m));
+        let line = format!("route.model: no InferenceWorkerSet serves model {m:?}");
+        if !served && !missing.contains(&line) {
+            missing.push(line);
+        }
+    }
     let readiness = if provider_targets.is_empty() {
         Readiness::Enforced(format!("{} rules enforced by the router", spec.rules.len()))
     } else {

@@ -325,6 +325,29 @@ fn a_valid_policy_that_compiles_is_ready_and_enforced() {
 }
 
 #[test]
+fn a_route_model_must_be_served_by_a_worker_set() {
+    let inv = inventory(WORLD);
+    let served: InferencePolicySpec =
+        serde_saphyr::from_str("rules: [{name: a, actions: {route: {model: other}}}]\n")
+            .expect("parses");
+    let conds = policy_conditions(&served, None, &[], &inv, &now());
+    assert!(condition::is_true(&conds, READY), "{conds:?}");
+    let ghost: InferencePolicySpec =
+        serde_saphyr::from_str("rules: [{name: a, actions: {route: {model: ghost-8b}}}]\n")
+            .expect("parses");
+    let conds = policy_conditions(&ghost, None, &[], &inv, &now());
+    let refs = condition::find(&conds, RESOLVED_REFS).expect("refs");
+    assert_eq!(refs.status, "False");
+    assert!(
+        refs.message
+            .contains("route.model: no InferenceWorkerSet serves model \"ghost-8b\""),
+        "{}",
+        refs.message
+    );
+    assert!(!condition::is_true(&conds, READY));
+}
+
+#[test]
 fn a_policy_the_engine_refuses_is_not_accepted_with_its_message() {
     let inv = inventory(WORLD);
     // Valid for the CRD schema, refused by the compiler: an uppercase label, a bad header.

@@ -257,8 +257,15 @@ impl Gateway {
                 assignment.picked().address,
                 route.endpoint.path()
             );
+            // A policy rule may have switched the request to another model of the pool.
+            let picked_model = &assignment.picked().backend_model;
+            let body = if *picked_model == route.resolved.backend_model {
+                body.clone()
+            } else {
+                with_model(&body, picked_model)
+            };
             let sent_at = Instant::now();
-            match self.upstream.post_json(&url, body.clone()).await {
+            match self.upstream.post_json(&url, body).await {
                 Ok(response) if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
                     tracing::debug!(worker = %assignment.picked().worker, "worker answered 503; trying another");
                     exclude.push(assignment.picked().worker.clone());
@@ -748,4 +755,17 @@ fn relay<K: Sink>(
         }
     };
     Relayed { stream, headers }
+}
+
+/// `body` (a JSON object the gateway built) with its `model` set to `model`.
+fn with_model(body: &Bytes, model: &str) -> Bytes {
+    match serde_json::from_slice::<Map<String, Value>>(body) {
+        Ok(mut obj) => {
+            obj.insert("model".into(), Value::String(model.to_string()));
+            // Serializing a map of JSON values cannot fail.
+            Bytes::from(serde_json::to_vec(&obj).unwrap_or_default())
+        }
+        // The gateway wrote this body itself: it is always an object.
+        Err(_) => body.clone(),
+    }
 }

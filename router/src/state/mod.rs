@@ -69,8 +69,8 @@ pub use pick::{
     Usage, max_tokens_of,
 };
 pub use policy::{
-    PoliciesReport, PolicyMetrics, REQUEST_ID_HEADER, SERVICE_CLASS_HEADER, TTFT_TARGET_HEADER,
-    VerdictRecord,
+    ModelSwitchRecord, PoliciesReport, PolicyMetrics, REQUEST_ID_HEADER, SERVICE_CLASS_HEADER,
+    TTFT_TARGET_HEADER, VerdictRecord,
 };
 pub use sidecars::{
     DeltaOp, LoadApplied, LoadView, SidecarIdentity, SnapshotRefused, WorkerReport, WorkersReport,

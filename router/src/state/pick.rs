@@ -18,7 +18,7 @@ use kvroute_policy::{PoolState, PoolStateBuilder, RequestFacts, Verdict};
 
 use super::RouterState;
 use super::catalog::{AliasDraw, Resolved};
-use super::policy::{self, VerdictRecord};
+use super::policy::{self, ModelSwitchRecord, VerdictRecord};
 use super::tickets::{DecisionId, TicketError};
 use super::tokenizers::Degraded;
 use crate::routing::{AssignmentId, Candidate, Decision, RouteRequest, WorkerId};
@@ -492,31 +492,27 @@ impl RouterState {
         let pool_sets = self.pool_worker_sets(resolved.pool.as_deref());
         let names = self.routable_workers(&resolved.backend_model, &pool_sets, input.exclude);
         if names.is_empty() {
-            // No local candidate: a reject or local-only rule still says why.
+            // No local candidate: a reject or local-only rule still says why; a rule that
+            // names an alternative model may still serve it there.
             let verdict = policies.evaluate(&facts, &PoolState::default());
             self.check_verdict(&verdict, assign)?;
-            if verdict.local_only() {
-                return Err(PickError::NoLocalCapacity {
-                    model: input.model.into(),
-                    rule: verdict.rule().unwrap_or_default().into(),
-                });
+            if switch_of(&verdict, &resolved, input).is_none() {
+                if verdict.local_only() {
+                    return Err(PickError::NoLocalCapacity {
+                        model: input.model.into(),
+                        rule: verdict.rule().unwrap_or_default().into(),
+                    });
+                }
+                return Err(PickError::NoReadyWorker(input.model.into()));
             }
-            return Err(PickError::NoReadyWorker(input.model.into()));
         }
 
-        // Tokenize outside every lock: it is the expensive part.
-        let (tokens, degraded_reason) = match self.tokens_for(input, &resolved.backend_model)? {
-            Ok(t) => (Some(t), None),
-            Err(reason) => {
-                if let Degraded::Failed(label) = reason {
-                    self.0
-                        .metrics
-                        .tokenization_failures
-                        .with_label_values(&[input.model, label])
-                        .inc();
-                }
-                (None, Some(reason.label()))
-            }
+        // Tokenize outside every lock: it is the expensive part. (Not for a model without
+        // candidates: only its alternative can serve it.)
+        let (tokens, degraded_reason) = if names.is_empty() {
+            (None, Some(Degraded::NoPrompt.label()))
+        } else {
+            self.tokenize(input, &resolved.backend_model)?
         };
         facts.prompt_tokens = tokens.as_ref().map_or(0, |t| t.len() as u64);
         let req = RouteRequest {
@@ -530,28 +526,73 @@ impl RouterState {
         let t = self.secs(now);
 
         let mut guard = self.0.core.lock();
-        let core = &mut *guard;
-        let mut plan = core.routing.plan(&req, &allowed, t);
-        let mut pool = PoolStateBuilder::default();
-        for c in &plan.context.candidates {
-            let gpus = core.routing.worker(c.worker).map(|w| &w.gpus[..]);
-            let gpu = gpus.filter(|g| !g.is_empty()).map(|g| {
-                g.iter()
-                    .map(|x| f64::from(x.utilization_percent))
-                    .sum::<f64>()
-                    / (100.0 * g.len() as f64)
-            });
-            pool.add(
-                c.predicted_ttft,
-                c.waiting.max(c.inflight),
-                f64::from(c.kv_usage),
-                gpu,
-            );
-        }
-        let pool = pool.finish();
+        let mut plan = guard.routing.plan(&req, &allowed, t);
+        let pool = pool_state(&guard.routing, &plan);
         let verdict = policies.evaluate(&facts, &pool);
         let mut record = VerdictRecord::of(&verdict);
         let hooks = PolicyHooks::of(&verdict, &pool, &labels.all);
+
+        // A rule naming an alternative model: plan it too (its own tokens, outside the
+        // lock), then keep the requested model only when it is predicted to answer first.
+        let mut chosen_model = None;
+        if let Some(switch) = switch_of(&verdict, &resolved, input) {
+            drop(guard);
+            let alternative = self.prepare_alternative(input, &resolved, &switch.model);
+            guard = self.0.core.lock();
+            plan = guard.routing.plan(&req, &allowed, t);
+            let cached_best = best_ttft_where(&plan, |c| c.expected_cached_tokens > 0.0);
+            let mut sw = ModelSwitchRecord {
+                requested: resolved.backend_model.clone(),
+                alternative: switch.model.to_string(),
+                requested_best_ttft_s: best_ttft_where(&plan, |_| true),
+                requested_cached_best_ttft_s: cached_best,
+                ..ModelSwitchRecord::default()
+            };
+            match alternative {
+                Err(detail) => {
+                    sw.outcome = "unavailable";
+                    sw.detail = Some(detail);
+                }
+                Ok(alt) => {
+                    let alt_req = RouteRequest {
+                        tokens: alt.tokens.as_deref(),
+                        model: &alt.resolved.backend_model,
+                        ..req
+                    };
+                    let alt_allowed: Vec<WorkerId> = alt.names.iter().map(|c| c.2).collect();
+                    let alt_plan = guard.routing.plan(&alt_req, &alt_allowed, t);
+                    sw.alternative_best_ttft_s = best_ttft_where(&alt_plan, |_| true);
+                    // A worker that caches the prompt's prefix and answers first keeps it.
+                    let cache_first = match (cached_best, sw.alternative_best_ttft_s) {
+                        (Some(r), Some(a)) => r < a,
+                        (Some(_), None) => true,
+                        (None, _) => false,
+                    };
+                    if switch.keep_when_cached && cache_first {
+                        sw.outcome = "kept-cached";
+                    } else if alt_plan.context.candidates.is_empty() {
+                        sw.outcome = "unavailable";
+                        sw.detail = Some("no ready worker".into());
+                    } else {
+                        sw.outcome = "switched";
+                        plan = alt_plan;
+                        chosen_model = Some(alt);
+                    }
+                }
+            }
+            if assign {
+                m.policy
+                    .model_switches
+                    .with_label_values(&[verdict.rule().unwrap_or_default(), sw.outcome])
+                    .inc();
+            }
+            record.model_switch = Some(sw);
+        }
+        let (resolved, names, degraded_reason) = match chosen_model {
+            Some(alt) => (alt.resolved, alt.names, alt.degraded_reason),
+            None => (resolved, names, degraded_reason),
+        };
+        let core = &mut *guard;
         let checked = self
             .check_verdict(&verdict, assign)
             .and_then(|()| {
@@ -627,6 +668,59 @@ impl RouterState {
             labels: labels.all.iter().map(|l| l.to_string()).collect(),
         };
         Ok((decided, id))
+    }
+
+    /// Tokens of `input`'s prompt for `model`, or why the decision is degraded (counted).
+    /// A configured tokenizer that is not loaded yet refuses the request.
+    fn tokenize(
+        &self,
+        input: &PickInput<'_>,
+        model: &str,
+    ) -> Result<(Option<Vec<u32>>, Option<&'static str>), PickError> {
+        match self.tokens_for(input, model)? {
+            Ok(t) => Ok((Some(t), None)),
+            Err(reason) => {
+                if let Degraded::Failed(label) = reason {
+                    self.0
+                        .metrics
+                        .tokenization_failures
+                        .with_label_values(&[input.model, label])
+                        .inc();
+                }
+                Ok((None, Some(reason.label())))
+            }
+        }
+    }
+
+    /// Resolves, lists and tokenizes a rule's alternative `model` for `input` (outside the
+    /// core lock), or says why it cannot serve the request.
+    fn prepare_alternative(
+        &self,
+        input: &PickInput<'_>,
+        requested: &Resolved,
+        model: &str,
+    ) -> Result<Alternative, String> {
+        let resolved = self
+            .resolve_model(model)
+            .ok_or_else(|| format!("model {model:?} is not served"))?;
+        if resolved.pool != requested.pool {
+            return Err(format!("model {model:?} is not in the request's pool"));
+        }
+        let sets = self.pool_worker_sets(resolved.pool.as_deref());
+        let names = self.routable_workers(&resolved.backend_model, &sets, input.exclude);
+        if names.is_empty() {
+            return Err("no ready worker".into());
+        }
+        let alt_input = PickInput { model, ..*input };
+        let (tokens, degraded_reason) = self
+            .tokenize(&alt_input, &resolved.backend_model)
+            .map_err(|_| format!("the tokenizer of {model:?} is not loaded yet"))?;
+        Ok(Alternative {
+            resolved,
+            names,
+            tokens,
+            degraded_reason,
+        })
     }
 
     /// The policy's hooks for a request no local worker can take now (evaluated on an empty
@@ -894,6 +988,58 @@ impl RouterState {
 /// Labels that mark personal data: `pii` and `pii:<kind>`.
 pub(crate) fn is_personal(labels: &[&str]) -> bool {
     labels.iter().any(|l| *l == "pii" || l.starts_with("pii:"))
+}
+
+/// A model a rule may switch a request to, once resolved, listed and tokenized.
+struct Alternative {
+    resolved: Resolved,
+    names: Vec<(String, String, WorkerId, String)>,
+    tokens: Option<Vec<u32>>,
+    degraded_reason: Option<&'static str>,
+}
+
+/// The matched rule's alternative model, unless it is the model requested.
+fn switch_of<'p>(
+    verdict: &Verdict<'p>,
+    resolved: &Resolved,
+    input: &PickInput<'_>,
+) -> Option<&'p kvroute_policy::ModelSwitch> {
+    verdict
+        .route()
+        .and_then(|r| r.switch.as_ref())
+        .filter(|s| *s.model != *resolved.backend_model && *s.model != *input.model)
+}
+
+/// The lowest finite predicted TTFT of a plan's candidates that `keep` accepts.
+fn best_ttft_where(plan: &crate::routing::Plan, keep: impl Fn(&Candidate) -> bool) -> Option<f64> {
+    plan.context
+        .candidates
+        .iter()
+        .filter(|c| keep(c))
+        .map(|c| c.predicted_ttft)
+        .filter(|t| t.is_finite())
+        .reduce(f64::min)
+}
+
+/// The pool-state figures rules match on, folded from a plan's candidates.
+fn pool_state(routing: &crate::routing::RoutingCore, plan: &crate::routing::Plan) -> PoolState {
+    let mut pool = PoolStateBuilder::default();
+    for c in &plan.context.candidates {
+        let gpus = routing.worker(c.worker).map(|w| &w.gpus[..]);
+        let gpu = gpus.filter(|g| !g.is_empty()).map(|g| {
+            g.iter()
+                .map(|x| f64::from(x.utilization_percent))
+                .sum::<f64>()
+                / (100.0 * g.len() as f64)
+        });
+        pool.add(
+            c.predicted_ttft,
+            c.waiting.max(c.inflight),
+            f64::from(c.kv_usage),
+            gpu,
+        );
+    }
+    pool.finish()
 }
 
 /// The policy engine's view of a request (prompt tokens filled in once tokenized).

@@ -58,6 +58,9 @@ pub struct PolicyMetrics {
     /// Routed requests by classifier label (a fixed set: `pii`, `pii:<kind>`, `size:<class>`;
     /// labels a client adds are never a metric label).
     pub labels: IntCounterVec,
+    /// Requests whose rule named an alternative model, by rule and outcome (see
+    /// [`ModelSwitchRecord::outcome`]).
+    pub model_switches: IntCounterVec,
 }
 
 impl PolicyMetrics {
@@ -97,7 +100,13 @@ impl PolicyMetrics {
                 "Routed requests by classifier label (pii, pii:<kind>, size:<class>).",
                 &["label"],
             )?,
+            model_switches: vec(
+                "kvroute_router_policy_model_switches_total",
+                "Requests whose rule named an alternative model, by rule and outcome (switched, kept-cached, unavailable).",
+                &["rule", "outcome"],
+            )?,
         };
+        registry.register(Box::new(m.model_switches.clone()))?;
         registry.register(Box::new(m.reloads.clone()))?;
         registry.register(Box::new(m.verdicts.clone()))?;
         registry.register(Box::new(m.slo_shed.clone()))?;
@@ -298,6 +307,34 @@ pub struct VerdictRecord {
     pub limits: Option<[Option<u64>; 3]>,
     /// Overflow provider named by the rule (acted on by the provider relay).
     pub overflow_provider: Option<String>,
+    /// The rule's alternative model and what became of it, if it names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_switch: Option<ModelSwitchRecord>,
+}
+
+/// A route action's alternative model at decision time: both models' best predicted TTFT
+/// and whether the request moved.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ModelSwitchRecord {
+    /// The model the request asked for (after alias resolution).
+    pub requested: String,
+    /// The rule's alternative model.
+    pub alternative: String,
+    /// `switched` (served by the alternative), `kept-cached` (a worker of the requested
+    /// model caches a prefix of the prompt and was predicted to answer first), or
+    /// `unavailable` (the alternative had no ready worker in the request's pool, or no
+    /// tokenizer yet; see `detail`).
+    pub outcome: &'static str,
+    /// Why the alternative was unavailable, if it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Best predicted TTFT over the requested model's candidates, seconds.
+    pub requested_best_ttft_s: Option<f64>,
+    /// Best predicted TTFT over the requested model's candidates that cache a prefix of the
+    /// prompt (stored blocks, or blocks a request in flight there is about to store).
+    pub requested_cached_best_ttft_s: Option<f64>,
+    /// Best predicted TTFT over the alternative's candidates, seconds.
+    pub alternative_best_ttft_s: Option<f64>,
 }
 
 impl VerdictRecord {
