@@ -618,3 +618,37 @@ fn real_helm_lints_both_charts_and_renders_what_the_small_renderer_does() {
         assert!(err.contains(why), "{why}: {err}");
     }
 }
+
+/// Dotted paths of every value, down to the first field that is not the chart's own struct.
+fn value_paths(schema: &Value, root: &Value, prefix: &str, out: &mut Vec<String>) {
+    for (key, property) in schema["properties"].as_object().expect("properties") {
+        let path = format!("{prefix}{key}");
+        let own = property["allOf"][0]["$ref"]
+            .as_str()
+            .or_else(|| property["$ref"].as_str())
+            .and_then(|r| r.strip_prefix("#/definitions/"))
+            .filter(|name| name.starts_with("Values"));
+        match own {
+            Some(name) => value_paths(&root["definitions"][name], root, &format!("{path}."), out),
+            None => out.push(path),
+        }
+    }
+}
+
+#[test]
+fn docs_install_md_lists_every_value() {
+    let schema: Value =
+        serde_json::from_str(&read(&chart("kvroute").join("values.schema.json"))).expect("schema");
+    let mut paths = Vec::new();
+    value_paths(&schema, &schema, "", &mut paths);
+    assert!(paths.len() > 25, "{paths:?}");
+    let docs = read(&root().join("docs/install.md"));
+    let missing: Vec<&String> = paths
+        .iter()
+        .filter(|p| !docs.contains(&format!("`{p}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/install.md does not list {missing:?}"
+    );
+}
