@@ -41,6 +41,8 @@ use crate::generated::{GeneratedFile, HEADER, to_yaml};
 pub const CRDS_CHART: &str = "kvroute-crds";
 /// Directory name of the operator chart under `deploy/helm/`.
 pub const OPERATOR_CHART: &str = "kvroute";
+/// The plain manifests (`deploy/`) whose objects, less the Namespace, are the `kvroute` chart.
+pub const CHART_SOURCES: [&str; 2] = ["operator.yaml", "rbac.yaml"];
 /// Annotation that keeps the CRDs (and so every custom resource) when the CRD chart is
 /// uninstalled: deleting a CRD deletes all its objects.
 pub const KEEP_ANNOTATION: (&str, &str) = ("helm.sh/resource-policy", "keep");
@@ -376,7 +378,7 @@ fn operator_template(mut doc: Value) -> anyhow::Result<String> {
     for subject in subjects.into_iter().flatten() {
         subject["namespace"] = slots.put(Slot::Scalar(namespace.into()));
     }
-    if doc["kind"] == "Deployment" {
+    if doc["kind"] == "Deployment" && doc["metadata"]["name"] == OPERATOR_NAME {
         *at(&mut doc, "/spec/replicas")? =
             slots.put(Slot::Scalar("{{ .Values.operator.replicas }}".into()));
         let pod = at(&mut doc, "/spec/template/spec")?;
@@ -511,7 +513,7 @@ fn chart_yaml(name: &str, description: &str) -> anyhow::Result<String> {
 
 /// The values file: the defaults with each field's doc as a comment above it.
 pub fn values_yaml(values: &ChartValues) -> anyhow::Result<String> {
-    let schema = values_schema();
+    let schema = values_schema()?;
     let value = serde_json::to_value(values).context("values as JSON")?;
     let mut out = format!(
         "{HEADER}# Values of the kvroute chart. The defaults render deploy/operator.yaml and\n\
@@ -581,10 +583,10 @@ fn write_values(
 }
 
 /// The JSON schema of the values (draft-07, which helm's validator reads).
-pub fn values_schema() -> Value {
+pub fn values_schema() -> anyhow::Result<Value> {
     let generator = schemars::generate::SchemaSettings::draft07().into_generator();
     let schema = generator.into_root_schema_for::<ChartValues>();
-    serde_json::to_value(schema).unwrap_or(Value::Null)
+    serde_json::to_value(schema).context("the values schema as JSON")
 }
 
 /// Every file of both charts under `dir` (`deploy/helm`).
@@ -620,13 +622,13 @@ pub fn helm_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
         path: chart.join("values.yaml"),
         content: values_yaml(&values)?,
     });
-    let schema = serde_json::to_string_pretty(&values_schema()).context("schema")?;
+    let schema = serde_json::to_string_pretty(&values_schema()?).context("schema")?;
     files.push(GeneratedFile {
         path: chart.join("values.schema.json"),
         content: format!("{schema}\n"),
     });
     let plain = deploy_files(Path::new(""))?;
-    for file in ["operator.yaml", "rbac.yaml"] {
+    for file in CHART_SOURCES {
         let content = plain
             .iter()
             .find(|f| f.path == Path::new(file))
@@ -641,13 +643,13 @@ pub fn helm_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
                 continue;
             }
             let name = doc["metadata"]["name"].as_str().unwrap_or_default();
-            if name != OPERATOR_NAME {
-                bail!("{kind} {name}: the chart expects every object to be {OPERATOR_NAME}");
-            }
+            let file = if name == OPERATOR_NAME {
+                format!("{}.yaml", kind.to_lowercase())
+            } else {
+                format!("{}-{name}.yaml", kind.to_lowercase())
+            };
             files.push(GeneratedFile {
-                path: chart
-                    .join("templates")
-                    .join(format!("{}.yaml", kind.to_lowercase())),
+                path: chart.join("templates").join(file),
                 content: operator_template(doc)?,
             });
         }
@@ -662,7 +664,7 @@ pub fn helm_files(dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
             "kvroute {VERSION}: the operator runs in {{{{ .Release.Namespace }}}} and deploys the router there.\n\
              Check it:  kubectl -n {{{{ .Release.Namespace }}}} get deploy {OPERATOR_NAME}\n\
              Then add an InferenceWorkerSet and an InferencePool (deploy/examples.yaml, docs/install.md).\n\
-             The plain manifests install into {DEPLOY_NAMESPACE}; so may this chart (-n {DEPLOY_NAMESPACE}).\n"
+             Label the namespace for Pod Security (restricted) as {DEPLOY_NAMESPACE} is in deploy/operator.yaml.\n"
         ),
     });
     Ok(files)

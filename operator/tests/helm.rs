@@ -289,11 +289,9 @@ fn render_chart(name: &str, values: &Value) -> BTreeMap<(String, String), Value>
 
 /// The plain manifests less the Namespace (the chart installs into the release namespace).
 fn plain() -> BTreeMap<(String, String), Value> {
-    let text = [
-        read(&root().join("deploy/operator.yaml")),
-        read(&root().join("deploy/rbac.yaml")),
-    ]
-    .join("\n---\n");
+    let text = kvroute_operator::helm::CHART_SOURCES
+        .map(|f| read(&root().join("deploy").join(f)))
+        .join("\n---\n");
     let mut all = objects(&text);
     assert!(
         all.remove(&("Namespace".into(), NAMESPACE.into()))
