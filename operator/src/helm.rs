@@ -187,7 +187,7 @@ pub struct ValuesWorkerSet {
     pub replicas: i32,
     /// KV-cache block size in tokens.
     pub block_size: u32,
-    /// `spec.engine` (mode `vllm` or `mock`, args, image, resources).
+    /// `spec.engine` (mode `vllm` or `mock`, image, args, port, mock speedup).
     #[schemars(with = "kvroute_crds::workerset::EngineSpec")]
     pub engine: Value,
     /// `spec.gpu` (count, product).
