@@ -30,5 +30,6 @@ else
     $SUDO env K8S_BIN="$K8S_BIN" bash "$HERE/build-kube-apiserver.sh"
   fi
 fi
+bash "$HERE/install-helm.sh"   # helm for the chart test (operator/tests/helm.rs)
 "$K8S_BIN/kube-apiserver" --version
 etcd --version | head -1

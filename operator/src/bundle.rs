@@ -62,6 +62,10 @@ pub fn operator_image() -> String {
     component_image("operator")
 }
 
+/// Router replicas the operator deploys (its `--router-replicas` default), spelled out in the
+/// operator's Deployment like the images.
+pub const ROUTER_REPLICAS: i32 = 2;
+
 /// The images the operator deploys, each with the operator's environment variable that sets
 /// it (`--router-image` and so on): written into the operator's Deployment, and listed as the
 /// CSV's `relatedImages` so that mirroring tools (e.g. `oc adm catalog mirror`) copy them to
@@ -185,6 +189,23 @@ pub fn operator_deployment_spec(image: &str) -> DeploymentSpec {
                 value: Some(component_image(name)),
                 ..Default::default()
             }))
+            // Likewise the settings the Helm chart's values control (docs/install.md).
+            .chain(
+                [
+                    (
+                        "KVROUTE_OPERATOR_ROUTER_REPLICAS",
+                        ROUTER_REPLICAS.to_string(),
+                    ),
+                    ("KVROUTE_OPERATOR_MANAGE_ROUTER", "true".to_string()),
+                    ("KVROUTE_OPERATOR_MTLS", "true".to_string()),
+                ]
+                .into_iter()
+                .map(|(name, value)| EnvVar {
+                    name: name.to_string(),
+                    value: Some(value),
+                    ..Default::default()
+                }),
+            )
             .collect(),
         ),
         ports: Some(vec![ContainerPort {
@@ -833,6 +854,17 @@ mod tests {
                 "{var} is a flag with that default"
             );
             assert!(related.contains(&image.as_str()));
+        }
+        for var in [
+            "KVROUTE_OPERATOR_ROUTER_REPLICAS",
+            "KVROUTE_OPERATOR_MANAGE_ROUTER",
+            "KVROUTE_OPERATOR_MTLS",
+        ] {
+            assert_eq!(
+                env.get(var).copied(),
+                flags.get(var).map(String::as_str),
+                "{var} is spelled out with the flag's default"
+            );
         }
     }
 

@@ -1,5 +1,6 @@
-//! `kvroute crdgen`: writes the CRD YAML (crds/) and the OLM bundle (bundle/) from the Rust
-//! types, or with `--check` verifies that the committed files match.
+//! `kvroute crdgen`: writes the CRD YAML (crds/), the OLM bundle (bundle/), the plain manifests
+//! and the Helm charts (deploy/, deploy/helm/) from the Rust types, or with `--check` verifies
+//! that the committed files match.
 
 use std::path::PathBuf;
 
@@ -30,6 +31,7 @@ pub fn all_files(args: &CrdgenArgs) -> anyhow::Result<Vec<GeneratedFile>> {
     let mut files = crd_files(&args.crds_dir)?;
     files.extend(bundle_files(&args.bundle_dir)?);
     files.extend(deploy_files(&args.deploy_dir)?);
+    files.extend(crate::helm::helm_files(&args.deploy_dir.join("helm"))?);
     Ok(files)
 }
 

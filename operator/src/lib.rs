@@ -21,6 +21,7 @@ pub mod crdgen;
 pub mod desired;
 pub mod election;
 pub mod generated;
+pub mod helm;
 pub mod lease;
 pub mod metrics;
 pub mod permissions;
@@ -76,7 +77,7 @@ pub struct Args {
     )]
     pub mock_image: String,
     /// Router replicas.
-    #[arg(long, env = "KVROUTE_OPERATOR_ROUTER_REPLICAS", default_value_t = 2)]
+    #[arg(long, env = "KVROUTE_OPERATOR_ROUTER_REPLICAS", default_value_t = bundle::ROUTER_REPLICAS)]
     pub router_replicas: i32,
     /// Namespace of the router; the lease namespace when empty.
     #[arg(long, env = "KVROUTE_OPERATOR_ROUTER_NAMESPACE", default_value = "")]
