@@ -23,6 +23,7 @@ pub mod election;
 pub mod generated;
 pub mod lease;
 pub mod metrics;
+pub mod monitoring;
 pub mod permissions;
 pub mod pki;
 
