@@ -91,15 +91,17 @@ impl Deployment {
     /// Router, then sidecars (they bind the event sockets), then workers; ready when the
     /// router reports every worker routable.
     pub async fn start(cfg: &DeployConfig<'_>, policy: &str) -> anyhow::Result<Self> {
-        Self::start_with(cfg, policy, "").await
+        Self::start_with(cfg, policy, "", &[]).await
     }
 
     /// [`Deployment::start`] with `extra_config` (more YAML documents, e.g. another
-    /// WorkerSet or a policy) appended to the router's worker file.
+    /// WorkerSet, a pool or a policy) appended to the router's worker file, and more router
+    /// flags.
     pub async fn start_with(
         cfg: &DeployConfig<'_>,
         policy: &str,
         extra_config: &str,
+        extra_router_args: &[String],
     ) -> anyhow::Result<Self> {
         let dir = cfg.log_dir.join(policy);
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
@@ -129,7 +131,7 @@ impl Deployment {
             procs::free_local_port()?,
             procs::free_local_port()?,
         );
-        let router_args: Vec<String> = vec![
+        let mut router_args: Vec<String> = vec![
             "--http-addr".into(),
             format!("127.0.0.1:{gw_port}"),
             "--grpc-addr".into(),
@@ -154,6 +156,7 @@ impl Deployment {
             "--prior-itl-s".into(),
             (0.07 / cfg.speedup).to_string(),
         ];
+        router_args.extend(extra_router_args.iter().cloned());
         let mut router = procs::spawn_kvroute("router", "router", &router_args, &log("router"))?;
         let admin = format!("http://127.0.0.1:{admin_port}");
         procs::wait_http_ok(

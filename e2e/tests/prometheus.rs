@@ -57,9 +57,22 @@ fn find_tool(env: &str, name: &str) -> PathBuf {
     })
 }
 
-fn idle_worker_set() -> String {
+/// The only tenant whose name the metrics carry (`--tenant-metrics-allow`).
+const TENANT: &str = "team-a";
+
+/// More router configuration: a pool over the served WorkerSet that believes
+/// `x-kvroute-tenant` from loopback and serves anonymous requests too, and a WorkerSet whose
+/// only worker is not ready.
+fn extra_config() -> String {
     format!(
         "apiVersion: kvroute.dev/v1alpha1
+kind: InferencePool
+metadata: {{name: dash, namespace: dash}}
+spec:
+  targets: [{{workerSet: dash}}]
+  auth: {{trustedPeers: [127.0.0.1/32], allowAnonymous: true}}
+---
+apiVersion: kvroute.dev/v1alpha1
 kind: InferenceWorkerSet
 metadata: {{name: idle, namespace: idle}}
 spec:
@@ -118,9 +131,12 @@ fn rule_file(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// (dashboard uid, panel title or variable name, PromQL).
+type Query = (String, String, String);
+
 /// Every (dashboard, panel, expr) with Grafana's variables substituted as Grafana does for
 /// "All" (`.*`) and `$__rate_interval`; and the template variables' `label_values` queries.
-fn shipped_queries() -> (Vec<(String, String, String)>, Vec<(String, String, String)>) {
+fn shipped_queries() -> (Vec<Query>, Vec<Query>) {
     let mut panels = Vec::new();
     let mut variables = Vec::new();
     let dir = root().join("deploy/grafana");
@@ -216,6 +232,8 @@ async fn wave(gateway: &str, wave: usize) -> anyhow::Result<u64> {
         .build()?;
     let prefix = "You are a careful assistant for the kvroute dashboards test. ".repeat(12);
     let mut decisions = 0;
+    // Tenants: the allow-listed one, one outside the list (`other`), none (`anonymous`).
+    let tenants = [Some(TENANT), Some("team-b"), None];
     for i in 0..6 {
         let stream = i % 2 == 0;
         let body = json!({
@@ -225,11 +243,13 @@ async fn wave(gateway: &str, wave: usize) -> anyhow::Result<u64> {
             "stream": stream,
             "stream_options": {"include_usage": true},
         });
-        let resp = client
+        let mut req = client
             .post(format!("{gateway}/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await?;
+            .json(&body);
+        if let Some(t) = tenants[i % tenants.len()] {
+            req = req.header("x-kvroute-tenant", t);
+        }
+        let resp = req.send().await?;
         let status = resp.status();
         let text = resp.text().await?;
         anyhow::ensure!(status.is_success(), "chat {status}: {text}");
@@ -337,7 +357,8 @@ async fn run(dir: &Path, prometheus: &Path, promtool: &Path) -> anyhow::Result<(
         tokenizer: &tokenizer,
         log_dir: &logs,
     };
-    let deployment = Deployment::start_with(&cfg, "kvroute", &idle_worker_set()).await?;
+    let router_args = vec![format!("--tenant-metrics-allow={TENANT}")];
+    let deployment = Deployment::start_with(&cfg, "kvroute", &extra_config(), &router_args).await?;
     let result = with_deployment(dir, prometheus, &rules, &deployment, started).await;
     deployment.stop().await;
     result
@@ -446,6 +467,19 @@ async fn evaluate(prom: &Prom, d: &Deployment, started: Instant) -> anyhow::Resu
         if n == 0 {
             failures.push(format!("{dash} / variable {var}: {query} has no values"));
         }
+    }
+    // Tenant labels: the allow-listed name, `other` and `anonymous`, never another name.
+    let data = prom
+        .api(
+            "/api/v1/label/tenant/values",
+            &[("match[]", "kvroute_router_tenant_requests_total")],
+        )
+        .await?;
+    let mut seen: Vec<String> = serde_json::from_value(data)?;
+    seen.sort();
+    println!("tenant label values: {seen:?}");
+    if seen != ["anonymous", "other", TENANT] {
+        failures.push(format!("tenant labels {seen:?}"));
     }
     // Every shipped alert is loaded and evaluates without error.
     let rules = procs::wait_for(
