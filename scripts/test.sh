@@ -9,7 +9,7 @@ JOBS=${JOBS:-2}
 t0=$(date +%s)
 step() { echo; echo "=== $* ($(( $(date +%s) - t0 )) s)"; }
 
-step "set-up: Kubernetes API server binaries and etcd (cached in /opt/k8s-e2e/bin)"
+step "set-up: Kubernetes API server binaries and etcd (cached in /opt/k8s-e2e/bin), Prometheus"
 bash e2e/k8s/setup.sh
 
 step "format"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time set-up of the Kubernetes e2e tier on a Debian bookworm machine (CI runs it first).
-# Idempotent: installs etcd/openssl/curl from apt when missing and builds kube-apiserver +
-# kube-controller-manager v1.20.2 from Debian's source package once, into $K8S_BIN
+# Idempotent: installs etcd/openssl/curl and prometheus (for e2e/tests/prometheus.rs) from apt
+# when missing and builds kube-apiserver + kube-controller-manager v1.20.2 from Debian's
+# source package once, into $K8S_BIN
 # (default /opt/k8s-e2e/bin). A second run only checks and prints what it found.
 # The e2e tests (cargo test -p kvroute-e2e --test 'k8s_*') read $KVROUTE_K8S_BIN or /opt/k8s-e2e/bin.
 set -euo pipefail
@@ -16,6 +17,16 @@ if [ -n "$need_apt" ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends etcd-server openssl curl ca-certificates >/dev/null
 fi
+
+# The dashboards test (e2e/tests/prometheus.rs) runs Debian's Prometheus and promtool on a
+# loopback port of its own; the packaged service is not needed, so it is stopped if it started.
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  if command -v systemctl >/dev/null; then $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
+fi
+prometheus --version 2>&1 | head -1
 
 if [ -x "$K8S_BIN/kube-apiserver" ] && [ -x "$K8S_BIN/kube-controller-manager" ]; then
   echo "k8s e2e binaries present in $K8S_BIN"

@@ -35,6 +35,10 @@ pub struct Deployment {
     pub worker_urls: Vec<String>,
     /// Worker ids as the router names them (`x-kvroute-worker`).
     pub worker_ids: Vec<String>,
+    /// The router's admin server (`/metrics`, `/debug/*`), `http://127.0.0.1:PORT`.
+    pub router_admin: String,
+    /// Each sidecar's admin server (`/metrics`), `http://127.0.0.1:PORT`.
+    pub sidecar_admin_urls: Vec<String>,
 }
 
 /// The router's static worker file: one InferenceWorkerSet listing the workers.
@@ -87,6 +91,18 @@ impl Deployment {
     /// Router, then sidecars (they bind the event sockets), then workers; ready when the
     /// router reports every worker routable.
     pub async fn start(cfg: &DeployConfig<'_>, policy: &str) -> anyhow::Result<Self> {
+        Self::start_with(cfg, policy, "", &[]).await
+    }
+
+    /// [`Deployment::start`] with `extra_config` (more YAML documents, e.g. another
+    /// WorkerSet, a pool or a policy) appended to the router's worker file, and more router
+    /// flags.
+    pub async fn start_with(
+        cfg: &DeployConfig<'_>,
+        policy: &str,
+        extra_config: &str,
+        extra_router_args: &[String],
+    ) -> anyhow::Result<Self> {
         let dir = cfg.log_dir.join(policy);
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         let log = |name: &str| SpawnOptions {
@@ -104,14 +120,18 @@ impl Deployment {
         }
         let http_ports: Vec<u16> = ports.iter().map(|p| p.0).collect();
         let config_path = dir.join("workers.yaml");
-        std::fs::write(&config_path, static_config(cfg, &http_ports))
-            .context("write the router's worker file")?;
+        let mut config = static_config(cfg, &http_ports);
+        if !extra_config.trim().is_empty() {
+            config.push_str("---\n");
+            config.push_str(extra_config);
+        }
+        std::fs::write(&config_path, config).context("write the router's worker file")?;
         let (gw_port, grpc_port, admin_port) = (
             procs::free_local_port()?,
             procs::free_local_port()?,
             procs::free_local_port()?,
         );
-        let router_args: Vec<String> = vec![
+        let mut router_args: Vec<String> = vec![
             "--http-addr".into(),
             format!("127.0.0.1:{gw_port}"),
             "--grpc-addr".into(),
@@ -136,6 +156,7 @@ impl Deployment {
             "--prior-itl-s".into(),
             (0.07 / cfg.speedup).to_string(),
         ];
+        router_args.extend(extra_router_args.iter().cloned());
         let mut router = procs::spawn_kvroute("router", "router", &router_args, &log("router"))?;
         let admin = format!("http://127.0.0.1:{admin_port}");
         procs::wait_http_ok(
@@ -148,8 +169,10 @@ impl Deployment {
 
         let mut sidecars = Vec::new();
         let mut worker_ids = Vec::new();
+        let mut sidecar_admin_urls = Vec::new();
         for (i, (port, pub_port, replay_port)) in ports.iter().enumerate() {
             let id = format!("{}/worker-{i}", cfg.name);
+            let sidecar_admin = procs::free_local_port()?;
             let args: Vec<String> = vec![
                 "--zmq-endpoint".into(),
                 format!("tcp://127.0.0.1:{pub_port}"),
@@ -171,14 +194,18 @@ impl Deployment {
                 "--worker-set".into(),
                 cfg.name.into(),
                 "--admin-addr".into(),
-                "127.0.0.1:0".into(),
+                format!("127.0.0.1:{sidecar_admin}"),
                 "--scrape-interval-ms".into(),
                 "100".into(),
-                "--no-gpu".into(),
+                // No NVML on loopback: one simulated, healthy GPU per worker, so GPU figures
+                // flow to the router's metrics as they do in a cluster.
+                "--mock-gpus".into(),
+                "1".into(),
             ];
             let name = format!("sidecar-{i}");
             sidecars.push(procs::spawn_kvroute(&name, "sidecar", &args, &log(&name))?);
             worker_ids.push(id);
+            sidecar_admin_urls.push(format!("http://127.0.0.1:{sidecar_admin}"));
         }
 
         let mut workers = Vec::new();
@@ -239,6 +266,8 @@ impl Deployment {
             gateway: format!("http://127.0.0.1:{gw_port}"),
             worker_urls,
             worker_ids,
+            router_admin: admin,
+            sidecar_admin_urls,
         })
     }
 

@@ -26,11 +26,12 @@ pub struct CrdgenArgs {
     pub check: bool,
 }
 
-/// Every generated file (CRDs, bundle, deploy manifests).
+/// Every generated file (CRDs, bundle, deploy manifests, dashboards and monitors).
 pub fn all_files(args: &CrdgenArgs) -> anyhow::Result<Vec<GeneratedFile>> {
     let mut files = crd_files(&args.crds_dir)?;
     files.extend(bundle_files(&args.bundle_dir)?);
     files.extend(deploy_files(&args.deploy_dir)?);
+    files.extend(crate::monitoring::monitoring_files(&args.deploy_dir)?);
     files.extend(crate::helm::helm_files(&args.deploy_dir.join("helm"))?);
     Ok(files)
 }

@@ -24,6 +24,7 @@ pub mod generated;
 pub mod helm;
 pub mod lease;
 pub mod metrics;
+pub mod monitoring;
 pub mod permissions;
 pub mod pki;
 

@@ -63,6 +63,14 @@ pub struct RouterMetrics {
     /// 1 for a worker with a degraded GPU (throttled by heat, power brake or HW slowdown,
     /// recent critical XID, uncorrected ECC; see `routing/gpu.rs`), else 0 (set at scrape time).
     pub gpu_degraded: IntGaugeVec,
+    /// KV cache usage 0..1 per worker, from its latest load sample (set at scrape time).
+    pub worker_kv_usage: GaugeVec,
+    /// KV cache size in tokens per worker, from its latest load sample; absent while the
+    /// worker has not reported one (set at scrape time).
+    pub worker_kv_capacity: IntGaugeVec,
+    /// The engine's own queue per worker, `state` = waiting | running, from its latest load
+    /// sample (set at scrape time).
+    pub worker_engine_requests: IntGaugeVec,
     /// GPU utilisation 0..1 per worker and GPU (NVML index), from load samples.
     pub gpu_utilization: GaugeVec,
     /// GPU temperature per worker and GPU, degrees Celsius.
@@ -180,6 +188,21 @@ impl RouterMetrics {
                 "1 when one of the worker's GPUs is degraded (thermal/power-brake/HW slowdown, XID, uncorrected ECC).",
                 &["worker"],
             )?,
+            worker_kv_usage: float_gauge_vec(
+                "kvroute_router_worker_kv_usage_ratio",
+                "KV cache usage (0..1) per worker, from its latest sidecar load sample.",
+                &["worker"],
+            )?,
+            worker_kv_capacity: gauge_vec(
+                "kvroute_router_worker_kv_capacity_tokens",
+                "KV cache size in tokens per worker, from its latest sidecar load sample.",
+                &["worker"],
+            )?,
+            worker_engine_requests: gauge_vec(
+                "kvroute_router_worker_engine_requests",
+                "Requests in the engine's own queue per worker, by state (waiting, running), from its latest sidecar load sample.",
+                &["worker", "state"],
+            )?,
             gpu_utilization: float_gauge_vec(
                 "kvroute_router_worker_gpu_utilization_ratio",
                 "GPU utilisation (0..1) per worker and GPU, from sidecar load samples.",
@@ -276,6 +299,9 @@ impl RouterMetrics {
         registry.register(Box::new(m.index_blocks.clone()))?;
         registry.register(Box::new(m.in_flight.clone()))?;
         registry.register(Box::new(m.gpu_degraded.clone()))?;
+        registry.register(Box::new(m.worker_kv_usage.clone()))?;
+        registry.register(Box::new(m.worker_kv_capacity.clone()))?;
+        registry.register(Box::new(m.worker_engine_requests.clone()))?;
         registry.register(Box::new(m.gpu_utilization.clone()))?;
         registry.register(Box::new(m.gpu_temperature.clone()))?;
         registry.register(Box::new(m.gpu_memory_used.clone()))?;
@@ -306,6 +332,9 @@ impl RouterMetrics {
         forget(&self.index_blocks, key);
         forget(&self.in_flight, key);
         forget(&self.gpu_degraded, key);
+        forget(&self.worker_kv_usage, key);
+        forget(&self.worker_kv_capacity, key);
+        forget(&self.worker_engine_requests, key);
         forget(&self.gpu_utilization, key);
         forget(&self.gpu_temperature, key);
         forget(&self.gpu_memory_used, key);

@@ -266,6 +266,53 @@ fn stats(d: &GpuDevice, r: &GpuReading, xid: Option<&XidSeen>, now_ms: u64) -> G
 
 /// NVML itself. The library handle lives for the whole process (leaked once) so the XID
 /// event sets, which borrow it, can live in the same struct.
+/// Simulated GPUs for workers without one (the mock engine in demos and the e2e tier:
+/// `--mock-gpus N`): N healthy L40S-sized devices with steady figures, so GPU dashboards and
+/// alerts can be exercised end to end. Never degraded: a simulated GPU must not steer routing.
+#[derive(Clone, Debug)]
+pub struct SimulatedGpus {
+    count: u32,
+}
+
+impl SimulatedGpus {
+    /// Framebuffer of each simulated device (an L40S: 48 GiB).
+    pub const MEMORY_TOTAL_BYTES: u64 = 48 << 30;
+
+    /// `count` simulated devices, indices 0..count, UUIDs `GPU-kvroute-mock-<i>`.
+    pub fn new(count: u32) -> Self {
+        SimulatedGpus { count }
+    }
+}
+
+impl GpuBackend for SimulatedGpus {
+    fn devices(&self) -> Result<Vec<GpuDevice>, GpuError> {
+        Ok((0..self.count)
+            .map(|index| GpuDevice {
+                index,
+                uuid: format!("GPU-kvroute-mock-{index}"),
+            })
+            .collect())
+    }
+
+    fn read(&self, _index: u32) -> Result<GpuReading, GpuError> {
+        // vLLM reserves most of the framebuffer for its KV cache at start (0.9 by default).
+        Ok(GpuReading {
+            utilization_percent: Some(35),
+            memory_used_bytes: Some(Self::MEMORY_TOTAL_BYTES / 10 * 9),
+            memory_total_bytes: Some(Self::MEMORY_TOTAL_BYTES),
+            temperature_celsius: Some(45),
+            power_milliwatts: Some(120_000),
+            sm_clock_mhz: Some(2_490),
+            throttle_reasons: Some(0),
+            ecc_uncorrected_errors: Some(0),
+        })
+    }
+
+    fn drain_xids(&mut self) -> Vec<XidEvent> {
+        Vec::new()
+    }
+}
+
 struct NvmlBackend {
     nvml: &'static Nvml,
     /// One event set per device that supports critical-XID events.
@@ -485,5 +532,28 @@ mod tests {
         assert_eq!(s[2].recent_xid, 79, "still within the hold time");
         let s = probe.sample(at + XID_HOLD_MS + 1);
         assert_eq!((s[2].recent_xid, s[2].xid_events), (0, 1));
+    }
+
+    #[test]
+    fn simulated_gpus_report_every_device_healthy() {
+        let mut probe = GpuProbe::with_backend(Box::new(SimulatedGpus::new(2)), DeviceFilter::All);
+        let stats = probe.sample(1_000);
+        assert_eq!(stats.len(), 2);
+        for (i, g) in stats.iter().enumerate() {
+            assert_eq!(g.index, i as u32);
+            assert_eq!(g.uuid, format!("GPU-kvroute-mock-{i}"));
+            assert_eq!(g.memory_total_bytes, SimulatedGpus::MEMORY_TOTAL_BYTES);
+            assert!(g.memory_used_bytes < g.memory_total_bytes);
+            assert!(g.utilization_percent <= 100);
+            assert_eq!(
+                (g.throttle_reasons, g.ecc_uncorrected_errors, g.recent_xid),
+                (0, 0, 0)
+            );
+        }
+        assert!(
+            GpuProbe::with_backend(Box::new(SimulatedGpus::new(0)), DeviceFilter::All)
+                .sample(1_000)
+                .is_empty()
+        );
     }
 }

@@ -172,6 +172,10 @@ pub struct Args {
     /// The operator sets it (docs/gpu.md).
     #[arg(long, env = "KVROUTE_SIDECAR_GPU_DEVICES_FILE", default_value = "")]
     pub gpu_devices_file: String,
+    /// Report this many simulated, healthy GPUs instead of asking NVML (for the mock engine
+    /// in demos and tests, so GPU dashboards have data; docs/observability.md). 0: off.
+    #[arg(long, env = "KVROUTE_SIDECAR_MOCK_GPUS", default_value_t = 0)]
+    pub mock_gpus: u32,
 }
 
 /// A started sidecar: its tasks, the shared hub and where the admin server listens.
@@ -250,6 +254,7 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         replay_timeout_ms,
         no_gpu,
         gpu_devices_file,
+        mock_gpus,
     } = args;
     anyhow::ensure!(
         !routers.is_empty() || router_dns.is_some(),
@@ -359,7 +364,12 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         tracing::info_span!("routers"),
     ));
 
-    let gpu = if no_gpu {
+    let gpu = if mock_gpus > 0 {
+        GpuProbe::with_backend(
+            Box::new(gpu::SimulatedGpus::new(mock_gpus)),
+            DeviceFilter::All,
+        )
+    } else if no_gpu {
         GpuProbe::disabled()
     } else {
         let filter = if gpu_devices_file.is_empty() {

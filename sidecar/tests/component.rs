@@ -44,6 +44,7 @@ fn args(p: &Publisher, routers: Vec<String>, queue_cap_blocks: usize) -> Args {
         max_blocks_per_report: 64,
         replay_timeout_ms: 5_000,
         no_gpu: true,
+        mock_gpus: 0,
         gpu_devices_file: String::new(),
     }
 }

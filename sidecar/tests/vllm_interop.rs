@@ -148,6 +148,7 @@ async fn sidecar_matches_real_vllm() {
         max_blocks_per_report: 65_536,
         replay_timeout_ms: 5_000,
         no_gpu: true,
+        mock_gpus: 0,
         gpu_devices_file: String::new(),
     };
     let running = start(args).await.unwrap();

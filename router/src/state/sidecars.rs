@@ -593,6 +593,9 @@ impl RouterState {
         m.index_blocks.reset();
         m.in_flight.reset();
         m.gpu_degraded.reset();
+        m.worker_kv_usage.reset();
+        m.worker_kv_capacity.reset();
+        m.worker_engine_requests.reset();
         for g in [
             &m.gpu_utilization,
             &m.gpu_temperature,
@@ -617,6 +620,23 @@ impl RouterState {
             m.in_flight
                 .with_label_values(&[&w.id])
                 .set(i64::from(w.in_flight));
+            if let Some(load) = w.load.as_ref().filter(|l| !l.scrape_failed) {
+                let id = w.id.as_str();
+                m.worker_kv_usage
+                    .with_label_values(&[id])
+                    .set(f64::from(load.kv_usage));
+                if load.kv_capacity_tokens > 0 {
+                    m.worker_kv_capacity
+                        .with_label_values(&[id])
+                        .set(i64::try_from(load.kv_capacity_tokens).unwrap_or(i64::MAX));
+                }
+                m.worker_engine_requests
+                    .with_label_values(&[id, "waiting"])
+                    .set(i64::from(load.waiting));
+                m.worker_engine_requests
+                    .with_label_values(&[id, "running"])
+                    .set(i64::from(load.running));
+            }
             let gpus = w.load.as_ref().map_or(&[][..], |l| l.gpus.as_slice());
             if !gpus.is_empty() {
                 m.gpu_degraded

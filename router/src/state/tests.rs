@@ -293,3 +293,67 @@ fn a_watched_policy_set_holds_readiness_until_its_first_list() {
     assert!(s.set_policies(&[policy(bad)]).is_err());
     assert_eq!(s.check_ready(Instant::now()), Ok(()));
 }
+
+#[test]
+fn per_worker_kv_and_engine_queue_gauges_follow_the_latest_load_sample() {
+    let s = state(true);
+    report(&s, 1, "w", "m");
+    let now = Instant::now();
+    let load = |kv_usage: f32, waiting: u32, scrape_failed: bool| LoadView {
+        waiting,
+        running: 2,
+        kv_usage,
+        scrape_failed,
+        kv_capacity_tokens: 4096,
+        gpus: Vec::new(),
+    };
+    assert!(matches!(
+        s.sidecar_load(1, "w", load(0.25, 3, false), now),
+        LoadApplied::Applied
+    ));
+    s.refresh_gauges(now);
+    let text = s.metrics().encode();
+    for line in [
+        "kvroute_router_worker_kv_usage_ratio{worker=\"w\"} 0.25",
+        "kvroute_router_worker_kv_capacity_tokens{worker=\"w\"} 4096",
+        "kvroute_router_worker_engine_requests{state=\"waiting\",worker=\"w\"} 3",
+        "kvroute_router_worker_engine_requests{state=\"running\",worker=\"w\"} 2",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    // A newer sample replaces the figures.
+    s.sidecar_load(1, "w", load(0.5, 0, false), now);
+    s.refresh_gauges(now);
+    let text = s.metrics().encode();
+    assert!(text.contains("kvroute_router_worker_kv_usage_ratio{worker=\"w\"} 0.5"));
+    assert!(
+        text.contains("kvroute_router_worker_engine_requests{state=\"waiting\",worker=\"w\"} 0")
+    );
+    // A sample whose scrape failed says nothing about KV: no stale figure is exported.
+    s.sidecar_load(1, "w", load(0.9, 7, true), now);
+    s.refresh_gauges(now);
+    let text = s.metrics().encode();
+    assert!(
+        !text.contains("kvroute_router_worker_kv_usage_ratio{"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("kvroute_router_worker_engine_requests{"),
+        "{text}"
+    );
+}
+
+#[test]
+fn forgetting_a_worker_drops_its_kv_and_queue_series() {
+    let m = RouterMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    m.worker_kv_usage.with_label_values(&["gone"]).set(0.5);
+    m.worker_kv_capacity.with_label_values(&["gone"]).set(10);
+    m.worker_engine_requests
+        .with_label_values(&["gone", "running"])
+        .set(1);
+    m.worker_kv_usage.with_label_values(&["kept"]).set(0.1);
+    m.forget_worker("gone");
+    let text = m.encode();
+    assert!(!text.contains("worker=\"gone\""), "{text}");
+    assert!(text.contains("kvroute_router_worker_kv_usage_ratio{worker=\"kept\"} 0.1"));
+}
