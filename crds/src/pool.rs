@@ -224,9 +224,10 @@ pub enum TargetRole {
     /// Serves traffic normally.
     #[default]
     Primary,
-    /// Meant to receive traffic only when a policy overflows (queue or predicted TTFT too
-    /// high). Not enforced yet: the router routes to an overflow WorkerSet like a primary one
-    /// and sends nothing to providers.
+    /// Receives traffic only when a policy overflows. A provider target is reached through
+    /// an InferencePolicy overflow rule (queue or predicted TTFT too high). For a WorkerSet
+    /// target the role is not enforced yet: the router routes to it like a primary one (the
+    /// pool's `OverflowWorkerSets` condition says so).
     Overflow,
 }
 

@@ -19,12 +19,11 @@ use super::secrets::SecretUse;
 
 /// Condition type: whether the router verifies a tenant for the pool's requests.
 pub const TENANT_IDENTITY: &str = "TenantIdentity";
-/// Condition type, on pools with provider or overflow-role targets: whether the router acts
-/// on them.
+/// Condition type, on pools with provider targets: whether the router acts on them.
 pub const PROVIDER_TARGETS: &str = "ProviderTargets";
-/// Whether the router sends requests to InferenceProviders (overflow through a
-/// GatewayBackend, `router/src/provider`): it does.
-pub const ROUTER_SENDS_TO_PROVIDERS: bool = true;
+/// Condition type, on pools with overflow-role WorkerSet targets: whether the router holds
+/// them back for overflow (it does not yet).
+pub const OVERFLOW_WORKER_SETS: &str = "OverflowWorkerSets";
 
 /// How the router verifies the tenant of the pool's requests, one phrase per method.
 ///
@@ -144,50 +143,50 @@ pub fn tenant_identity(
     condition::condition(TENANT_IDENTITY, status, reason, message, generation, now)
 }
 
-/// The pool's [`PROVIDER_TARGETS`] condition; `None` when it has no provider target and no
-/// overflow-role target.
+/// The pool's [`PROVIDER_TARGETS`] condition (with provider targets: the router relays what
+/// policy overflow rules send them, `router/src/provider`) and its [`OVERFLOW_WORKER_SETS`]
+/// condition (with overflow-role WorkerSet targets: False, the role is not enforced; the
+/// router routes to them like primaries). Neither when the pool has no such target.
 pub fn provider_targets(
     spec: &InferencePoolSpec,
     generation: Option<i64>,
     now: &Time,
-) -> Option<Condition> {
+) -> Vec<Condition> {
     let providers = spec.targets.iter().filter(|t| t.provider.is_some()).count();
-    let overflow = spec
+    let overflow_sets = spec
         .targets
         .iter()
-        .filter(|t| t.role == TargetRole::Overflow)
+        .filter(|t| t.role == TargetRole::Overflow && t.provider.is_none())
         .count();
-    if providers == 0 && overflow == 0 {
-        return None;
-    }
-    let (status, reason, message) = if ROUTER_SENDS_TO_PROVIDERS {
-        (
+    let mut out = Vec::new();
+    if providers > 0 {
+        out.push(condition::condition(
+            PROVIDER_TARGETS,
             ConditionStatus::True,
             "Enforced",
             format!(
-                "{providers} provider targets receive the requests that policies overflow; \
-                 {overflow} targets have the overflow role"
+                "the router relays to the pool's {providers} provider targets the requests \
+                 that InferencePolicy overflow rules send them (a provider no overflow rule \
+                 names receives nothing)"
             ),
-        )
-    } else {
-        (
+            generation,
+            now,
+        ));
+    }
+    if overflow_sets > 0 {
+        out.push(condition::condition(
+            OVERFLOW_WORKER_SETS,
             ConditionStatus::False,
             super::refs::NOT_ENFORCED,
             format!(
-                "the router does not send requests to the pool's {providers} provider targets \
-                 yet, and routes to overflow-role WorkerSets like primaries ({overflow} targets \
-                 have the overflow role)"
+                "the overflow role of the pool's {overflow_sets} WorkerSet targets is not \
+                 enforced yet: the router routes to them like primaries"
             ),
-        )
-    };
-    Some(condition::condition(
-        PROVIDER_TARGETS,
-        status,
-        reason,
-        message,
-        generation,
-        now,
-    ))
+            generation,
+            now,
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -241,22 +240,39 @@ mod tests {
 
     #[test]
     fn provider_and_overflow_targets_say_whether_the_router_acts_on_them() {
-        assert!(provider_targets(&spec("targets: [{workerSet: a}]\n"), None, &now()).is_none());
+        assert!(provider_targets(&spec("targets: [{workerSet: a}]\n"), None, &now()).is_empty());
         let c = provider_targets(
             &spec("targets: [{workerSet: a}, {provider: p, role: overflow}]\n"),
             None,
             &now(),
-        )
-        .expect("condition");
-        assert_eq!(c.type_, PROVIDER_TARGETS);
-        if ROUTER_SENDS_TO_PROVIDERS {
-            assert_eq!(c.status, "True");
-        } else {
-            assert_eq!(
-                (c.status.as_str(), c.reason.as_str()),
-                ("False", "NotEnforced")
-            );
-            assert!(c.message.contains("1 provider targets"), "{}", c.message);
-        }
+        );
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            (
+                c[0].type_.as_str(),
+                c[0].status.as_str(),
+                c[0].reason.as_str()
+            ),
+            (PROVIDER_TARGETS, "True", "Enforced")
+        );
+        assert!(
+            c[0].message.contains("1 provider targets"),
+            "{}",
+            c[0].message
+        );
+        let c = provider_targets(
+            &spec("targets: [{workerSet: a}, {workerSet: b, role: overflow}]\n"),
+            None,
+            &now(),
+        );
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            (
+                c[0].type_.as_str(),
+                c[0].status.as_str(),
+                c[0].reason.as_str()
+            ),
+            (OVERFLOW_WORKER_SETS, "False", "NotEnforced")
+        );
     }
 }
