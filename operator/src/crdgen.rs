@@ -1,12 +1,13 @@
-//! `kvroute crdgen`: writes the CRD YAML (crds/) and the OLM bundle (bundle/) from the Rust
-//! types, or with `--check` verifies that the committed files match.
+//! `kvroute crdgen`: writes the CRD YAML (crds/), the OLM bundle (bundle/), the plain manifests
+//! (deploy/) and the CRD reference (docs/reference/crds.md) from the Rust types, or with
+//! `--check` verifies that the committed files match.
 
 use std::path::PathBuf;
 
 use anyhow::Context as _;
 
 use crate::bundle::{bundle_files, deploy_files};
-use crate::generated::{GeneratedFile, crd_files};
+use crate::generated::{GeneratedFile, crd_files, reference_files};
 
 /// Flags of `kvroute crdgen`.
 #[derive(Debug, Clone, clap::Args)]
@@ -20,6 +21,9 @@ pub struct CrdgenArgs {
     /// Directory for plain deployment manifests (operator RBAC and Deployment).
     #[arg(long, env = "KVROUTE_CRDGEN_DEPLOY_DIR", default_value = "deploy")]
     pub deploy_dir: PathBuf,
+    /// Directory of the user docs; the CRD reference goes to `<docs-dir>/reference/crds.md`.
+    #[arg(long, env = "KVROUTE_CRDGEN_DOCS_DIR", default_value = "docs")]
+    pub docs_dir: PathBuf,
     /// Compare instead of writing; fail listing the files that differ.
     #[arg(long, env = "KVROUTE_CRDGEN_CHECK", default_value_t = false)]
     pub check: bool,
@@ -30,6 +34,7 @@ pub fn all_files(args: &CrdgenArgs) -> anyhow::Result<Vec<GeneratedFile>> {
     let mut files = crd_files(&args.crds_dir)?;
     files.extend(bundle_files(&args.bundle_dir)?);
     files.extend(deploy_files(&args.deploy_dir)?);
+    files.extend(reference_files(&args.docs_dir));
     Ok(files)
 }
 

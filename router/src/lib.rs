@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod pick;
 pub mod provider;
 pub mod readiness;
+pub mod reasons;
 pub mod routing;
 pub mod state;
 pub mod tenant;

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use kvroute_crds::condition::{self, Condition, ConditionStatus, Time};
+use kvroute_crds::condition::{self, Condition, ConditionStatus, Reason, Time};
 use kvroute_crds::pool::{InferencePoolSpec, TargetRole};
 
 use super::secrets::SecretUse;
@@ -123,13 +123,13 @@ pub fn tenant_identity(
     let (status, reason, message) = if !bad.is_empty() {
         (
             ConditionStatus::False,
-            "InvalidJWKS",
+            Reason::InvalidJWKS,
             format!("the router refuses JWTs for this pool: {}", bad.join("; ")),
         )
     } else if methods.is_empty() {
         (
             ConditionStatus::False,
-            "Anonymous",
+            Reason::Anonymous,
             "the pool has no spec.auth: its requests carry no verified tenant, so rules that \
              match tenants and per-tenant limits do not apply to them"
                 .to_string(),
@@ -137,7 +137,7 @@ pub fn tenant_identity(
     } else {
         (
             ConditionStatus::True,
-            "Verified",
+            Reason::Verified,
             format!("the router verifies tenants by {}", methods.join(", ")),
         )
     };
@@ -163,7 +163,7 @@ pub fn provider_targets(
     let (status, reason, message) = if ROUTER_SENDS_TO_PROVIDERS {
         (
             ConditionStatus::True,
-            "Enforced",
+            Reason::Enforced,
             format!(
                 "{providers} provider targets receive the requests that policies overflow; \
                  {overflow} targets have the overflow role"
@@ -172,7 +172,7 @@ pub fn provider_targets(
     } else {
         (
             ConditionStatus::False,
-            super::refs::NOT_ENFORCED,
+            Reason::NotEnforced,
             format!(
                 "the router does not send requests to the pool's {providers} provider targets \
                  yet, and routes to overflow-role WorkerSets like primaries ({overflow} targets \
