@@ -28,6 +28,7 @@ pub mod gpu;
 pub mod policy;
 pub mod pool;
 pub mod provider;
+pub mod reference;
 pub mod validation;
 pub mod workerset;
 

@@ -1,13 +1,14 @@
 //! `kvroute crdgen`: writes the CRD YAML (crds/), the OLM bundle (bundle/), the plain manifests
-//! and the Helm charts (deploy/, deploy/helm/) from the Rust types, or with `--check` verifies
-//! that the committed files match.
+//! and the Helm charts (deploy/, deploy/helm/), the dashboards and monitors (deploy/grafana/,
+//! deploy/monitoring/) and the CRD reference (docs/reference/crds.md) from the Rust types, or
+//! with `--check` verifies that the committed files match.
 
 use std::path::PathBuf;
 
 use anyhow::Context as _;
 
 use crate::bundle::{bundle_files, deploy_files};
-use crate::generated::{GeneratedFile, crd_files};
+use crate::generated::{GeneratedFile, crd_files, reference_files};
 
 /// Flags of `kvroute crdgen`.
 #[derive(Debug, Clone, clap::Args)]
@@ -21,6 +22,9 @@ pub struct CrdgenArgs {
     /// Directory for plain deployment manifests (operator RBAC and Deployment).
     #[arg(long, env = "KVROUTE_CRDGEN_DEPLOY_DIR", default_value = "deploy")]
     pub deploy_dir: PathBuf,
+    /// Directory of the user docs; the CRD reference goes to `<docs-dir>/reference/crds.md`.
+    #[arg(long, env = "KVROUTE_CRDGEN_DOCS_DIR", default_value = "docs")]
+    pub docs_dir: PathBuf,
     /// Compare instead of writing; fail listing the files that differ.
     #[arg(long, env = "KVROUTE_CRDGEN_CHECK", default_value_t = false)]
     pub check: bool,
@@ -33,6 +37,7 @@ pub fn all_files(args: &CrdgenArgs) -> anyhow::Result<Vec<GeneratedFile>> {
     files.extend(deploy_files(&args.deploy_dir)?);
     files.extend(crate::monitoring::monitoring_files(&args.deploy_dir)?);
     files.extend(crate::helm::helm_files(&args.deploy_dir.join("helm"))?);
+    files.extend(reference_files(&args.docs_dir));
     Ok(files)
 }
 

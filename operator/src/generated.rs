@@ -46,3 +46,12 @@ pub fn crd_files(crds_dir: &Path) -> anyhow::Result<Vec<GeneratedFile>> {
         })
         .collect()
 }
+
+/// The CRD reference page: `<docs_dir>/reference/crds.md`, written from the same schemas as
+/// the CRD YAML ([`kvroute_crds::reference`]).
+pub fn reference_files(docs_dir: &Path) -> Vec<GeneratedFile> {
+    vec![GeneratedFile {
+        path: docs_dir.join("reference").join("crds.md"),
+        content: kvroute_crds::reference::markdown(&kvroute_crds::crds()),
+    }]
+}

@@ -1,4 +1,4 @@
-//! Golden test: the committed crds/*.yaml, bundle/ and deploy/ files must equal what
+//! Golden test: the committed crds/*.yaml, bundle/, deploy/ and docs/reference/crds.md files must equal what
 //! `kvroute crdgen` generates from the Rust types. Regenerate with `kvroute crdgen` from the
 //! repository root, or `KVROUTE_UPDATE_GOLDEN=1 cargo test -p kvroute-operator --test golden`.
 
@@ -12,6 +12,7 @@ fn args() -> CrdgenArgs {
         crds_dir: root.join("crds"),
         bundle_dir: root.join("bundle"),
         deploy_dir: root.join("deploy"),
+        docs_dir: root.join("docs"),
         check: true,
     }
 }

@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod pick;
 pub mod provider;
 pub mod readiness;
+pub mod reasons;
 pub mod routing;
 pub mod state;
 pub mod tenant;
@@ -47,6 +48,7 @@ pub mod tokenize_cmd;
 pub mod tokenizer_loader;
 pub mod tokenizer_registry;
 pub mod tokenizer_source;
+pub mod traces;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -395,6 +397,11 @@ pub struct Args {
         default_value_t = 120.0
     )]
     pub provider_idle_timeout_s: f64,
+    /// OTLP/gRPC collector (e.g. `http://otel-collector:4317`) to export one span per routing
+    /// decision to, with W3C trace context sent on to the workers (the span as parent); empty:
+    /// off (the client's `traceparent` is passed to the worker unchanged). docs/tracing.md.
+    #[arg(long, env = "KVROUTE_ROUTER_OTLP_ENDPOINT", default_value = "")]
+    pub otlp_endpoint: String,
 }
 
 impl Default for Args {
@@ -461,6 +468,7 @@ impl Default for Args {
             provider_connect_timeout_s: 5.0,
             provider_first_byte_timeout_s: 60.0,
             provider_idle_timeout_s: 120.0,
+            otlp_endpoint: String::new(),
         }
     }
 }
@@ -651,6 +659,7 @@ impl Server {
             provider_connect_timeout_s,
             provider_first_byte_timeout_s,
             provider_idle_timeout_s,
+            otlp_endpoint,
         } = args;
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
@@ -796,6 +805,7 @@ impl Server {
             metrics: listener_metrics.clone(),
             tenants: state.tenants().clone(),
             providers: Some(providers.clone()),
+            traces: traces::Traces::from_flag(&otlp_endpoint)?.map(Arc::new),
         };
         Ok(Self {
             http: bind(http_addr, "--http-addr").await?,

@@ -398,6 +398,10 @@ fn histogram_vec(
 }
 
 #[cfg(test)]
+#[path = "metrics_doc_tests.rs"]
+mod doc_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

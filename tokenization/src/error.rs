@@ -63,6 +63,21 @@ pub enum TokenizeError {
 }
 
 impl TokenizeError {
+    /// Every [`TokenizeError::label`], in variant order (docs/troubleshooting.md explains each).
+    pub const LABELS: &[&str] = &[
+        "io",
+        "load",
+        "template_missing",
+        "template_syntax",
+        "render",
+        "template_raised",
+        "invalid_message",
+        "invalid_request",
+        "encode",
+        "decode",
+        "token_out_of_vocab",
+    ];
+
     /// A short, stable, bounded label for metrics (`reason="..."`).
     pub fn label(&self) -> &'static str {
         match self {
@@ -84,5 +99,56 @@ impl TokenizeError {
     /// tokenizer files are at fault.
     pub fn is_client_error(&self) -> bool {
         !matches!(self, TokenizeError::Io { .. } | TokenizeError::Load(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One error of each variant; the match has no wildcard, so a new variant fails to
+    /// compile here until it is added to the samples (and its label to `LABELS`).
+    fn samples() -> Vec<TokenizeError> {
+        let all = vec![
+            TokenizeError::Io {
+                path: PathBuf::from("x"),
+                source: std::io::Error::other("x"),
+            },
+            TokenizeError::Load(String::new()),
+            TokenizeError::TemplateMissing,
+            TokenizeError::TemplateSyntax(String::new()),
+            TokenizeError::Render(String::new()),
+            TokenizeError::TemplateRaised(String::new()),
+            TokenizeError::InvalidMessage {
+                index: 0,
+                reason: String::new(),
+            },
+            TokenizeError::InvalidRequest(String::new()),
+            TokenizeError::Encode(String::new()),
+            TokenizeError::Decode(String::new()),
+            TokenizeError::TokenOutOfVocab { id: 0 },
+        ];
+        for e in &all {
+            match e {
+                TokenizeError::Io { .. }
+                | TokenizeError::Load(_)
+                | TokenizeError::TemplateMissing
+                | TokenizeError::TemplateSyntax(_)
+                | TokenizeError::Render(_)
+                | TokenizeError::TemplateRaised(_)
+                | TokenizeError::InvalidMessage { .. }
+                | TokenizeError::InvalidRequest(_)
+                | TokenizeError::Encode(_)
+                | TokenizeError::Decode(_)
+                | TokenizeError::TokenOutOfVocab { .. } => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn labels_lists_every_variant_label_once() {
+        let labels: Vec<&str> = samples().iter().map(TokenizeError::label).collect();
+        assert_eq!(labels, TokenizeError::LABELS);
     }
 }

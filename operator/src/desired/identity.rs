@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use kvroute_crds::condition::{self, Condition, ConditionStatus, Time};
+use kvroute_crds::condition::{self, Condition, ConditionStatus, Reason, Time};
 use kvroute_crds::pool::{InferencePoolSpec, TargetRole};
 
 use super::secrets::SecretUse;
@@ -122,13 +122,13 @@ pub fn tenant_identity(
     let (status, reason, message) = if !bad.is_empty() {
         (
             ConditionStatus::False,
-            "InvalidJWKS",
+            Reason::InvalidJWKS,
             format!("the router refuses JWTs for this pool: {}", bad.join("; ")),
         )
     } else if methods.is_empty() {
         (
             ConditionStatus::False,
-            "Anonymous",
+            Reason::Anonymous,
             "the pool has no spec.auth: its requests carry no verified tenant, so rules that \
              match tenants and per-tenant limits do not apply to them"
                 .to_string(),
@@ -136,7 +136,7 @@ pub fn tenant_identity(
     } else {
         (
             ConditionStatus::True,
-            "Verified",
+            Reason::Verified,
             format!("the router verifies tenants by {}", methods.join(", ")),
         )
     };
@@ -163,7 +163,7 @@ pub fn provider_targets(
         out.push(condition::condition(
             PROVIDER_TARGETS,
             ConditionStatus::True,
-            "Enforced",
+            Reason::Enforced,
             format!(
                 "the router relays to the pool's {providers} provider targets the requests \
                  that InferencePolicy overflow rules send them (a provider no overflow rule \
@@ -177,7 +177,7 @@ pub fn provider_targets(
         out.push(condition::condition(
             OVERFLOW_WORKER_SETS,
             ConditionStatus::False,
-            super::refs::NOT_ENFORCED,
+            Reason::NotEnforced,
             format!(
                 "the overflow role of the pool's {overflow_sets} WorkerSet targets is not \
                  enforced yet: the router routes to them like primaries"

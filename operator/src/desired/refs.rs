@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::object::HasStatus;
 use kvroute_crds::backend::{AuthType, GatewayBackendSpec, GatewayBackendStatus};
 use kvroute_crds::condition::{
-    self, ACCEPTED, Condition, ConditionStatus, READY, RESOLVED_REFS, Time,
+    self, ACCEPTED, Condition, ConditionStatus, READY, RESOLVED_REFS, Reason, Time,
 };
 use kvroute_crds::policy::{InferencePolicySpec, InferencePolicyStatus};
 use kvroute_crds::pool::{
@@ -44,13 +44,13 @@ use super::secrets::{
 use super::{Notable, Severity};
 
 /// Ready reason of a resource that is valid and resolved but that nothing acts on yet.
-pub const NOT_ENFORCED: &str = "NotEnforced";
+pub const NOT_ENFORCED: &str = Reason::NotEnforced.as_str();
 /// Ready reason of a policy the router compiles and enforces, or of a provider or backend
 /// the router relays through.
-pub const ENFORCED: &str = "Enforced";
+pub const ENFORCED: &str = Reason::Enforced.as_str();
 /// Ready reason of a policy whose route action names an InferenceProvider as a target (the
 /// router restricts local candidates only; providers are reached through `overflow`).
-pub const UNROUTABLE_TARGET: &str = "UnroutableTarget";
+pub const UNROUTABLE_TARGET: &str = Reason::UnroutableTarget.as_str();
 /// Condition type: whether the backend's TLS certificate is verified (present only when it
 /// is not: `insecureSkipVerify`).
 pub const TLS_VERIFIED: &str = "TLSVerified";
@@ -381,7 +381,7 @@ enum Readiness {
     /// Ready=True with reason [`ENFORCED`]: the router acts on it (message).
     Enforced(String),
     /// Ready=False: waiting for something (reason, message).
-    Waiting(&'static str, String),
+    Waiting(Reason, String),
 }
 
 /// Conditions shared by the status-only kinds: Accepted (the spec is valid), ResolvedRefs
@@ -394,24 +394,29 @@ fn ref_conditions(
     previous: &[Condition],
     now: &Time,
 ) -> Vec<Condition> {
-    let cond = |t, s, r: &str, m: String| condition::condition(t, s, r, m, generation, now);
+    let cond = |t, s, r: Reason, m: String| condition::condition(t, s, r, m, generation, now);
     let next = if !issues.is_empty() {
         let msg = summary(issues);
         vec![
-            cond(ACCEPTED, ConditionStatus::False, "InvalidSpec", msg.clone()),
+            cond(
+                ACCEPTED,
+                ConditionStatus::False,
+                Reason::InvalidSpec,
+                msg.clone(),
+            ),
             cond(
                 RESOLVED_REFS,
                 ConditionStatus::Unknown,
-                "InvalidSpec",
+                Reason::InvalidSpec,
                 "spec rejected before resolving".into(),
             ),
-            cond(READY, ConditionStatus::False, "InvalidSpec", msg),
+            cond(READY, ConditionStatus::False, Reason::InvalidSpec, msg),
         ]
     } else {
         let accepted = cond(
             ACCEPTED,
             ConditionStatus::True,
-            "Accepted",
+            Reason::Accepted,
             "spec is valid".into(),
         );
         if !missing.is_empty() {
@@ -421,21 +426,23 @@ fn ref_conditions(
                 cond(
                     RESOLVED_REFS,
                     ConditionStatus::False,
-                    "RefNotFound",
+                    Reason::RefNotFound,
                     msg.clone(),
                 ),
-                cond(READY, ConditionStatus::False, "RefNotFound", msg),
+                cond(READY, ConditionStatus::False, Reason::RefNotFound, msg),
             ]
         } else {
             let resolved = cond(
                 RESOLVED_REFS,
                 ConditionStatus::True,
-                "Resolved",
+                Reason::Resolved,
                 "all references exist".into(),
             );
             let ready = match readiness {
-                Readiness::Ready(msg) => cond(READY, ConditionStatus::True, "Ready", msg),
-                Readiness::Enforced(msg) => cond(READY, ConditionStatus::True, ENFORCED, msg),
+                Readiness::Ready(msg) => cond(READY, ConditionStatus::True, Reason::Ready, msg),
+                Readiness::Enforced(msg) => {
+                    cond(READY, ConditionStatus::True, Reason::Enforced, msg)
+                }
                 Readiness::Waiting(reason, msg) => cond(READY, ConditionStatus::False, reason, msg),
             };
             vec![accepted, resolved, ready]
@@ -554,7 +561,10 @@ pub fn pool_status(
         .filter(|t| t.role == TargetRole::Primary)
         .count();
     let readiness = if primaries == 0 {
-        Readiness::Waiting("NoReadyTargets", "no primary target is ready".to_string())
+        Readiness::Waiting(
+            Reason::NoReadyTargets,
+            "no primary target is ready".to_string(),
+        )
     } else {
         Readiness::Ready(format!(
             "{primaries} ready primary targets for {} models",
@@ -590,13 +600,13 @@ pub const TOKENIZER_ROUTING: &str = "TokenizerRouting";
 fn tokenizer_routing(spec: &InferencePoolSpec, generation: Option<i64>, now: &Time) -> Condition {
     let (reason, message) = if spec.routing.allow_load_only {
         (
-            "LoadOnlyAllowed",
+            Reason::LoadOnlyAllowed,
             "while a router has not loaded a model's tokenizer it routes that model's requests \
              on load alone (spec.routing.allowLoadOnly)",
         )
     } else {
         (
-            "TokenizerRequired",
+            Reason::TokenizerRequired,
             "while a router has not loaded a model's tokenizer it answers that model's requests \
              with 503 tokenizer_not_ready and /readyz?model=NAME fails; set \
              spec.routing.allowLoadOnly to route on load alone instead",
@@ -674,7 +684,7 @@ pub fn policy_conditions(
         Readiness::Enforced(format!("{} rules enforced by the router", spec.rules.len()))
     } else {
         Readiness::Waiting(
-            UNROUTABLE_TARGET,
+            Reason::UnroutableTarget,
             format!(
                 "route targets {} are InferenceProviders; route actions restrict local \
                  InferenceWorkerSets only (reach a provider with overflow)",
@@ -732,12 +742,12 @@ pub fn provider_conditions(
         ))
     } else if is_accepted_and_resolved(backend_conditions) {
         Readiness::Waiting(
-            "BackendNotReady",
+            Reason::BackendNotReady,
             format!("GatewayBackend {name:?} is not Ready"),
         )
     } else {
         Readiness::Waiting(
-            "BackendNotAccepted",
+            Reason::BackendNotAccepted,
             format!("GatewayBackend {name:?} is not accepted or its Secrets do not resolve"),
         )
     };
@@ -746,7 +756,7 @@ pub fn provider_conditions(
         let c = condition::condition(
             OPENAI_CLIENTS,
             ConditionStatus::False,
-            "NotTranslated",
+            Reason::NotTranslated,
             "OpenAI /v1/chat/completions and /v1/completions requests are not translated to an Anthropic provider: they stay local (503 when no local worker can take them); Anthropic /v1/messages requests overflow",
             generation,
             now,
@@ -809,7 +819,7 @@ pub fn backend_conditions(
         let c = condition::condition(
             TLS_VERIFIED,
             ConditionStatus::False,
-            "InsecureSkipVerify",
+            Reason::InsecureSkipVerify,
             "certificate verification is off: anyone on the path can impersonate the backend and read its credential",
             generation,
             now,

@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{EnvVar, SecretVolumeSource, Volume, VolumeMount};
 use kvroute_crds::backend::GatewayBackendSpec;
-use kvroute_crds::condition::{self, Condition, ConditionStatus, Time};
+use kvroute_crds::condition::{self, Condition, ConditionStatus, Reason, Time};
 use kvroute_crds::policy::InferencePolicySpec;
 use kvroute_crds::pool::InferencePoolSpec;
 
@@ -197,11 +197,11 @@ pub struct SecretFacts {
 }
 
 /// Why a Secret use is not served yet; the first in this order names the condition's reason.
-fn problem(u: &SecretUse, facts: &SecretFacts) -> Option<(&'static str, String)> {
+fn problem(u: &SecretUse, facts: &SecretFacts) -> Option<(Reason, String)> {
     let ns = &facts.router_namespace;
     if !mountable(&u.name) {
         return Some((
-            "ReservedSecret",
+            Reason::ReservedSecret,
             format!(
                 "{}: Secret {:?} is the operator's own and is never mounted into the router",
                 u.field, u.name
@@ -210,7 +210,7 @@ fn problem(u: &SecretUse, facts: &SecretFacts) -> Option<(&'static str, String)>
     }
     let Some(keys) = facts.keys.get(&u.name) else {
         return Some((
-            "SecretNotFound",
+            Reason::SecretNotFound,
             format!(
                 "{}: Secret {:?} not found in the router's namespace {ns:?}",
                 u.field, u.name
@@ -221,17 +221,17 @@ fn problem(u: &SecretUse, facts: &SecretFacts) -> Option<(&'static str, String)>
         && !keys.contains(key)
     {
         return Some((
-            "KeyNotFound",
+            Reason::KeyNotFound,
             format!("{}: Secret {ns}/{} has no key {key:?}", u.field, u.name),
         ));
     }
     match &facts.mounted {
         None => Some((
-            "MountPending",
+            Reason::MountPending,
             format!("no router Deployment in {ns:?} mounts Secret {:?}", u.name),
         )),
         Some(m) if !m.contains(&u.name) => Some((
-            "MountPending",
+            Reason::MountPending,
             format!(
                 "the router Deployment does not mount Secret {:?} yet",
                 u.name
@@ -258,7 +258,7 @@ pub fn secrets_mounted(
     if uses.is_empty() {
         return None;
     }
-    let problems: Vec<(&str, String)> = uses.iter().filter_map(|u| problem(u, facts)).collect();
+    let problems: Vec<(Reason, String)> = uses.iter().filter_map(|u| problem(u, facts)).collect();
     let (status, reason, message) = match problems.first() {
         Some((reason, _)) => (
             ConditionStatus::False,
@@ -273,7 +273,7 @@ pub fn secrets_mounted(
             let names: BTreeSet<&str> = uses.iter().map(|u| u.name.as_str()).collect();
             (
                 ConditionStatus::True,
-                "Mounted",
+                Reason::Mounted,
                 format!(
                     "Secrets {} of namespace {:?} are mounted read-only into the router at {SECRETS_DIR}/<name>/",
                     names.into_iter().collect::<Vec<_>>().join(", "),

@@ -27,7 +27,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{KeyToPath, SecretVolumeSource, Volume, VolumeMount};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kvroute_crds::InferenceWorkerSet;
-use kvroute_crds::condition::{self, Condition, ConditionStatus, Time};
+use kvroute_crds::condition::{self, Condition, ConditionStatus, Reason, Time};
 use kvroute_crds::pool::{InferencePool, InferencePoolSpec, IssuerRef};
 use serde_json::json;
 
@@ -442,7 +442,7 @@ pub fn transport_condition(
     generation: Option<i64>,
     now: &Time,
 ) -> Condition {
-    let cond = |ok: bool, reason: &str, msg: String| {
+    let cond = |ok: bool, reason: Reason, msg: String| {
         condition::condition(
             TRANSPORT_SECURITY,
             ConditionStatus::from_bool(ok),
@@ -457,7 +457,7 @@ pub fn transport_condition(
     match &facts.transport.mode {
         TlsMode::Conflict(issuers) if asked.is_some() => cond(
             false,
-            "IssuerConflict",
+            Reason::IssuerConflict,
             format!(
                 "pools name {} different cert-manager issuers; the router is shared, so the operator issues from its own CA until they agree",
                 issuers.len()
@@ -475,7 +475,7 @@ pub fn transport_condition(
             if missing.is_empty() {
                 cond(
                     true,
-                    "OperatorCA",
+                    Reason::OperatorCA,
                     format!(
                         "{} key pairs issued by the operator's CA in Secret {MTLS_SECRET}",
                         stems.len()
@@ -484,7 +484,7 @@ pub fn transport_condition(
             } else {
                 cond(
                     false,
-                    "CertificatesPending",
+                    Reason::CertificatesPending,
                     format!("Secret {MTLS_SECRET} lacks {}", missing.join(", ")),
                 )
             }
@@ -502,7 +502,7 @@ pub fn transport_condition(
             if not_ready.is_empty() {
                 cond(
                     true,
-                    "CertManager",
+                    Reason::CertManager,
                     format!(
                         "{} Certificates issued by {:?} {}",
                         stems.len(),
@@ -513,7 +513,7 @@ pub fn transport_condition(
             } else {
                 cond(
                     false,
-                    "CertificatesNotReady",
+                    Reason::CertificatesNotReady,
                     format!("cert-manager Certificates: {}", not_ready.join(", ")),
                 )
             }
@@ -529,7 +529,7 @@ pub fn gateway_condition(
     now: &Time,
 ) -> Option<Condition> {
     let secret = &spec.gateway.as_ref()?.tls.as_ref()?.secret_name;
-    let cond = |ok: bool, reason: &str, msg: String| {
+    let cond = |ok: bool, reason: Reason, msg: String| {
         condition::condition(
             GATEWAY_TLS,
             ConditionStatus::from_bool(ok),
@@ -542,7 +542,7 @@ pub fn gateway_condition(
     let Some(facts) = facts else {
         return Some(cond(
             false,
-            "NotEnabled",
+            Reason::NotEnabled,
             "the operator runs without --mtls, so the router terminates no TLS".to_string(),
         ));
     };
@@ -551,24 +551,24 @@ pub fn gateway_condition(
         match (&facts.gateway_keys, &facts.transport.gateway_secret) {
             (None, _) => cond(
                 false,
-                "SecretNotFound",
+                Reason::SecretNotFound,
                 format!("Secret {secret:?} not found in namespace {ns}"),
             ),
             (Some(keys), _) if !(keys.contains("tls.crt") && keys.contains("tls.key")) => cond(
                 false,
-                "SecretKeysMissing",
+                Reason::SecretKeysMissing,
                 format!("Secret {secret:?} in {ns} needs tls.crt and tls.key"),
             ),
             (Some(_), Some(used)) if used != secret => cond(
                 false,
-                "ConflictingSecret",
+                Reason::ConflictingSecret,
                 format!(
                     "the router terminates TLS with Secret {used:?}, named by another pool first"
                 ),
             ),
             _ => cond(
                 true,
-                "Mounted",
+                Reason::Mounted,
                 format!("the router terminates TLS with Secret {secret:?} from {ns}"),
             ),
         },

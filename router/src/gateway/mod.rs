@@ -71,6 +71,9 @@ pub struct GatewayConfig {
     pub tenants: Arc<crate::tenant::Tenants>,
     /// Overflow providers (none: requests never leave the cluster).
     pub providers: Option<crate::provider::Providers>,
+    /// OpenTelemetry decision spans and trace-context propagation (`--otlp-endpoint`);
+    /// `None`: off, the client's trace context is passed to the worker unchanged.
+    pub traces: Option<Arc<crate::traces::Traces>>,
 }
 
 impl Default for GatewayConfig {
@@ -87,6 +90,7 @@ impl Default for GatewayConfig {
             metrics: ListenerMetrics::unregistered().expect("the metric names are valid"),
             tenants: crate::tenant::Tenants::unregistered(),
             providers: None,
+            traces: None,
         }
     }
 }
@@ -109,6 +113,7 @@ pub fn router_with(
         metrics: cfg.metrics,
         tenants: cfg.tenants,
         providers: cfg.providers,
+        traces: cfg.traces,
     };
     let generation = Router::new()
         .route("/v1/chat/completions", post(proxy::chat_completions))

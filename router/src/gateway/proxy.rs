@@ -53,6 +53,8 @@ pub(crate) struct Gateway {
     pub metrics: ListenerMetrics,
     pub tenants: Arc<crate::tenant::Tenants>,
     pub providers: Option<Providers>,
+    /// OpenTelemetry decision spans (`--otlp-endpoint`); `None`: off.
+    pub traces: Option<Arc<crate::traces::Traces>>,
 }
 
 /// Which error shape the client understands.
@@ -207,7 +209,7 @@ impl Gateway {
                     .map(|p| AssignmentGuard::new(dispatch.clone(), p))
             })
             .await;
-        match decided {
+        let result = match decided {
             Ok(Ok(a)) => Ok(a),
             Ok(Err(PickError::UnknownModel(_))) => {
                 Err(GatewayError::UnknownModel(route.client_model.clone()))
@@ -227,7 +229,11 @@ impl Gateway {
                 Err(GatewayError::DecisionPoolFull)
             }
             Err(PoolError::Panicked) => Err(GatewayError::Internal),
+        };
+        if let (Err(e), Some(t)) = (&result, &self.traces) {
+            t.failed(&route.headers, &route.client_model, e.label());
         }
+        result
     }
 
     /// Picks a worker (the first attempt uses `first` when given) and sends; retries on
@@ -240,7 +246,7 @@ impl Gateway {
     ) -> Result<Sent, GatewayError> {
         let mut exclude: Vec<String> = Vec::new();
         let mut last_failure: Option<GatewayError> = None;
-        for _attempt in 0..=self.max_retries {
+        for attempt in 0..=self.max_retries {
             let picked = match first.take() {
                 Some(a) => Ok(a),
                 None => self.pick(&route, &exclude).await,
@@ -252,6 +258,7 @@ impl Gateway {
                 }
                 Err(e) => return Err(e),
             };
+            let trace_headers = self.trace_headers(&route, &assignment, attempt);
             let url = format!(
                 "http://{}{}",
                 assignment.picked().address,
@@ -265,7 +272,7 @@ impl Gateway {
                 with_model(&body, picked_model)
             };
             let sent_at = Instant::now();
-            match self.upstream.post_json(&url, body).await {
+            match self.upstream.post_json(&url, body, trace_headers).await {
                 Ok(response) if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
                     tracing::debug!(worker = %assignment.picked().worker, "worker answered 503; trying another");
                     exclude.push(assignment.picked().worker.clone());
@@ -297,6 +304,33 @@ impl Gateway {
         }
         Err(last_failure
             .unwrap_or_else(|| GatewayError::Upstream("no worker accepted the request".into())))
+    }
+
+    /// The trace-context headers for the request to the worker: the decision's span as the
+    /// parent when traces are on, else the client's own context passed through.
+    fn trace_headers(
+        &self,
+        route: &Route,
+        assignment: &AssignmentGuard,
+        attempt: u32,
+    ) -> HeaderMap {
+        let Some(traces) = &self.traces else {
+            return crate::traces::pass_through(&route.headers);
+        };
+        let p = assignment.picked();
+        traces.decision(
+            &route.headers,
+            &crate::traces::Decision {
+                model: &route.client_model,
+                backend_model: &p.backend_model,
+                worker: &p.worker,
+                address: &p.address,
+                predicted_ttft_s: p.predicted_ttft_s,
+                reason: p.reason,
+                degraded: p.degraded,
+                attempt,
+            },
+        )
     }
 
     /// The worker answered with an error status: pass 4xx through in the client's shape, turn

@@ -61,10 +61,17 @@ impl Upstream {
         Ok(Self { client })
     }
 
-    /// POSTs a JSON body and returns once the response headers arrived.
-    pub async fn post_json(&self, url: &str, body: Bytes) -> Result<reqwest::Response, SendError> {
+    /// POSTs a JSON body with `extra` headers (the trace context) and returns once the
+    /// response headers arrived.
+    pub async fn post_json(
+        &self,
+        url: &str,
+        body: Bytes,
+        extra: http::HeaderMap,
+    ) -> Result<reqwest::Response, SendError> {
         self.client
             .post(url)
+            .headers(extra)
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(body)
             .send()

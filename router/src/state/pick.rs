@@ -390,7 +390,7 @@ impl RouterState {
                         .observe(predicted_ttft_s);
                 }
                 if d.decision.degraded {
-                    let reason = d.degraded_reason.unwrap_or("no_prompt");
+                    let reason = d.degraded_reason.unwrap_or(crate::reasons::NO_PROMPT);
                     m.degraded_decisions
                         .with_label_values(&[input.model, reason])
                         .inc();

@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use super::RouterState;
 use super::pick::{PickError, PickInput, Prompt};
+use crate::reasons;
 use crate::tokenizer_registry::{Lookup, Tokenizers};
 
 /// Where each model's tokenizer lives.
@@ -51,8 +52,8 @@ pub(super) enum Degraded {
 impl Degraded {
     pub(super) fn label(self) -> &'static str {
         match self {
-            Degraded::NoTokenizer => "no_tokenizer",
-            Degraded::NoPrompt => "no_prompt",
+            Degraded::NoTokenizer => reasons::NO_TOKENIZER,
+            Degraded::NoPrompt => reasons::NO_PROMPT,
             Degraded::Failed(l) => l,
             Degraded::NotLoaded { .. } => "tokenizer_not_ready",
         }
@@ -97,14 +98,15 @@ impl RouterState {
         match input.prompt {
             Prompt::Tokens(t) => Ok(t.to_vec()),
             Prompt::Completion(v) => {
-                let prompt =
-                    PromptInput::deserialize(v).map_err(|_| Degraded::Failed("invalid_prompt"))?;
+                let prompt = PromptInput::deserialize(v)
+                    .map_err(|_| Degraded::Failed(reasons::INVALID_PROMPT))?;
                 if let PromptInput::TokenIds(ids) = &prompt {
                     // Token ids need no tokenizer; out-of-range ids fail at the worker.
                     return ids
                         .iter()
                         .map(|&i| {
-                            u32::try_from(i).map_err(|_| Degraded::Failed("token_out_of_vocab"))
+                            u32::try_from(i)
+                                .map_err(|_| Degraded::Failed(reasons::TOKEN_OUT_OF_VOCAB))
                         })
                         .collect();
                 }
@@ -115,7 +117,7 @@ impl RouterState {
             Prompt::Chat(body) => {
                 let tok = tokenizer()?;
                 let req = ChatRequest::deserialize(body)
-                    .map_err(|_| Degraded::Failed("invalid_request"))?;
+                    .map_err(|_| Degraded::Failed(reasons::INVALID_REQUEST))?;
                 tok.encode_chat(&req, kvroute_tokenization::local_now())
                     .map(|e| e.token_ids)
                     .map_err(|e| Degraded::Failed(e.label()))

@@ -5,7 +5,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kvroute_crds::condition::{
-    self, Condition, ConditionStatus, DEGRADED, PROGRESSING, READY, Time,
+    self, Condition, ConditionStatus, DEGRADED, PROGRESSING, READY, Reason, Time,
 };
 use kvroute_crds::validation::{SpecIssue, summary};
 use kvroute_crds::workerset::{
@@ -52,7 +52,7 @@ pub fn worker_statuses(spec: &InferenceWorkerSetSpec, pods: &[Pod]) -> Vec<Worke
 }
 
 /// A reason a pod cannot serve, taken from its status (first one found).
-fn pod_trouble(pods: &[Pod]) -> Option<(String, String)> {
+fn pod_trouble(pods: &[Pod]) -> Option<(Reason, String)> {
     for p in pods {
         let name = p.metadata.name.as_deref().unwrap_or("?");
         let Some(status) = &p.status else { continue };
@@ -62,7 +62,7 @@ fn pod_trouble(pods: &[Pod]) -> Option<(String, String)> {
                 && c.reason.as_deref() == Some("Unschedulable")
         }) {
             return Some((
-                "WorkerUnschedulable".to_string(),
+                Reason::WorkerUnschedulable,
                 format!(
                     "pod {name} cannot be scheduled: {}",
                     c.message.as_deref().unwrap_or("no message")
@@ -70,23 +70,18 @@ fn pod_trouble(pods: &[Pod]) -> Option<(String, String)> {
             ));
         }
         for cs in status.container_statuses.iter().flatten() {
-            if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref())
-                && matches!(
-                    w.reason.as_deref(),
-                    Some(
-                        "CrashLoopBackOff"
-                            | "ImagePullBackOff"
-                            | "ErrImagePull"
-                            | "CreateContainerConfigError"
-                    )
-                )
-            {
-                let reason = w.reason.clone().unwrap_or_default();
-                return Some((
-                    format!("Worker{reason}"),
-                    format!("pod {name} container {}: {reason}", cs.name),
-                ));
-            }
+            let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
+                continue;
+            };
+            let ours = match w.reason.as_deref() {
+                Some("CrashLoopBackOff") => Reason::WorkerCrashLoopBackOff,
+                Some("ImagePullBackOff") => Reason::WorkerImagePullBackOff,
+                Some("ErrImagePull") => Reason::WorkerErrImagePull,
+                Some("CreateContainerConfigError") => Reason::WorkerCreateContainerConfigError,
+                _ => continue,
+            };
+            let reason = w.reason.as_deref().unwrap_or_default();
+            return Some((ours, format!("pod {name} container {}: {reason}", cs.name)));
         }
     }
     None
@@ -142,20 +137,25 @@ pub fn desired_status(
     let generation = ws.metadata.generation;
     let name = ws.metadata.name.clone().unwrap_or_default();
     let previous = ws.status.clone().unwrap_or_default();
-    let cond = |t, s, r: &str, m: String| condition::condition(t, s, r, m, generation, now);
+    let cond = |t, s, r: Reason, m: String| condition::condition(t, s, r, m, generation, now);
     let workers = worker_statuses(&ws.spec, pods);
     let desired = ws.spec.replicas;
     let conditions = if !issues.is_empty() {
         let msg = summary(issues);
         vec![
-            cond(READY, ConditionStatus::False, "InvalidSpec", msg.clone()),
+            cond(
+                READY,
+                ConditionStatus::False,
+                Reason::InvalidSpec,
+                msg.clone(),
+            ),
             cond(
                 PROGRESSING,
                 ConditionStatus::False,
-                "InvalidSpec",
+                Reason::InvalidSpec,
                 "spec rejected; nothing was changed".into(),
             ),
-            cond(DEGRADED, ConditionStatus::True, "InvalidSpec", msg),
+            cond(DEGRADED, ConditionStatus::True, Reason::InvalidSpec, msg),
         ]
     } else {
         let ready_msg = format!("{}/{} workers ready", rollout.ready, desired);
@@ -163,21 +163,21 @@ pub fn desired_status(
             cond(
                 READY,
                 ConditionStatus::True,
-                "ScaledToZero",
+                Reason::ScaledToZero,
                 "0 workers requested".into(),
             )
         } else if rollout.ready >= desired {
             cond(
                 READY,
                 ConditionStatus::True,
-                "WorkersReady",
+                Reason::WorkersReady,
                 ready_msg.clone(),
             )
         } else {
             cond(
                 READY,
                 ConditionStatus::False,
-                "WorkersNotReady",
+                Reason::WorkersNotReady,
                 ready_msg.clone(),
             )
         };
@@ -185,21 +185,21 @@ pub fn desired_status(
             cond(
                 PROGRESSING,
                 ConditionStatus::True,
-                "Reconciling",
+                Reason::Reconciling,
                 "deployment update not yet observed".into(),
             )
         } else if rollout.updated < desired {
             cond(
                 PROGRESSING,
                 ConditionStatus::True,
-                "RollingOut",
+                Reason::RollingOut,
                 format!("{}/{} workers updated", rollout.updated, desired),
             )
         } else if rollout.replicas != desired || rollout.ready < desired {
             cond(
                 PROGRESSING,
                 ConditionStatus::True,
-                "Scaling",
+                Reason::Scaling,
                 format!(
                     "{} workers, {} ready, {} requested",
                     rollout.replicas, rollout.ready, desired
@@ -209,19 +209,24 @@ pub fn desired_status(
             cond(
                 PROGRESSING,
                 ConditionStatus::False,
-                "RolloutComplete",
+                Reason::RolloutComplete,
                 ready_msg.clone(),
             )
         };
         let degraded = match pod_trouble(pods) {
-            Some((reason, msg)) => cond(DEGRADED, ConditionStatus::True, &reason, msg),
+            Some((reason, msg)) => cond(DEGRADED, ConditionStatus::True, reason, msg),
             None if rollout.replica_failure => cond(
                 DEGRADED,
                 ConditionStatus::True,
-                "ReplicaFailure",
+                Reason::ReplicaFailure,
                 "the deployment cannot create pods (see its ReplicaFailure condition)".into(),
             ),
-            None => cond(DEGRADED, ConditionStatus::False, "AsExpected", ready_msg),
+            None => cond(
+                DEGRADED,
+                ConditionStatus::False,
+                Reason::AsExpected,
+                ready_msg,
+            ),
         };
         vec![
             ready,
@@ -255,7 +260,7 @@ fn tokenizer_source(ws: &InferenceWorkerSet, generation: Option<i64>, now: &Time
             revision,
             token,
         } => (
-            "HubRepository",
+            Reason::HubRepository,
             format!(
                 "Hugging Face repository {repo}@{revision}{}",
                 if token.is_some() {
@@ -266,10 +271,10 @@ fn tokenizer_source(ws: &InferenceWorkerSet, generation: Option<i64>, now: &Time
             ),
         ),
         ResolvedTokenizer::ConfigMap(name) => (
-            "ConfigMap",
+            Reason::ConfigMap,
             format!("ConfigMap {name} in the router's namespace"),
         ),
-        ResolvedTokenizer::Path(path) => ("Path", format!("the router's directory {path}")),
+        ResolvedTokenizer::Path(path) => (Reason::Path, format!("the router's directory {path}")),
     };
     condition::condition(
         TOKENIZER_SOURCE,
@@ -300,7 +305,7 @@ pub fn notable_transitions(old: &[Condition], new: &[Condition]) -> Vec<Notable>
         } else if condition::is_true(old, DEGRADED) {
             out.push(Notable {
                 severity: Severity::Normal,
-                reason: "Recovered".into(),
+                reason: Reason::Recovered.as_str().into(),
                 note: c.message.clone(),
             });
         }
