@@ -27,6 +27,7 @@ pub mod auth;
 pub mod blocking_pool;
 pub mod churn;
 pub mod discovery;
+pub mod epp;
 pub mod explain_cmd;
 pub mod fake_hub;
 pub mod gateway;
@@ -395,6 +396,9 @@ pub struct Args {
         default_value_t = 120.0
     )]
     pub provider_idle_timeout_s: f64,
+    /// The Gateway API Inference Extension endpoint picker (`--epp-*`).
+    #[command(flatten)]
+    pub epp: epp::EppArgs,
 }
 
 impl Default for Args {
@@ -461,6 +465,7 @@ impl Default for Args {
             provider_connect_timeout_s: 5.0,
             provider_first_byte_timeout_s: 60.0,
             provider_idle_timeout_s: 120.0,
+            epp: epp::EppArgs::default(),
         }
     }
 }
@@ -560,6 +565,8 @@ pub struct Addrs {
     pub grpc: SocketAddr,
     /// Admin HTTP.
     pub admin: SocketAddr,
+    /// The endpoint picker (`--epp-listen`), if on.
+    pub epp: Option<SocketAddr>,
 }
 
 /// A router with its listeners bound and discovery started, ready to serve.
@@ -579,6 +586,8 @@ pub struct Server {
     admin_auth: AdminAuth,
     pool: BlockingPool,
     providers: provider::Providers,
+    /// The endpoint picker listener (`--epp-listen`), if on.
+    epp: Option<epp::EppListener>,
     grace: Duration,
 }
 
@@ -651,10 +660,12 @@ impl Server {
             provider_connect_timeout_s,
             provider_first_byte_timeout_s,
             provider_idle_timeout_s,
+            epp,
         } = args;
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
         }
+        let epp_tls_default = grpc_tls_dir.clone();
         let grpc_tls = grpc_tls_dir
             .map(|dir| {
                 grpc::GrpcTls::load(dir, Duration::from_millis(tls_reload_interval_ms.max(10)))
@@ -797,6 +808,14 @@ impl Server {
             tenants: state.tenants().clone(),
             providers: Some(providers.clone()),
         };
+        let epp = epp
+            .bind(
+                epp_tls_default,
+                Duration::from_millis(tls_reload_interval_ms.max(10)),
+                &state,
+                &pool,
+            )
+            .await?;
         Ok(Self {
             http: bind(http_addr, "--http-addr").await?,
             grpc: bind(grpc_addr, "--grpc-addr").await?,
@@ -812,6 +831,7 @@ impl Server {
             admin_auth,
             pool,
             providers,
+            epp,
             grace: secs("shutdown-grace-s", shutdown_grace_s)?,
         })
     }
@@ -822,6 +842,7 @@ impl Server {
             http: self.http.local_addr()?,
             grpc: self.grpc.local_addr()?,
             admin: self.admin.local_addr()?,
+            epp: self.epp.as_ref().map(|e| e.local_addr()).transpose()?,
         })
     }
 
@@ -852,6 +873,7 @@ impl Server {
             admin_auth,
             pool,
             providers,
+            epp,
             grace,
         } = self;
         let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
@@ -887,6 +909,14 @@ impl Server {
         tasks.spawn(
             async move { ("grpc", grpc_server.await) }.instrument(tracing::info_span!("grpc")),
         );
+
+        if let Some(epp) = epp {
+            let stop = close.clone();
+            tasks.spawn(
+                async move { ("epp", epp.serve(stop).await) }
+                    .instrument(tracing::info_span!("epp")),
+            );
+        }
 
         let dispatch: Arc<dyn gateway::Dispatch> = Arc::new(state.clone());
         let gw = gateway::router_with(dispatch, gateway).context("build the HTTP gateway")?;
@@ -1079,7 +1109,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     init_tracing();
     let server = Server::bind(args).await?;
     let addrs = server.addrs()?;
-    tracing::info!(http = %addrs.http, grpc = %addrs.grpc, admin = %addrs.admin, "kvroute router listening");
+    tracing::info!(http = %addrs.http, grpc = %addrs.grpc, admin = %addrs.admin, epp = ?addrs.epp, "kvroute router listening");
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     server.serve(shutdown).await
