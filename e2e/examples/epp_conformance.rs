@@ -47,6 +47,9 @@ struct Cli {
     /// `URL#METRIC` (e.g. `http://127.0.0.1:9090/metrics#kvroute_router_in_flight`).
     #[arg(long)]
     in_flight: Option<String>,
+    /// The picker's request body limit, to check that a larger body gets 413.
+    #[arg(long)]
+    max_body_bytes: Option<usize>,
     /// Seconds to wait for any one answer.
     #[arg(long, default_value_t = 20)]
     deadline_s: u64,
@@ -83,6 +86,7 @@ async fn main() -> anyhow::Result<()> {
     cfg.min_fallbacks = cli.min_fallbacks;
     cfg.reject_429 = header(cli.reject_429)?;
     cfg.reject_503 = header(cli.reject_503)?;
+    cfg.max_body_bytes = cli.max_body_bytes;
     cfg.deadline = Duration::from_secs(cli.deadline_s);
     cfg.in_flight = cli
         .in_flight

@@ -99,6 +99,9 @@ pub struct Config {
     pub reject_503: Option<Vec<(String, String)>>,
     /// Where to read the in-flight count that must return to 0 (`None`: not checked).
     pub in_flight: Option<InFlightProbe>,
+    /// The picker's request body limit: a body over it must get an immediate 413 (`None`:
+    /// not checked).
+    pub max_body_bytes: Option<usize>,
     /// How long to wait for any one answer or condition.
     pub deadline: Duration,
 }
@@ -113,6 +116,7 @@ impl Config {
             reject_429: None,
             reject_503: None,
             in_flight: None,
+            max_body_bytes: None,
             deadline: Duration::from_secs(20),
         }
     }
@@ -208,6 +212,7 @@ pub async fn run(channel: Channel, cfg: &Config) -> Report {
     report.record("empty_subset_is_503", s.subset_refused(&[]).await);
     report.record("buffered_mode", s.buffered().await);
     report.record("malformed_body_is_4xx", s.malformed().await);
+    report.record("oversized_body_is_413", s.oversized().await);
     report.record("reject_429", s.reject(429, cfg.reject_429.as_deref()).await);
     report.record("reject_503", s.reject(503, cfg.reject_503.as_deref()).await);
     report.record("served_fallback_is_accounted", s.served_fallback().await);
@@ -708,6 +713,18 @@ impl Suite {
         {
             Answer::Immediate { status, .. } if (400..500).contains(&status) => Ok(None),
             other => bail!("expected an ImmediateResponse 4xx, got {other:?}"),
+        }
+    }
+
+    async fn oversized(&self) -> anyhow::Result<Option<String>> {
+        let Some(limit) = self.cfg.max_body_bytes else {
+            return Ok(Some("no body limit configured".into()));
+        };
+        let filler = "x".repeat(limit + 1);
+        let mut s = self.open().await?;
+        match self.request(&mut s, &self.req(self.chat(&filler))).await? {
+            Answer::Immediate { status: 413, .. } => Ok(None),
+            other => bail!("expected an ImmediateResponse 413, got {other:?}"),
         }
     }
 

@@ -6,7 +6,9 @@
 //!
 //! Beyond the suite: a caller whose certificate is not a picker's is refused; the picker's
 //! metrics saw the fallback that served and the refusals; the first tokens reached the TTFT
-//! histogram; and the router's in-flight assignments are back to zero at the end.
+//! histogram; the router's in-flight assignments are back to zero at the end; and while the
+//! replica drains, `readiness` and the ext_proc service report NOT_SERVING, `liveness`
+//! SERVING.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -22,6 +24,9 @@ use kvroute_tls::{ClientTls, Identity, WatchedClient};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const PORTS: [u16; 3] = [31, 32, 33];
@@ -162,6 +167,7 @@ async fn kvroute_passes_the_endpoint_picker_conformance_suite() {
         admin_addr: "127.0.0.1:0".parse().expect("addr"),
         config: Some(config),
         seed: Some(7),
+        max_body_bytes: 64 << 10,
         ..Args::default()
     };
     args.epp.epp_listen = Some("127.0.0.1:0".parse().expect("addr"));
@@ -198,6 +204,7 @@ async fn kvroute_passes_the_endpoint_picker_conformance_suite() {
         url: format!("http://{}/metrics", addrs.admin),
         metric: "kvroute_router_in_flight".into(),
     });
+    cfg.max_body_bytes = Some(64 << 10);
     cfg.deadline = DEADLINE;
     let report = run(channel(&dir.path().join("picker"), epp).await, &cfg).await;
     println!("{report}");
@@ -211,6 +218,7 @@ async fn kvroute_passes_the_endpoint_picker_conformance_suite() {
         "reject_503",
         "in_flight_zero_after_done",
         "in_flight_zero_after_abort",
+        "oversized_body_is_413",
     ] {
         assert_eq!(report.outcome(name), Some(&Outcome::Passed), "{name}");
     }
@@ -262,6 +270,41 @@ async fn kvroute_passes_the_endpoint_picker_conformance_suite() {
         0.0
     );
     assert_eq!(metric(admin, "kvroute_router_in_flight").await, 0.0);
+
+    // Draining: readiness and the ext_proc service say NOT_SERVING, liveness stays SERVING.
+    let drained = reqwest::get(format!("http://{admin}/drain"))
+        .await
+        .expect("drain");
+    assert!(drained.status().is_success());
+    let mut health = HealthClient::new(channel(&dir.path().join("picker"), epp).await);
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let mut statuses = Vec::new();
+        for service in [
+            "liveness",
+            "readiness",
+            "envoy.service.ext_proc.v3.ExternalProcessor",
+        ] {
+            let s = health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .expect("health")
+                .into_inner()
+                .status;
+            statuses.push(s);
+        }
+        let (on, off) = (
+            ServingStatus::Serving as i32,
+            ServingStatus::NotServing as i32,
+        );
+        if statuses == [on, off, off] {
+            break;
+        }
+        assert!(Instant::now() < end, "health while draining: {statuses:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     stop.cancel();
     let _ = tokio::time::timeout(DEADLINE, serving).await;

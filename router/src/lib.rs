@@ -7,6 +7,7 @@
 //!                                      |   (routing core,     |
 //!  clients --HTTP gateway (OpenAI, Anthropic)--> pick --------+--> chosen worker                 (--http-addr)
 //!  external proxies --gRPC Picker (Pick, Report*)--> pick    (--grpc-addr: Ingest + Picker + grpc.health.v1)
+//!  GIE proxies (Envoy) --ext_proc--> epp --> pick          (--epp-listen: endpoint picker + grpc.health.v1)
 //! ```
 //!
 //! The HTTP gateway and the admin port are served by [`listener`] (connection cap, head and
