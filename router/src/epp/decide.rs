@@ -118,8 +118,6 @@ pub struct Decided {
     pub body: Vec<u8>,
     /// `body` differs from what the client sent (the model was an alias).
     pub rewritten: bool,
-    /// The client asked for a stream (`stream: true`).
-    pub stream: bool,
     /// What a reassignment needs.
     pub held: Held,
 }
@@ -131,14 +129,14 @@ pub fn decide(
     req: EppRequest,
 ) -> Result<Decided, Refusal> {
     let api = Api::of_path(&req.path)?;
-    let (model, endpoint, body, stream) = match api {
+    let (model, endpoint, body) = match api {
         Api::OpenAi(endpoint) => {
             let r = openai::decode_request(endpoint, &req.body)?;
-            (r.model, endpoint, r.body, r.stream)
+            (r.model, endpoint, r.body)
         }
         Api::Messages => {
             let r = anthropic::decode_request(&req.body)?;
-            (r.model, Endpoint::ChatCompletions, r.chat, r.stream)
+            (r.model, Endpoint::ChatCompletions, r.chat)
         }
     };
     // The caller first: a data plane of another pool learns nothing about this one's tenants.
@@ -229,7 +227,6 @@ pub fn decide(
         endpoints,
         body,
         rewritten,
-        stream,
         held,
     })
 }

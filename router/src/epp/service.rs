@@ -424,7 +424,6 @@ impl Session {
             endpoints,
             body,
             rewritten,
-            stream: _,
             held,
         } = d;
         self.ctx
