@@ -255,6 +255,161 @@ pub fn reassign(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::RouterMetrics;
+    use crate::state::{RouterConfig, SidecarIdentity};
+    use std::time::Instant;
+
+    /// A state routing `tiny` to three workers (`wN:8000`) that only sidecars report.
+    fn state() -> (RouterState, Arc<dyn Dispatch>) {
+        let metrics = RouterMetrics::register(&prometheus::Registry::new()).expect("metrics");
+        let cfg = RouterConfig {
+            route_unlisted: true,
+            seed: 3,
+            ..RouterConfig::default()
+        };
+        let s = RouterState::new(cfg, metrics).expect("state");
+        for (i, id) in ["w0", "w1", "w2"].iter().enumerate() {
+            let identity = SidecarIdentity {
+                worker_id: (*id).into(),
+                address: format!("{id}:8000"),
+                model: "tiny".into(),
+                block_size: 4,
+                epoch: 1,
+                worker_set: "ws".into(),
+            };
+            let now = Instant::now();
+            s.sidecar_snapshot_start(i as u64, &identity, &[], now)
+                .expect("snapshot");
+            assert!(s.sidecar_snapshot_chunk(i as u64, id, &[], true, now));
+        }
+        let d: Arc<dyn Dispatch> = Arc::new(s.clone());
+        (s, d)
+    }
+
+    fn request(path: &str, body: serde_json::Value, subset: Subset) -> EppRequest {
+        EppRequest {
+            path: path.into(),
+            headers: HeaderMap::new(),
+            body: Bytes::from(body.to_string()),
+            subset,
+            caller: Caller::Anonymous,
+            max_fallbacks: 2,
+        }
+    }
+
+    fn chat() -> serde_json::Value {
+        serde_json::json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    }
+
+    #[test]
+    fn a_decision_names_the_primary_and_distinct_fallbacks_and_holds_one_assignment() {
+        let (s, d) = state();
+        let decided = decide(&s, &d, request("/v1/chat/completions", chat(), Subset::Any))
+            .unwrap_or_else(|_| panic!("routed"));
+        assert_eq!(decided.endpoints.len(), 3);
+        assert_eq!(decided.endpoints[0], decided.guard.picked().address);
+        let mut distinct = decided.endpoints.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 3);
+        assert!(!decided.rewritten);
+        assert_eq!(s.in_flight(), 1);
+        drop(decided);
+        assert_eq!(s.in_flight(), 0, "dropping the decision releases it");
+    }
+
+    #[test]
+    fn the_subset_hint_restricts_primary_and_fallbacks() {
+        let (s, d) = state();
+        for only in ["w0:8000", "w1:8000", "w2:8000"] {
+            let subset = Subset::Only(vec![only.into(), "192.0.2.1:9".into()]);
+            let decided = decide(
+                &s,
+                &d,
+                request(
+                    "/v1/completions",
+                    serde_json::json!({"model": "tiny", "prompt": "hi"}),
+                    subset,
+                ),
+            )
+            .unwrap_or_else(|_| panic!("routed"));
+            assert_eq!(decided.endpoints, vec![only.to_string()]);
+        }
+        for subset in [
+            Subset::Only(Vec::new()),
+            Subset::Only(vec!["192.0.2.1:9".into()]),
+        ] {
+            match decide(&s, &d, request("/v1/chat/completions", chat(), subset)) {
+                Err(Refusal::Client(e)) => assert_eq!(e.status(), 503),
+                Err(other) => panic!("expected 503, got {other:?}"),
+                Ok(_) => panic!("expected 503, got a destination"),
+            }
+        }
+        assert_eq!(s.in_flight(), 0);
+    }
+
+    #[test]
+    fn anthropic_bodies_route_and_bad_bodies_are_client_errors() {
+        let (s, d) = state();
+        let body = serde_json::json!({"model": "tiny", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}]});
+        let decided = decide(&s, &d, request("/v1/messages", body.clone(), Subset::Any))
+            .unwrap_or_else(|_| panic!("routed"));
+        assert_eq!(
+            decided.body,
+            body.to_string().into_bytes(),
+            "sent on as received"
+        );
+        drop(decided);
+        let mut bad = request("/v1/chat/completions", chat(), Subset::Any);
+        bad.body = Bytes::from_static(b"{not json");
+        match decide(&s, &d, bad) {
+            Err(Refusal::Client(e)) => assert_eq!(e.status(), 400),
+            _ => panic!("expected 400"),
+        }
+        match decide(
+            &s,
+            &d,
+            request(
+                "/v1/chat/completions",
+                serde_json::json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
+                Subset::Any,
+            ),
+        ) {
+            Err(Refusal::Client(e)) => assert_eq!(e.status(), 404),
+            _ => panic!("expected 404"),
+        }
+        assert_eq!(s.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_fallback_that_served_takes_over_the_accounting() {
+        let (s, d) = state();
+        let decided = decide(&s, &d, request("/v1/chat/completions", chat(), Subset::Any))
+            .unwrap_or_else(|_| panic!("routed"));
+        let fallback = decided.endpoints[1].clone();
+        let moved = reassign(&s, &d, &decided.held, &fallback).expect("reassigned");
+        assert_eq!(moved.picked().address, fallback);
+        assert_eq!(s.in_flight(), 2);
+        drop(decided);
+        assert_eq!(s.in_flight(), 1);
+        drop(moved);
+        assert_eq!(s.in_flight(), 0);
+        assert!(
+            reassign(
+                &s,
+                &d,
+                &{
+                    let decided =
+                        decide(&s, &d, request("/v1/chat/completions", chat(), Subset::Any))
+                            .unwrap_or_else(|_| panic!("routed"));
+                    decided.held
+                },
+                "192.0.2.1:9"
+            )
+            .is_err()
+        );
+    }
 
     #[test]
     fn paths() {
