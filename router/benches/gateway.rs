@@ -89,6 +89,7 @@ impl Dispatch for OneWorker {
             predicted_ttft_s: 0.01,
             reason: "lowest_predicted_ttft",
             degraded: false,
+            fallbacks: Vec::new(),
             policy: Default::default(),
         })
     }

@@ -25,6 +25,8 @@ pub enum Caller {
     Picker,
     /// `/debug/explain` on the admin port.
     Explain,
+    /// The endpoint picker (ext_proc, [`crate::epp`]).
+    Epp,
 }
 
 impl Caller {
@@ -34,6 +36,7 @@ impl Caller {
             Caller::Gateway => "gateway",
             Caller::Picker => "picker",
             Caller::Explain => "explain",
+            Caller::Epp => "epp",
         }
     }
 }

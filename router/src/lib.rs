@@ -7,6 +7,7 @@
 //!                                      |   (routing core,     |
 //!  clients --HTTP gateway (OpenAI, Anthropic)--> pick --------+--> chosen worker                 (--http-addr)
 //!  external proxies --gRPC Picker (Pick, Report*)--> pick    (--grpc-addr: Ingest + Picker + grpc.health.v1)
+//!  GIE proxies (Envoy) --ext_proc--> epp --> pick          (--epp-listen: endpoint picker + grpc.health.v1)
 //! ```
 //!
 //! The HTTP gateway and the admin port are served by [`listener`] (connection cap, head and
@@ -27,6 +28,7 @@ pub mod auth;
 pub mod blocking_pool;
 pub mod churn;
 pub mod discovery;
+pub mod epp;
 pub mod explain_cmd;
 pub mod fake_hub;
 pub mod gateway;
@@ -402,6 +404,9 @@ pub struct Args {
     /// off (the client's `traceparent` is passed to the worker unchanged). docs/tracing.md.
     #[arg(long, env = "KVROUTE_ROUTER_OTLP_ENDPOINT", default_value = "")]
     pub otlp_endpoint: String,
+    /// The Gateway API Inference Extension endpoint picker (`--epp-*`).
+    #[command(flatten)]
+    pub epp: epp::EppArgs,
 }
 
 impl Default for Args {
@@ -469,6 +474,7 @@ impl Default for Args {
             provider_first_byte_timeout_s: 60.0,
             provider_idle_timeout_s: 120.0,
             otlp_endpoint: String::new(),
+            epp: epp::EppArgs::default(),
         }
     }
 }
@@ -568,6 +574,8 @@ pub struct Addrs {
     pub grpc: SocketAddr,
     /// Admin HTTP.
     pub admin: SocketAddr,
+    /// The endpoint picker (`--epp-listen`), if on.
+    pub epp: Option<SocketAddr>,
 }
 
 /// A router with its listeners bound and discovery started, ready to serve.
@@ -587,6 +595,8 @@ pub struct Server {
     admin_auth: AdminAuth,
     pool: BlockingPool,
     providers: provider::Providers,
+    /// The endpoint picker listener (`--epp-listen`), if on.
+    epp: Option<epp::EppListener>,
     grace: Duration,
 }
 
@@ -660,10 +670,12 @@ impl Server {
             provider_first_byte_timeout_s,
             provider_idle_timeout_s,
             otlp_endpoint,
+            epp,
         } = args;
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
         }
+        let epp_tls_default = grpc_tls_dir.clone();
         let grpc_tls = grpc_tls_dir
             .map(|dir| {
                 grpc::GrpcTls::load(dir, Duration::from_millis(tls_reload_interval_ms.max(10)))
@@ -807,6 +819,14 @@ impl Server {
             providers: Some(providers.clone()),
             traces: traces::Traces::from_flag(&otlp_endpoint)?.map(Arc::new),
         };
+        let epp = epp
+            .bind(
+                epp_tls_default,
+                Duration::from_millis(tls_reload_interval_ms.max(10)),
+                &state,
+                &pool,
+            )
+            .await?;
         Ok(Self {
             http: bind(http_addr, "--http-addr").await?,
             grpc: bind(grpc_addr, "--grpc-addr").await?,
@@ -822,6 +842,7 @@ impl Server {
             admin_auth,
             pool,
             providers,
+            epp,
             grace: secs("shutdown-grace-s", shutdown_grace_s)?,
         })
     }
@@ -832,6 +853,7 @@ impl Server {
             http: self.http.local_addr()?,
             grpc: self.grpc.local_addr()?,
             admin: self.admin.local_addr()?,
+            epp: self.epp.as_ref().map(|e| e.local_addr()).transpose()?,
         })
     }
 
@@ -862,6 +884,7 @@ impl Server {
             admin_auth,
             pool,
             providers,
+            epp,
             grace,
         } = self;
         let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
@@ -897,6 +920,14 @@ impl Server {
         tasks.spawn(
             async move { ("grpc", grpc_server.await) }.instrument(tracing::info_span!("grpc")),
         );
+
+        if let Some(epp) = epp {
+            let stop = close.clone();
+            tasks.spawn(
+                async move { ("epp", epp.serve(stop).await) }
+                    .instrument(tracing::info_span!("epp")),
+            );
+        }
 
         let dispatch: Arc<dyn gateway::Dispatch> = Arc::new(state.clone());
         let gw = gateway::router_with(dispatch, gateway).context("build the HTTP gateway")?;
@@ -1089,7 +1120,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     init_tracing();
     let server = Server::bind(args).await?;
     let addrs = server.addrs()?;
-    tracing::info!(http = %addrs.http, grpc = %addrs.grpc, admin = %addrs.admin, "kvroute router listening");
+    tracing::info!(http = %addrs.http, grpc = %addrs.grpc, admin = %addrs.admin, epp = ?addrs.epp, "kvroute router listening");
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     server.serve(shutdown).await

@@ -248,6 +248,7 @@ impl Dispatch for FakeRouter {
             predicted_ttft_s: 0.0425,
             reason: "lowest_predicted_ttft",
             degraded: false,
+            fallbacks: Vec::new(),
             policy: Default::default(),
         })
     }

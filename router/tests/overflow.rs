@@ -245,6 +245,7 @@ impl Dispatch for Local {
             predicted_ttft_s: self.ttft_s,
             reason: "lowest_predicted_ttft",
             degraded: false,
+            fallbacks: Vec::new(),
             // What the policy engine would say of this pick under the plan's rule.
             policy: PolicyHooks {
                 overflow: self.plan.action.as_ref().map(|a| {

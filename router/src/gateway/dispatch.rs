@@ -110,6 +110,11 @@ impl AssignmentGuard {
         self.tenant = Some(tap);
     }
 
+    /// Takes the tenant tap back (to move it onto another assignment of the same request).
+    pub fn take_tenant(&mut self) -> Option<crate::tenant::TenantTap> {
+        self.tenant.take()
+    }
+
     /// The decision.
     pub fn picked(&self) -> &Picked {
         &self.picked

@@ -147,6 +147,21 @@ impl GatewayError {
 }
 
 impl GatewayError {
+    /// The gateway's error for any pick error of the decision path, for a request that asked
+    /// for `client_model` (every front door that answers in the gateway's shapes maps alike).
+    pub fn from_pick(e: &crate::state::PickError, client_model: &str) -> Self {
+        use crate::state::PickError;
+        match e {
+            PickError::UnknownModel(_) => Self::UnknownModel(client_model.to_string()),
+            PickError::NoReadyWorker(_) => Self::NoReadyWorker(client_model.to_string()),
+            PickError::TokenizerNotReady { failed, .. } => Self::TokenizerNotReady {
+                model: client_model.to_string(),
+                failed: *failed,
+            },
+            other => Self::from_policy(other).unwrap_or(Self::Internal),
+        }
+    }
+
     /// HTTP status code.
     pub fn status(&self) -> u16 {
         match self {

@@ -177,31 +177,44 @@ impl Gateway {
         limits: Option<&(String, kvroute_policy::Limits)>,
         raw: &Bytes,
     ) -> Result<Option<LimitPermit>, GatewayError> {
-        let (Some((scope, l)), Some(tenant)) = (limits, route.tenant.as_deref()) else {
-            return Ok(None);
-        };
-        let spec = LimitSpec {
-            requests_per_minute: l
-                .requests_per_minute
-                .map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
-            tokens_per_minute: l.tokens_per_minute,
-            max_concurrency: l
-                .max_concurrency
-                .map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
-        };
         let tokens =
             super::tenancy::estimated_tokens(raw.len(), crate::state::max_tokens_of(&route.body));
-        self.tenants
-            .limiter
-            .acquire(scope, tenant, &spec, tokens, std::time::Instant::now())
-            .map(Some)
-            .map_err(|e| {
-                self.tenants
-                    .metrics
-                    .limited
-                    .with_label_values(&[e.limit.label()])
-                    .inc();
-                GatewayError::TenantLimit(e)
-            })
+        rule_permit(&self.tenants, route.tenant.as_deref(), limits, tokens)
     }
+}
+
+/// Takes a matched policy rule's per-tenant `limits` (scope, limits) for a request of
+/// `tenant` costing about `tokens` (anonymous requests have no tenant to limit). Over a
+/// limit: [`GatewayError::TenantLimit`] (429 with Retry-After), counted. Shared by the
+/// gateway and the endpoint picker.
+pub(crate) fn rule_permit(
+    tenants: &crate::tenant::Tenants,
+    tenant: Option<&str>,
+    limits: Option<&(String, kvroute_policy::Limits)>,
+    tokens: u64,
+) -> Result<Option<LimitPermit>, GatewayError> {
+    let (Some((scope, l)), Some(tenant)) = (limits, tenant) else {
+        return Ok(None);
+    };
+    let spec = LimitSpec {
+        requests_per_minute: l
+            .requests_per_minute
+            .map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
+        tokens_per_minute: l.tokens_per_minute,
+        max_concurrency: l
+            .max_concurrency
+            .map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
+    };
+    tenants
+        .limiter
+        .acquire(scope, tenant, &spec, tokens, std::time::Instant::now())
+        .map(Some)
+        .map_err(|e| {
+            tenants
+                .metrics
+                .limited
+                .with_label_values(&[e.limit.label()])
+                .inc();
+            GatewayError::TenantLimit(e)
+        })
 }

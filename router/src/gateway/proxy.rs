@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 
 use super::admission::{Admission, peer_ip};
 use super::anthropic::{self, StreamTranslator};
-use super::dispatch::{AssignmentGuard, Dispatch, GatewayRequest, PickError, Resolved};
+use super::dispatch::{AssignmentGuard, Dispatch, GatewayRequest, Resolved};
 use super::error::{GatewayError, anthropic_from_upstream};
 use super::openai::{self, Endpoint, StreamItem, Usage};
 use super::overflow::Routed;
@@ -211,19 +211,7 @@ impl Gateway {
             .await;
         let result = match decided {
             Ok(Ok(a)) => Ok(a),
-            Ok(Err(PickError::UnknownModel(_))) => {
-                Err(GatewayError::UnknownModel(route.client_model.clone()))
-            }
-            Ok(Err(PickError::NoReadyWorker(_))) => {
-                Err(GatewayError::NoReadyWorker(route.client_model.clone()))
-            }
-            Ok(Err(PickError::TokenizerNotReady { failed, .. })) => {
-                Err(GatewayError::TokenizerNotReady {
-                    model: route.client_model.clone(),
-                    failed,
-                })
-            }
-            Ok(Err(e)) => Err(GatewayError::from_policy(&e).unwrap_or(GatewayError::Internal)),
+            Ok(Err(e)) => Err(GatewayError::from_pick(&e, &route.client_model)),
             Err(PoolError::Full) => {
                 self.metrics.refuse("gateway", Refusal::DecisionPoolFull);
                 Err(GatewayError::DecisionPoolFull)

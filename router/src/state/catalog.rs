@@ -291,6 +291,21 @@ impl RouterState {
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
+
+    /// The ids of `resolved`'s routable workers whose address `keep` rejects: what a pick
+    /// restricted to a subset of endpoints excludes (the endpoint picker's subset hint).
+    pub fn routable_outside(
+        &self,
+        resolved: &Resolved,
+        keep: impl Fn(&str) -> bool,
+    ) -> Vec<String> {
+        let sets = self.pool_worker_sets(resolved.pool.as_deref());
+        self.routable_workers(&resolved.backend_model, &sets, &[])
+            .into_iter()
+            .filter(|(_, address, _, _)| !keep(address))
+            .map(|(id, ..)| id)
+            .collect()
+    }
 }
 
 impl RouterState {

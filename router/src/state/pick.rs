@@ -155,7 +155,14 @@ pub struct Picked {
     /// What the matched policy rule leaves to the gateway: hook for the limiter and the
     /// provider relay.
     pub policy: PolicyHooks,
+    /// The next-best candidates' addresses, best first (at most [`MAX_FALLBACKS`]): where an
+    /// external proxy may retry when the chosen worker fails (the endpoint picker's
+    /// fallback list). The assignment stays on the chosen worker.
+    pub fallbacks: Vec<String>,
 }
+
+/// How many next-best candidates a [`Picked`] lists at most.
+pub const MAX_FALLBACKS: usize = 8;
 
 /// The parts of a verdict acted on after the pick: the per-tenant limiter reads `limits`,
 /// the provider relay reads `overflow` (never set for a local-only request).
@@ -357,6 +364,25 @@ struct Decided {
 }
 
 impl Decided {
+    /// The addresses of the candidates other than the chosen one, by score (lower wins,
+    /// scoreless last), at most [`MAX_FALLBACKS`].
+    fn fallbacks(&self) -> Vec<String> {
+        let mut ranked: Vec<(f64, WorkerId)> = self
+            .decision
+            .candidates
+            .iter()
+            .filter(|r| r.candidate.worker != self.decision.chosen)
+            .map(|r| (r.score, r.candidate.worker))
+            .collect();
+        ranked.sort_by(|a, b| a.0.is_nan().cmp(&b.0.is_nan()).then(a.0.total_cmp(&b.0)));
+        ranked
+            .into_iter()
+            .take(MAX_FALLBACKS)
+            .map(|(_, w)| self.name_of(w).1)
+            .filter(|a| !a.is_empty())
+            .collect()
+    }
+
     fn name_of(&self, w: WorkerId) -> (String, String) {
         self.names
             .iter()
@@ -380,6 +406,7 @@ impl RouterState {
             // `decide(.., true)` always assigns; a missing id would be a bug, not a panic.
             Ok((d, Some(assignment))) => {
                 let (worker, address) = d.name_of(d.decision.chosen);
+                let fallbacks = d.fallbacks();
                 let predicted_ttft_s = d.decision.predicted_ttft();
                 m.requests
                     .with_label_values(&[input.model, &worker, d.decision.reason.as_str()])
@@ -403,6 +430,7 @@ impl RouterState {
                     predicted_ttft_s,
                     reason: d.decision.reason.as_str(),
                     degraded: d.decision.degraded,
+                    fallbacks,
                     policy: d.hooks,
                 })
             }
