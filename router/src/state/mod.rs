@@ -62,7 +62,7 @@ mod tickets;
 mod tokenizers;
 
 pub use catalog::{
-    AliasDraw, Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel,
+    AliasDraw, Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel, WorkerOrigin,
 };
 pub use pick::{
     BodyKind, CandidateRecord, DecisionRecord, PickError, PickInput, Picked, PolicyHooks, Prompt,
@@ -269,7 +269,14 @@ impl RouterState {
 
     /// Replaces the discovery view.
     pub fn set_catalog(&self, catalog: Catalog) {
+        self.set_catalog_at(catalog, Instant::now());
+    }
+
+    /// [`RouterState::set_catalog`] at `now`: also registers (or closes) the workers that
+    /// discovery lists without a sidecar ([`WorkerOrigin::InferencePool`]).
+    pub fn set_catalog_at(&self, catalog: Catalog, now: Instant) {
         *self.0.catalog.write() = catalog;
+        self.sync_load_only(now);
     }
 
     /// Marks discovery as having completed its initial sync.
@@ -288,6 +295,8 @@ impl RouterState {
     /// workers that discovery no longer lists and whose stream has been closed for
     /// `retire_after`. Returns (expired assignments, retired workers).
     pub fn maintain(&self, now: Instant) -> (usize, usize) {
+        // A GIE worker whose own sidecar stream ended goes back to load-only routing.
+        self.sync_load_only(now);
         (self.expire(now), self.retire_gone(now))
     }
 
