@@ -37,6 +37,18 @@ pub use kvroute_crds::gie::MODEL_ANNOTATION;
 /// be in a Kubernetes name, so it never clashes with a WorkerSet).
 pub const GIE_WORKER_SET_PREFIX: &str = "gie:";
 
+/// The name of the pool view (in [`Catalog::pools`], and `pool` of `/v1/models` and of
+/// decisions) of GIE InferencePool `namespace/name`: `gie:<namespace>/<name>`. The endpoint
+/// picker answering for that pool resolves it by this name.
+pub fn pool_view_name(namespace: &str, name: &str) -> String {
+    format!("{GIE_WORKER_SET_PREFIX}{namespace}/{name}")
+}
+
+/// The worker-set name of GIE InferencePool `name`'s workers: `gie:<name>`.
+pub fn worker_set_name(name: &str) -> String {
+    format!("{GIE_WORKER_SET_PREFIX}{name}")
+}
+
 /// Which GIE InferencePools this router takes workers from (`--gie-inference-pool`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GieSelection {
@@ -179,7 +191,7 @@ pub fn add_gie_pools(
         let (Some(model), Some(port)) = (pool.served_model(), pool.target_port()) else {
             continue;
         };
-        let worker_set = format!("{GIE_WORKER_SET_PREFIX}{name}");
+        let worker_set = worker_set_name(&name);
         for pod in pods
             .iter()
             .filter(|p| p.namespace == namespace && pool.selects(&p.labels))
@@ -208,7 +220,7 @@ pub fn add_gie_pools(
             });
         }
         catalog.pools.push(PoolView {
-            name: format!("{GIE_WORKER_SET_PREFIX}{full}"),
+            name: pool_view_name(&namespace, &name),
             models: vec![ServedModel {
                 name: model.to_string(),
                 backend_model: model.to_string(),
@@ -377,6 +389,7 @@ spec:
         assert_eq!(w.pod_ip, Some("10.0.0.1".parse().expect("ip")));
         let view = catalog.pools.last().expect("a pool view");
         assert_eq!(view.name, "gie:ml/llama");
+        assert_eq!(view.name, pool_view_name("ml", "llama"));
         assert_eq!(view.worker_sets, vec!["gie:llama".to_string()]);
         assert_eq!(view.models[0].name, "llama-8b");
         // The WorkerSet's own worker is untouched.
