@@ -27,7 +27,9 @@
 //! (static file: listed in a WorkerSet's `status.workers`; Kubernetes: its pod is Ready) --
 //! or, only with `--route-unlisted`, it is merely reported by a sidecar -- and (2) its sidecar
 //! has completed at least one snapshot and (3) that stream is open: a worker whose stream
-//! ended is no candidate. One whose reports are older than `stale_after` stays a candidate
+//! ended is no candidate. A worker of a GIE InferencePool ([`WorkerOrigin::InferencePool`])
+//! has no sidecar: discovery registers it itself as an open, empty "stream" (load-only, no
+//! cache view) until a sidecar of its own reports it (`sidecars::sync_load_only`). One whose reports are older than `stale_after` stays a candidate
 //! but is *stale*: the core neither trusts its cache as warm nor as empty. A worker that
 //! discovery no longer lists and whose stream has been closed for `retire_after` is retired
 //! (see [`RouterState::maintain`]): its blocks, predictor state, assignments (released once)
