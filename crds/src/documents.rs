@@ -5,9 +5,10 @@
 //! multi-doc YAML --serde-saphyr--> JSON values --dispatch on apiVersion/kind--> AnyResource
 //! ```
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use serde_json::Value;
 
+use crate::gie::{GIE_API_VERSION, GieInferencePool};
 use crate::{
     API_VERSION, GatewayBackend, InferencePolicy, InferencePool, InferenceProvider,
     InferenceWorkerSet,
@@ -29,6 +30,11 @@ pub enum AnyResource {
     GatewayBackend(GatewayBackend),
     /// A core `v1` Secret (credentials for GatewayBackends in file mode).
     Secret(Secret),
+    /// GIE's `InferencePool` (`inference.networking.k8s.io/v1`): workers from its pods.
+    GiePool(GieInferencePool),
+    /// A core `v1` Pod (file mode: the pods a GIE InferencePool selects, with
+    /// `status.podIP` and the `Ready` condition as the API server would show them).
+    Pod(Pod),
 }
 
 impl AnyResource {
@@ -41,6 +47,8 @@ impl AnyResource {
             AnyResource::Provider(_) => "InferenceProvider",
             AnyResource::GatewayBackend(_) => "GatewayBackend",
             AnyResource::Secret(_) => "Secret",
+            AnyResource::GiePool(_) => "InferencePool",
+            AnyResource::Pod(_) => "Pod",
         }
     }
 }
@@ -59,7 +67,7 @@ pub enum DocumentError {
     },
     /// A kind kvroute does not read.
     #[error(
-        "document {index}: unsupported {api_version}/{kind} (expected {expected} or v1/Secret)"
+        "document {index}: unsupported {api_version}/{kind} (expected {expected}, {GIE_API_VERSION}/InferencePool, v1/Secret or v1/Pod)"
     )]
     UnknownKind {
         /// Document index.
@@ -132,6 +140,8 @@ fn parse_value(index: usize, doc: Value) -> Result<AnyResource, DocumentError> {
             serde_json::from_value(doc).map(AnyResource::GatewayBackend)
         }
         ("v1", "Secret") => serde_json::from_value(doc).map(AnyResource::Secret),
+        (GIE_API_VERSION, "InferencePool") => serde_json::from_value(doc).map(AnyResource::GiePool),
+        ("v1", "Pod") => serde_json::from_value(doc).map(AnyResource::Pod),
         _ => {
             return Err(DocumentError::UnknownKind {
                 index,
@@ -185,6 +195,19 @@ apiVersion: v1
 kind: Secret
 metadata: {name: openai}
 stringData: {token: sk-test}
+---
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {name: gie, annotations: {kvroute.dev/model: qwen3}}
+spec:
+  selector: {matchLabels: {app: vllm}}
+  targetPorts: [{number: 8000}]
+  endpointPickerRef: {name: kvroute-router, port: {number: 9002}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: vllm-0, labels: {app: vllm}}
+status: {podIP: 10.0.0.7}
 "#;
 
     #[test]
@@ -199,9 +222,15 @@ stringData: {token: sk-test}
                 "InferencePolicy",
                 "InferenceProvider",
                 "GatewayBackend",
-                "Secret"
+                "Secret",
+                "InferencePool",
+                "Pod"
             ]
         );
+        let AnyResource::GiePool(gie) = &docs[6] else {
+            panic!("the GIE pool is a GiePool, not a kvroute Pool")
+        };
+        assert_eq!(gie.served_model(), Some("qwen3"));
         let AnyResource::WorkerSet(ws) = &docs[0] else {
             panic!("first is a WorkerSet")
         };

@@ -24,6 +24,7 @@ pub mod backend;
 pub mod cel;
 pub mod condition;
 pub mod documents;
+pub mod gie;
 pub mod gpu;
 pub mod policy;
 pub mod pool;
@@ -37,6 +38,7 @@ use kube::CustomResourceExt;
 
 pub use backend::{GatewayBackend, GatewayBackendSpec, GatewayBackendStatus};
 pub use documents::{AnyResource, DocumentError, parse_documents};
+pub use gie::GieInferencePool;
 pub use policy::{InferencePolicy, InferencePolicySpec, InferencePolicyStatus};
 pub use pool::{InferencePool, InferencePoolSpec, InferencePoolStatus};
 pub use provider::{InferenceProvider, InferenceProviderSpec, InferenceProviderStatus};

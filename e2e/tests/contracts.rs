@@ -30,6 +30,7 @@ fn cfg() -> OperatorConfig {
         router_namespace: "kvroute-system".into(),
         watch_namespace: String::new(),
         mtls: true,
+        gie_inference_pool: String::new(),
     }
 }
 
@@ -138,6 +139,7 @@ fn operator_sets_only_router_flags_that_exist() {
             router_namespace: "kvroute-system".into(),
             watch_namespace: watch.into(),
             mtls: true,
+            gie_inference_pool: String::new(),
         };
         let objects = desired_router(&cfg, &Default::default());
         let spec = objects.deployment.spec.expect("deployment spec");

@@ -959,6 +959,8 @@ mod tests {
             kvroute_crds::AnyResource::Provider(p) => serde_json::to_value(p),
             kvroute_crds::AnyResource::GatewayBackend(b) => serde_json::to_value(b),
             kvroute_crds::AnyResource::Secret(s) => serde_json::to_value(s),
+            kvroute_crds::AnyResource::GiePool(p) => serde_json::to_value(p),
+            kvroute_crds::AnyResource::Pod(p) => serde_json::to_value(p),
         };
         let typed = typed.expect("serializes");
         assert_eq!(typed["kind"], kind);
@@ -1064,7 +1066,9 @@ mod tests {
                 kvroute_crds::AnyResource::Policy(p) => p.spec.validate(),
                 kvroute_crds::AnyResource::Provider(p) => p.spec.validate(),
                 kvroute_crds::AnyResource::GatewayBackend(b) => b.spec.validate(),
-                kvroute_crds::AnyResource::Secret(_) => Vec::new(),
+                kvroute_crds::AnyResource::Secret(_)
+                | kvroute_crds::AnyResource::GiePool(_)
+                | kvroute_crds::AnyResource::Pod(_) => Vec::new(),
             };
             assert!(issues.is_empty(), "{issues:?}");
         }

@@ -80,6 +80,16 @@ pub struct Args {
     /// Router replicas.
     #[arg(long, env = "KVROUTE_OPERATOR_ROUTER_REPLICAS", default_value_t = bundle::ROUTER_REPLICAS)]
     pub router_replicas: i32,
+    /// Gateway API Inference Extension: the GIE InferencePools the router takes workers from
+    /// (`NAME`, `NAMESPACE/NAME` or `*`, comma-separated; the router's
+    /// `--gie-inference-pool`); also opens the router's endpoint picker on the Service's
+    /// `epp` port (9002). Empty: off (docs/gateway-api.md).
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_ROUTER_GIE_INFERENCE_POOL",
+        default_value = ""
+    )]
+    pub router_gie_inference_pool: String,
     /// Namespace of the router; the lease namespace when empty.
     #[arg(long, env = "KVROUTE_OPERATOR_ROUTER_NAMESPACE", default_value = "")]
     pub router_namespace: String,
@@ -191,6 +201,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         sidecar_image,
         mock_image,
         router_replicas,
+        router_gie_inference_pool,
         router_namespace,
         manage_router,
         lease_name,
@@ -238,6 +249,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
         watch_namespace: namespace,
         mtls,
+        gie_inference_pool: router_gie_inference_pool,
     };
     let pki = controller::pki::PkiSettings {
         ca_namespace: lease_namespace.clone(),

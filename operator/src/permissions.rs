@@ -65,6 +65,14 @@ pub const OPERATOR_RULES: &[Rule] = &[
               Providers watch GatewayBackends",
     },
     Rule {
+        api_groups: GIE_POOLS_READ.api_groups,
+        resources: GIE_POOLS_READ.resources,
+        verbs: GIE_POOLS_READ.verbs,
+        names: &[],
+        why: "held only to grant it: the router's Role/ClusterRole reads GIE InferencePools \
+              (RBAC refuses to grant what the granter lacks); the operator never calls it",
+    },
+    Rule {
         api_groups: &["kvroute.dev"],
         resources: &[
             "inferenceworkersets/status",
@@ -224,7 +232,22 @@ pub const ROUTER_RULES: &[Rule] = &[
         names: &[],
         why: "discovery: worker pods (addresses, readiness)",
     },
+    GIE_POOLS_READ,
 ];
+
+/// Reading Gateway API Inference Extension InferencePools (`--gie-inference-pool`). Granted
+/// whether or not the feature is on: the rule is part of the static RBAC (`deploy/rbac.yaml`,
+/// the bundle) the operator must hold to grant it, and read access to pool specs (selectors,
+/// ports, the picker's Service name) discloses nothing secret; RBAC accepts rules for a CRD
+/// that is not installed.
+pub const GIE_POOLS_READ: Rule = Rule {
+    api_groups: &["inference.networking.k8s.io"],
+    resources: &["inferencepools"],
+    verbs: &["list", "watch"],
+    names: &[],
+    why: "discovery from Gateway API Inference Extension InferencePools (their selected pods \
+          join the worker table); read-only, used only with --gie-inference-pool",
+};
 
 /// Grants the audit test's scenario does not exercise, with the reason each stays.
 /// (component, group, resource, verb, reason); component is `operator` or `router`.
@@ -249,6 +272,34 @@ pub const NOT_EXERCISED: &[(&str, &str, &str, &str, &str)] = &[
         "certificates",
         "patch",
         "cert-manager mode only; the audit scenario uses the operator's own CA",
+    ),
+    (
+        "operator",
+        "inference.networking.k8s.io",
+        "inferencepools",
+        "list",
+        "held only to grant it to the router",
+    ),
+    (
+        "operator",
+        "inference.networking.k8s.io",
+        "inferencepools",
+        "watch",
+        "held only to grant it to the router",
+    ),
+    (
+        "router",
+        "inference.networking.k8s.io",
+        "inferencepools",
+        "list",
+        "only with --gie-inference-pool; the audit scenario runs the router without it",
+    ),
+    (
+        "router",
+        "inference.networking.k8s.io",
+        "inferencepools",
+        "watch",
+        "only with --gie-inference-pool; the audit scenario runs the router without it",
     ),
     (
         "operator",

@@ -168,6 +168,7 @@ fn ctx(client: Client, leading: bool) -> (Arc<Ctx>, watch::Sender<bool>) {
         router_namespace: "kvroute-system".into(),
         watch_namespace: String::new(),
         mtls: false,
+        gie_inference_pool: String::new(),
     };
     let recorder = Recorder::new(
         client.clone(),

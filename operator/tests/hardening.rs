@@ -33,6 +33,7 @@ fn cfg(watch: &str) -> OperatorConfig {
         router_namespace: "kvroute-system".into(),
         watch_namespace: watch.into(),
         mtls: false,
+        gie_inference_pool: String::new(),
     }
 }
 

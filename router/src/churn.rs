@@ -129,5 +129,6 @@ fn worker(id: &str) -> DiscoveredWorker {
         namespace: String::new(),
         pod_ip: None,
         ready: true,
+        origin: Default::default(),
     }
 }

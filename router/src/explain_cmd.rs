@@ -282,6 +282,22 @@ pub fn render(rec: &Value) -> String {
             s(c, "stale"),
         );
     }
+    let load_only: Vec<String> = rec
+        .get("candidates")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|c| c.get("load_only").and_then(Value::as_bool) == Some(true))
+        .map(|c| s(c, "worker"))
+        .collect();
+    if !load_only.is_empty() {
+        let _ = writeln!(
+            out,
+            "LOAD-ONLY:  {} (no kvroute sidecar: a GIE InferencePool pod, scored on this \
+             router's in-flight requests alone, no cache view)",
+            load_only.join(", ")
+        );
+    }
     out
 }
 
@@ -315,6 +331,28 @@ mod tests {
         let b = row("ns/b").expect("row b");
         assert!(b.starts_with(' ') && b.contains("true"), "{b}");
         assert!(!text.contains("DEGRADED"));
+        assert!(!text.contains("LOAD-ONLY"));
+    }
+
+    #[test]
+    fn says_which_candidates_have_no_cache_view() {
+        let rec = serde_json::json!({
+            "model": "llama", "chosen": "ml/gie-0",
+            "candidates": [
+                {"worker": "ml/gie-0", "load_only": true, "stale": true},
+                {"worker": "ml/ws-0", "stale": false}
+            ]
+        });
+        let text = render(&rec);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("LOAD-ONLY:"))
+            .unwrap_or_default();
+        assert!(
+            line.contains("ml/gie-0") && !line.contains("ml/ws-0"),
+            "{text}"
+        );
+        assert!(line.contains("no cache view"), "{text}");
     }
 
     #[test]

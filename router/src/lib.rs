@@ -115,6 +115,17 @@ pub struct Args {
     /// Namespace to watch with --kubernetes (default: all namespaces).
     #[arg(long, env = "KVROUTE_ROUTER_NAMESPACE")]
     pub namespace: Option<String>,
+    /// With --kubernetes, also take workers from these Gateway API Inference Extension
+    /// InferencePools (`inference.networking.k8s.io/v1`): `NAME`, `NAMESPACE/NAME` or `*`
+    /// (every pool in the watched namespaces); repeat or comma-separate. Empty: off. Each
+    /// pool names its model with the `kvroute.dev/model` annotation (docs/gateway-api.md).
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_GIE_INFERENCE_POOL",
+        value_delimiter = ',',
+        requires = "kubernetes"
+    )]
+    pub gie_inference_pool: Vec<String>,
     /// Tokenizer directory: `DIR` (every model) or `MODEL=DIR`; repeat or comma-separate.
     /// A directory wins over the source a WorkerSet names. A model with neither is routed on
     /// load alone (counted as degraded).
@@ -422,6 +433,7 @@ impl Default for Args {
             config: None,
             kubernetes: false,
             namespace: None,
+            gie_inference_pool: Vec::new(),
             tokenizer: Vec::new(),
             tokenizer_fetch: false,
             hub_token_dir: PathBuf::from("/var/run/kvroute/hub-tokens"),
@@ -618,6 +630,7 @@ impl Server {
             config,
             kubernetes,
             namespace,
+            gie_inference_pool,
             tokenizer,
             tokenizer_fetch,
             hub_token_dir,
@@ -779,15 +792,22 @@ impl Server {
             },
             provider::ProviderMetrics::register(&registry)?,
         );
+        let gie_metrics = discovery::gie::GieMetrics::register(&registry)?;
         let discovery = match (config, kubernetes) {
             (Some(path), _) => Discovery::Static(
-                StaticDiscovery::start(path, state.clone())?.with_providers(providers.clone())?,
+                StaticDiscovery::start(path, state.clone())?
+                    .with_providers(providers.clone())?
+                    .with_gie_metrics(gie_metrics),
             ),
             (None, true) => Discovery::Kubernetes(
                 KubernetesDiscovery::connect(namespace, state.clone())
                     .await
                     .context("connect to the Kubernetes API")?
-                    .with_providers(providers.clone()),
+                    .with_providers(providers.clone())
+                    .with_gie(
+                        discovery::gie::GieSelection::parse(&gie_inference_pool)?,
+                        gie_metrics,
+                    ),
             ),
             (None, false) => {
                 state.set_discovery_synced();

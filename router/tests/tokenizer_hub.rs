@@ -213,6 +213,7 @@ fn add_worker(state: &RouterState, model: &str) {
             namespace: String::new(),
             pod_ip: None,
             ready: true,
+            ..Default::default()
         }],
     });
     state.set_discovery_synced();

@@ -14,7 +14,14 @@ fuzz_target!(|data: &[u8]| {
                 kvroute_crds::AnyResource::Policy(p) => p.spec.validate(),
                 kvroute_crds::AnyResource::Provider(p) => p.spec.validate(),
                 kvroute_crds::AnyResource::GatewayBackend(b) => b.spec.validate(),
-                kvroute_crds::AnyResource::Secret(_) => Vec::new(),
+                kvroute_crds::AnyResource::GiePool(p) => p
+                    .issues()
+                    .into_iter()
+                    .map(|i| kvroute_crds::SpecIssue::new("metadata.annotations", i.to_string()))
+                    .collect(),
+                kvroute_crds::AnyResource::Secret(_) | kvroute_crds::AnyResource::Pod(_) => {
+                    Vec::new()
+                }
             };
         }
     }

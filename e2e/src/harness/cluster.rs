@@ -472,6 +472,38 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<Vec<String>> 
     Ok(names)
 }
 
+/// The Gateway API Inference Extension's InferencePool CRD (`inference.networking.k8s.io/v1`),
+/// a test fixture written from GIE's documented v1 schema (see the file's header): GIE owns
+/// the CRD, kvroute never installs it in a real cluster.
+pub fn gie_crd_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s/gie-inferencepool-crd.yaml")
+}
+
+/// Installs the GIE InferencePool CRD fixture ([`gie_crd_path`]) and waits until it is
+/// established (CEL rules dropped on servers before 1.25, as for kvroute's own CRDs).
+pub async fn install_gie_crd(client: &kube::Client) -> anyhow::Result<()> {
+    let file = gie_crd_path();
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?;
+    let doc: serde_json::Value =
+        serde_saphyr::from_str(&text).with_context(|| format!("parse {}", file.display()))?;
+    let mut crd: CustomResourceDefinition =
+        serde_json::from_value(doc).with_context(|| format!("the CRD in {}", file.display()))?;
+    if !server_has_cel(client).await? {
+        crd = kvroute_crds::without_cel(&crd);
+    }
+    let name = crd.metadata.name.clone().context("CRD without a name")?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    create_or_replace(&api, crd).await?;
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(api, &name, conditions::is_crd_established()),
+    )
+    .await
+    .with_context(|| format!("CRD {name} not established within 30 s"))??;
+    Ok(())
+}
+
 /// Whether the API server evaluates CEL validation rules (1.25 and later).
 async fn server_has_cel(client: &kube::Client) -> anyhow::Result<bool> {
     let info = client

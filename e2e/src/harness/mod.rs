@@ -41,8 +41,8 @@ pub mod volumes;
 use std::time::Duration;
 
 pub use cluster::{
-    Cluster, ClusterOptions, Reaper, check_binaries, check_binaries_in, crds_dir, install_crds,
-    k8s_bin_dir, service_account_token,
+    Cluster, ClusterOptions, Reaper, check_binaries, check_binaries_in, crds_dir, gie_crd_path,
+    install_crds, install_gie_crd, k8s_bin_dir, service_account_token,
 };
 pub use kubelet::{FakeKubelet, KubeletOptions, RunningPod, ServiceAccountAuth};
 pub use operator::{OperatorProcess, shared_operator};

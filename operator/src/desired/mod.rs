@@ -46,6 +46,11 @@ pub struct OperatorConfig {
     /// Issue mTLS key pairs and pass the TLS flags to routers and sidecars
     /// (`kvroute-operator --mtls`; see [`tls`]).
     pub mtls: bool,
+    /// Gateway API Inference Extension mode (`kvroute-operator --router-gie-inference-pool`):
+    /// the GIE InferencePools the router takes workers from (`NAME`, `NAMESPACE/NAME`, `*`,
+    /// comma-separated). Non-empty, the router also serves its endpoint picker (ext_proc)
+    /// on the `epp` port ([`router::EPP_PORT`]) of its Service. Empty: off.
+    pub gie_inference_pool: String,
 }
 
 impl OperatorConfig {

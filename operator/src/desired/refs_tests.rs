@@ -24,7 +24,7 @@ fn inventory(yaml: &str) -> Inventory {
                     keys.chain(skeys).collect(),
                 );
             }
-            AnyResource::Policy(_) => {}
+            AnyResource::Policy(_) | AnyResource::GiePool(_) | AnyResource::Pod(_) => {}
         }
     }
     inv

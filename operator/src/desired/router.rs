@@ -74,6 +74,13 @@ pub const INGEST_PORT: i32 = 9000;
 pub const PICK_PORT: i32 = INGEST_PORT;
 /// Admin port (`/metrics`, `/healthz`, `/readyz`, `/drain`).
 pub const ADMIN_PORT: i32 = 9091;
+/// The endpoint picker's gRPC port (Envoy ext_proc, `kvroute-router --epp-listen`), named
+/// `epp` on the container and the Service; only with
+/// [`OperatorConfig::gie_inference_pool`]. 9002 is the port GIE's InferencePool
+/// `endpointPickerRef` defaults to.
+pub const EPP_PORT: i32 = 9002;
+/// Name of the endpoint picker's port on the router's container and Service.
+pub const EPP_PORT_NAME: &str = "epp";
 /// Seconds a terminating router stays unready but serving before its listeners close
 /// (`kvroute-router --drain-delay-s`, run by the preStop hook): time for the endpoint
 /// removal to reach kube-proxy and other load balancers.
@@ -286,6 +293,7 @@ pub fn desired_router(cfg: &OperatorConfig, mounts: &TokenizerMounts) -> RouterO
         protocol: Some("TCP".to_string()),
         ..Default::default()
     };
+    let gie = !cfg.gie_inference_pool.is_empty();
     let (mut volumes, mut volume_mounts) = tokenizer_volumes(mounts);
     let (tmp, tmp_mount) = tmp_volume();
     volumes.push(tmp);
@@ -304,11 +312,17 @@ pub fn desired_router(cfg: &OperatorConfig, mounts: &TokenizerMounts) -> RouterO
         command: Some(vec!["kvroute-router".to_string()]),
         // Flags of `kvroute-router` (router/src/lib.rs), by their env names.
         env: Some(router_env(cfg)),
-        ports: Some(vec![
-            port("http", HTTP_PORT),
-            port("grpc", INGEST_PORT),
-            port("admin", ADMIN_PORT),
-        ]),
+        ports: Some({
+            let mut ports = vec![
+                port("http", HTTP_PORT),
+                port("grpc", INGEST_PORT),
+                port("admin", ADMIN_PORT),
+            ];
+            if gie {
+                ports.push(port(EPP_PORT_NAME, EPP_PORT));
+            }
+            ports
+        }),
         readiness_probe: Some(Probe {
             http_get: Some(admin_get("/readyz")),
             period_seconds: Some(2),
@@ -360,10 +374,14 @@ pub fn desired_router(cfg: &OperatorConfig, mounts: &TokenizerMounts) -> RouterO
         metadata: meta(ROUTER_NAME, Some(ns)),
         spec: Some(ServiceSpec {
             selector: Some(selector()),
-            ports: Some(vec![
-                svc_port("http", HTTP_PORT),
-                svc_port("grpc", PICK_PORT),
-            ]),
+            ports: Some({
+                let mut ports = vec![svc_port("http", HTTP_PORT), svc_port("grpc", PICK_PORT)];
+                if gie {
+                    // What a GIE InferencePool's `endpointPickerRef.port.number` names.
+                    ports.push(svc_port(EPP_PORT_NAME, EPP_PORT));
+                }
+                ports
+            }),
             ..Default::default()
         }),
         status: None,
@@ -380,15 +398,17 @@ pub fn desired_router(cfg: &OperatorConfig, mounts: &TokenizerMounts) -> RouterO
         }),
         status: None,
     };
-    // All three ports serve callers the operator cannot name (clients, external gateways,
-    // sidecars in any namespace, Prometheus); mTLS and the admin token authenticate them.
+    // All ports serve callers the operator cannot name (clients, external gateways and
+    // their endpoint-picker calls, sidecars in any namespace, Prometheus); mTLS and the
+    // admin token authenticate them.
+    let mut open_ports = vec![tcp(HTTP_PORT), tcp(INGEST_PORT), tcp(ADMIN_PORT)];
+    if gie {
+        open_ports.push(tcp(EPP_PORT));
+    }
     let network_policy = ingress_policy(
         meta(ROUTER_NAME, Some(ns)),
         selector(),
-        vec![allow(
-            vec![tcp(HTTP_PORT), tcp(INGEST_PORT), tcp(ADMIN_PORT)],
-            Vec::new(),
-        )],
+        vec![allow(open_ports, Vec::new())],
     );
     RouterObjects {
         network_policy,
@@ -444,6 +464,17 @@ fn router_env(cfg: &OperatorConfig) -> Vec<EnvVar> {
     if !cfg.watch_namespace.is_empty() {
         vars.push(env("KVROUTE_ROUTER_NAMESPACE", cfg.watch_namespace.clone()));
     }
+    if !cfg.gie_inference_pool.is_empty() {
+        // Workers from GIE InferencePools, and the endpoint picker their gateway calls.
+        vars.push(env(
+            "KVROUTE_ROUTER_GIE_INFERENCE_POOL",
+            cfg.gie_inference_pool.clone(),
+        ));
+        vars.push(env(
+            "KVROUTE_ROUTER_EPP_LISTEN",
+            format!("0.0.0.0:{EPP_PORT}"),
+        ));
+    }
     vars
 }
 
@@ -460,7 +491,64 @@ mod tests {
             router_namespace: "kvroute-system".into(),
             watch_namespace: watch.into(),
             mtls: false,
+            gie_inference_pool: String::new(),
         }
+    }
+
+    #[test]
+    fn gie_mode_adds_the_epp_port_and_the_router_flags() {
+        let off = desired_router(&cfg(""), &TokenizerMounts::default());
+        let mut on_cfg = cfg("");
+        on_cfg.gie_inference_pool = "ml/llama".into();
+        let on = desired_router(&on_cfg, &TokenizerMounts::default());
+        let svc_ports = |o: &RouterObjects| -> Vec<(String, i32)> {
+            o.service
+                .spec
+                .clone()
+                .and_then(|s| s.ports)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| (p.name.unwrap_or_default(), p.port))
+                .collect()
+        };
+        assert!(!svc_ports(&off).iter().any(|(n, _)| n == EPP_PORT_NAME));
+        assert!(svc_ports(&on).contains(&("epp".to_string(), 9002)));
+        let container = |o: &RouterObjects| {
+            o.deployment
+                .spec
+                .clone()
+                .and_then(|s| s.template.spec)
+                .map(|p| p.containers[0].clone())
+                .expect("container")
+        };
+        let env_of = |o: &RouterObjects, name: &str| {
+            container(o)
+                .env
+                .unwrap_or_default()
+                .into_iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value)
+        };
+        assert_eq!(env_of(&off, "KVROUTE_ROUTER_GIE_INFERENCE_POOL"), None);
+        assert_eq!(env_of(&off, "KVROUTE_ROUTER_EPP_LISTEN"), None);
+        assert_eq!(
+            env_of(&on, "KVROUTE_ROUTER_GIE_INFERENCE_POOL").as_deref(),
+            Some("ml/llama")
+        );
+        assert_eq!(
+            env_of(&on, "KVROUTE_ROUTER_EPP_LISTEN").as_deref(),
+            Some("0.0.0.0:9002")
+        );
+        let named = container(&on)
+            .ports
+            .unwrap_or_default()
+            .into_iter()
+            .any(|p| p.name.as_deref() == Some("epp") && p.container_port == EPP_PORT);
+        assert!(named, "the container names the epp port");
+        let policy = serde_json::to_string(&on.network_policy).expect("json");
+        assert!(policy.contains("9002"), "{policy}");
+        let policy = serde_json::to_string(&off.network_policy).expect("json");
+        assert!(!policy.contains("9002"), "{policy}");
     }
 
     #[test]

@@ -312,6 +312,7 @@ mod tests {
             router_namespace: "kvroute-system".into(),
             watch_namespace: String::new(),
             mtls: false,
+            gie_inference_pool: String::new(),
         };
         desired_router(&cfg, &TokenizerMounts::default()).deployment
     }

@@ -4,10 +4,17 @@
 //! cheaper to rebuild than to patch). Discovery counts as synced once all three initial
 //! lists have arrived. InferencePolicies have their own watch ([`super::policies`]).
 //!
+//! With `--gie-inference-pool` two more reflectors run: GIE InferencePools
+//! (`inference.networking.k8s.io/v1`) and every Pod of the watched namespace(s) (their
+//! selectors are arbitrary labels); the selected pools' pods join the catalog through
+//! [`super::gie::add_gie_pools`], and sync waits for those lists too.
+//!
 //! ```text
 //! watcher(WorkerSets) --reflector--> Store --+
 //! watcher(Pools) -------reflector--> Store --+--(any event)--> build_catalog(Pods) --> RouterState
-//! watcher(Pods) --------reflector--> Store --+         \--> build_tokenizer_plan --> Tokenizers
+//! watcher(Pods) --------reflector--> Store --+      |  \--> build_tokenizer_plan --> Tokenizers
+//! watcher(GIE pools) ---reflector--> Store --+--> add_gie_pools (only with --gie-inference-pool)
+//! watcher(all Pods) ----reflector--> Store --+
 //! ```
 
 use std::sync::Arc;
@@ -17,9 +24,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use kvroute_crds::{InferencePool, InferenceWorkerSet};
+use kvroute_crds::{GieInferencePool, InferencePool, InferenceWorkerSet};
 use tokio_util::sync::CancellationToken;
 
+use super::gie::{GieMetrics, GieOutcome, GieSelection, add_gie_pools, labeled_pod};
 use super::tokenizers::build_tokenizer_plan;
 use super::{PodView, WORKER_SET_LABEL, WorkerSource, build_catalog};
 use crate::state::RouterState;
@@ -30,6 +38,14 @@ pub struct KubernetesDiscovery {
     namespace: Option<String>,
     state: RouterState,
     providers: Option<crate::provider::Providers>,
+    gie: GieSelection,
+    gie_metrics: Option<GieMetrics>,
+}
+
+/// The GIE side of the watch: InferencePools and all pods (`None` when the feature is off).
+struct GieStores {
+    pools: Store<GieInferencePool>,
+    pods: Store<Pod>,
 }
 
 /// A pod as discovery needs it; `None` without the WorkerSet label.
@@ -60,7 +76,17 @@ impl KubernetesDiscovery {
             namespace,
             state,
             providers: None,
+            gie: GieSelection::default(),
+            gie_metrics: None,
         })
+    }
+
+    /// Also takes workers from the GIE InferencePools `selection` names (nothing is watched
+    /// when it names none), publishing their states to `metrics`.
+    pub fn with_gie(mut self, selection: GieSelection, metrics: GieMetrics) -> Self {
+        self.gie = selection;
+        self.gie_metrics = Some(metrics);
+        self
     }
 
     /// Also watches InferenceProviders and GatewayBackends for `providers`.
@@ -108,7 +134,37 @@ impl KubernetesDiscovery {
             .default_backoff()
             .map_ok(|_| ())
             .boxed();
-        let mut events = futures::stream::select_all([s1, s2, s3]);
+        let mut streams = vec![s1, s2, s3];
+        let gie = if self.gie.enabled() {
+            let (gie_pools, gie_pools_w) = reflector::store::<GieInferencePool>();
+            let (all_pods, all_pods_w) = reflector::store::<Pod>();
+            streams.push(
+                reflector::reflector(
+                    gie_pools_w,
+                    watcher(self.api::<GieInferencePool>(), watcher::Config::default()),
+                )
+                .default_backoff()
+                .map_ok(|_| ())
+                .boxed(),
+            );
+            streams.push(
+                reflector::reflector(
+                    all_pods_w,
+                    watcher(self.api::<Pod>(), watcher::Config::default()),
+                )
+                .default_backoff()
+                .map_ok(|_| ())
+                .boxed(),
+            );
+            Some(GieStores {
+                pools: gie_pools,
+                pods: all_pods,
+            })
+        } else {
+            None
+        };
+        let mut events = futures::stream::select_all(streams);
+        let mut last_gie: Option<GieOutcome> = None;
         let mut provider_watch = match self.providers.clone() {
             Some(p) => super::providers::watch(
                 self.client.clone(),
@@ -140,8 +196,20 @@ impl KubernetesDiscovery {
                 pools.wait_until_ready(),
                 pods.wait_until_ready(),
             );
-            if futures::FutureExt::now_or_never(synced).is_some() {
-                self.publish(&sets, &pools, &pods);
+            let gie_synced = match &gie {
+                Some(g) => {
+                    futures::future::join(g.pools.wait_until_ready(), g.pods.wait_until_ready())
+                        .now_or_never()
+                        .is_some()
+                }
+                None => true,
+            };
+            if futures::FutureExt::now_or_never(synced).is_some() && gie_synced {
+                let outcome = self.publish(&sets, &pools, &pods, gie.as_ref());
+                if let (Some(m), Some(o)) = (&self.gie_metrics, &outcome) {
+                    m.observe(o, last_gie.as_ref());
+                }
+                last_gie = outcome;
             }
         }
     }
@@ -151,7 +219,8 @@ impl KubernetesDiscovery {
         sets: &Store<InferenceWorkerSet>,
         pools: &Store<InferencePool>,
         pods: &Store<Pod>,
-    ) {
+        gie: Option<&GieStores>,
+    ) -> Option<GieOutcome> {
         let sets: Vec<InferenceWorkerSet> = sets
             .state()
             .iter()
@@ -167,7 +236,17 @@ impl KubernetesDiscovery {
             .iter()
             .filter_map(|p: &Arc<Pod>| pod_view(p))
             .collect();
-        let catalog = build_catalog(&sets, &pools, WorkerSource::Pods(&pods));
+        let mut catalog = build_catalog(&sets, &pools, WorkerSource::Pods(&pods));
+        let outcome = gie.map(|g| {
+            let gie_pools: Vec<GieInferencePool> = g
+                .pools
+                .state()
+                .iter()
+                .map(|p| GieInferencePool::clone(p))
+                .collect();
+            let all_pods: Vec<_> = g.pods.state().iter().map(|p| labeled_pod(p)).collect();
+            add_gie_pools(&mut catalog, &gie_pools, &all_pods, &self.gie)
+        });
         let plan = build_tokenizer_plan(&sets, &pools, &catalog);
         self.state.set_catalog(catalog);
         self.state.tokenizers().set_plan(plan);
@@ -180,6 +259,7 @@ impl KubernetesDiscovery {
             );
             self.state.set_discovery_synced();
         }
+        outcome
     }
 }
 

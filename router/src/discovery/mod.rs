@@ -24,6 +24,7 @@
 //! [`crate::state`]). Both sources also publish each model's tokenizer source
 //! ([`tokenizers::build_tokenizer_plan`]) for the tokenizer loader.
 
+pub mod gie;
 pub mod kubernetes;
 pub mod policies;
 pub mod providers;
@@ -35,7 +36,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kvroute_crds::{InferencePool, InferenceWorkerSet};
 
-use crate::state::{Catalog, DiscoveredWorker, PoolView, ServedModel};
+use crate::state::{Catalog, DiscoveredWorker, PoolView, ServedModel, WorkerOrigin};
 
 /// Label the operator puts on every worker pod: the name of its InferenceWorkerSet.
 pub const WORKER_SET_LABEL: &str = "kvroute.dev/workerset";
@@ -94,6 +95,7 @@ pub fn build_catalog(
                         worker_set: name.clone(),
                         namespace: namespace.to_string(),
                         ready: w.ready && w.address.is_some(),
+                        origin: WorkerOrigin::WorkerSet,
                     });
                 }
             }
@@ -119,6 +121,7 @@ pub fn build_catalog(
                             .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
                             .map(|ip| ip.to_canonical()),
                         ready: p.ready && p.ip.is_some(),
+                        origin: WorkerOrigin::WorkerSet,
                     });
                 }
             }

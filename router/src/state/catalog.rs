@@ -74,6 +74,22 @@ pub struct DiscoveredWorker {
     pub pod_ip: Option<std::net::IpAddr>,
     /// Pod Ready (always true for the static file).
     pub ready: bool,
+    /// Where discovery found it, and so whether a kvroute sidecar is expected to report it.
+    pub origin: WorkerOrigin,
+}
+
+/// Where discovery found a worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerOrigin {
+    /// A pod of a kvroute InferenceWorkerSet: its sidecar reports its cache and load, and
+    /// it is a candidate only once that stream has sent a snapshot.
+    #[default]
+    WorkerSet,
+    /// A pod that a Gateway API Inference Extension `InferencePool` selects: no kvroute
+    /// sidecar is expected, so the router registers it itself and routes it on its own
+    /// in-flight count alone (no cache view) until a sidecar of its own reports it.
+    InferencePool,
 }
 
 /// A model as `GET /v1/models` lists it.

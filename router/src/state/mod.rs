@@ -27,7 +27,9 @@
 //! (static file: listed in a WorkerSet's `status.workers`; Kubernetes: its pod is Ready) --
 //! or, only with `--route-unlisted`, it is merely reported by a sidecar -- and (2) its sidecar
 //! has completed at least one snapshot and (3) that stream is open: a worker whose stream
-//! ended is no candidate. One whose reports are older than `stale_after` stays a candidate
+//! ended is no candidate. A worker of a GIE InferencePool ([`WorkerOrigin::InferencePool`])
+//! has no sidecar: discovery registers it itself as an open, empty "stream" (load-only, no
+//! cache view) until a sidecar of its own reports it (`sidecars::sync_load_only`). One whose reports are older than `stale_after` stays a candidate
 //! but is *stale*: the core neither trusts its cache as warm nor as empty. A worker that
 //! discovery no longer lists and whose stream has been closed for `retire_after` is retired
 //! (see [`RouterState::maintain`]): its blocks, predictor state, assignments (released once)
@@ -62,7 +64,7 @@ mod tickets;
 mod tokenizers;
 
 pub use catalog::{
-    AliasDraw, Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel,
+    AliasDraw, Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel, WorkerOrigin,
 };
 pub use pick::{
     BodyKind, CandidateRecord, DecisionRecord, PickError, PickInput, Picked, PolicyHooks, Prompt,
@@ -269,7 +271,14 @@ impl RouterState {
 
     /// Replaces the discovery view.
     pub fn set_catalog(&self, catalog: Catalog) {
+        self.set_catalog_at(catalog, Instant::now());
+    }
+
+    /// [`RouterState::set_catalog`] at `now`: also registers (or closes) the workers that
+    /// discovery lists without a sidecar ([`WorkerOrigin::InferencePool`]).
+    pub fn set_catalog_at(&self, catalog: Catalog, now: Instant) {
         *self.0.catalog.write() = catalog;
+        self.sync_load_only(now);
     }
 
     /// Marks discovery as having completed its initial sync.
@@ -288,6 +297,8 @@ impl RouterState {
     /// workers that discovery no longer lists and whose stream has been closed for
     /// `retire_after`. Returns (expired assignments, retired workers).
     pub fn maintain(&self, now: Instant) -> (usize, usize) {
+        // A GIE worker whose own sidecar stream ended goes back to load-only routing.
+        self.sync_load_only(now);
         (self.expire(now), self.retire_gone(now))
     }
 

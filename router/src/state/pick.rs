@@ -227,6 +227,11 @@ pub struct CandidateRecord {
     pub address: String,
     /// The policy's score (lower wins).
     pub score: f64,
+    /// No kvroute sidecar reports this worker (a GIE InferencePool pod): its figures rest on
+    /// the router's own in-flight count alone, with no cache view (cached tokens are 0 and
+    /// it is stale).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub load_only: bool,
     /// The core's figures (cache, load, prediction).
     #[serde(serialize_with = "figures_without_core_id")]
     #[serde(flatten)]
@@ -456,6 +461,7 @@ impl RouterState {
     ) -> Result<DecisionRecord, PickError> {
         let (d, _) = self.decide(input, now, false)?;
         let (chosen, address) = d.name_of(d.decision.chosen);
+        let load_only = self.load_only_ids();
         let candidates = d
             .decision
             .candidates
@@ -463,6 +469,7 @@ impl RouterState {
             .map(|r| {
                 let (worker, address) = d.name_of(r.candidate.worker);
                 CandidateRecord {
+                    load_only: load_only.contains(&worker),
                     worker,
                     address,
                     score: r.score,

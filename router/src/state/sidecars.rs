@@ -153,6 +153,9 @@ pub struct WorkerReport {
     pub ready: bool,
     /// Sidecar stream open now.
     pub sidecar_connected: bool,
+    /// No kvroute sidecar reports it (a GIE InferencePool pod): the router registered it
+    /// itself and scores it on its own in-flight count, without a cache view.
+    pub load_only: bool,
     /// A snapshot has completed.
     pub synced: bool,
     /// Stale (stream gone or reports too old).
@@ -200,6 +203,15 @@ pub struct WorkersReport {
     /// Workers.
     pub workers: Vec<WorkerReport>,
 }
+
+/// The stream id of a worker that discovery registers itself because no kvroute sidecar is
+/// expected to report it ([`crate::state::WorkerOrigin::InferencePool`]); report streams get
+/// ids counting up from 0, so they never reach it.
+pub(super) const DISCOVERY_STREAM: u64 = u64::MAX;
+
+/// Block size the router registers a sidecar-less worker with. It holds no blocks (no cache
+/// view), so the value only shapes an empty index entry.
+const LOAD_ONLY_BLOCK_SIZE: usize = 16;
 
 /// Whether a new worker of `model` that discovery does not list fits the caps, given the
 /// workers known now (`sidecars`: one per worker in the table).
@@ -492,14 +504,88 @@ impl RouterState {
             .map(|s| s.worker)
     }
 
-    /// Open sidecar streams.
+    /// Open sidecar streams (workers registered by discovery itself do not count).
     pub fn open_streams(&self) -> usize {
         self.0
             .sidecars
             .read()
             .values()
-            .filter(|s| s.stream_open)
+            .filter(|s| s.stream_open && s.stream != DISCOVERY_STREAM)
             .count()
+    }
+
+    /// Registers the workers discovery lists without a sidecar
+    /// ([`crate::state::WorkerOrigin::InferencePool`]) as if a stream had sent an empty
+    /// snapshot, owned by [`DISCOVERY_STREAM`]: they are candidates scored on the router's own
+    /// in-flight count (no cache view, and stale once `stale_after` passes without a report,
+    /// which is always). A sidecar that reports such a worker takes it over like any newer
+    /// stream; when that stream ends the worker falls back to discovery at the next call.
+    /// Workers discovery owns but no longer lists are closed here and retired later like any
+    /// other ([`RouterState::retire_gone`]). Called on every catalog change and by upkeep.
+    pub(super) fn sync_load_only(&self, now: Instant) {
+        let t = self.secs(now);
+        let catalog = self.0.catalog.read();
+        let mut sidecars = self.0.sidecars.write();
+        let mut core = self.0.core.lock();
+        let load_only = |id: &str| {
+            catalog
+                .workers
+                .iter()
+                .find(|w| w.id == id && w.origin == super::WorkerOrigin::InferencePool)
+        };
+        for (key, s) in sidecars.iter_mut() {
+            if s.stream == DISCOVERY_STREAM && s.stream_open && load_only(key).is_none() {
+                s.stream_open = false;
+                core.routing.stream_closed(s.worker, t);
+            }
+        }
+        for w in catalog
+            .workers
+            .iter()
+            .filter(|w| w.origin == super::WorkerOrigin::InferencePool)
+        {
+            let owned = sidecars.get(&w.id);
+            if owned.is_some_and(|s| s.stream_open) {
+                continue;
+            }
+            let known = core
+                .routing
+                .worker_id(&w.id)
+                .and_then(|id| core.routing.worker(id));
+            let (block_size, epoch) = known.map_or((LOAD_ONLY_BLOCK_SIZE, 0), |k| {
+                (k.block_size.max(1), k.epoch)
+            });
+            let worker = core.routing.snapshot(&w.id, block_size, epoch, &[], t);
+            sidecars.insert(
+                w.id.clone(),
+                SidecarView {
+                    worker,
+                    identity: SidecarIdentity {
+                        worker_id: w.id.clone(),
+                        address: w.address.clone(),
+                        model: w.model.clone(),
+                        block_size,
+                        epoch,
+                        worker_set: w.worker_set.clone(),
+                    },
+                    stream: DISCOVERY_STREAM,
+                    stream_open: true,
+                    synced: true,
+                    scrape_failed: false,
+                },
+            );
+        }
+    }
+
+    /// Ids of the workers registered by discovery itself (no sidecar reports them now).
+    pub(super) fn load_only_ids(&self) -> Vec<String> {
+        self.0
+            .sidecars
+            .read()
+            .iter()
+            .filter(|(_, s)| s.stream == DISCOVERY_STREAM && s.stream_open)
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// Workers, index and load (`/debug/workers`).
@@ -515,7 +601,9 @@ impl RouterState {
             let slot = w.and_then(|w| routing.worker(w));
             let infl = w.map(|w| routing.inflight(w)).unwrap_or_default();
             let stale = w.is_none_or(|w| routing.is_stale(w, t));
-            let connected = s.is_some_and(|s| s.stream_open);
+            let load_only = s.is_some_and(|s| s.stream == DISCOVERY_STREAM && s.stream_open);
+            let open = s.is_some_and(|s| s.stream_open);
+            let connected = open && !load_only;
             let synced = s.is_some_and(|s| s.synced);
             let ready = listed.is_some_and(|w| w.ready);
             let pick = |a: Option<String>, b: Option<String>| a.or(b).unwrap_or_default();
@@ -536,9 +624,10 @@ impl RouterState {
                 listed: listed.is_some(),
                 ready,
                 sidecar_connected: connected,
+                load_only,
                 synced,
                 stale,
-                routable: synced && connected && (ready || (listed.is_none() && route_unlisted)),
+                routable: synced && open && (ready || (listed.is_none() && route_unlisted)),
                 epoch: slot.map_or(0, |s| s.epoch),
                 block_size: slot.map_or(0, |s| s.block_size),
                 index_blocks: w.map_or(0, |w| routing.blocks_of(w)),
@@ -660,7 +749,7 @@ impl RouterState {
             }
             let state = if !w.listed && !self.0.config.route_unlisted {
                 "unlisted"
-            } else if !w.sidecar_connected {
+            } else if !w.sidecar_connected && !w.load_only {
                 "disconnected"
             } else if !w.routable {
                 "not_ready"

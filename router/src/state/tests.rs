@@ -103,6 +103,7 @@ fn models_come_from_pools_aliases_and_workers() {
             namespace: String::new(),
             pod_ip: None,
             ready: true,
+            ..Default::default()
         }],
     });
     let ids: Vec<String> = s.models().into_iter().map(|m| m.id).collect();
@@ -356,4 +357,92 @@ fn forgetting_a_worker_drops_its_kv_and_queue_series() {
     let text = m.encode();
     assert!(!text.contains("worker=\"gone\""), "{text}");
     assert!(text.contains("kvroute_router_worker_kv_usage_ratio{worker=\"kept\"} 0.1"));
+}
+
+fn gie_worker(id: &str, ready: bool) -> DiscoveredWorker {
+    DiscoveredWorker {
+        id: id.into(),
+        address: format!("{id}:8000"),
+        model: "m".into(),
+        worker_set: "gie:pool".into(),
+        namespace: "ns".into(),
+        pod_ip: None,
+        ready,
+        origin: WorkerOrigin::InferencePool,
+    }
+}
+
+#[test]
+fn inference_pool_workers_route_without_a_sidecar_until_one_reports_them() {
+    let metrics = RouterMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    let cfg = RouterConfig {
+        retire_after: Duration::from_secs(5),
+        seed: 3,
+        ..RouterConfig::default()
+    };
+    let s = RouterState::new(cfg, metrics).expect("state");
+    let t0 = Instant::now();
+    s.set_catalog_at(
+        Catalog {
+            pools: Vec::new(),
+            workers: vec![gie_worker("a", true), gie_worker("b", false)],
+        },
+        t0,
+    );
+    // No stream at all, yet `a` is routable (pod Ready) and `b` is not.
+    assert_eq!(s.open_streams(), 0);
+    let report = s.workers_report(t0);
+    let row = |id: &str| {
+        report
+            .workers
+            .iter()
+            .find(|w| w.id == id)
+            .cloned()
+            .expect("row")
+    };
+    assert!(row("a").routable && row("a").load_only && !row("a").sidecar_connected);
+    assert!(!row("b").routable && row("b").load_only);
+    let picked = s.pick(&input("m", &[1, 2, 3, 4]), t0).expect("routed");
+    assert_eq!(picked.worker, "a");
+    let rec = s
+        .explain(&input("m", &[1, 2, 3, 4]), t0)
+        .expect("explained");
+    assert!(rec.candidates.iter().all(|c| c.load_only), "{rec:?}");
+    assert_eq!(rec.candidates[0].figures.cached_tokens, 0);
+    assert!(s.done(picked.assignment, Usage::default()));
+
+    // A sidecar of its own takes `a` over: it is then an ordinary reported worker.
+    let mut id = identity("a", "m");
+    id.epoch = 0;
+    s.sidecar_snapshot_start(7, &id, &[], t0).expect("snapshot");
+    assert!(s.sidecar_snapshot_chunk(7, "a", &[], true, t0));
+    let a = s
+        .workers_report(t0)
+        .workers
+        .into_iter()
+        .find(|w| w.id == "a");
+    assert!(a.is_some_and(|a| a.sidecar_connected && !a.load_only && a.routable));
+    let rec = s
+        .explain(&input("m", &[1, 2, 3, 4]), t0)
+        .expect("explained");
+    assert!(rec.candidates.iter().all(|c| !c.load_only), "{rec:?}");
+    // Its stream ends: upkeep hands it back to discovery, load-only again.
+    s.sidecar_closed(7, "a", t0);
+    s.maintain(t0);
+    let a = s
+        .workers_report(t0)
+        .workers
+        .into_iter()
+        .find(|w| w.id == "a");
+    assert!(a.is_some_and(|a| a.load_only && a.routable));
+
+    // Discovery drops both: no longer candidates at once, retired after `retire_after`.
+    s.set_catalog_at(Catalog::default(), t0);
+    assert!(matches!(
+        s.pick(&input("m", &[1]), t0),
+        Err(PickError::UnknownModel(_))
+    ));
+    assert_eq!(s.workers_report(t0).workers.len(), 2, "kept until retired");
+    assert_eq!(s.maintain(t0 + Duration::from_secs(6)).1, 2);
+    assert!(s.workers_report(t0).workers.is_empty());
 }

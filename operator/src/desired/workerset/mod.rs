@@ -102,6 +102,7 @@ pub(crate) mod fixtures {
             router_namespace: "kvroute-system".into(),
             watch_namespace: String::new(),
             mtls: false,
+            gie_inference_pool: String::new(),
         }
     }
 
