@@ -166,7 +166,10 @@ fn load_sample_with_lora_adapters_matches_the_golden_bytes() {
         bytes, golden,
         "encoding drifted from the fixture; now:\n{hex}"
     );
-    assert_eq!(LoadSample::decode(golden.as_slice()).unwrap(), lora_sample());
+    assert_eq!(
+        LoadSample::decode(golden.as_slice()).unwrap(),
+        lora_sample()
+    );
 }
 
 #[test]

@@ -207,8 +207,21 @@ pub struct DecisionRecord {
     pub labels: Vec<String>,
     /// The split alias's draw, if the model is one.
     pub alias: Option<AliasDraw>,
+    /// The LoRA adapter the request runs with, if its model names one (docs/lora.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraRecord>,
     /// The InferencePolicy rule that matched and what it did.
     pub verdict: VerdictRecord,
+}
+
+/// The LoRA adapter of a [`DecisionRecord`]: only workers of `base_model` that serve
+/// `adapter` were candidates, and cache hits count only blocks cached under the adapter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LoraRecord {
+    /// The adapter's name.
+    pub adapter: String,
+    /// The model of the workers that serve it.
+    pub base_model: String,
 }
 
 /// One candidate of a [`DecisionRecord`].
@@ -442,6 +455,10 @@ impl RouterState {
                 }
             })
             .collect();
+        let lora = d.resolved.lora_base.clone().map(|base_model| LoraRecord {
+            adapter: d.resolved.backend_model.clone(),
+            base_model,
+        });
         Ok(DecisionRecord {
             model: input.model.to_string(),
             backend_model: d.resolved.backend_model,
@@ -458,6 +475,7 @@ impl RouterState {
             tenant: input.tenant.map(str::to_string),
             labels: d.labels.clone(),
             alias: d.resolved.alias.clone(),
+            lora,
             verdict: d.verdict,
         })
     }
@@ -490,7 +508,12 @@ impl RouterState {
         let labels = super::labels::label(&self.0.classifier, input);
         let mut facts = request_facts(input, &resolved, &labels.all, &headers, class_header);
         let pool_sets = self.pool_worker_sets(resolved.pool.as_deref());
-        let names = self.routable_workers(&resolved.backend_model, &pool_sets, input.exclude);
+        let names = self.routable_workers(
+            resolved.served_model(),
+            resolved.lora(),
+            &pool_sets,
+            input.exclude,
+        );
         if names.is_empty() {
             // No local candidate: a reject or local-only rule still says why.
             let verdict = policies.evaluate(&facts, &PoolState::default());
@@ -505,7 +528,7 @@ impl RouterState {
         }
 
         // Tokenize outside every lock: it is the expensive part.
-        let (tokens, degraded_reason) = match self.tokens_for(input, &resolved.backend_model)? {
+        let (tokens, degraded_reason) = match self.tokens_for(input, resolved.served_model())? {
             Ok(t) => (Some(t), None),
             Err(reason) => {
                 if let Degraded::Failed(label) = reason {
@@ -521,8 +544,8 @@ impl RouterState {
         facts.prompt_tokens = tokens.as_ref().map_or(0, |t| t.len() as u64);
         let req = RouteRequest {
             tokens: tokens.as_deref(),
-            model: &resolved.backend_model,
-            lora: input.lora,
+            model: resolved.served_model(),
+            lora: resolved.lora().or(input.lora),
             cache_salt: input.cache_salt,
             max_tokens: input.max_tokens,
         };
