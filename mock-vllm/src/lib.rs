@@ -18,6 +18,7 @@
 pub mod driver;
 pub mod engine;
 pub mod kv_publisher;
+pub mod lora;
 pub mod metrics;
 pub mod openai;
 pub mod server;
@@ -127,6 +128,23 @@ pub struct Args {
     /// Serve HTTPS with this PEM certificate chain (vLLM's `--ssl-certfile`).
     #[arg(long, env = "KVROUTE_MOCK_VLLM_SSL_CERTFILE", requires = "ssl_keyfile")]
     pub ssl_certfile: Option<PathBuf>,
+    /// LoRA adapters to serve, as vLLM spells them: `name=path`, or a JSON object
+    /// `{"name": .., "path": .., "base_model_name": ..}` (docs/lora.md). A request whose
+    /// `model` names one runs "with" it: its KV blocks are hashed and published under it.
+    #[arg(long, num_args = 1.., value_parser = lora::parse_module)]
+    pub lora_modules: Vec<lora::LoraModule>,
+    /// Accepted for compatibility (vLLM needs it to serve adapters; the mock always can).
+    #[arg(long, env = "KVROUTE_MOCK_VLLM_ENABLE_LORA")]
+    pub enable_lora: bool,
+    /// Serve `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`; read from vLLM's own
+    /// environment variable, as vLLM does.
+    #[arg(
+        long,
+        env = "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        default_value_t = false
+    )]
+    pub allow_runtime_lora_updating: bool,
     /// Other vLLM arguments: accepted and ignored.
     #[arg(
         num_args = 0..,
@@ -165,6 +183,9 @@ impl Default for Args {
             api_key: None,
             ssl_keyfile: None,
             ssl_certfile: None,
+            lora_modules: Vec::new(),
+            enable_lora: false,
+            allow_runtime_lora_updating: false,
             ignored: Vec::new(),
         }
     }
@@ -316,6 +337,8 @@ pub async fn start(args: Args) -> anyhow::Result<RunningServer> {
         endpoints: endpoints.clone(),
         next_id: AtomicU64::new(1),
         created: unix_origin as u64,
+        adapters: parking_lot::RwLock::new(lora::Adapters::new(args.lora_modules.clone())),
+        runtime_lora_updating: args.allow_runtime_lora_updating,
     });
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await

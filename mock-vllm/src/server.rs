@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::driver::{Cmd, ReqEvent, Snapshot};
 use crate::engine::{EngineRequest, FinishReason, SubmitError};
 use crate::kv_publisher::PublisherEndpoints;
+use crate::lora::{Adapters, Served};
 use crate::metrics::Metrics;
 use crate::openai::{
     self, ApiError, ChunkDelta, Endpoint, RequestParams, ResponseMeta, SSE_DONE, UsageCounts,
@@ -55,6 +56,11 @@ pub struct AppState {
     pub next_id: AtomicU64,
     /// The process start time in Unix seconds (the models' `created`).
     pub created: u64,
+    /// The LoRA adapters loaded now (`--lora-modules`, then runtime loads and unloads).
+    pub adapters: RwLock<Adapters>,
+    /// `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` are served
+    /// (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`).
+    pub runtime_lora_updating: bool,
 }
 
 type Shared = Arc<AppState>;
@@ -68,11 +74,13 @@ impl AppState {
         self.served.first().map(String::as_str).unwrap_or("mock")
     }
 
-    fn check_model(&self, params: &RequestParams) -> Result<(), ApiError> {
-        match &params.model {
-            Some(m) if !self.served.iter().any(|s| s == m) => Err(ApiError::model_not_found(m)),
-            _ => Ok(()),
-        }
+    /// What the request's `model` names: a served base name, a loaded adapter, else 404.
+    fn check_model(&self, params: &RequestParams) -> Result<Served, ApiError> {
+        let model = params.model.as_deref();
+        self.adapters
+            .read()
+            .resolve(model, &self.served)
+            .ok_or_else(|| ApiError::model_not_found(model.unwrap_or_default()))
     }
 }
 
@@ -107,7 +115,8 @@ pub fn require_api_key(app: Router, key: &str) -> Router {
 
 /// The router with every route vLLM (and the peers' probes) use.
 pub fn router(state: Shared) -> Router {
-    Router::new()
+    let lora_updates = state.runtime_lora_updating;
+    let app = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
@@ -122,8 +131,14 @@ pub fn router(state: Shared) -> Router {
         .route("/get_server_info", get(server_info))
         .route("/model_info", get(model_info))
         .route("/get_model_info", get(model_info))
-        .route("/get_load", get(get_load))
-        .with_state(state)
+        .route("/get_load", get(get_load));
+    let app = if lora_updates {
+        app.route("/v1/load_lora_adapter", post(load_lora_adapter))
+            .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
+    } else {
+        app
+    };
+    app.with_state(state)
 }
 
 impl IntoResponse for ApiError {
@@ -143,24 +158,53 @@ async fn version() -> axum::Json<Value> {
 
 async fn models(State(s): State<Shared>) -> axum::Json<Value> {
     let max_model_len = s.max_model_len();
-    let data: Vec<Value> = s
+    let mut data: Vec<Value> = s
         .served
         .iter()
         .map(|name| {
             json!({
                 "id": name, "object": "model", "created": s.created, "owned_by": "vllm",
                 "root": s.model_path, "parent": null, "max_model_len": max_model_len,
-                "permission": [{
-                    "id": format!("modelperm-{name}"), "object": "model_permission",
-                    "created": s.created, "allow_create_engine": false, "allow_sampling": true,
-                    "allow_logprobs": true, "allow_search_indices": false, "allow_view": true,
-                    "allow_fine_tuning": false, "organization": "*", "group": null,
-                    "is_blocking": false
-                }]
+                "permission": [crate::lora::permission(name, s.created)]
             })
         })
         .collect();
+    data.extend(s.adapters.read().cards(s.model_name(), s.created));
     axum::Json(json!({"object": "list", "data": data}))
+}
+
+async fn load_lora_adapter(State(s): State<Shared>, body: Bytes) -> Response {
+    change_adapters(&s, &body, Adapters::load)
+}
+
+async fn unload_lora_adapter(State(s): State<Shared>, body: Bytes) -> Response {
+    change_adapters(&s, &body, Adapters::unload)
+}
+
+/// Loads or unloads an adapter; vLLM answers a plain-text success line or its JSON error.
+fn change_adapters(
+    s: &AppState,
+    body: &[u8],
+    change: fn(&mut Adapters, &Value) -> Result<String, crate::lora::AdapterError>,
+) -> Response {
+    let v = match openai::parse_body(body) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    match change(&mut s.adapters.write(), &v) {
+        Ok(text) => text.into_response(),
+        Err(e) => ApiError {
+            status: e.status(),
+            kind: if e.status() == 404 {
+                "NotFoundError"
+            } else {
+                "BadRequestError"
+            },
+            message: e.to_string(),
+            param: None,
+        }
+        .into_response(),
+    }
 }
 
 async fn metrics(State(s): State<Shared>) -> Response {
@@ -298,7 +342,7 @@ fn submit_error(e: SubmitError) -> ApiError {
 async fn generate(s: Shared, body: Bytes, endpoint: Endpoint) -> Result<Response, ApiError> {
     let v = openai::parse_body(&body)?;
     let params = RequestParams::from_value(&v)?;
-    s.check_model(&params)?;
+    let served = s.check_model(&params)?;
     let prompt = match endpoint {
         Endpoint::Chat => {
             if !v.get("messages").is_some_and(Value::is_array) {
@@ -344,7 +388,10 @@ async fn generate(s: Shared, body: Bytes, endpoint: Endpoint) -> Result<Response
         max_tokens,
         ignore_eos: params.ignore_eos,
         cache_salt: params.cache_salt.clone(),
-        lora_name: None,
+        lora_name: match served {
+            Served::Base => None,
+            Served::Adapter(name) => Some(name),
+        },
     };
     s.cmd
         .send(Cmd::Submit {

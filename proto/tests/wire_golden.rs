@@ -38,6 +38,7 @@ fn sample() -> LoadSample {
         scrape_failed: false,
         kv_capacity_tokens: 52_000,
         gpus,
+        lora_adapters: None,
     }
 }
 
@@ -131,4 +132,61 @@ fn an_old_sidecar_sample_decodes_without_gpus() {
         new.gpu.map(|g| (g.utilization_percent, g.uuid)),
         Some((10, String::new()))
     );
+}
+
+const LORA_FIXTURE: &str = include_str!("golden/load_sample_lora.hex");
+
+fn lora_sample() -> LoadSample {
+    use kvroute_proto::v1::{LoraAdapter, LoraAdapters};
+    LoadSample {
+        timestamp_ms: 1_764_590_000_000,
+        num_requests_running: 1,
+        lora_adapters: Some(LoraAdapters {
+            adapters: vec![
+                LoraAdapter {
+                    name: "sql".into(),
+                    base_model: "qwen3".into(),
+                },
+                LoraAdapter {
+                    name: "chat-de".into(),
+                    base_model: String::new(),
+                },
+            ],
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn load_sample_with_lora_adapters_matches_the_golden_bytes() {
+    let golden = unhex(LORA_FIXTURE);
+    let bytes = lora_sample().encode_to_vec();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        bytes, golden,
+        "encoding drifted from the fixture; now:\n{hex}"
+    );
+    assert_eq!(
+        LoadSample::decode(golden.as_slice()).unwrap(),
+        lora_sample()
+    );
+}
+
+#[test]
+fn an_old_router_skips_the_adapters_and_an_old_sidecar_sends_none() {
+    let old = OldLoadSample::decode(unhex(LORA_FIXTURE).as_slice()).unwrap();
+    assert_eq!(old.num_requests_running, 1);
+    let from_old = OldLoadSample {
+        timestamp_ms: 3,
+        ..Default::default()
+    };
+    let new = LoadSample::decode(from_old.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(new.lora_adapters, None, "absent, not an empty list");
+    // An empty list is present on the wire: the sidecar says "no adapter".
+    let empty = LoadSample {
+        lora_adapters: Some(Default::default()),
+        ..Default::default()
+    };
+    let back = LoadSample::decode(empty.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(back.lora_adapters, Some(Default::default()));
 }

@@ -77,6 +77,7 @@ impl Dispatch for OneWorker {
             backend_model: "m".to_string(),
             pool: None,
             alias: None,
+            lora_base: None,
         })
     }
     fn pick(&self, _r: &GatewayRequest<'_>, _exclude: &[String]) -> Result<Picked, PickError> {

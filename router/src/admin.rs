@@ -103,14 +103,20 @@ async fn readyz(State(state): State<RouterState>, Query(q): Query<ReadyQuery>) -
     let Some(resolved) = state.resolve_model(&name) else {
         return (StatusCode::NOT_FOUND, format!("unknown model {name}\n")).into_response();
     };
-    let backend = resolved.backend_model;
+    let backend = resolved.served_model().to_string();
     if state.tokenizers().blocked_models().contains(&backend) {
         unavailable(format!("tokenizer of {backend} not loaded\n"))
     } else if !state
         .workers_report(Instant::now())
         .workers
         .iter()
-        .any(|w| w.routable && w.model == backend)
+        .any(|w| {
+            w.routable
+                && w.model == backend
+                && resolved
+                    .lora()
+                    .is_none_or(|l| w.lora_adapters.iter().any(|a| a == l))
+        })
     {
         unavailable(format!("no routable worker for {backend}\n"))
     } else {

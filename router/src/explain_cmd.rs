@@ -167,6 +167,14 @@ pub fn render(rec: &Value) -> String {
             s(a, "percent")
         );
     }
+    if let Some(l) = rec.get("lora").filter(|l| !l.is_null()) {
+        let _ = writeln!(
+            out,
+            "lora:       {} on {} (only workers serving it; cache within it)",
+            s(l, "adapter"),
+            s(l, "base_model")
+        );
+    }
     if let Some(labels) = rec.get("labels").and_then(Value::as_array)
         && !labels.is_empty()
     {
@@ -361,6 +369,7 @@ mod tests {
             "model": "chat", "backend_model": "tiny-v2", "chosen": "ns/a",
             "labels": ["pii", "pii:email"],
             "alias": {"alias": "chat", "model": "tiny-v2", "percent": 20, "seed": 1},
+            "lora": {"adapter": "sql", "base_model": "tiny"},
             "verdict": {"policy": "ml/rules", "rule": "pii-local", "actions": ["route", "local_only"],
                         "targets": ["fast"], "service_class": "batch", "ttft_target_ms": 800,
                         "sheddable": true,
@@ -373,6 +382,7 @@ mod tests {
         for want in [
             "alias:      chat -> tiny-v2 (20% share)",
             "labels:     pii, pii:email",
+            "lora:       sql on tiny (only workers serving it; cache within it)",
             "rule:       ml/rules / pii-local (route, local_only)",
             "targets:    fast",
             "class:      batch (TTFT target 800 ms, sheddable)",

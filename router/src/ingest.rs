@@ -37,8 +37,8 @@ use futures::{Stream, StreamExt};
 use kvroute_proto::limits::MAX_MESSAGE_BYTES;
 use kvroute_proto::v1::ingest_server::{Ingest, IngestServer};
 use kvroute_proto::v1::{
-    Ack, DeltaOp as WireDeltaOp, GpuStats, IngestControl, SnapshotRequest, WorkerReport, delta_op,
-    ingest_control, worker_report,
+    Ack, DeltaOp as WireDeltaOp, GpuStats, IngestControl, LoraAdapters, SnapshotRequest,
+    WorkerReport, delta_op, ingest_control, worker_report,
 };
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -46,7 +46,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Caller, StreamRefused};
-use crate::limits::{CONTROL_QUEUE, Limit, MAX_GPU_UUID_BYTES, MAX_GPUS_PER_WORKER};
+use crate::limits::{
+    CONTROL_QUEUE, Limit, MAX_GPU_UUID_BYTES, MAX_GPUS_PER_WORKER, MAX_LORA_ADAPTERS_PER_WORKER,
+    MAX_LORA_NAME_BYTES,
+};
 use crate::routing::GpuStatus;
 use crate::state::{DeltaOp, LoadApplied, LoadView, RouterState, SidecarIdentity, SnapshotRefused};
 
@@ -201,6 +204,7 @@ impl Session {
                     scrape_failed: load.scrape_failed || !usage_known,
                     kv_capacity_tokens: load.kv_capacity_tokens,
                     gpus: gpus_from_wire(state, load.gpus, load.gpu),
+                    lora_adapters: load.lora_adapters.map(|l| adapters_from_wire(state, l)),
                 };
                 match state.sidecar_load(self.stream, self.worker_id(), view, now) {
                     LoadApplied::NotOwner => self.owned(false)?,
@@ -344,6 +348,37 @@ impl Session {
             Err(Status::aborted("a newer stream reports for this worker"))
         }
     }
+}
+
+/// The LoRA adapters of a load sample, `(name, base model)`: at most
+/// [`MAX_LORA_ADAPTERS_PER_WORKER`], names within [`MAX_LORA_NAME_BYTES`] (others dropped,
+/// counted), empty names skipped, a too-long base model left empty.
+fn adapters_from_wire(state: &RouterState, l: LoraAdapters) -> Vec<(String, String)> {
+    let total = l.adapters.len();
+    let kept: Vec<(String, String)> = l
+        .adapters
+        .into_iter()
+        .filter(|a| !a.name.is_empty() && a.name.len() <= MAX_LORA_NAME_BYTES)
+        .take(MAX_LORA_ADAPTERS_PER_WORKER)
+        .map(|a| {
+            let base = if a.base_model.len() > MAX_LORA_NAME_BYTES {
+                String::new()
+            } else {
+                a.base_model
+            };
+            (a.name, base)
+        })
+        .collect();
+    if kept.len() < total {
+        state.limit_hit(
+            Limit::WorkerLoraAdapters,
+            format_args!(
+                "load sample with {total} LoRA adapters: {} dropped (over {MAX_LORA_ADAPTERS_PER_WORKER}, or a name over {MAX_LORA_NAME_BYTES} bytes or empty)",
+                total - kept.len()
+            ),
+        );
+    }
+    kept
 }
 
 /// The worker's GPUs from a load sample: `gpus`, or `gpu` alone from a sidecar that predates

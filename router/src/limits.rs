@@ -39,6 +39,14 @@ pub const MAX_GPUS_PER_WORKER: usize = 64;
 /// Longest GPU UUID kept (NVML's are about 40 characters); longer ones are cut.
 pub const MAX_GPU_UUID_BYTES: usize = 96;
 
+/// Most LoRA adapters kept per worker from a load sample (vLLM serves a handful; the
+/// sidecar sends at most as many); the rest are dropped.
+pub const MAX_LORA_ADAPTERS_PER_WORKER: usize = 256;
+
+/// Longest LoRA adapter or base model name kept, bytes; an adapter with a longer name is
+/// dropped (a cut name would never match a request).
+pub const MAX_LORA_NAME_BYTES: usize = 256;
+
 /// Hits of one cap are logged at most this often (each hit is counted).
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -99,11 +107,14 @@ pub enum Limit {
     WorkerBlocks,
     /// A report whose blocks did not all fit the index's total (`--max-index-blocks`).
     IndexBlocks,
+    /// A load sample with more than [`MAX_LORA_ADAPTERS_PER_WORKER`] LoRA adapters, or a
+    /// name over [`MAX_LORA_NAME_BYTES`].
+    WorkerLoraAdapters,
 }
 
 impl Limit {
     /// Every cap, in label order.
-    pub const ALL: [Limit; 11] = [
+    pub const ALL: [Limit; 12] = [
         Limit::IngestMessageSize,
         Limit::PickMessageSize,
         Limit::OutstandingPicks,
@@ -115,6 +126,7 @@ impl Limit {
         Limit::Workers,
         Limit::WorkerBlocks,
         Limit::IndexBlocks,
+        Limit::WorkerLoraAdapters,
     ];
 
     /// The metric label.
@@ -131,6 +143,7 @@ impl Limit {
             Limit::Workers => "workers",
             Limit::WorkerBlocks => "worker_blocks",
             Limit::IndexBlocks => "index_blocks",
+            Limit::WorkerLoraAdapters => "worker_lora_adapters",
         }
     }
 }

@@ -497,6 +497,32 @@ async fn long_identities_are_refused_and_gpu_lists_cut() {
     assert_eq!(load.gpus.len(), 64);
     assert!(load.gpus.iter().all(|g| g.uuid.len() <= 96));
     assert_eq!(r.limit_hits("worker_gpus").await, 1);
+
+    // LoRA adapter lists: at most 256 names of at most 256 bytes are kept (docs/lora.md).
+    let adapter = |name: String| kvroute_proto::v1::LoraAdapter {
+        name,
+        base_model: MODEL.into(),
+    };
+    let mut adapters: Vec<_> = (0..10_000).map(|i| adapter(format!("a{i:05}"))).collect();
+    adapters.insert(0, adapter("x".repeat(10_000)));
+    s.send(report(
+        2,
+        worker_report::Body::Load(LoadSample {
+            timestamp_ms: 2,
+            kv_cache_usage: 0.1,
+            lora_adapters: Some(kvroute_proto::v1::LoraAdapters { adapters }),
+            ..LoadSample::default()
+        }),
+    ))
+    .await;
+    s.acked(2).await;
+    let row = r.row("gpus");
+    assert_eq!(row.lora_adapters.len(), 256);
+    assert_eq!(
+        row.lora_adapters[0], "a00000",
+        "the long name is dropped, not cut"
+    );
+    assert_eq!(r.limit_hits("worker_lora_adapters").await, 1);
     assert!(s.close().await.is_none());
 }
 

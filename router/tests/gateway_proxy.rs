@@ -226,6 +226,7 @@ impl Dispatch for FakeRouter {
             backend_model: m.clone(),
             pool: None,
             alias: None,
+            lora_base: None,
         })
     }
     fn pick(&self, request: &GatewayRequest<'_>, exclude: &[String]) -> Result<Picked, PickError> {

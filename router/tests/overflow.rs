@@ -229,6 +229,7 @@ impl Dispatch for Local {
             backend_model: "local-llm".into(),
             pool: None,
             alias: None,
+            lora_base: None,
         })
     }
     fn pick(&self, request: &GatewayRequest<'_>, _exclude: &[String]) -> Result<Picked, PickError> {

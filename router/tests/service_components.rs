@@ -151,6 +151,7 @@ fn load(seq: u64, waiting: u32) -> WorkerReport {
             scrape_failed: false,
             kv_capacity_tokens: 0,
             gpus: Vec::new(),
+            lora_adapters: None,
         })),
     }
 }

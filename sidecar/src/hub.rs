@@ -20,6 +20,7 @@ use kvroute_vllm_wire::KvEvent;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::lora::{LoraChange, LoraSet};
 use crate::state::{ApplyStats, Ops, ResidentSet};
 
 /// What a pusher should send next.
@@ -74,6 +75,8 @@ struct Inner {
     /// vLLM's `process_start_time_seconds`); cleared when the ZMQ side resyncs by itself.
     vllm_start: Option<f64>,
     routers: HashMap<String, RouterQueue>,
+    /// The LoRA adapters vLLM serves (polled, plus names seen in events).
+    lora: LoraSet,
 }
 
 /// Shared between the ZMQ loop, the scraper and the pushers.
@@ -96,6 +99,7 @@ impl Hub {
                 epoch,
                 vllm_start: None,
                 routers: HashMap::new(),
+                lora: LoraSet::default(),
             }),
             queue_cap_blocks,
         }
@@ -109,6 +113,11 @@ impl Hub {
         let block_size_before = g.state.block_size();
         for event in events {
             g.state.apply(event, &mut ops, &mut stats);
+            if let KvEvent::Stored(s) = event
+                && let Some(name) = &s.lora_name
+            {
+                stats.lora_dropped += g.lora.note(name).dropped;
+            }
         }
         // A new block size changes the identity: every router needs a fresh snapshot.
         let identity_changed = g.state.block_size() != block_size_before;
@@ -174,9 +183,21 @@ impl Hub {
         g.epoch
     }
 
-    /// Latest load sample; each router sends only the newest one.
-    pub fn set_load(&self, sample: LoadSample) {
+    /// Replaces the LoRA adapters with what vLLM's `/v1/models` lists.
+    pub fn set_adapters(&self, polled: Vec<(String, String)>) -> LoraChange {
+        self.inner.lock().lora.replace(polled)
+    }
+
+    /// The LoRA adapters known now.
+    pub fn adapters(&self) -> LoraSet {
+        self.inner.lock().lora.clone()
+    }
+
+    /// Latest load sample, with the adapter list added; each router sends only the newest
+    /// one.
+    pub fn set_load(&self, mut sample: LoadSample) {
         let mut g = self.inner.lock();
+        sample.lora_adapters = Some(g.lora.to_proto());
         for q in g.routers.values_mut() {
             q.load = Some(sample.clone());
             q.notify.notify_one();
@@ -378,5 +399,27 @@ mod tests {
             panic!("no snapshot")
         };
         assert_eq!((blocks.len(), block_size), (13, 2));
+    }
+    #[test]
+    fn load_samples_carry_the_adapters_of_polls_and_events() {
+        let hub = hub();
+        hub.register("r");
+        hub.set_load(LoadSample::default());
+        let (_, load) = hub.take("r", 100);
+        assert_eq!(load.unwrap().lora_adapters, Some(Default::default()));
+        hub.set_adapters(vec![("sql".into(), "m".into())]);
+        let KvEvent::Stored(mut s) = store(5) else {
+            unreachable!()
+        };
+        s.lora_name = Some("de".into());
+        hub.apply_batch(&[KvEvent::Stored(s)]);
+        hub.set_load(LoadSample::default());
+        let (_, load) = hub.take("r", 100);
+        let adapters = load.unwrap().lora_adapters.unwrap().adapters;
+        let got: Vec<(&str, &str)> = adapters
+            .iter()
+            .map(|a| (a.name.as_str(), a.base_model.as_str()))
+            .collect();
+        assert_eq!(got, [("de", ""), ("sql", "m")]);
     }
 }

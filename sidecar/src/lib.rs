@@ -17,6 +17,7 @@
 pub mod admin;
 pub mod gpu;
 pub mod hub;
+pub mod lora;
 pub mod metrics;
 pub mod push;
 pub mod scrape;
@@ -137,6 +138,17 @@ pub struct Args {
     /// LoRA adapter assumed when an event names none.
     #[arg(long, env = "KVROUTE_SIDECAR_LORA")]
     pub lora: Option<String>,
+    /// How often vLLM's /v1/models is polled for the LoRA adapters it serves (adapters loaded
+    /// at runtime appear within it, or with their first KV event); 0 turns polling off.
+    #[arg(
+        long,
+        env = "KVROUTE_SIDECAR_LORA_POLL_INTERVAL_MS",
+        default_value_t = 5_000
+    )]
+    pub lora_poll_interval_ms: u64,
+    /// vLLM's `--api-key`, when vLLM requires one on /v1/* (for the adapter poll).
+    #[arg(long, env = "KVROUTE_SIDECAR_VLLM_API_KEY", hide_env_values = true)]
+    pub vllm_api_key: Option<String>,
     /// vLLM block size; learned from events or vLLM's metrics when absent.
     #[arg(long, env = "KVROUTE_SIDECAR_BLOCK_SIZE")]
     pub block_size: Option<u32>,
@@ -246,6 +258,8 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         worker_address,
         model,
         lora,
+        lora_poll_interval_ms,
+        vllm_api_key,
         block_size,
         worker_set,
         admin_addr,
@@ -379,6 +393,23 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         };
         tokio::task::spawn_blocking(move || GpuProbe::init(filter)).await?
     };
+    if lora_poll_interval_ms > 0 {
+        let poller = lora::Poller {
+            url: vllm_url.clone(),
+            interval: Duration::from_millis(lora_poll_interval_ms),
+            api_key: vllm_api_key,
+            hub: hub.clone(),
+            metrics: metrics.clone(),
+        };
+        let token = shutdown.clone();
+        tasks.spawn(tracing::Instrument::instrument(
+            async move {
+                poller.run(token).await;
+                ("lora", Ok(()))
+            },
+            tracing::info_span!("lora"),
+        ));
+    }
     let scraper = scrape::Scraper {
         url: vllm_url,
         interval: Duration::from_millis(scrape_interval_ms),

@@ -64,6 +64,14 @@ pub struct SidecarMetrics {
     pub tls_reloads: IntCounterVec,
     /// `/debug/resident` calls refused because they did not come from loopback.
     pub admin_refused: IntCounter,
+    /// Polls of vLLM's /v1/models for LoRA adapters, by outcome (ok, error, not_json,
+    /// no_data).
+    pub lora_polls: IntCounterVec,
+    /// LoRA adapters left out of the list sent to routers (over 256, or a name over 256
+    /// bytes).
+    pub lora_dropped: IntCounter,
+    /// LoRA adapters the worker serves (set at scrape time).
+    pub lora_adapters: IntGauge,
 }
 
 impl SidecarMetrics {
@@ -126,6 +134,19 @@ impl SidecarMetrics {
                 "resyncs_total",
                 "Times the worker state was dropped (new epoch), by reason",
                 &["reason"],
+            )?,
+            lora_polls: cv(
+                "lora_polls_total",
+                "Polls of vLLM /v1/models for LoRA adapters, by outcome",
+                &["outcome"],
+            )?,
+            lora_dropped: c(
+                "lora_adapters_dropped_total",
+                "LoRA adapters left out of the list sent to routers (over the caps)",
+            )?,
+            lora_adapters: g(
+                "lora_adapters",
+                "LoRA adapters the worker serves, as the sidecar sees them",
             )?,
             admin_refused: c(
                 "admin_refused_total",

@@ -120,6 +120,7 @@ pub fn load_sample(m: &VllmMetrics, scrape_failed: bool, now_ms: u64) -> LoadSam
             (Some(n), Some(bs)) => n.saturating_mul(u64::from(bs)),
             _ => 0,
         },
+        lora_adapters: None,
     }
 }
 

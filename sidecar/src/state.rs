@@ -117,6 +117,8 @@ pub struct ApplyStats {
     pub over_capacity: u64,
     /// `AllBlocksCleared` events applied.
     pub cleared: u64,
+    /// Adapter names of events left out of the adapter list (see [`crate::lora`]).
+    pub lora_dropped: u64,
 }
 
 /// Identity of the hashed sequences and limits.

@@ -297,6 +297,7 @@ impl Subscriber {
             .with_label_values(&["removed"])
             .inc_by(stats.removed);
         self.metrics.unknown_parent.inc_by(stats.unknown_parent);
+        self.metrics.lora_dropped.inc_by(stats.lora_dropped);
         self.metrics.unknown_removed.inc_by(stats.unknown_removed);
         if stats.bad_token_count > 0 {
             self.metrics

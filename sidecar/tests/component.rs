@@ -37,6 +37,8 @@ fn args(p: &Publisher, routers: Vec<String>, queue_cap_blocks: usize) -> Args {
         worker_address: "127.0.0.1:8000".into(),
         model: MODEL.into(),
         lora: None,
+        lora_poll_interval_ms: 0,
+        vllm_api_key: None,
         block_size: None,
         worker_set: "ws".into(),
         admin_addr: "127.0.0.1:0".parse().unwrap(),

@@ -141,6 +141,8 @@ async fn sidecar_matches_real_vllm() {
         worker_address: vllm.trim_start_matches("http://").into(),
         model: model.clone(),
         lora: None,
+        lora_poll_interval_ms: 0,
+        vllm_api_key: None,
         block_size: None,
         worker_set: String::new(),
         admin_addr: "127.0.0.1:0".parse().unwrap(),

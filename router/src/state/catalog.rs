@@ -14,6 +14,7 @@ use serde::Serialize;
 use kvroute_tls::Identity;
 
 use super::RouterState;
+use super::lora::serves;
 use super::sidecars::SidecarView;
 use crate::auth::{Caller, StreamRefused};
 use crate::routing::WorkerId;
@@ -112,6 +113,22 @@ pub struct Resolved {
     pub pool: Option<String>,
     /// The draw of a split alias (`None` for other names).
     pub alias: Option<AliasDraw>,
+    /// Set when `backend_model` names a LoRA adapter: the model of the workers that serve it
+    /// (docs/lora.md). Requests go only to those workers that list the adapter, and their
+    /// prefix hashes are seeded with this model and the adapter.
+    pub lora_base: Option<String>,
+}
+
+impl Resolved {
+    /// The model the candidate workers serve: the adapter's base model, else `backend_model`.
+    pub fn served_model(&self) -> &str {
+        self.lora_base.as_deref().unwrap_or(&self.backend_model)
+    }
+
+    /// The LoRA adapter the request runs with, if `backend_model` names one.
+    pub fn lora(&self) -> Option<&str> {
+        self.lora_base.as_ref().map(|_| self.backend_model.as_str())
+    }
 }
 
 /// How a split alias was resolved for one request (shown in the decision record).
@@ -162,6 +179,18 @@ impl RouterState {
                 bare(&mut out, &s.identity.model);
             }
         }
+        // LoRA adapters: listed under their own name, in their base model's pool.
+        for (adapter, base) in self.adapter_models() {
+            if !out.contains_key(&adapter) {
+                let pool = out.get(&base).and_then(|b| b.pool.clone());
+                let info = ModelInfo {
+                    id: adapter.clone(),
+                    backend_model: adapter.clone(),
+                    pool,
+                };
+                out.insert(adapter, info);
+            }
+        }
         out.into_values().collect()
     }
 
@@ -199,6 +228,7 @@ impl RouterState {
             let i = kvroute_policy::weighted_choice(seed, shares.iter().map(|s| s.1))
                 .unwrap_or_default();
             let (model, percent) = shares.get(i).cloned().unwrap_or_default();
+            let lora_base = self.adapter_base(&model);
             return Some(Resolved {
                 backend_model: model.clone(),
                 pool: Some(pool),
@@ -208,12 +238,14 @@ impl RouterState {
                     percent,
                     seed,
                 }),
+                lora_base,
             });
         }
         self.models()
             .into_iter()
             .find(|m| m.id == name)
             .map(|m| Resolved {
+                lora_base: self.adapter_base(&m.backend_model),
                 backend_model: m.backend_model,
                 pool: m.pool,
                 alias: None,
@@ -255,16 +287,17 @@ impl RouterState {
     }
 
     /// (worker id, address, core id, WorkerSet) of every routable worker of `model`, sorted
-    /// by id.
+    /// by id; with `lora`, only those whose sidecar lists that adapter.
     pub(super) fn routable_workers(
         &self,
         model: &str,
+        lora: Option<&str>,
         sets: &[String],
         exclude: &[String],
     ) -> Vec<(String, String, WorkerId, String)> {
         let catalog = self.0.catalog.read();
         let sidecars = self.0.sidecars.read();
-        let live = |s: &SidecarView| s.synced && s.stream_open;
+        let live = |s: &SidecarView| s.synced && s.stream_open && serves(s, lora);
         let mut out = Vec::new();
         let in_sets = |ws: &str| sets.is_empty() || sets.iter().any(|s| s == ws);
         let mut listed_keys = Vec::new();
@@ -316,7 +349,7 @@ impl RouterState {
         keep: impl Fn(&str) -> bool,
     ) -> Vec<String> {
         let sets = self.pool_worker_sets(resolved.pool.as_deref());
-        self.routable_workers(&resolved.backend_model, &sets, &[])
+        self.routable_workers(resolved.served_model(), resolved.lora(), &sets, &[])
             .into_iter()
             .filter(|(_, address, _, _)| !keep(address))
             .map(|(id, ..)| id)

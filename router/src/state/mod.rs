@@ -7,7 +7,7 @@
 //! Files: `catalog` (discovery's view, model resolution, routability), `pick` (the pick
 //! API: inputs, decisions, reports), `policy` (InferencePolicy sets, verdicts, shedding),
 //! `sidecars` (ingest bookkeeping, `/debug/workers`), `tokenizers`, `dispatch` (the
-//! embedded gateway's adapter).
+//! embedded gateway's adapter), `lora` (the adapters workers serve, adapter resolution).
 //!
 //! ```text
 //! discovery --set_catalog--------------+
@@ -55,6 +55,7 @@ use crate::routing::{
 mod catalog;
 mod dispatch;
 mod labels;
+mod lora;
 mod pick;
 mod policy;
 mod sidecars;
@@ -67,8 +68,8 @@ pub use catalog::{
     AliasDraw, Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel, WorkerOrigin,
 };
 pub use pick::{
-    BodyKind, CandidateRecord, DecisionRecord, PickError, PickInput, Picked, PolicyHooks, Prompt,
-    Usage, max_tokens_of,
+    BodyKind, CandidateRecord, DecisionRecord, LoraRecord, PickError, PickInput, Picked,
+    PolicyHooks, Prompt, Usage, max_tokens_of,
 };
 pub use policy::{
     ModelSwitchRecord, PoliciesReport, PolicyMetrics, REQUEST_ID_HEADER, SERVICE_CLASS_HEADER,

@@ -214,8 +214,21 @@ pub struct DecisionRecord {
     pub labels: Vec<String>,
     /// The split alias's draw, if the model is one.
     pub alias: Option<AliasDraw>,
+    /// The LoRA adapter the request runs with, if its model names one (docs/lora.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraRecord>,
     /// The InferencePolicy rule that matched and what it did.
     pub verdict: VerdictRecord,
+}
+
+/// The LoRA adapter of a [`DecisionRecord`]: only workers of `base_model` that serve
+/// `adapter` were candidates, and cache hits count only blocks cached under the adapter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LoraRecord {
+    /// The adapter's name.
+    pub adapter: String,
+    /// The model of the workers that serve it.
+    pub base_model: String,
 }
 
 /// One candidate of a [`DecisionRecord`].
@@ -477,6 +490,10 @@ impl RouterState {
                 }
             })
             .collect();
+        let lora = d.resolved.lora_base.clone().map(|base_model| LoraRecord {
+            adapter: d.resolved.backend_model.clone(),
+            base_model,
+        });
         Ok(DecisionRecord {
             model: input.model.to_string(),
             backend_model: d.resolved.backend_model,
@@ -493,6 +510,7 @@ impl RouterState {
             tenant: input.tenant.map(str::to_string),
             labels: d.labels.clone(),
             alias: d.resolved.alias.clone(),
+            lora,
             verdict: d.verdict,
         })
     }
@@ -525,7 +543,12 @@ impl RouterState {
         let labels = super::labels::label(&self.0.classifier, input);
         let mut facts = request_facts(input, &resolved, &labels.all, &headers, class_header);
         let pool_sets = self.pool_worker_sets(resolved.pool.as_deref());
-        let names = self.routable_workers(&resolved.backend_model, &pool_sets, input.exclude);
+        let names = self.routable_workers(
+            resolved.served_model(),
+            resolved.lora(),
+            &pool_sets,
+            input.exclude,
+        );
         if names.is_empty() {
             // No local candidate: a reject or local-only rule still says why; a rule that
             // names an alternative model may still serve it there.
@@ -547,13 +570,13 @@ impl RouterState {
         let (tokens, degraded_reason) = if names.is_empty() {
             (None, Some(Degraded::NoPrompt.label()))
         } else {
-            self.tokenize(input, &resolved.backend_model)?
+            self.tokenize(input, resolved.served_model())?
         };
         facts.prompt_tokens = tokens.as_ref().map_or(0, |t| t.len() as u64);
         let req = RouteRequest {
             tokens: tokens.as_deref(),
-            model: &resolved.backend_model,
-            lora: input.lora,
+            model: resolved.served_model(),
+            lora: resolved.lora().or(input.lora),
             cache_salt: input.cache_salt,
             max_tokens: input.max_tokens,
         };
@@ -591,7 +614,8 @@ impl RouterState {
                 Ok(alt) => {
                     let alt_req = RouteRequest {
                         tokens: alt.tokens.as_deref(),
-                        model: &alt.resolved.backend_model,
+                        model: alt.resolved.served_model(),
+                        lora: alt.resolved.lora(),
                         ..req
                     };
                     let alt_allowed: Vec<WorkerId> = alt.names.iter().map(|c| c.2).collect();
@@ -742,13 +766,22 @@ impl RouterState {
             return Err(format!("model {model:?} is not in the request's pool"));
         }
         let sets = self.pool_worker_sets(resolved.pool.as_deref());
-        let names = self.routable_workers(&resolved.backend_model, &sets, input.exclude);
+        let names = self.routable_workers(
+            resolved.served_model(),
+            resolved.lora(),
+            &sets,
+            input.exclude,
+        );
         if names.is_empty() {
             return Err("no ready worker".into());
         }
-        let alt_input = PickInput { model, ..*input };
+        let alt_input = PickInput {
+            model,
+            lora: None,
+            ..*input
+        };
         let (tokens, degraded_reason) = self
-            .tokenize(&alt_input, &resolved.backend_model)
+            .tokenize(&alt_input, resolved.served_model())
             .map_err(|_| format!("the tokenizer of {model:?} is not loaded yet"))?;
         Ok(Alternative {
             resolved,
@@ -1033,12 +1066,16 @@ struct Alternative {
     degraded_reason: Option<&'static str>,
 }
 
-/// The matched rule's alternative model, unless it is the model requested.
+/// The matched rule's alternative model, unless it is the model requested or the request
+/// names a LoRA adapter (which only its base model serves).
 fn switch_of<'p>(
     verdict: &Verdict<'p>,
     resolved: &Resolved,
     input: &PickInput<'_>,
 ) -> Option<&'p kvroute_policy::ModelSwitch> {
+    if resolved.lora().or(input.lora).is_some() {
+        return None;
+    }
     verdict
         .route()
         .and_then(|r| r.switch.as_ref())

@@ -56,6 +56,10 @@ pub struct LoadView {
     pub kv_capacity_tokens: u64,
     /// Its GPUs (empty: no GPU stats), each with why it is degraded if it is.
     pub gpus: Vec<GpuStatus>,
+    /// The LoRA adapters it serves, `(name, base model)` (docs/lora.md); `None` from a
+    /// sidecar that does not report them (the last list stays).
+    #[serde(skip)]
+    pub lora_adapters: Option<Vec<(String, String)>>,
 }
 
 /// Block changes in one delta op.
@@ -134,6 +138,9 @@ pub(super) struct SidecarView {
     pub(super) synced: bool,
     /// The sidecar's last scrape of vLLM failed (its load sample was not applied).
     pub(super) scrape_failed: bool,
+    /// The LoRA adapters the worker serves, `(name, base model)`, from its last load sample
+    /// that listed them ([`RouterState::adapter_base`]).
+    pub(super) lora_adapters: Vec<(String, String)>,
 }
 
 /// One worker as `/debug/workers` shows it.
@@ -179,6 +186,9 @@ pub struct WorkerReport {
     pub last_report_age_s: Option<f64>,
     /// Last load sample.
     pub load: Option<LoadView>,
+    /// The LoRA adapters it serves (docs/lora.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lora_adapters: Vec<String>,
     /// One of its GPUs is degraded (`load.gpus[].issues`): kvroute's score penalises it.
     pub gpu_degraded: bool,
     /// Router in-flight assignments (waiting first token + decoding).
@@ -338,6 +348,7 @@ impl RouterState {
             stream_open: true,
             synced: false,
             scrape_failed: false,
+            lora_adapters: Vec::new(),
         };
         match sidecars.get_mut(&identity.worker_id) {
             // A re-snapshot keeps the worker routable (it was synced) while the rest arrives.
@@ -346,6 +357,7 @@ impl RouterState {
                 *s = SidecarView {
                     synced,
                     scrape_failed: s.scrape_failed,
+                    lora_adapters: std::mem::take(&mut s.lora_adapters),
                     ..view
                 };
             }
@@ -462,6 +474,9 @@ impl RouterState {
         };
         if let Some(s) = self.0.sidecars.write().get_mut(worker) {
             s.scrape_failed = load.scrape_failed;
+            if let Some(adapters) = load.lora_adapters {
+                s.lora_adapters = adapters;
+            }
         }
         let mut core = self.0.core.lock();
         core.routing.gpus(w, load.gpus);
@@ -572,6 +587,7 @@ impl RouterState {
                     stream_open: true,
                     synced: true,
                     scrape_failed: false,
+                    lora_adapters: Vec::new(),
                 },
             );
         }
@@ -644,7 +660,11 @@ impl RouterState {
                         scrape_failed: s.is_some_and(|s| s.scrape_failed),
                         kv_capacity_tokens: sl.load.kv_capacity_tokens,
                         gpus: sl.gpus.clone(),
+                        lora_adapters: None,
                     }),
+                lora_adapters: s.map_or_else(Vec::new, |s| {
+                    s.lora_adapters.iter().map(|a| a.0.clone()).collect()
+                }),
                 gpu_degraded: slot.is_some_and(|sl| sl.gpu_degraded()),
                 in_flight: infl.outstanding(),
                 waiting_first_token: infl.waiting,

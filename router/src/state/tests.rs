@@ -114,6 +114,7 @@ fn models_come_from_pools_aliases_and_workers() {
             backend_model: "m".into(),
             pool: Some("ns/p".into()),
             alias: None,
+            lora_base: None,
         })
     );
     assert_eq!(s.resolve_model("nope"), None);
