@@ -308,6 +308,7 @@ fn per_worker_kv_and_engine_queue_gauges_follow_the_latest_load_sample() {
         scrape_failed,
         kv_capacity_tokens: 4096,
         gpus: Vec::new(),
+        lora_adapters: None,
     };
     assert!(matches!(
         s.sidecar_load(1, "w", load(0.25, 3, false), now),
