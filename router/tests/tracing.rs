@@ -127,6 +127,7 @@ impl Dispatch for OneWorker {
             backend_model: "served".into(),
             pool: None,
             alias: None,
+            lora_base: None,
         })
     }
     fn pick(&self, request: &GatewayRequest<'_>, _exclude: &[String]) -> Result<Picked, PickError> {
@@ -143,6 +144,7 @@ impl Dispatch for OneWorker {
             reason: "lowest_predicted_ttft",
             degraded: false,
             policy: Default::default(),
+            fallbacks: Vec::new(),
         })
     }
     fn first_token(&self, _picked: &Picked, _ttft: Duration) {}
