@@ -135,6 +135,10 @@ pub struct ValuesRouter {
     /// Router replicas (KVROUTE_OPERATOR_ROUTER_REPLICAS).
     #[schemars(range(min = 1))]
     pub replicas: i32,
+    /// GIE InferencePools the router discovers workers from and picks endpoints for
+    /// (KVROUTE_OPERATOR_ROUTER_GIE_INFERENCE_POOL: `NAME`, `NS/NAME` or `*`, comma-separated;
+    /// empty: off). docs/gateway-api.md.
+    pub gie_inference_pool: String,
 }
 
 /// Where certificates come from.
@@ -248,6 +252,7 @@ impl Default for ChartValues {
             router: ValuesRouter {
                 manage: true,
                 replicas: crate::bundle::ROUTER_REPLICAS,
+                gie_inference_pool: String::new(),
             },
             tls: ValuesTls {
                 mode: TlsMode::Operator,
@@ -433,6 +438,12 @@ fn operator_template(mut doc: Value) -> anyhow::Result<String> {
         env.push(slots.put(Slot::Lines(vec![
             "{{- with .Values.operator.watchNamespace }}".into(),
             "- name: KVROUTE_OPERATOR_NAMESPACE".into(),
+            "  value: {{ . | quote }}".into(),
+            "{{- end }}".into(),
+        ])));
+        env.push(slots.put(Slot::Lines(vec![
+            "{{- with .Values.router.gieInferencePool }}".into(),
+            "- name: KVROUTE_OPERATOR_ROUTER_GIE_INFERENCE_POOL".into(),
             "  value: {{ . | quote }}".into(),
             "{{- end }}".into(),
         ])));

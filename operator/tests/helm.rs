@@ -351,7 +351,7 @@ fn other_values() -> Value {
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}
         },
-        "router": {"manage": false, "replicas": 4},
+        "router": {"manage": false, "replicas": 4, "gieInferencePool": "llm/chat"},
         "tls": {
             "mode": "cert-manager",
             "issuerRef": {"name": "kvroute-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"},
@@ -433,6 +433,10 @@ fn every_value_reaches_its_field() {
     assert_eq!(value("KVROUTE_OPERATOR_MANAGE_ROUTER"), "false");
     assert_eq!(value("KVROUTE_OPERATOR_MTLS"), "true");
     assert_eq!(value("KVROUTE_OPERATOR_NAMESPACE"), "team-a");
+    assert_eq!(
+        value("KVROUTE_OPERATOR_ROUTER_GIE_INFERENCE_POOL"),
+        "llm/chat"
+    );
 
     let off = render_chart("kvroute", &merged(&json!({"tls": {"mode": "off"}})));
     assert_eq!(
