@@ -2,7 +2,7 @@
 # Runs the cargo-fuzz targets for a time budget each and appends one row per run to the
 # ledger, docs/fuzzing.md, then recomputes the per-target totals there.
 #
-#   scripts/fuzz.sh [--seconds N] [--cmin] [--no-nice] [--until TIME [--goal N]] [TARGET ...]
+#   scripts/fuzz.sh [--seconds N] [--cmin] [--no-nice] [--max-len B] [--until TIME [--goal N]] [TARGET ...]
 #   scripts/fuzz.sh --cmin-only [TARGET ...]
 #
 # TARGET is `crate/target` (e.g. `router/ingest_session`) or a crate name (all its targets);
@@ -14,8 +14,10 @@
 # Runs are `nice -n 19` unless --no-nice. With `--until TIME` (anything `date -d` reads) it
 # keeps going until TIME, each time running the target with the fewest executions in the
 # ledger that is still below the goal (`--goal`, default 10 M) and that no other run of this
-# script is fuzzing, so two runs side by side share the work. Needs the nightly toolchain and
-# cargo-fuzz (installed here, pinned, if missing).
+# script is fuzzing, so two runs side by side share the work. `--max-len B` caps generated
+# inputs at B bytes (libFuzzer's -max_len; longer corpus inputs are read truncated): targets
+# that check every step of a long input (index_ops) run many more, shorter sequences. Needs
+# the nightly toolchain and cargo-fuzz (installed here, pinned, if missing).
 #
 # Builds use `--sanitizer none` (no crate under fuzz contains `unsafe`, and AddressSanitizer
 # costs about half the executions) and `--debug-assertions`, so integer overflow and
@@ -31,7 +33,7 @@ ALL_TARGETS=(
     classify/labeller
     crds/parse_documents
     mock-vllm/request_body
-    router/anthropic_request router/index_ops router/ingest_session router/openai_request router/sse_stream router/tenant_credentials
+    router/anthropic_request router/epp_messages router/index_ops router/ingest_session router/openai_request router/sse_stream router/tenant_credentials
     sidecar/apply_events
     tokenization/chat_request tokenization/fast_path tokenization/tokenizer_config
     vllm-wire/decode_roundtrip vllm-wire/encode_roundtrip
@@ -42,6 +44,7 @@ cmin=0
 cmin_only=0
 until=
 goal=10000000
+maxlen=
 nice=(nice -n 19)
 wanted=()
 while [ $# -gt 0 ]; do
@@ -51,8 +54,9 @@ while [ $# -gt 0 ]; do
         --cmin-only) cmin_only=1; shift ;;
         --until) until=$2; shift 2 ;;
         --goal) goal=$2; shift 2 ;;
+        --max-len) maxlen=$2; shift 2 ;;
         --no-nice) nice=(); shift ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) wanted+=("$1"); shift ;;
     esac
 done
@@ -151,7 +155,7 @@ run_target() {
     mapfile -t seeds < <(seeds_for "$crate" "$target")
     log=$(mktemp)
     cmd=(cargo +nightly fuzz run --sanitizer none --debug-assertions "$target" "corpus/$target" "${seeds[@]}"
-        -- -max_total_time="$seconds" -timeout=10 -print_final_stats=1)
+        -- -max_total_time="$seconds" -timeout=10 -print_final_stats=1 ${maxlen:+-max_len=$maxlen})
     echo "=== $t: ${cmd[*]}"
     # Build first (not timed), then run.
     (cd "$dir" && cargo +nightly fuzz build --sanitizer none --debug-assertions "$target") ||
@@ -182,7 +186,7 @@ run_target() {
     echo "=== $t: $execs executions in $wall s, corpus $files files / $bytes bytes, $result"
     exec 9<"$ledger"
     flock 9  # two runs of this script may share the ledger
-    ledger_row "| \`$t\` | $execs | $wall | $files, $bytes | $result | $(date -u +%Y-%m-%dT%H:%MZ) | \`scripts/fuzz.sh --seconds $seconds$([ $cmin = 1 ] && echo ' --cmin') $t\` |"
+    ledger_row "| \`$t\` | $execs | $wall | $files, $bytes | $result | $(date -u +%Y-%m-%dT%H:%MZ) | \`scripts/fuzz.sh --seconds $seconds$([ $cmin = 1 ] && echo ' --cmin')${maxlen:+ --max-len $maxlen} $t\` |"
     ledger_totals
     exec 9<&-
     rm -f "$log"
