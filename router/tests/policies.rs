@@ -134,6 +134,35 @@ impl Drop for Router {
 }
 
 async fn start(config_text: &str) -> Router {
+    let r = launch(
+        config_text,
+        &[
+            ("w-fast", 21, "tiny"),
+            ("w-other", 22, "tiny"),
+            ("w-canary", 23, "tiny-v2"),
+        ],
+    )
+    .await;
+    // Routable once every snapshot is in: the Pick API answers for both models.
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let fast = pick(&r, "tiny", &[]).await;
+        let canary = pick(&r, "tiny-v2", &[]).await;
+        if fast.is_ok() && canary.is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "workers never routable: {fast:?} {canary:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    r
+}
+
+/// A router on loopback with the static file and fake sidecars for `workers` (pod, port,
+/// model), not waited for.
+async fn launch(config_text: &str, workers: &[(&str, u16, &str)]) -> Router {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("router.yaml");
     std::fs::write(&path, config_text).expect("write config");
@@ -151,35 +180,16 @@ async fn start(config_text: &str) -> Router {
     let stop = CancellationToken::new();
     tokio::spawn(server.serve(stop.clone()));
     let mut sidecars = Vec::new();
-    for (pod, port, model) in [
-        ("w-fast", 21, "tiny"),
-        ("w-other", 22, "tiny"),
-        ("w-canary", 23, "tiny-v2"),
-    ] {
+    for &(pod, port, model) in workers {
         sidecars.push(sidecar(&addrs, pod, port, model).await);
     }
-    let r = Router {
+    Router {
         addrs,
         stop,
         _sidecars: sidecars,
         _dir: dir,
         path,
-    };
-    // Routable once every snapshot is in: the Pick API answers for both models.
-    let end = Instant::now() + DEADLINE;
-    loop {
-        let fast = pick(&r, "tiny", &[]).await;
-        let canary = pick(&r, "tiny-v2", &[]).await;
-        if fast.is_ok() && canary.is_ok() {
-            break;
-        }
-        assert!(
-            Instant::now() < end,
-            "workers never routable: {fast:?} {canary:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    r
 }
 
 async fn sidecar(
@@ -525,30 +535,7 @@ async fn a_route_model_serves_a_model_without_ready_workers_from_the_alternative
             "\"127.0.0.1:22\", ready: true",
             "\"127.0.0.1:22\", ready: false",
         );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("router.yaml");
-    std::fs::write(&path, text).expect("write config");
-    let args = Args {
-        http_addr: "127.0.0.1:0".parse().expect("addr"),
-        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
-        admin_addr: "127.0.0.1:0".parse().expect("addr"),
-        config: Some(path.clone()),
-        seed: Some(7),
-        max_retries: 0,
-        ..Args::default()
-    };
-    let server = Server::bind(args).await.expect("bind router");
-    let addrs = server.addrs().expect("addrs");
-    let stop = CancellationToken::new();
-    tokio::spawn(server.serve(stop.clone()));
-    let _canary = sidecar(&addrs, "w-canary", 23, "tiny-v2").await;
-    let r = Router {
-        addrs,
-        stop,
-        _sidecars: Vec::new(),
-        _dir: dir,
-        path,
-    };
+    let r = launch(&text, &[("w-canary", 23, "tiny-v2")]).await;
     let prompt: Vec<u32> = (0..64).collect();
     let end = Instant::now() + DEADLINE;
     while pick(&r, "tiny-v2", &[]).await.is_err() {
