@@ -238,6 +238,25 @@ async fn the_operators_router_routes_cache_aware_and_survives_a_rollout() -> any
     })
     .await?;
 
+    // Each sidecar tries one replay of vLLM's buffer when it starts and reads live events
+    // after it; measuring before every sidecar is past that point would score a worker
+    // whose cache the router cannot see yet.
+    wait_for("every sidecar is past its initial replay", WAIT, || async {
+        for pod in workers_of(&kubelet) {
+            let m = http
+                .get(format!("http://{}:9090/metrics", pod.ip))
+                .send()
+                .await?
+                .text()
+                .await?;
+            if !m.contains("kvroute_sidecar_replays_total{") {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await?;
+
     // The burst through the router, then the same shape (other prefixes) to random pods.
     let url = format!("{gateway}/v1/chat/completions");
     let routed = burst(&http, bodies("k"), |_| url.clone()).await?;

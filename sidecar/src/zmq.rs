@@ -151,7 +151,11 @@ impl Subscriber {
         if self.config.replay_endpoint.is_none() {
             return;
         }
-        let complete = self.replay(tracker, 0).await;
+        // vLLM may not be up yet (a pod's containers start together): one short connect
+        // attempt, so live messages are not left unread for the whole replay timeout. A vLLM
+        // that was already running and busy is caught up by the gap replay its first live
+        // message (seq > 0) triggers, with the full timeout.
+        let complete = self.replay(tracker, 0, CONNECT_ATTEMPT).await;
         tracker.finish_replay(0);
         tracing::info!(complete, next_seq = ?tracker.expected(), "initial replay done");
     }
@@ -176,7 +180,7 @@ impl Subscriber {
                 Live::Gap { from } => {
                     self.metrics.gaps.inc();
                     tracing::info!(from, to = seq, "sequence gap, replaying");
-                    let complete = self.replay(tracker, from).await;
+                    let complete = self.replay(tracker, from, self.config.replay_timeout).await;
                     if !tracker.finish_replay(seq) || !complete {
                         if complete {
                             self.metrics.replays.with_label_values(&["short"]).inc();
@@ -189,8 +193,9 @@ impl Subscriber {
         }
     }
 
-    /// Replays from `from`; applies each batch as it arrives. Returns false on failure.
-    async fn replay(&self, tracker: &mut SeqTracker, from: u64) -> bool {
+    /// Replays from `from`, connecting within `connect_limit` (capped by the replay timeout);
+    /// applies each batch as it arrives. Returns false on failure.
+    async fn replay(&self, tracker: &mut SeqTracker, from: u64, connect_limit: Duration) -> bool {
         let Some(endpoint) = &self.config.replay_endpoint else {
             self.metrics
                 .replays
@@ -200,7 +205,12 @@ impl Subscriber {
         };
         let result = tokio::time::timeout(
             self.config.replay_timeout,
-            self.replay_inner(endpoint, tracker, from),
+            self.replay_inner(
+                endpoint,
+                tracker,
+                from,
+                connect_limit.min(self.config.replay_timeout),
+            ),
         )
         .await;
         match result {
@@ -226,10 +236,11 @@ impl Subscriber {
         endpoint: &str,
         tracker: &mut SeqTracker,
         from: u64,
+        connect_limit: Duration,
     ) -> anyhow::Result<()> {
         // A fresh DEALER per replay: the crate only reconnects SUB sockets.
         let mut options = SocketOptions::default();
-        options.connect_timeout(self.config.replay_timeout);
+        options.connect_timeout(connect_limit);
         let mut dealer = DealerSocket::with_options(options);
         dealer.connect(endpoint).await?;
         let request = ZmqMessage::try_from(wire::replay_request::<Bytes>(from).to_vec())
