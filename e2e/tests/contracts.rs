@@ -31,6 +31,7 @@ fn cfg() -> OperatorConfig {
         watch_namespace: String::new(),
         mtls: true,
         gie_inference_pool: String::new(),
+        otlp_endpoint: String::new(),
     }
 }
 
@@ -140,6 +141,7 @@ fn operator_sets_only_router_flags_that_exist() {
             watch_namespace: watch.into(),
             mtls: true,
             gie_inference_pool: String::new(),
+            otlp_endpoint: String::new(),
         };
         let objects = desired_router(&cfg, &Default::default());
         let spec = objects.deployment.spec.expect("deployment spec");

@@ -139,6 +139,10 @@ pub struct ValuesRouter {
     /// (KVROUTE_OPERATOR_ROUTER_GIE_INFERENCE_POOL: `NAME`, `NS/NAME` or `*`, comma-separated;
     /// empty: off). docs/gateway-api.md.
     pub gie_inference_pool: String,
+    /// OTLP/gRPC collector the router sends its routing-decision traces to
+    /// (KVROUTE_OPERATOR_ROUTER_OTLP_ENDPOINT, e.g. `http://otel-collector:4317`; empty:
+    /// off). docs/tracing.md.
+    pub otlp_endpoint: String,
 }
 
 /// Where certificates come from.
@@ -253,6 +257,7 @@ impl Default for ChartValues {
                 manage: true,
                 replicas: crate::bundle::ROUTER_REPLICAS,
                 gie_inference_pool: String::new(),
+                otlp_endpoint: String::new(),
             },
             tls: ValuesTls {
                 mode: TlsMode::Operator,
@@ -444,6 +449,12 @@ fn operator_template(mut doc: Value) -> anyhow::Result<String> {
         env.push(slots.put(Slot::Lines(vec![
             "{{- with .Values.router.gieInferencePool }}".into(),
             "- name: KVROUTE_OPERATOR_ROUTER_GIE_INFERENCE_POOL".into(),
+            "  value: {{ . | quote }}".into(),
+            "{{- end }}".into(),
+        ])));
+        env.push(slots.put(Slot::Lines(vec![
+            "{{- with .Values.router.otlpEndpoint }}".into(),
+            "- name: KVROUTE_OPERATOR_ROUTER_OTLP_ENDPOINT".into(),
             "  value: {{ . | quote }}".into(),
             "{{- end }}".into(),
         ])));

@@ -90,6 +90,15 @@ pub struct Args {
         default_value = ""
     )]
     pub router_gie_inference_pool: String,
+    /// OTLP/gRPC collector the router exports its routing-decision traces to (the router's
+    /// `--otlp-endpoint`, e.g. `http://otel-collector.observability:4317`). Empty: no
+    /// traces (docs/tracing.md).
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_ROUTER_OTLP_ENDPOINT",
+        default_value = ""
+    )]
+    pub router_otlp_endpoint: String,
     /// Namespace of the router; the lease namespace when empty.
     #[arg(long, env = "KVROUTE_OPERATOR_ROUTER_NAMESPACE", default_value = "")]
     pub router_namespace: String,
@@ -202,6 +211,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         mock_image,
         router_replicas,
         router_gie_inference_pool,
+        router_otlp_endpoint,
         router_namespace,
         manage_router,
         lease_name,
@@ -250,6 +260,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         watch_namespace: namespace,
         mtls,
         gie_inference_pool: router_gie_inference_pool,
+        otlp_endpoint: router_otlp_endpoint,
     };
     let pki = controller::pki::PkiSettings {
         ca_namespace: lease_namespace.clone(),

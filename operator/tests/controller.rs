@@ -169,6 +169,7 @@ fn ctx(client: Client, leading: bool) -> (Arc<Ctx>, watch::Sender<bool>) {
         watch_namespace: String::new(),
         mtls: false,
         gie_inference_pool: String::new(),
+        otlp_endpoint: String::new(),
     };
     let recorder = Recorder::new(
         client.clone(),

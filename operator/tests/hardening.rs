@@ -34,6 +34,7 @@ fn cfg(watch: &str) -> OperatorConfig {
         watch_namespace: watch.into(),
         mtls: false,
         gie_inference_pool: String::new(),
+        otlp_endpoint: String::new(),
     }
 }
 

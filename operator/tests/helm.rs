@@ -351,7 +351,8 @@ fn other_values() -> Value {
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}
         },
-        "router": {"manage": false, "replicas": 4, "gieInferencePool": "llm/chat"},
+        "router": {"manage": false, "replicas": 4, "gieInferencePool": "llm/chat",
+                   "otlpEndpoint": "http://otel-collector.observability:4317"},
         "tls": {
             "mode": "cert-manager",
             "issuerRef": {"name": "kvroute-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"},
@@ -436,6 +437,10 @@ fn every_value_reaches_its_field() {
     assert_eq!(
         value("KVROUTE_OPERATOR_ROUTER_GIE_INFERENCE_POOL"),
         "llm/chat"
+    );
+    assert_eq!(
+        value("KVROUTE_OPERATOR_ROUTER_OTLP_ENDPOINT"),
+        "http://otel-collector.observability:4317"
     );
 
     let off = render_chart("kvroute", &merged(&json!({"tls": {"mode": "off"}})));

@@ -204,7 +204,13 @@ impl PickRefused {
 }
 
 /// May `caller` pick for a model of `pool` (`namespace/name`; `None`: a model no pool names)?
+/// A GIE InferencePool's view (`gie:namespace/name`) is picked for by the picker identity of
+/// the same namespace and name, the pair the operator issues for it.
 pub fn authorize_pick(caller: &Caller, model: &str, pool: Option<&str>) -> Result<(), PickRefused> {
+    let pool = pool.map(|p| {
+        p.strip_prefix(crate::discovery::gie::GIE_WORKER_SET_PREFIX)
+            .unwrap_or(p)
+    });
     let Caller::Verified { identity, .. } = caller else {
         return Ok(());
     };
@@ -333,6 +339,12 @@ mod tests {
             Ok(())
         );
         assert_eq!(authorize_pick(&picker("ml", "chat"), "m", None), Ok(()));
+        // A GIE pool's view: the picker of the same namespace and name.
+        assert_eq!(
+            authorize_pick(&picker("ml", "chat"), "m", Some("gie:ml/chat")),
+            Ok(())
+        );
+        assert!(authorize_pick(&picker("ml", "other"), "m", Some("gie:ml/chat")).is_err());
         assert_eq!(
             authorize_pick(&picker("ml", "other"), "m", Some("ml/chat"))
                 .expect_err("foreign")

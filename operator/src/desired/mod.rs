@@ -51,6 +51,9 @@ pub struct OperatorConfig {
     /// comma-separated). Non-empty, the router also serves its endpoint picker (ext_proc)
     /// on the `epp` port ([`router::EPP_PORT`]) of its Service. Empty: off.
     pub gie_inference_pool: String,
+    /// OTLP/gRPC collector of the router's traces (`kvroute-operator
+    /// --router-otlp-endpoint`, the router's `--otlp-endpoint`). Empty: off.
+    pub otlp_endpoint: String,
 }
 
 impl OperatorConfig {
@@ -63,6 +66,28 @@ impl OperatorConfig {
             self.router_namespace,
             router::INGEST_PORT
         )
+    }
+
+    /// The GIE InferencePools (namespace, name) whose gateways get a picker key pair, like
+    /// a kvroute Pool's: each `NAMESPACE/NAME` of [`Self::gie_inference_pool`], and a bare
+    /// `NAME` in the router's namespace (a GIE pool's `endpointPickerRef` names a Service of
+    /// the pool's own namespace, so the pools a router picks for live where it runs). `*`
+    /// names no pool to issue for: such pools' gateways need a pair of their own from the
+    /// CA (docs/gateway-api.md, "Authentication").
+    pub fn gie_picker_pools(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .gie_inference_pool
+            .split(',')
+            .map(str::trim)
+            .filter(|v| !v.is_empty() && *v != "*")
+            .map(|v| match v.split_once('/') {
+                Some((ns, name)) => (ns.to_string(), name.to_string()),
+                None => (self.router_namespace.clone(), v.to_string()),
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
     }
 }
 

@@ -464,6 +464,12 @@ fn router_env(cfg: &OperatorConfig) -> Vec<EnvVar> {
     if !cfg.watch_namespace.is_empty() {
         vars.push(env("KVROUTE_ROUTER_NAMESPACE", cfg.watch_namespace.clone()));
     }
+    if !cfg.otlp_endpoint.is_empty() {
+        vars.push(env(
+            "KVROUTE_ROUTER_OTLP_ENDPOINT",
+            cfg.otlp_endpoint.clone(),
+        ));
+    }
     if !cfg.gie_inference_pool.is_empty() {
         // Workers from GIE InferencePools, and the endpoint picker their gateway calls.
         vars.push(env(
@@ -492,6 +498,7 @@ mod tests {
             watch_namespace: watch.into(),
             mtls: false,
             gie_inference_pool: String::new(),
+            otlp_endpoint: String::new(),
         }
     }
 
@@ -549,6 +556,25 @@ mod tests {
         assert!(policy.contains("9002"), "{policy}");
         let policy = serde_json::to_string(&off.network_policy).expect("json");
         assert!(!policy.contains("9002"), "{policy}");
+    }
+
+    #[test]
+    fn an_otlp_endpoint_reaches_the_router_only_when_set() {
+        let otlp = |cfg: &OperatorConfig| {
+            desired_router(cfg, &TokenizerMounts::default())
+                .deployment
+                .spec
+                .and_then(|s| s.template.spec)
+                .and_then(|p| p.containers[0].env.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .find(|e| e.name == "KVROUTE_ROUTER_OTLP_ENDPOINT")
+                .and_then(|e| e.value)
+        };
+        let mut c = cfg("");
+        assert_eq!(otlp(&c), None);
+        c.otlp_endpoint = "http://collector.obs:4317".into();
+        assert_eq!(otlp(&c).as_deref(), Some("http://collector.obs:4317"));
     }
 
     #[test]

@@ -313,6 +313,7 @@ mod tests {
             watch_namespace: String::new(),
             mtls: false,
             gie_inference_pool: String::new(),
+            otlp_endpoint: String::new(),
         };
         desired_router(&cfg, &TokenizerMounts::default()).deployment
     }

@@ -157,7 +157,11 @@ pub fn identities(
             .or_default()
             .push(Identity::sidecar(ns, name));
     }
-    for (ns, pool) in &transport.pools {
+    // A GIE InferencePool's gateway presents the picker identity of the pool's namespace
+    // and name, as a kvroute Pool's does (one pair when both kinds share the name).
+    let gie = cfg.gie_picker_pools();
+    let pickers: BTreeSet<&(String, String)> = transport.pools.iter().chain(&gie).collect();
+    for (ns, pool) in pickers {
         out.entry(ns.clone())
             .or_default()
             .push(Identity::picker(ns, pool));
@@ -927,6 +931,49 @@ mod tests {
             router
                 .uris
                 .contains("spiffe://kvroute.dev/ns/team-a/pool/chat/router")
+        );
+    }
+
+    #[test]
+    fn gie_pools_get_picker_pairs_where_a_namespace_is_known() {
+        let mut cfg = fixtures::cfg();
+        // `chat` is also a kvroute Pool in team-a: one pair. `*` names no namespace.
+        cfg.gie_inference_pool = "team-a/chat, ml/llama,*".into();
+        let t = transport(&[pool("team-a", "chat", "")]);
+        let pickers = |cfg: &OperatorConfig| -> BTreeMap<String, Vec<String>> {
+            identities(cfg, &[], &t)
+                .into_iter()
+                .map(|(ns, v)| {
+                    let uris = v
+                        .iter()
+                        .filter(|i| i.stem.starts_with("picker-"))
+                        .flat_map(|i| i.uris.iter().cloned())
+                        .collect();
+                    (ns, uris)
+                })
+                .filter(|(_, v): &(String, Vec<String>)| !v.is_empty())
+                .collect()
+        };
+        assert_eq!(
+            pickers(&cfg),
+            BTreeMap::from([
+                (
+                    "ml".to_string(),
+                    vec!["spiffe://kvroute.dev/ns/ml/pool/llama/picker".to_string()]
+                ),
+                (
+                    "team-a".to_string(),
+                    vec!["spiffe://kvroute.dev/ns/team-a/pool/chat/picker".to_string()]
+                ),
+            ])
+        );
+        // A bare name: in the router's namespace, where the pool's picker Service is.
+        cfg.gie_inference_pool = "llama".into();
+        cfg.router_namespace = "ml".into();
+        let ids = identities(&cfg, &[], &t);
+        assert!(
+            ids["ml"].iter().any(|i| i.stem == "picker-llama"),
+            "{ids:?}"
         );
     }
 }

@@ -103,6 +103,7 @@ pub(crate) mod fixtures {
             watch_namespace: String::new(),
             mtls: false,
             gie_inference_pool: String::new(),
+            otlp_endpoint: String::new(),
         }
     }
 
