@@ -117,7 +117,27 @@ impl Tokenizer {
     pub fn from_files(files: TokenizerFiles) -> Result<Self, TokenizeError> {
         let hf = tokenizers::Tokenizer::from_bytes(&files.tokenizer_json)
             .map_err(|e| TokenizeError::Load(format!("tokenizer.json: {e}")))?;
-        let cfg = config::parse_dir_config(&files)?;
+        // A tokenizer of another shape simply keeps the `tokenizers` pipeline.
+        let fast = FastBpe::from_json(&files.tokenizer_json).ok().map(Arc::new);
+        Self::assemble(hf, fast, &files)
+    }
+
+    /// This tokenizer's vocabulary and pipeline with other configuration files: the
+    /// tokenizer_config.json, special_tokens_map.json, chat template and generation_config.json
+    /// of `files` replace this tokenizer's (its `tokenizer_json` is not read). The result is
+    /// what [`Self::from_files`] builds from this tokenizer's tokenizer.json and those files,
+    /// without parsing tokenizer.json again (the configs are a few kilobytes, tokenizer.json
+    /// megabytes); the segment cache starts empty, at the default size.
+    pub fn with_config_files(&self, files: &TokenizerFiles) -> Result<Self, TokenizeError> {
+        Self::assemble(self.hf.clone(), self.fast.clone(), files)
+    }
+
+    fn assemble(
+        hf: tokenizers::Tokenizer,
+        fast: Option<Arc<FastBpe>>,
+        files: &TokenizerFiles,
+    ) -> Result<Self, TokenizeError> {
+        let cfg = config::parse_dir_config(files)?;
 
         let mut env = template::new_environment();
         let mut templates = Vec::new();
@@ -169,8 +189,6 @@ impl Tokenizer {
             .bos_token
             .as_deref()
             .and_then(|t| hf.token_to_id(t));
-        // A tokenizer of another shape simply keeps the `tokenizers` pipeline.
-        let fast = FastBpe::from_json(&files.tokenizer_json).ok().map(Arc::new);
         let segments = SegmentEncoder::new(&hf, DEFAULT_SEGMENT_CACHE_BYTES, fast.clone());
         let post_processor_adds_nothing = matches!(
             hf.get_post_processor(),

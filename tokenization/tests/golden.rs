@@ -404,3 +404,36 @@ fn inline_template_features() {
     let expected = "30 Nov 2026|[\n  {\n    \"type\": \"function\",\n    \"function\": {\n      \"name\": \"f\",\n      \"description\": null,\n      \"parameters\": null\n    }\n  }\n]|user:hi;|<|im_end|>|False|x";
     assert_eq!(out, expected);
 }
+
+#[test]
+fn other_config_files_on_a_loaded_tokenizer_match_loading_them_together() {
+    use kvroute_tokenization::TokenizerFiles;
+    let dir = testdata("tokenizers/qwen3");
+    let read = |f: &str| std::fs::read(dir.join(f)).ok();
+    // A config whose template differs from the directory's: the system turn is dropped.
+    let config = br#"{"chat_template": "{% for m in messages %}{% if m.role != 'system' %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}<|im_start|>assistant\n", "eos_token": "<|im_end|>"}"#;
+    let files = TokenizerFiles {
+        tokenizer_json: read("tokenizer.json").expect("tokenizer.json"),
+        tokenizer_config_json: Some(config.to_vec()),
+        special_tokens_map_json: read("special_tokens_map.json"),
+        generation_config_json: read("generation_config.json"),
+        ..TokenizerFiles::default()
+    };
+    let together = Tokenizer::from_files(files.clone()).expect("from_files");
+    let swapped = qwen3()
+        .with_config_files(&TokenizerFiles {
+            tokenizer_json: Vec::new(),
+            ..files
+        })
+        .expect("with_config_files");
+    let req = chat(json!({"messages": capital_messages()}));
+    let a = together.encode_chat(&req, now()).expect("encode");
+    let b = swapped.encode_chat(&req, now()).expect("encode");
+    assert_eq!(a.token_ids, b.token_ids);
+    assert_ne!(
+        b.token_ids,
+        qwen3().encode_chat(&req, now()).expect("encode").token_ids,
+        "the new template is in force"
+    );
+    assert_eq!(swapped.eos_token_ids(), together.eos_token_ids());
+}
