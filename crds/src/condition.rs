@@ -16,113 +16,16 @@ pub const DEGRADED: &str = "Degraded";
 /// Condition type: every object the spec names exists (Pool, Policy, Provider, GatewayBackend).
 pub const RESOLVED_REFS: &str = "ResolvedRefs";
 
-/// Every `reason` the operator writes into a condition (and `Recovered`, the reason of the
-/// event for a Degraded condition turning False): the one list of them, so
-/// docs/troubleshooting.md can be checked to explain each ([`Reason::ALL`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// The spec is valid (Accepted=True).
-    Accepted,
-    /// The spec breaks a rule `validate()` checks; nothing was changed.
-    InvalidSpec,
-    /// Every object the spec names exists (ResolvedRefs=True).
-    Resolved,
-    /// An object the spec names does not exist.
-    RefNotFound,
-    /// A Pool has a ready primary target.
-    Ready,
-    /// A Pool has no ready primary target.
-    NoReadyTargets,
-    /// The router acts on the resource.
-    Enforced,
-    /// The router does not act on this part of the resource yet.
-    NotEnforced,
-    /// A Policy's route action names an InferenceProvider.
-    UnroutableTarget,
-    /// A Provider's GatewayBackend is accepted but not Ready.
-    BackendNotReady,
-    /// A Provider's GatewayBackend is not accepted or its Secrets do not resolve.
-    BackendNotAccepted,
-    /// OpenAI requests are not translated to an Anthropic provider (OpenAIClients=False).
-    NotTranslated,
-    /// A GatewayBackend verifies no certificate (TLSVerified=False).
-    InsecureSkipVerify,
-    /// A Pool routes on load alone while a tokenizer loads (TokenizerRouting).
-    LoadOnlyAllowed,
-    /// A Pool's requests wait for the tokenizer (TokenizerRouting).
-    TokenizerRequired,
-    /// The router verifies a Pool's tenants (TenantIdentity=True).
-    Verified,
-    /// A Pool has no `spec.auth` (TenantIdentity=False).
-    Anonymous,
-    /// A JWKS Secret a Pool names holds no usable key (TenantIdentity=False).
-    InvalidJWKS,
-    /// Every Secret is in place and mounted (SecretsMounted, GatewayTLS).
-    Mounted,
-    /// A Secret named is the operator's own and never mounted (SecretsMounted).
-    ReservedSecret,
-    /// A Secret named does not exist in the router's namespace (SecretsMounted, GatewayTLS).
-    SecretNotFound,
-    /// A Secret lacks the key named (SecretsMounted).
-    KeyNotFound,
-    /// The router Deployment does not mount a Secret yet (SecretsMounted).
-    MountPending,
-    /// Key pairs issued by the operator's CA are in place (TransportSecurity).
-    OperatorCA,
-    /// cert-manager Certificates are Ready (TransportSecurity).
-    CertManager,
-    /// The mTLS Secret lacks key pairs (TransportSecurity).
-    CertificatesPending,
-    /// cert-manager Certificates are missing or not Ready (TransportSecurity).
-    CertificatesNotReady,
-    /// Pools name different cert-manager issuers (TransportSecurity).
-    IssuerConflict,
-    /// The operator runs without `--mtls` (GatewayTLS).
-    NotEnabled,
-    /// The gateway Secret lacks `tls.crt` or `tls.key` (GatewayTLS).
-    SecretKeysMissing,
-    /// Another pool named a different gateway Secret first (GatewayTLS).
-    ConflictingSecret,
-    /// A WorkerSet asks for 0 workers (Ready=True).
-    ScaledToZero,
-    /// All of a WorkerSet's workers are ready.
-    WorkersReady,
-    /// Fewer workers are ready than asked for.
-    WorkersNotReady,
-    /// The Deployment's controller has not seen the latest spec (Progressing).
-    Reconciling,
-    /// Workers are being replaced with the new template (Progressing).
-    RollingOut,
-    /// The worker count moves towards the requested one (Progressing).
-    Scaling,
-    /// Every worker runs the latest template (Progressing=False).
-    RolloutComplete,
-    /// Nothing is wrong (Degraded=False).
-    AsExpected,
-    /// The Deployment cannot create pods (Degraded).
-    ReplicaFailure,
-    /// A worker pod cannot be scheduled (Degraded).
-    WorkerUnschedulable,
-    /// A worker container keeps crashing (Degraded).
-    WorkerCrashLoopBackOff,
-    /// A worker image cannot be pulled; backing off (Degraded).
-    WorkerImagePullBackOff,
-    /// A worker image pull failed (Degraded).
-    WorkerErrImagePull,
-    /// A worker container's config is broken (Degraded).
-    WorkerCreateContainerConfigError,
-    /// Routers load the tokenizer from a Hugging Face repository (TokenizerSource).
-    HubRepository,
-    /// Routers load the tokenizer from a ConfigMap (TokenizerSource).
-    ConfigMap,
-    /// Routers load the tokenizer from a directory (TokenizerSource).
-    Path,
-    /// Event only: Degraded went back to False.
-    Recovered,
-}
+/// Declares [`Reason`] and, from the same list, [`Reason::ALL`] and [`Reason::as_str`], so a
+/// new reason cannot be missing from either.
+macro_rules! reasons {
+    (
+        $(#[$enum_meta:meta])*
+        pub enum Reason { $($(#[$meta:meta])* $v:ident,)* }
+    ) => {
+        $(#[$enum_meta])*
+        pub enum Reason { $($(#[$meta])* $v,)* }
 
-macro_rules! reason_strings {
-    ($($v:ident),* $(,)?) => {
         impl Reason {
             /// Every reason, in declaration order.
             pub const ALL: &[Reason] = &[$(Reason::$v),*];
@@ -137,57 +40,112 @@ macro_rules! reason_strings {
     };
 }
 
-reason_strings!(
-    Accepted,
-    InvalidSpec,
-    Resolved,
-    RefNotFound,
-    Ready,
-    NoReadyTargets,
-    Enforced,
-    NotEnforced,
-    UnroutableTarget,
-    BackendNotReady,
-    BackendNotAccepted,
-    NotTranslated,
-    InsecureSkipVerify,
-    LoadOnlyAllowed,
-    TokenizerRequired,
-    Verified,
-    Anonymous,
-    InvalidJWKS,
-    Mounted,
-    ReservedSecret,
-    SecretNotFound,
-    KeyNotFound,
-    MountPending,
-    OperatorCA,
-    CertManager,
-    CertificatesPending,
-    CertificatesNotReady,
-    IssuerConflict,
-    NotEnabled,
-    SecretKeysMissing,
-    ConflictingSecret,
-    ScaledToZero,
-    WorkersReady,
-    WorkersNotReady,
-    Reconciling,
-    RollingOut,
-    Scaling,
-    RolloutComplete,
-    AsExpected,
-    ReplicaFailure,
-    WorkerUnschedulable,
-    WorkerCrashLoopBackOff,
-    WorkerImagePullBackOff,
-    WorkerErrImagePull,
-    WorkerCreateContainerConfigError,
-    HubRepository,
-    ConfigMap,
-    Path,
-    Recovered,
-);
+reasons! {
+    /// Every `reason` the operator writes into a condition (and `Recovered`, the reason of the
+    /// event for a Degraded condition turning False): the one list of them, so
+    /// docs/troubleshooting.md can be checked to explain each ([`Reason::ALL`]).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum Reason {
+        /// The spec is valid (Accepted=True).
+        Accepted,
+        /// The spec breaks a rule `validate()` checks; nothing was changed.
+        InvalidSpec,
+        /// Every object the spec names exists (ResolvedRefs=True).
+        Resolved,
+        /// An object the spec names does not exist.
+        RefNotFound,
+        /// A Pool has a ready primary target.
+        Ready,
+        /// A Pool has no ready primary target.
+        NoReadyTargets,
+        /// The router acts on the resource.
+        Enforced,
+        /// The router does not act on this part of the resource yet.
+        NotEnforced,
+        /// A Policy's route action names an InferenceProvider.
+        UnroutableTarget,
+        /// A Provider's GatewayBackend is accepted but not Ready.
+        BackendNotReady,
+        /// A Provider's GatewayBackend is not accepted or its Secrets do not resolve.
+        BackendNotAccepted,
+        /// OpenAI requests are not translated to an Anthropic provider (OpenAIClients=False).
+        NotTranslated,
+        /// A GatewayBackend verifies no certificate (TLSVerified=False).
+        InsecureSkipVerify,
+        /// A Pool routes on load alone while a tokenizer loads (TokenizerRouting).
+        LoadOnlyAllowed,
+        /// A Pool's requests wait for the tokenizer (TokenizerRouting).
+        TokenizerRequired,
+        /// The router verifies a Pool's tenants (TenantIdentity=True).
+        Verified,
+        /// A Pool has no `spec.auth` (TenantIdentity=False).
+        Anonymous,
+        /// A JWKS Secret a Pool names holds no usable key (TenantIdentity=False).
+        InvalidJWKS,
+        /// Every Secret is in place and mounted (SecretsMounted, GatewayTLS).
+        Mounted,
+        /// A Secret named is the operator's own and never mounted (SecretsMounted).
+        ReservedSecret,
+        /// A Secret named does not exist in the router's namespace (SecretsMounted, GatewayTLS).
+        SecretNotFound,
+        /// A Secret lacks the key named (SecretsMounted).
+        KeyNotFound,
+        /// The router Deployment does not mount a Secret yet (SecretsMounted).
+        MountPending,
+        /// Key pairs issued by the operator's CA are in place (TransportSecurity).
+        OperatorCA,
+        /// cert-manager Certificates are Ready (TransportSecurity).
+        CertManager,
+        /// The mTLS Secret lacks key pairs (TransportSecurity).
+        CertificatesPending,
+        /// cert-manager Certificates are missing or not Ready (TransportSecurity).
+        CertificatesNotReady,
+        /// Pools name different cert-manager issuers (TransportSecurity).
+        IssuerConflict,
+        /// The operator runs without `--mtls` (GatewayTLS).
+        NotEnabled,
+        /// The gateway Secret lacks `tls.crt` or `tls.key` (GatewayTLS).
+        SecretKeysMissing,
+        /// Another pool named a different gateway Secret first (GatewayTLS).
+        ConflictingSecret,
+        /// A WorkerSet asks for 0 workers (Ready=True).
+        ScaledToZero,
+        /// All of a WorkerSet's workers are ready.
+        WorkersReady,
+        /// Fewer workers are ready than asked for.
+        WorkersNotReady,
+        /// The Deployment's controller has not seen the latest spec (Progressing).
+        Reconciling,
+        /// Workers are being replaced with the new template (Progressing).
+        RollingOut,
+        /// The worker count moves towards the requested one (Progressing).
+        Scaling,
+        /// Every worker runs the latest template (Progressing=False).
+        RolloutComplete,
+        /// Nothing is wrong (Degraded=False).
+        AsExpected,
+        /// The Deployment cannot create pods (Degraded).
+        ReplicaFailure,
+        /// A worker pod cannot be scheduled (Degraded).
+        WorkerUnschedulable,
+        /// A worker container keeps crashing (Degraded).
+        WorkerCrashLoopBackOff,
+        /// A worker image cannot be pulled; backing off (Degraded).
+        WorkerImagePullBackOff,
+        /// A worker image pull failed (Degraded).
+        WorkerErrImagePull,
+        /// A worker container's config is broken (Degraded).
+        WorkerCreateContainerConfigError,
+        /// Routers load the tokenizer from a Hugging Face repository (TokenizerSource).
+        HubRepository,
+        /// Routers load the tokenizer from a ConfigMap (TokenizerSource).
+        ConfigMap,
+        /// Routers load the tokenizer from a directory (TokenizerSource).
+        Path,
+        /// Event only: Degraded went back to False.
+        Recovered,
+    }
+}
 
 impl std::fmt::Display for Reason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -72,50 +72,64 @@ pub async fn serve(
                 .tls(authenticated)
                 .into_server(),
         );
-    let auth = state.metrics().auth.clone();
-    match tls {
+    let auth = &state.metrics().auth;
+    match &tls {
         None => {
             auth.grpc_unauthenticated.set(1);
             tracing::warn!(
                 "gRPC listener (Ingest, Picker) runs WITHOUT TLS: any caller can report for any worker and pick; pass --grpc-tls-dir outside development"
             );
-            routes
-                .serve_with_incoming_shutdown(
-                    TcpListenerStream::new(listener),
-                    close.cancelled_owned(),
-                )
-                .await
-                .context("gRPC server")
         }
-        Some(GrpcTls {
-            config,
-            reload_every,
-        }) => {
+        Some(t) => {
             auth.grpc_unauthenticated.set(0);
             tracing::info!(
-                dir = %config.dir().display(),
-                identity = ?config.identity().map(|i| i.uri()),
+                dir = %t.config.dir().display(),
+                identity = ?t.config.identity().map(|i| i.uri()),
                 "gRPC listener requires client certificates (mTLS)"
             );
-            let reloads = auth.tls_reloads.clone();
-            tokio::spawn(
-                config
-                    .clone()
-                    .watch(reload_every, close.clone(), move |outcome| {
-                        if !matches!(outcome, ReloadOutcome::Unchanged) {
-                            reloads.with_label_values(&[outcome.label()]).inc();
-                        }
-                    }),
-            );
-            let failures = auth.tls_handshake_failures.clone();
-            let incoming =
-                kvroute_tls::tls_incoming(listener, config, HANDSHAKE_TIMEOUT, move |f| {
-                    failures.with_label_values(&[f.label()]).inc();
-                });
-            routes
-                .serve_with_incoming_shutdown(incoming, close.cancelled_owned())
-                .await
-                .context("gRPC server")
         }
     }
+    serve_routes(routes, listener, tls, auth, close, "gRPC server").await
+}
+
+/// Serves `routes` on `listener` until `close` fires: plaintext without `tls`; with it,
+/// mTLS whose key pair is re-read every `tls.reload_every` (reloads counted) and whose
+/// failed handshakes are counted in `auth`. `what` names the server in errors. The one
+/// serving path of the router's gRPC listeners (ingest/Pick API, endpoint picker).
+pub(crate) async fn serve_routes(
+    routes: tonic::transport::server::Router,
+    listener: TcpListener,
+    tls: Option<GrpcTls>,
+    auth: &crate::auth::AuthMetrics,
+    close: CancellationToken,
+    what: &'static str,
+) -> anyhow::Result<()> {
+    let Some(GrpcTls {
+        config,
+        reload_every,
+    }) = tls
+    else {
+        return routes
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), close.cancelled_owned())
+            .await
+            .context(what);
+    };
+    let reloads = auth.tls_reloads.clone();
+    tokio::spawn(
+        config
+            .clone()
+            .watch(reload_every, close.clone(), move |outcome| {
+                if !matches!(outcome, ReloadOutcome::Unchanged) {
+                    reloads.with_label_values(&[outcome.label()]).inc();
+                }
+            }),
+    );
+    let failures = auth.tls_handshake_failures.clone();
+    let incoming = kvroute_tls::tls_incoming(listener, config, HANDSHAKE_TIMEOUT, move |f| {
+        failures.with_label_values(&[f.label()]).inc();
+    });
+    routes
+        .serve_with_incoming_shutdown(incoming, close.cancelled_owned())
+        .await
+        .context(what)
 }

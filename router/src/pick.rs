@@ -269,7 +269,7 @@ fn decide(
     caller: &Caller,
     req: PickRequest,
 ) -> Result<(Unsent, Option<Vec<u8>>), NotDecided> {
-    let mut body: Value = serde_json::from_slice(&req.body)
+    let body: Value = serde_json::from_slice(&req.body)
         .map_err(|e| Status::invalid_argument(format!("body is not JSON: {e}")))?;
     let Some(model) = body.get("model").and_then(Value::as_str).map(str::to_owned) else {
         return Err(Status::invalid_argument("body has no string `model`").into());
@@ -309,11 +309,7 @@ fn decide(
         .pick(&input, Instant::now())
         .map_err(|e| pick_status(&e))?;
     let rewritten_body = if a.backend_model != model {
-        if let Some(obj) = body.as_object_mut() {
-            obj.insert("model".into(), Value::String(a.backend_model.clone()));
-        }
-        // Serializing a Value cannot fail.
-        Some(serde_json::to_vec(&body).unwrap_or_default())
+        crate::gateway::openai::with_model(&req.body, &a.backend_model)
     } else {
         None
     };

@@ -216,10 +216,8 @@ pub fn decide(
         (req.body.to_vec(), false)
     } else {
         // The body parsed above as an object; only `model` changes.
-        let mut obj: Map<String, Value> = serde_json::from_slice(&req.body)
-            .map_err(|e| GatewayError::MalformedJson(e.to_string()))?;
-        obj.insert("model".into(), Value::String(picked.backend_model.clone()));
-        let bytes = serde_json::to_vec(&obj).map_err(|_| GatewayError::Internal)?;
+        let bytes = crate::gateway::openai::with_model(&req.body, &picked.backend_model)
+            .ok_or_else(|| GatewayError::MalformedJson("not a JSON object".into()))?;
         (bytes, true)
     };
     Ok(Decided {

@@ -34,17 +34,15 @@ use std::time::Duration;
 
 use anyhow::Context;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
-use kvroute_tls::reload::ReloadOutcome;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::blocking_pool::BlockingPool;
-use crate::grpc::{GrpcTls, HANDSHAKE_TIMEOUT};
+use crate::grpc::GrpcTls;
 use crate::readiness::Phase;
 use crate::state::RouterState;
 
@@ -220,51 +218,24 @@ impl EppListener {
         let routes = server
             .add_service(health)
             .add_service(ExternalProcessorServer::new(service).max_decoding_message_size(limit));
-        let auth = state.metrics().auth.clone();
-        match tls {
+        match &tls {
             None => {
                 metrics.unauthenticated.set(1);
                 tracing::warn!(
                     "endpoint picker (ext_proc) runs WITHOUT TLS: any caller can pick and read routing decisions; pass --epp-tls-dir or --grpc-tls-dir outside development"
                 );
-                routes
-                    .serve_with_incoming_shutdown(
-                        TcpListenerStream::new(listener),
-                        close.cancelled_owned(),
-                    )
-                    .await
-                    .context("endpoint picker server")
             }
-            Some(GrpcTls {
-                config,
-                reload_every,
-            }) => {
+            Some(t) => {
                 metrics.unauthenticated.set(0);
                 tracing::info!(
-                    dir = %config.dir().display(),
+                    dir = %t.config.dir().display(),
                     "endpoint picker requires client certificates (mTLS)"
                 );
-                let reloads = auth.tls_reloads.clone();
-                tokio::spawn(
-                    config
-                        .clone()
-                        .watch(reload_every, close.clone(), move |outcome| {
-                            if !matches!(outcome, ReloadOutcome::Unchanged) {
-                                reloads.with_label_values(&[outcome.label()]).inc();
-                            }
-                        }),
-                );
-                let failures = auth.tls_handshake_failures.clone();
-                let incoming =
-                    kvroute_tls::tls_incoming(listener, config, HANDSHAKE_TIMEOUT, move |f| {
-                        failures.with_label_values(&[f.label()]).inc();
-                    });
-                routes
-                    .serve_with_incoming_shutdown(incoming, close.cancelled_owned())
-                    .await
-                    .context("endpoint picker server")
             }
         }
+        let auth = &state.metrics().auth;
+        crate::grpc::serve_routes(routes, listener, tls, auth, close, "endpoint picker server")
+            .await
     }
 }
 

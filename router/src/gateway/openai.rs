@@ -154,6 +154,15 @@ pub fn decode_request(endpoint: Endpoint, bytes: &[u8]) -> Result<OpenAiRequest,
     })
 }
 
+/// `body`, a JSON object, with its `model` set to `model`: the rewrite the gateway, the Pick
+/// API and the endpoint picker share when the picked worker serves another name than the
+/// body asks for (a policy's model switch, an alias). `None` when `body` is not a JSON object.
+pub fn with_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
+    let mut obj: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    obj.insert("model".into(), Value::String(model.to_string()));
+    serde_json::to_vec(&obj).ok()
+}
+
 /// The body to send to the worker: the client's object with `model` set to `served_model`
 /// and, for streams, `stream_options.include_usage` forced on (other options kept).
 pub fn upstream_body(body: &Map<String, Value>, served_model: &str, stream: bool) -> Bytes {

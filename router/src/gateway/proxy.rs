@@ -257,7 +257,8 @@ impl Gateway {
             let body = if *picked_model == route.resolved.backend_model {
                 body.clone()
             } else {
-                with_model(&body, picked_model)
+                // The gateway wrote this body itself: it is always an object.
+                openai::with_model(&body, picked_model).map_or_else(|| body.clone(), Bytes::from)
             };
             let sent_at = Instant::now();
             match self.upstream.post_json(&url, body, trace_headers).await {
@@ -777,17 +778,4 @@ fn relay<K: Sink>(
         }
     };
     Relayed { stream, headers }
-}
-
-/// `body` (a JSON object the gateway built) with its `model` set to `model`.
-fn with_model(body: &Bytes, model: &str) -> Bytes {
-    match serde_json::from_slice::<Map<String, Value>>(body) {
-        Ok(mut obj) => {
-            obj.insert("model".into(), Value::String(model.to_string()));
-            // Serializing a map of JSON values cannot fail.
-            Bytes::from(serde_json::to_vec(&obj).unwrap_or_default())
-        }
-        // The gateway wrote this body itself: it is always an object.
-        Err(_) => body.clone(),
-    }
 }
