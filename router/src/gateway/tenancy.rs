@@ -22,7 +22,8 @@ use super::dispatch::{Dispatch, Resolved};
 use super::error::GatewayError;
 use crate::tenant::{Credentials, LimitPermit, LimitSpec, Tenants};
 
-/// The service-class label of tenant metrics until a policy assigns classes.
+/// The service-class label of tenant metrics: always this for now (tenant metrics count a
+/// request before the policy decides its class; docs/control-plane.md, "Tenant metrics").
 pub const DEFAULT_CLASS: &str = "default";
 
 /// The tenant tap of an admitted request (series labels, and the limit permit).
