@@ -107,6 +107,16 @@ fn bodies(arm: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The `/metrics` text of `pod`'s sidecar (its admin port, the operator's default 9090).
+async fn sidecar_metrics(http: &reqwest::Client, pod: &RunningPod) -> anyhow::Result<String> {
+    Ok(http
+        .get(format!("http://{}:9090/metrics", pod.ip))
+        .send()
+        .await?
+        .text()
+        .await?)
+}
+
 fn workers_of(kubelet: &FakeKubelet) -> Vec<RunningPod> {
     kubelet
         .running()
@@ -243,13 +253,10 @@ async fn the_operators_router_routes_cache_aware_and_survives_a_rollout() -> any
     // whose cache the router cannot see yet.
     wait_for("every sidecar is past its initial replay", WAIT, || async {
         for pod in workers_of(&kubelet) {
-            let m = http
-                .get(format!("http://{}:9090/metrics", pod.ip))
-                .send()
+            if !sidecar_metrics(&http, &pod)
                 .await?
-                .text()
-                .await?;
-            if !m.contains("kvroute_sidecar_replays_total{") {
+                .contains("kvroute_sidecar_replays_total{")
+            {
                 return Ok(None);
             }
         }
@@ -298,13 +305,7 @@ async fn the_operators_router_routes_cache_aware_and_survives_a_rollout() -> any
             .await?;
         let mut sidecars = String::new();
         for pod in workers_of(&kubelet) {
-            // The sidecar's admin port (operator default).
-            let m = http
-                .get(format!("http://{}:9090/metrics", pod.ip))
-                .send()
-                .await?
-                .text()
-                .await?;
+            let m = sidecar_metrics(&http, &pod).await?;
             for l in m.lines().filter(|l| {
                 [
                     "kvroute_sidecar_resident_blocks",
