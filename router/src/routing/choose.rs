@@ -59,6 +59,11 @@ pub struct Candidate {
     /// KV the router's outstanding assignments hold or will hold on it (their KV need plus
     /// expected output).
     pub active_kv_tokens: u64,
+    /// Distinct KV blocks the prompts of the router's outstanding assignments on it reference
+    /// (shared blocks counted once; from the pending overlay, so 0 when it is off).
+    pub active_blocks: u64,
+    /// Leading blocks of this prompt that those outstanding assignments already reference.
+    pub in_use_blocks: usize,
     /// Blocks it holds in total (its cache footprint in the index).
     pub index_blocks: u64,
     /// Prefill tokens estimated to be ahead of this request.
@@ -133,6 +138,15 @@ pub enum Reason {
     SmallestCache,
     /// SGLang: load imbalanced: shortest queue.
     ShortestQueue,
+    /// SGLang 0.3.2: load balanced, match ratio at or below its threshold: least load.
+    LowMatch,
+    /// llm-d default profile: highest weighted score (prefix, KV utilization, queue).
+    LlmdScore,
+    /// llm-d sticky-until-saturated: among the cache-warm workers, least token load.
+    StickyWarm,
+    /// llm-d sticky-until-saturated: no warm worker, or the warm ones saturated: least
+    /// token load among all.
+    StickyReleased,
 }
 
 impl Reason {
@@ -151,6 +165,10 @@ impl Reason {
             Reason::CacheMatch => "cache_match",
             Reason::SmallestCache => "smallest_cache",
             Reason::ShortestQueue => "shortest_queue",
+            Reason::LowMatch => "low_match",
+            Reason::LlmdScore => "llm_d_score",
+            Reason::StickyWarm => "sticky_warm",
+            Reason::StickyReleased => "sticky_released",
         }
     }
 }
@@ -263,6 +281,19 @@ pub trait Policy: Send {
     fn name(&self) -> &'static str;
     /// Picks a candidate; `None` only when there are no candidates.
     fn choose(&mut self, ctx: &ChoiceContext, now: f64) -> Option<Decision>;
+
+    /// Picks a candidate for a request whose prompt tokens are `prompt` (`None`: degraded).
+    /// Every front door calls this one. Policies that keep their own record of what they
+    /// routed (SGLang's approximate tree, [`super::baselines::SglangCacheAware`]) override
+    /// it; the default ignores the tokens.
+    fn choose_prompt(
+        &mut self,
+        ctx: &ChoiceContext,
+        _prompt: Option<&[u32]>,
+        now: f64,
+    ) -> Option<Decision> {
+        self.choose(ctx, now)
+    }
 }
 
 /// Settings of kvroute's own rule.
