@@ -1,7 +1,8 @@
 //! The per-request TTFT floor: what a request's first token would take on an idle worker
-//! that already caches the longest prefix of it that any earlier request made available.
-//! No routing can beat it for that request on this profile: a busy worker only adds queueing
-//! and batching, and no worker can cache tokens nobody computed before.
+//! that already caches the longest prefix of it that any earlier request made available
+//! (or a few blocks less, when that is faster: see [`FloorTracker::arrival`]). No routing can
+//! beat it for that request on this profile: a busy worker only adds queueing and batching,
+//! and no worker can cache tokens nobody computed before.
 //!
 //! ```text
 //! arrival(prompt) --Shareable::leading_blocks--> shareable tokens
@@ -208,9 +209,24 @@ impl FloorTracker {
     }
 
     /// A request arrives: its floor (seconds), then its prompt counts as computed.
+    ///
+    /// The floor is the lowest idle TTFT over the cached prefixes a worker could hold, from
+    /// the longest shareable one down: the profile charges reading cached KV, so when a step
+    /// is memory-bound a worker caching a block less is faster by microseconds. The time is
+    /// the larger of a rising (KV read) and a falling (prefill) line, so the search stops at
+    /// the first block that does not help.
     pub fn arrival(&mut self, salt: Option<&str>, prompt: &[u32], max_tokens: u32) -> f64 {
-        let cached = self.shareable.leading_blocks(salt, prompt) * self.shareable.block_size();
-        let floor = idle_ttft(&self.profile, prompt, cached, salt, max_tokens);
+        let bs = self.shareable.block_size();
+        let mut cached = self.shareable.leading_blocks(salt, prompt) * bs;
+        let mut floor = idle_ttft(&self.profile, prompt, cached, salt, max_tokens);
+        while cached >= bs {
+            let t = idle_ttft(&self.profile, prompt, cached - bs, salt, max_tokens);
+            if t >= floor {
+                break;
+            }
+            floor = t;
+            cached -= bs;
+        }
         self.shareable.record(salt, prompt);
         floor
     }
