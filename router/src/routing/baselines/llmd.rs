@@ -219,9 +219,7 @@ impl Policy for LlmdSticky {
                 let uncached = ctx
                     .prompt_tokens
                     .saturating_sub(c.cached_blocks * c.block_size);
-                let load = (c.inflight_prefill_tokens as f64 + uncached as f64)
-                    .min(cfg.queue_threshold_tokens);
-                load
+                (c.inflight_prefill_tokens as f64 + uncached as f64).min(cfg.queue_threshold_tokens)
             })
             .collect();
         let i = argmin_random_ties(&mut self.rng, &scores)?;
