@@ -14,9 +14,12 @@
 //! stays under hostile clients (slow-loris, 10 MB bodies, idle connections; see attack.rs).
 
 pub mod attack;
+pub mod floor;
 pub mod live;
 pub mod report;
 pub mod sim;
+#[cfg(test)]
+mod spread_tests;
 pub mod stats;
 pub mod workload;
 
@@ -29,16 +32,20 @@ use sim::{Arrivals, SimConfig, SimPolicy};
 use stats::{Summary, SweepPoint, peak_goodput, summarize};
 use workload::{WorkloadKind, WorkloadSpec};
 
-/// Every policy the benchmark compares, in table order.
-pub const POLICIES: [&str; 8] = [
+/// Every policy the benchmark compares, in table order. The four after `least-loaded`
+/// follow named upstream releases (bench/README.md, "Baselines and their sources");
+/// `greedy-clairvoyant` is sim-only: it knows every engine's true state and picks the
+/// fastest first token for each request alone (a heuristic, not a bound).
+pub const POLICIES: [&str; 9] = [
     "random",
     "round-robin",
     "least-loaded",
-    "max-prefix",
+    "llm-d",
+    "llm-d-sticky",
     "dynamo-cost",
     "sglang-cache-aware",
     "kvroute",
-    "oracle",
+    "greedy-clairvoyant",
 ];
 
 /// Flags of `kvroute bench`.
@@ -221,6 +228,9 @@ pub struct PolicyResult {
     /// TTFTs of the headline run (for the CDF chart).
     #[serde(skip)]
     pub ttfts: Vec<f64>,
+    /// Sim: the headline run's distance to its per-request TTFT floors (`floor.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<floor::FloorSummary>,
 }
 
 /// `kvroute bench`.
@@ -374,14 +384,14 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             let mut headline = sim::run(
                 &headline_cfg,
                 &sessions,
-                SimPolicy::by_name(name, args.seed)?,
+                SimPolicy::for_profile(name, args.seed, &args.profile)?,
             )?;
             for (seed, s) in &more {
                 let cfg = SimConfig {
                     seed: *seed,
                     ..headline_cfg.clone()
                 };
-                let r = sim::run(&cfg, s, SimPolicy::by_name(name, *seed)?)?;
+                let r = sim::run(&cfg, s, SimPolicy::for_profile(name, *seed, &args.profile)?)?;
                 headline.records.extend(r.records);
                 headline.rejected += r.rejected;
                 headline.makespan += r.makespan;
@@ -399,7 +409,11 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
                     arrivals: Arrivals::Closed { users: c },
                     ..base.clone()
                 };
-                let r = sim::run(&cfg, &sessions[..n], SimPolicy::by_name(name, args.seed)?)?;
+                let r = sim::run(
+                    &cfg,
+                    &sessions[..n],
+                    SimPolicy::for_profile(name, args.seed, &args.profile)?,
+                )?;
                 points.push(SweepPoint::of(c, &r));
             }
             eprintln!(
@@ -416,6 +430,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
                 peak_goodput_rpm: peak_goodput(&points, false),
                 peak_goodput_interactive_rpm: peak_goodput(&points, true),
                 ttfts: headline.records.iter().map(|r| r.ttft).collect(),
+                floor: Some(floor::summarize(&headline)),
                 summary,
                 sweep: points,
             });

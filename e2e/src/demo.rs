@@ -327,6 +327,7 @@ mod tests {
             peak_goodput_interactive_rpm: 0.0,
             sweep: Vec::new(),
             ttfts: Vec::new(),
+            floor: None,
         }
     }
 

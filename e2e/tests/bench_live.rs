@@ -24,7 +24,7 @@ async fn tiny_live_bench_writes_the_sim_json_shape() {
         "--workload",
         "multi-turn",
         "--policies",
-        "random,kvroute,oracle",
+        "random,kvroute,greedy-clairvoyant",
         "--workers",
         "2",
         "--sessions",
@@ -69,7 +69,7 @@ async fn tiny_live_bench_writes_the_sim_json_shape() {
             .as_object()
             .unwrap_or_else(|| panic!("{workload} missing: {v}"));
         let names: Vec<&str> = w.keys().map(String::as_str).collect();
-        assert_eq!(names.len(), 2, "oracle is sim-only: {names:?}");
+        assert_eq!(names.len(), 2, "greedy-clairvoyant is sim-only: {names:?}");
         for policy in ["random", "kvroute"] {
             let p = &w[policy];
             for key in ["ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s"] {

@@ -60,6 +60,12 @@ fn quick_sim_writes_every_policy_and_workload() {
                 "{workload}/{policy}"
             );
             assert!(served > 0, "{workload}/{policy} served nothing");
+            // The per-request floor is a floor: no request beats it.
+            assert_eq!(p["below_floor"].as_u64(), Some(0), "{workload}/{policy}");
+            for key in ["ttft_over_floor_p50", "ttft_over_floor_p90"] {
+                let x = p[key].as_f64().unwrap_or(f64::NAN);
+                assert!(x >= 1.0 - 1e-9, "{workload}/{policy}/{key} = {}", p[key]);
+            }
         }
     }
     assert!(v["goals"].as_array().is_some_and(|g| !g.is_empty()));

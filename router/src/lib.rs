@@ -160,8 +160,8 @@ pub struct Args {
         default_value_t = 300.0
     )]
     pub tokenizer_retry_max_s: f64,
-    /// Routing policy: kvroute, random, round-robin, least-loaded, max-prefix, dynamo-cost,
-    /// sglang-cache-aware.
+    /// Routing policy: kvroute, random, round-robin, least-loaded, max-prefix, llm-d,
+    /// llm-d-sticky, dynamo-cost, sglang-cache-aware.
     #[arg(long, env = "KVROUTE_ROUTER_POLICY", default_value = "kvroute")]
     pub policy: String,
     /// Predictions within this many seconds of the best are near-ties (kvroute policy).

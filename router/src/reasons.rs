@@ -75,6 +75,10 @@ mod tests {
             Reason::CacheMatch,
             Reason::SmallestCache,
             Reason::ShortestQueue,
+            Reason::LowMatch,
+            Reason::LlmdScore,
+            Reason::StickyWarm,
+            Reason::StickyReleased,
         ];
         for r in &all {
             match r {
@@ -89,7 +93,11 @@ mod tests {
                 | Reason::DynamoCost
                 | Reason::CacheMatch
                 | Reason::SmallestCache
-                | Reason::ShortestQueue => {}
+                | Reason::ShortestQueue
+                | Reason::LowMatch
+                | Reason::LlmdScore
+                | Reason::StickyWarm
+                | Reason::StickyReleased => {}
             }
         }
         all

@@ -2,7 +2,7 @@
 //! real processes on loopback with a built-in OpenAI streaming load generator.
 //!
 //! ```text
-//! for workload, for policy (oracle skipped: it exists only in virtual time):
+//! for workload, for policy (greedy-clairvoyant skipped: it exists only in virtual time):
 //!   fresh deployment: N x `kvroute mock-vllm --speedup K` --ZMQ--> N x `kvroute sidecar`
 //!                     --gRPC--> `kvroute router --policy P` (gateway)
 //!   headline run, then each sweep level (worker caches reset in between):
@@ -403,6 +403,7 @@ fn to_run_result(mut m: Vec<Measured>, speedup: f64) -> RunResult {
             cached_tokens: x.cached_tokens,
             // The router predicts in wall-clock time, like every other figure it sees.
             predicted_ttft: x.predicted_ms.map_or(f64::NAN, |p| p / 1e3 * speedup),
+            floor_ttft: f64::NAN,
             true_ttfts: Vec::new(),
             predicted_ttfts: Vec::new(),
             scores: Vec::new(),
@@ -492,12 +493,13 @@ async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<Poli
         peak_goodput_rpm: peak_goodput(&points, false),
         peak_goodput_interactive_rpm: peak_goodput(&points, true),
         ttfts: headline.records.iter().map(|r| r.ttft).collect(),
+        floor: None,
         summary,
         sweep: points,
     })
 }
 
-/// Runs the live suite: every selected workload x policy (oracle skipped) on fresh local
+/// Runs the live suite: every selected workload x policy (greedy-clairvoyant skipped) on fresh local
 /// deployments, plus the external routers of `live`.
 pub async fn run_live(args: &BenchArgs, live: &LiveConfig) -> anyhow::Result<SuiteResult> {
     run_live_with(args, live, &ProgressBar::hidden()).await
@@ -519,10 +521,15 @@ pub async fn run_live_with(
     let policies: Vec<String> = if only_external {
         Vec::new()
     } else {
-        policies.into_iter().filter(|p| p != "oracle").collect()
+        policies
+            .into_iter()
+            .filter(|p| p != "greedy-clairvoyant")
+            .collect()
     };
     if policies.is_empty() && live.external_routers.is_empty() {
-        bail!("nothing to measure: no live policy (oracle is sim-only) and no external router");
+        bail!(
+            "nothing to measure: no live policy (greedy-clairvoyant is sim-only) and no external router"
+        );
     }
     if !live.external_routers.is_empty() && live.external_workers.is_empty() {
         bail!("KVROUTE_BENCH_EXTERNAL_WORKERS must list the workers behind the external routers");

@@ -14,9 +14,10 @@
 //!
 //! Everything is the real code: the mock worker's engine model, the sidecar's re-hashing of
 //! vLLM events into kvroute hashes, the router's index, predictor, assignments and policies.
-//! Only sockets are replaced by a delay. The oracle does not use the router: it clones every
-//! worker's engine, runs the request on each clone until its first token, and picks the
-//! fastest (perfect, instantaneous knowledge of cache and queue).
+//! Only sockets are replaced by a delay. The greedy-clairvoyant policy does not use the
+//! router: it clones every worker's engine, runs the request on each clone until its first
+//! token, and picks the fastest (perfect, instantaneous knowledge of cache and queue, used
+//! greedily: a heuristic, not a bound). Each request also gets its TTFT floor (`floor.rs`).
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
@@ -24,8 +25,8 @@ use std::collections::{BinaryHeap, HashMap};
 use anyhow::{Context, bail};
 use kvroute_mock_vllm::engine::{Engine, EngineConfig, EngineEvent, EngineRequest, Profile};
 use kvroute_router::routing::{
-    AssignmentId, CoreConfig, LoadSample, Policy, RouteRequest, RoutingCore, WorkerId,
-    policy_by_name,
+    AssignmentId, Calibration, CoreConfig, LoadSample, Policy, RouteRequest, RoutingCore, WorkerId,
+    policy_by_name_calibrated,
 };
 use kvroute_sidecar::state::{ApplyStats, Op, Ops, ResidentSet, StateConfig};
 use kvroute_vllm_wire::KvEvent;
@@ -33,6 +34,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use super::floor::FloorTracker;
 use super::workload::Session;
 
 /// The model name workers serve in the simulation (part of the kvroute hash root).
@@ -70,7 +72,7 @@ pub struct SimConfig {
     pub arrivals: Arrivals,
     /// Seed of the engines' token sampling and of the arrival times.
     pub seed: u64,
-    /// Also simulate every request on every worker (as the oracle does) and record the true
+    /// Also simulate every request on every worker (as greedy-clairvoyant does) and record the true
     /// TTFTs, so a policy's regret can be measured. Slow; off in normal runs.
     pub diagnose: bool,
 }
@@ -90,13 +92,16 @@ pub struct RequestRecord {
     pub prompt_tokens: usize,
     /// Prompt tokens the worker's prefix cache held.
     pub cached_tokens: usize,
-    /// Predicted TTFT of the chosen worker (NaN for the oracle / policies without one).
+    /// Predicted TTFT of the chosen worker (NaN for greedy-clairvoyant / policies without one).
     pub predicted_ttft: f64,
+    /// The request's TTFT floor: on an idle worker already caching the longest prefix any
+    /// earlier request made (`floor.rs`), seconds.
+    pub floor_ttft: f64,
     /// With `SimConfig::diagnose`: the TTFT the request would have had on each worker, had it
     /// been sent there at its arrival (empty otherwise).
     pub true_ttfts: Vec<f64>,
     /// With `SimConfig::diagnose`: each worker's predicted TTFT, as the decision record had
-    /// them (empty for the oracle).
+    /// them (empty for greedy-clairvoyant).
     pub predicted_ttfts: Vec<f64>,
     /// With `SimConfig::diagnose`: each worker's policy score.
     pub scores: Vec<f64>,
@@ -116,22 +121,42 @@ pub struct RunResult {
     pub makespan: f64,
 }
 
-/// A policy of the benchmark: one of the router's, or the oracle.
+/// A policy of the benchmark: one of the router's, or greedy-clairvoyant.
 pub enum SimPolicy {
     /// One of the router's policies, choosing from the router's view of the workers.
     Router(Box<dyn Policy>),
-    /// Sends each request to the worker with the lowest true TTFT (simulated on every worker).
-    Oracle,
+    /// `greedy-clairvoyant`: sends each request to the worker with the lowest true TTFT for
+    /// it alone (simulated on every worker), ignoring what that does to later requests. A
+    /// heuristic with perfect knowledge, not a limit: other policies beat it on some tails.
+    GreedyClairvoyant,
 }
 
 impl SimPolicy {
-    /// `oracle` or any name `policy_by_name` accepts.
+    /// `greedy-clairvoyant` or any name `policy_by_name` accepts.
     pub fn by_name(name: &str, seed: u64) -> anyhow::Result<Self> {
-        if name == "oracle" {
-            return Ok(SimPolicy::Oracle);
+        Self::calibrated(name, seed, Calibration::default())
+    }
+
+    /// [`SimPolicy::by_name`] with the baselines that take a calibration (llm-d's peak
+    /// prefill throughput) calibrated on `profile` as upstream's recipe says.
+    pub fn for_profile(name: &str, seed: u64, profile: &str) -> anyhow::Result<Self> {
+        let p = Profile::load(profile).with_context(|| format!("profile {profile}"))?;
+        Self::calibrated(
+            name,
+            seed,
+            Calibration {
+                peak_prefill_tokens_per_s: Some(super::floor::peak_prefill_throughput(&p)),
+            },
+        )
+    }
+
+    fn calibrated(name: &str, seed: u64, calibration: Calibration) -> anyhow::Result<Self> {
+        if name == "greedy-clairvoyant" {
+            return Ok(SimPolicy::GreedyClairvoyant);
         }
         Ok(SimPolicy::Router(
-            policy_by_name(name, seed).map_err(|e| anyhow::anyhow!("{e}"))?,
+            policy_by_name_calibrated(name, seed, calibration)
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
         ))
     }
 }
@@ -204,6 +229,7 @@ struct Live {
     prompt: Vec<u32>,
     generated: Vec<u32>,
     predicted_ttft: f64,
+    floor_ttft: f64,
     diag: Diag,
 }
 
@@ -255,7 +281,9 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
     let by_id: HashMap<WorkerId, usize> =
         workers.iter().enumerate().map(|(i, w)| (w.id, i)).collect();
     let allowed: Vec<WorkerId> = workers.iter().map(|w| w.id).collect();
+    let floor = FloorTracker::new(&profile);
     let mut sim = Sim {
+        floor,
         now: 0.0,
         seq: 0,
         queue: BinaryHeap::new(),
@@ -289,6 +317,7 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
 }
 
 struct Sim<'a> {
+    floor: FloorTracker,
     now: f64,
     seq: u64,
     queue: BinaryHeap<Pending>,
@@ -434,6 +463,9 @@ impl Sim<'_> {
         self.next_request_id += 1;
         self.first_arrival.get_or_insert(self.now);
         let salt = session.cache_salt.clone();
+        let floor_ttft = self
+            .floor
+            .arrival(salt.as_deref(), &prompt, turn.max_tokens);
         let mut diag = Diag::default();
         if self.cfg.diagnose {
             diag.true_ttfts = self
@@ -483,13 +515,14 @@ impl Sim<'_> {
                 prompt,
                 generated: Vec::new(),
                 predicted_ttft: predicted,
+                floor_ttft,
                 diag,
             },
         );
         self.kick(worker);
     }
 
-    /// Chooses a worker: the router core with the policy, or the oracle.
+    /// Chooses a worker: the router core with the policy, or greedy-clairvoyant.
     fn route(
         &mut self,
         prompt: &[u32],
@@ -531,7 +564,7 @@ impl Sim<'_> {
                 let a = self.core.assign(&plan, &decision, self.now);
                 (worker, Some(a), predicted)
             }
-            SimPolicy::Oracle => {
+            SimPolicy::GreedyClairvoyant => {
                 let mut best = (0, f64::INFINITY);
                 for (i, w) in self.workers.iter().enumerate() {
                     let ttft = true_ttft(&w.engine, prompt, salt, max_tokens, id, self.now);
@@ -619,6 +652,7 @@ impl Sim<'_> {
             prompt_tokens: l.prompt.len(),
             cached_tokens,
             predicted_ttft: l.predicted_ttft,
+            floor_ttft: l.floor_ttft,
             true_ttfts: l.diag.true_ttfts,
             predicted_ttfts: l.diag.predicted_ttfts,
             scores: l.diag.scores,
@@ -626,10 +660,13 @@ impl Sim<'_> {
         });
         self.last_finish = self.last_finish.max(self.now);
         // The next turn's history: this prompt and the model's reply.
-        let st = &mut self.slots[l.slot];
         let mut history = l.prompt;
         history.extend_from_slice(&l.generated);
-        st.history = history;
+        let salt = self.slots[l.slot]
+            .session
+            .and_then(|s| self.sessions[s].cache_salt.as_deref());
+        self.floor.finished(salt, &history);
+        self.slots[l.slot].history = history;
         let now = self.now;
         self.push(now, Event::NextTurn { slot: l.slot });
     }

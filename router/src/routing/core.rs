@@ -457,7 +457,7 @@ impl RoutingCore {
         now: f64,
     ) -> Option<(Plan, Decision)> {
         let plan = self.plan(req, allowed, now);
-        let decision = policy.choose(&plan.context, now)?;
+        let decision = policy.choose_prompt(&plan.context, req.tokens, now)?;
         Some((plan, decision))
     }
 

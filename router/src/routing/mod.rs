@@ -24,7 +24,8 @@
 //! - [`Predictor`]: `predict(w, queue_tokens, uncached_tokens)`, `observe(...)`, `error()`.
 //! - [`Policy`] (object-safe) with [`ChoiceContext`] in and [`Decision`] out (serde
 //!   `Serialize` for `/debug/explain`); [`policy_by_name`] builds `kvroute`, `random`,
-//!   `round-robin`, `least-loaded`, `max-prefix`, `dynamo-cost`, `sglang-cache-aware`.
+//!   `round-robin`, `least-loaded`, `max-prefix`, `llm-d`, `llm-d-sticky`, `dynamo-cost`,
+//!   `sglang-cache-aware` (the last four follow named upstream releases: `baselines/`).
 //!   A simulator can build a [`ChoiceContext`] itself (all fields public) and call any policy.
 //! - [`PromptHashes`]: a request's hash chain per block size (kvroute-hash, hash/SPEC.md).
 //!
@@ -59,6 +60,7 @@
 
 mod admission;
 mod assign;
+mod baselines;
 mod choose;
 mod core;
 mod gpu;
@@ -74,6 +76,10 @@ pub use assign::{
     Assignment, AssignmentId, AssignmentState, Assignments, FirstToken, NewAssignment,
     WorkerInflight,
 };
+pub use baselines::{
+    ApproxTree, DynamoCost, DynamoCostConfig, LlmdDefault, LlmdDefaultWeights, LlmdSticky,
+    LlmdStickyConfig, SglangCacheAware, SglangCacheAwareConfig,
+};
 pub use choose::{
     Candidate, CandidateReport, ChoiceContext, Decision, Policy, PredictedTtft,
     PredictedTtftConfig, Reason,
@@ -83,9 +89,8 @@ pub use gpu::{GpuIssue, GpuStatus};
 pub use index::KvIndex;
 pub use plan::Plan;
 pub use policies::{
-    DynamoCost, DynamoCostConfig, LeastLoaded, MaxPrefix, MaxPrefixWeights, POLICY_NAMES,
-    RandomPolicy, RoundRobin, SglangCacheAware, SglangCacheAwareConfig, UnknownPolicy,
-    policy_by_name,
+    Calibration, LeastLoaded, MaxPrefix, MaxPrefixWeights, POLICY_NAMES, RandomPolicy, RoundRobin,
+    UnknownPolicy, policy_by_name, policy_by_name_calibrated,
 };
 pub use predict::{ErrorStats, Predictor, PredictorConfig, WorkerModel};
 pub use request::PromptHashes;

@@ -38,6 +38,9 @@ pub(super) struct Overlay {
     latest: f64,
     /// Blocks in the chains of `by_assignment` (what the overlay's size follows).
     blocks: usize,
+    /// Per worker: distinct blocks with `in_use > 0` (what Dynamo's router calls the
+    /// worker's active blocks: shared blocks of outstanding requests counted once).
+    in_use_distinct: Vec<u64>,
 }
 
 impl Overlay {
@@ -46,19 +49,30 @@ impl Overlay {
         if self.per_worker.len() <= i {
             self.per_worker.resize_with(i + 1, HashMap::new);
         }
+        if self.in_use_distinct.len() <= i {
+            self.in_use_distinct.resize(i + 1, 0);
+        }
         let m = &mut self.per_worker[i];
+        let mut newly_in_use = 0u64;
         for &h in &chain {
             m.entry(h)
                 .and_modify(|e| {
                     e.holders += 1;
+                    if e.in_use == 0 {
+                        newly_in_use += 1;
+                    }
                     e.in_use += 1;
                 })
-                .or_insert(OverlayEntry {
-                    holders: 1,
-                    in_use: 1,
-                    until: f64::NEG_INFINITY,
+                .or_insert_with(|| {
+                    newly_in_use += 1;
+                    OverlayEntry {
+                        holders: 1,
+                        in_use: 1,
+                        until: f64::NEG_INFINITY,
+                    }
                 });
         }
+        self.in_use_distinct[i] += newly_in_use;
         self.blocks += chain.len();
         if let Some((_, old, _)) = self.by_assignment.insert(id, (w, chain, true)) {
             self.blocks -= old.len();
@@ -101,10 +115,19 @@ impl Overlay {
         };
         self.blocks -= chain.len();
         if let Some(m) = self.per_worker.get_mut(w.index()) {
+            let mut released = 0u64;
             for h in chain {
-                if let Some(e) = m.get_mut(&h) {
-                    e.in_use = e.in_use.saturating_sub(1);
+                if let Some(e) = m.get_mut(&h)
+                    && e.in_use > 0
+                {
+                    e.in_use -= 1;
+                    if e.in_use == 0 {
+                        released += 1;
+                    }
                 }
+            }
+            if let Some(n) = self.in_use_distinct.get_mut(w.index()) {
+                *n = n.saturating_sub(released);
             }
         }
         if now.is_finite() {
@@ -131,6 +154,11 @@ impl Overlay {
             .count()
     }
 
+    /// Distinct blocks that outstanding placements on `w` reference.
+    pub(super) fn in_use_distinct(&self, w: WorkerId) -> u64 {
+        self.in_use_distinct.get(w.index()).copied().unwrap_or(0)
+    }
+
     /// Leading blocks of `chain` the router placed on `w` and still counts as there.
     pub(super) fn leading(&self, w: WorkerId, chain: &[BlockHash], now: f64) -> usize {
         let Some(m) = self.per_worker.get(w.index()) else {
@@ -151,6 +179,9 @@ impl Overlay {
     pub(super) fn drop_worker(&mut self, w: WorkerId) {
         if let Some(m) = self.per_worker.get_mut(w.index()) {
             m.clear();
+        }
+        if let Some(n) = self.in_use_distinct.get_mut(w.index()) {
+            *n = 0;
         }
         self.by_assignment.retain(|_, (aw, _, _)| *aw != w);
         self.blocks = self.by_assignment.values().map(|(_, c, _)| c.len()).sum();

@@ -185,6 +185,8 @@ impl RoutingCore {
             active_tokens: own.active_tokens,
             active_uncached_tokens: own.active_uncached_tokens,
             active_kv_tokens: own.active_kv_tokens,
+            active_blocks: self.pending.in_use_distinct(w),
+            in_use_blocks,
             index_blocks: self.index.blocks_of(w),
             queue_tokens,
             prefill_rate,

@@ -5,17 +5,23 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::baselines::{
+    DynamoCost, DynamoCostConfig, LlmdDefault, LlmdDefaultWeights, LlmdSticky, LlmdStickyConfig,
+    SglangCacheAware, SglangCacheAwareConfig,
+};
 use super::choose::{
     ChoiceContext, Decision, Policy, PredictedTtft, PredictedTtftConfig, Reason, argmin_random_ties,
 };
 
 /// Names accepted by [`policy_by_name`].
-pub const POLICY_NAMES: [&str; 7] = [
+pub const POLICY_NAMES: [&str; 9] = [
     "kvroute",
     "random",
     "round-robin",
     "least-loaded",
     "max-prefix",
+    "llm-d",
+    "llm-d-sticky",
     "dynamo-cost",
     "sglang-cache-aware",
 ];
@@ -23,18 +29,46 @@ pub const POLICY_NAMES: [&str; 7] = [
 /// An unknown policy name.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
-    "unknown routing policy {0:?} (known: kvroute, random, round-robin, least-loaded, max-prefix, dynamo-cost, sglang-cache-aware)"
+    "unknown routing policy {0:?} (known: kvroute, random, round-robin, least-loaded, max-prefix, llm-d, llm-d-sticky, dynamo-cost, sglang-cache-aware)"
 )]
 pub struct UnknownPolicy(pub String);
 
+/// What a deployment measured of its workers, for the baselines that take a calibration
+/// (llm-d's `peakPrefillThroughput`). `None` keeps the upstream default.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Calibration {
+    /// Peak prefill throughput of one worker, tokens/s: `max-num-batched-tokens` over the
+    /// time to first token of one such chunk on an idle worker (llm-d's recipe).
+    pub peak_prefill_tokens_per_s: Option<f64>,
+}
+
 /// Builds a policy with default settings by name, its RNG seeded with `seed`.
 pub fn policy_by_name(name: &str, seed: u64) -> Result<Box<dyn Policy>, UnknownPolicy> {
+    policy_by_name_calibrated(name, seed, Calibration::default())
+}
+
+/// [`policy_by_name`] with a deployment's calibration applied where a baseline takes one.
+pub fn policy_by_name_calibrated(
+    name: &str,
+    seed: u64,
+    calibration: Calibration,
+) -> Result<Box<dyn Policy>, UnknownPolicy> {
     Ok(match name {
         "kvroute" => Box::new(PredictedTtft::new(PredictedTtftConfig::default(), seed)),
         "random" => Box::new(RandomPolicy::new(seed)),
         "round-robin" => Box::new(RoundRobin::new(seed)),
         "least-loaded" => Box::new(LeastLoaded::new(seed)),
         "max-prefix" => Box::new(MaxPrefix::new(MaxPrefixWeights::default(), seed)),
+        "llm-d" => Box::new(LlmdDefault::new(LlmdDefaultWeights::default(), seed)),
+        "llm-d-sticky" => {
+            let mut cfg = LlmdStickyConfig::default();
+            if let Some(r) = calibration.peak_prefill_tokens_per_s
+                && r > 0.0
+            {
+                cfg.peak_prefill_throughput = r;
+            }
+            Box::new(LlmdSticky::new(cfg, seed))
+        }
         "dynamo-cost" => Box::new(DynamoCost::new(DynamoCostConfig::default(), seed)),
         "sglang-cache-aware" => Box::new(SglangCacheAware::new(
             SglangCacheAwareConfig::default(),
@@ -172,8 +206,10 @@ impl Default for MaxPrefixWeights {
     }
 }
 
-/// llm-d inference-scheduler with the precise prefix-cache scorer (llm-d guides
-/// `precise-prefix-cache-aware`, llm-d-kv-cache-manager indexer): a weighted sum of scorers
+/// An older reading of llm-d's precise prefix-cache profile, kept for `--policy max-prefix`
+/// (the benchmark compares [`LlmdDefault`], which follows a named release): the llm-d guide
+/// weights 3/2/2 and a plain hit ratio instead of the scorer's min-max normalization. A
+/// weighted sum of scorers
 /// in [0, 1], highest total wins, ties drawn uniformly (max-score picker):
 /// - prefix: leading cached blocks / prompt blocks (from the KV-event index);
 /// - KV-cache utilization: `1 - kv_usage`;
@@ -230,192 +266,6 @@ impl Policy for MaxPrefix {
             Reason::MaxPrefix,
             &scores,
         ))
-    }
-}
-
-/// Settings of [`DynamoCost`].
-#[derive(Clone, Copy, Debug)]
-pub struct DynamoCostConfig {
-    /// `--kv-overlap-score-weight` (default 1).
-    pub overlap_score_weight: f64,
-    /// `--router-temperature` (default 0: deterministic lowest cost). Above 0, a softmax
-    /// over the negated, range-normalized costs.
-    pub temperature: f64,
-}
-
-impl Default for DynamoCostConfig {
-    fn default() -> Self {
-        Self {
-            overlap_score_weight: 1.0,
-            temperature: 0.0,
-        }
-    }
-}
-
-/// NVIDIA Dynamo's KV router cost (ai-dynamo/dynamo `lib/llm/src/kv_router` scheduler, docs
-/// "KV Cache Routing" and "Router Design"): for each worker
-/// `cost = overlap_score_weight * potential_prefill_blocks + potential_decode_blocks`, where
-/// prefill blocks = (the request's uncached tokens + prefill tokens already in flight on the
-/// worker) / block size, and decode blocks = (tokens of the worker's active requests + the
-/// request's tokens) / block size, both tracked by the router itself. Lowest cost wins at
-/// temperature 0 (ties drawn uniformly). Score: the cost.
-pub struct DynamoCost {
-    cfg: DynamoCostConfig,
-    rng: ChaCha8Rng,
-}
-
-impl DynamoCost {
-    /// Seeded.
-    pub fn new(cfg: DynamoCostConfig, seed: u64) -> Self {
-        Self {
-            cfg,
-            rng: ChaCha8Rng::seed_from_u64(seed),
-        }
-    }
-}
-
-impl Policy for DynamoCost {
-    fn name(&self) -> &'static str {
-        "dynamo-cost"
-    }
-    fn choose(&mut self, ctx: &ChoiceContext, _now: f64) -> Option<Decision> {
-        let scores: Vec<f64> = ctx
-            .candidates
-            .iter()
-            .map(|c| {
-                let bs = c.block_size.max(1) as f64;
-                let uncached = (ctx.prompt_tokens.saturating_sub(c.cached_tokens)) as f64;
-                let prefill = (uncached + c.inflight_prefill_tokens as f64) / bs;
-                let decode = (c.active_tokens as f64 + ctx.prompt_tokens as f64) / bs;
-                self.cfg.overlap_score_weight * prefill + decode
-            })
-            .collect();
-        let i = if self.cfg.temperature > 0.0 {
-            softmax_draw(&mut self.rng, &scores, self.cfg.temperature)?
-        } else {
-            argmin_random_ties(&mut self.rng, &scores)?
-        };
-        Some(Decision::from_ctx(
-            self.name(),
-            ctx,
-            i,
-            Reason::DynamoCost,
-            &scores,
-        ))
-    }
-}
-
-fn softmax_draw(rng: &mut ChaCha8Rng, costs: &[f64], temperature: f64) -> Option<usize> {
-    let lo = costs.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = costs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if costs.is_empty() || !lo.is_finite() || !hi.is_finite() {
-        return argmin_random_ties(rng, costs);
-    }
-    let range = if hi > lo { hi - lo } else { 1.0 };
-    let items: Vec<(usize, f64)> = costs
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (i, (-(c - lo) / range / temperature).exp()))
-        .collect();
-    Some(super::choose::weighted_draw(rng, &items))
-}
-
-/// Settings of [`SglangCacheAware`].
-#[derive(Clone, Copy, Debug)]
-pub struct SglangCacheAwareConfig {
-    /// Load difference above which the pool counts as imbalanced (`balance_abs_threshold`).
-    pub balance_abs_threshold: f64,
-    /// Load ratio above which the pool counts as imbalanced (`balance_rel_threshold`).
-    pub balance_rel_threshold: f64,
-    /// Match ratio above which the best-matching worker is chosen (`cache_threshold`).
-    pub cache_threshold: f64,
-}
-
-impl Default for SglangCacheAwareConfig {
-    fn default() -> Self {
-        Self {
-            balance_abs_threshold: 32.0,
-            balance_rel_threshold: 1.0001,
-            cache_threshold: 0.3,
-        }
-    }
-}
-
-/// SGLang router `cache_aware` policy (sgl-project/sglang `sgl-router`, policies
-/// `cache_aware`): the pool is imbalanced when `max_load - min_load > balance_abs_threshold`
-/// AND `max_load > balance_rel_threshold * min_load`, loads being the router's own
-/// outstanding requests per worker; then the shortest queue wins. Otherwise the best match
-/// ratio (cached prompt tokens / prompt tokens; SGLang's tree holds what it routed, here the
-/// KV-event index stands in) wins if it exceeds `cache_threshold`, else the worker with the
-/// smallest cache (fewest blocks in the index), which has the most room. Ties drawn
-/// uniformly. Score: load, minus match ratio, or cache size, by branch.
-pub struct SglangCacheAware {
-    cfg: SglangCacheAwareConfig,
-    rng: ChaCha8Rng,
-}
-
-impl SglangCacheAware {
-    /// Seeded.
-    pub fn new(cfg: SglangCacheAwareConfig, seed: u64) -> Self {
-        Self {
-            cfg,
-            rng: ChaCha8Rng::seed_from_u64(seed),
-        }
-    }
-}
-
-impl Policy for SglangCacheAware {
-    fn name(&self) -> &'static str {
-        "sglang-cache-aware"
-    }
-    fn choose(&mut self, ctx: &ChoiceContext, _now: f64) -> Option<Decision> {
-        let loads: Vec<f64> = ctx
-            .candidates
-            .iter()
-            .map(|c| f64::from(c.inflight + c.decoding))
-            .collect();
-        let min = loads.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = loads.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        if !min.is_finite() {
-            return None;
-        }
-        let imbalanced = max - min > self.cfg.balance_abs_threshold
-            && max > self.cfg.balance_rel_threshold * min;
-        let (scores, reason) = if imbalanced {
-            (loads, Reason::ShortestQueue)
-        } else {
-            let ratio = |tokens: usize| {
-                if ctx.prompt_tokens == 0 {
-                    0.0
-                } else {
-                    tokens as f64 / ctx.prompt_tokens as f64
-                }
-            };
-            let best = ctx
-                .candidates
-                .iter()
-                .map(|c| ratio(c.cached_tokens))
-                .fold(0.0, f64::max);
-            if best > self.cfg.cache_threshold {
-                (
-                    ctx.candidates
-                        .iter()
-                        .map(|c| -ratio(c.cached_tokens))
-                        .collect(),
-                    Reason::CacheMatch,
-                )
-            } else {
-                (
-                    ctx.candidates
-                        .iter()
-                        .map(|c| c.index_blocks as f64)
-                        .collect(),
-                    Reason::SmallestCache,
-                )
-            }
-        };
-        let i = argmin_random_ties(&mut self.rng, &scores)?;
-        Some(Decision::from_ctx(self.name(), ctx, i, reason, &scores))
     }
 }
 
@@ -539,102 +389,6 @@ mod tests {
                 &ctx(vec![warm, busy])
             ),
             (0, Reason::MaxPrefix)
-        );
-    }
-
-    #[test]
-    fn dynamo_cost_trades_overlap_against_active_blocks() {
-        // prompt 1024 tokens = 64 blocks.
-        let mut warm = c(0);
-        warm.cached_tokens = 1024;
-        warm.active_tokens = 16 * 50; // 50 active blocks: cost 0 + 50 + 64 = 114
-        let cold = c(1); // cost 64 + 0 + 64 = 128
-        assert_eq!(
-            pick(
-                &mut DynamoCost::new(DynamoCostConfig::default(), 0),
-                &ctx(vec![warm.clone(), cold.clone()])
-            )
-            .0,
-            0
-        );
-        warm.active_tokens = 16 * 80; // 144 > 128
-        assert_eq!(
-            pick(
-                &mut DynamoCost::new(DynamoCostConfig::default(), 0),
-                &ctx(vec![warm.clone(), cold.clone()])
-            )
-            .0,
-            1
-        );
-        // overlap weight 0: pure decode-load balancing
-        let cfg = DynamoCostConfig {
-            overlap_score_weight: 0.0,
-            temperature: 0.0,
-        };
-        warm.active_tokens = 16;
-        assert_eq!(
-            pick(&mut DynamoCost::new(cfg, 0), &ctx(vec![warm, cold])),
-            (1, Reason::DynamoCost)
-        );
-    }
-
-    #[test]
-    fn dynamo_temperature_spreads_choices() {
-        let mut warm = c(0);
-        warm.cached_tokens = 512;
-        let ctx = ctx(vec![warm, c(1)]);
-        let mut p = DynamoCost::new(
-            DynamoCostConfig {
-                overlap_score_weight: 1.0,
-                temperature: 1.0,
-            },
-            3,
-        );
-        let zeros = (0..400).filter(|_| pick(&mut p, &ctx).0 == 0).count();
-        assert!(zeros > 200 && zeros < 400, "{zeros}");
-    }
-
-    #[test]
-    fn sglang_branches() {
-        let cfg = SglangCacheAwareConfig::default();
-        // balanced, good match -> best match
-        let mut warm = c(0);
-        warm.cached_tokens = 512; // 0.5 > 0.3
-        warm.index_blocks = 1000;
-        let mut cold = c(1);
-        cold.index_blocks = 10;
-        assert_eq!(
-            pick(
-                &mut SglangCacheAware::new(cfg, 0),
-                &ctx(vec![warm.clone(), cold.clone()])
-            ),
-            (0, Reason::CacheMatch)
-        );
-        // balanced, weak match -> smallest cache
-        warm.cached_tokens = 256; // 0.25
-        assert_eq!(
-            pick(
-                &mut SglangCacheAware::new(cfg, 0),
-                &ctx(vec![warm.clone(), cold.clone()])
-            ),
-            (1, Reason::SmallestCache)
-        );
-        // imbalanced (40 vs 2: diff 38 > 32, 40 > 1.0001*2) -> shortest queue even against a full match
-        warm.cached_tokens = 1024;
-        warm.inflight = 40;
-        cold.decoding = 2;
-        assert_eq!(
-            pick(
-                &mut SglangCacheAware::new(cfg, 0),
-                &ctx(vec![warm.clone(), cold.clone()])
-            ),
-            (1, Reason::ShortestQueue)
-        );
-        // diff 30 is within the absolute threshold: still cache-driven
-        warm.inflight = 32;
-        assert_eq!(
-            pick(&mut SglangCacheAware::new(cfg, 0), &ctx(vec![warm, cold])),
-            (0, Reason::CacheMatch)
         );
     }
 }

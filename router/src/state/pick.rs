@@ -647,9 +647,19 @@ impl RouterState {
             }
             record.model_switch = Some(sw);
         }
-        let (resolved, names, degraded_reason) = match chosen_model {
-            Some(alt) => (alt.resolved, alt.names, alt.degraded_reason),
-            None => (resolved, names, degraded_reason),
+        let (resolved, names, degraded_reason, alt_tokens) = match chosen_model {
+            Some(alt) => (
+                alt.resolved,
+                alt.names,
+                alt.degraded_reason,
+                Some(alt.tokens),
+            ),
+            None => (resolved, names, degraded_reason, None),
+        };
+        // The prompt the chosen plan was made from (a policy may keep its own record of it).
+        let prompt = match &alt_tokens {
+            Some(t) => t.as_deref(),
+            None => tokens.as_deref(),
         };
         let core = &mut *guard;
         let checked = self
@@ -690,7 +700,7 @@ impl RouterState {
         }
         let decision = core
             .policy
-            .choose(&plan.context, t)
+            .choose_prompt(&plan.context, prompt, t)
             .ok_or_else(|| PickError::NoReadyWorker(input.model.into()))?;
         let id = if assign {
             let aid = core.routing.assign(&plan, &decision, t);
