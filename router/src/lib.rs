@@ -26,6 +26,7 @@ pub mod admin;
 pub mod admin_token;
 pub mod auth;
 pub mod blocking_pool;
+pub mod burst;
 pub mod churn;
 pub mod discovery;
 pub mod epp;
