@@ -208,7 +208,10 @@ impl Setup {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let status = resp.status().as_u16();
-        let _ = resp.bytes().await?;
+        let body = resp.bytes().await?;
+        if status != 200 && status != 502 {
+            eprintln!("status {status}: {}", String::from_utf8_lossy(&body));
+        }
         Ok((status, worker))
     }
 
@@ -230,8 +233,9 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
 
+/// A 64-token prompt of the tiny model's vocabulary (256 ids), different for each `i`.
 fn prompt(i: u32) -> Vec<u32> {
-    (0..64).map(|t| 1 + (i * 64 + t) % 1_000).collect()
+    (0..64).map(|t| 1 + (i * 31 + t * 7 + t * t * i) % 250).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
