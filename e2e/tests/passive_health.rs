@@ -235,7 +235,9 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 
 /// A 64-token prompt of the tiny model's vocabulary (256 ids), different for each `i`.
 fn prompt(i: u32) -> Vec<u32> {
-    (0..64).map(|t| 1 + (i * 31 + t * 7 + t * t * i) % 250).collect()
+    (0..64)
+        .map(|t| 1 + (i * 31 + t * 7 + t * t * i) % 250)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,12 +290,18 @@ async fn a_worker_answering_500_is_ejected_then_readmitted() -> anyhow::Result<(
 
     let text = setup.metrics().await?;
     assert_eq!(
-        sample(&text, r#"kvroute_router_outlier_ejections_total{reason="http_5xx"}"#),
+        sample(
+            &text,
+            r#"kvroute_router_outlier_ejections_total{reason="http_5xx"}"#
+        ),
         Some(1.0),
         "{text}"
     );
     assert_eq!(
-        sample(&text, r#"kvroute_router_worker_failures_total{reason="http_5xx"}"#),
+        sample(
+            &text,
+            r#"kvroute_router_worker_failures_total{reason="http_5xx"}"#
+        ),
         Some(3.0)
     );
     assert_eq!(

@@ -287,6 +287,98 @@ impl Cluster {
     }
 }
 
+/// Figures of [`Cluster::throughput`].
+#[derive(Clone, Debug, Default)]
+pub struct Throughput {
+    /// Requests routed, all replicas together.
+    pub requests: usize,
+    /// Wall time from the first pick to the last.
+    pub wall: Duration,
+    /// Median time of one pick.
+    pub p50: Duration,
+    /// 99th percentile time of one pick.
+    pub p99: Duration,
+}
+
+impl Throughput {
+    /// Routed requests per second, all replicas together.
+    pub fn per_second(&self) -> f64 {
+        self.requests as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+}
+
+impl Cluster {
+    /// Every replica routes `per_replica` requests at once, each on a thread of its own (as
+    /// separate processes would), with the exchange running: prompts of `prompt_tokens`
+    /// tokens, a quarter of them a prefix shared by all, each request completing at once
+    /// (first token, done) so that the pool stays idle.
+    pub async fn throughput(
+        &self,
+        per_replica: usize,
+        prompt_tokens: usize,
+    ) -> anyhow::Result<Throughput> {
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for (r, state) in self.states.iter().enumerate() {
+            let state = state.clone();
+            tasks.push(tokio::task::spawn_blocking(move || {
+                let mut times = Vec::with_capacity(per_replica);
+                let shared = prompt_tokens / 4;
+                for i in 0..per_replica {
+                    let tokens: Vec<u32> = (0..prompt_tokens as u32)
+                        .map(|t| {
+                            if (t as usize) < shared {
+                                1 + t
+                            } else {
+                                1 + ((r * per_replica + i) as u32).wrapping_mul(65_521) ^ t
+                            }
+                        })
+                        .collect();
+                    let input = PickInput {
+                        model: MODEL,
+                        prompt: Prompt::Tokens(&tokens),
+                        cache_salt: None,
+                        lora: None,
+                        headers: None,
+                        resolved: None,
+                        exclude: &[],
+                        max_tokens: Some(64),
+                        tenant: None,
+                        labels: &[],
+                        seed: None,
+                    };
+                    let t = Instant::now();
+                    let picked = state.pick(&input, t);
+                    times.push(t.elapsed());
+                    if let Ok(p) = picked {
+                        state.first_token(p.assignment, Some(0.05), Instant::now());
+                        state.done(p.assignment, crate::state::Usage::default());
+                    }
+                }
+                times
+            }));
+        }
+        let mut times = Vec::new();
+        for t in tasks {
+            times.extend(t.await?);
+        }
+        let wall = started.elapsed();
+        times.sort_unstable();
+        let at = |q: f64| {
+            times
+                .get(((times.len() as f64 * q) as usize).min(times.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or_default()
+        };
+        Ok(Throughput {
+            requests: times.len(),
+            wall,
+            p50: at(0.5),
+            p99: at(0.99),
+        })
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop.cancel();

@@ -246,7 +246,9 @@ pub async fn resolve_targets(
         if !service.is_empty() {
             match tokio::net::lookup_host(service.as_str()).await {
                 Ok(addrs) => set.extend(addrs.map(|a: SocketAddr| a.to_string())),
-                Err(e) => tracing::debug!(service = %service, error = %e, "peer service did not resolve"),
+                Err(e) => {
+                    tracing::debug!(service = %service, error = %e, "peer service did not resolve")
+                }
             }
         }
         tx.send_if_modified(|cur| {
@@ -372,9 +374,7 @@ impl Link {
     async fn session(&self, stop: &CancellationToken) -> Ended {
         let uri = format!("http://{}", self.target);
         let endpoint = match tonic::transport::Endpoint::from_shared(uri) {
-            Ok(e) => e
-                .connect_timeout(Duration::from_secs(2))
-                .tcp_nodelay(true),
+            Ok(e) => e.connect_timeout(Duration::from_secs(2)).tcp_nodelay(true),
             Err(e) => return Ended::Failed(e.to_string()),
         };
         let channel = tokio::select! {
@@ -479,5 +479,64 @@ impl Link {
             .with_label_values(&["out"])
             .dec();
         ended
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::RouterMetrics;
+    use crate::state::RouterConfig;
+
+    fn service(own: Option<Identity>) -> PeersService {
+        let metrics = RouterMetrics::register(&prometheus::Registry::new()).expect("metrics");
+        let state = RouterState::new(RouterConfig::default(), metrics).expect("state");
+        PeersService::new(state, true, own)
+    }
+
+    fn router(ns: &str, pool: &str) -> Identity {
+        Identity::Router {
+            namespace: ns.into(),
+            pool: pool.into(),
+        }
+    }
+
+    fn caller(identity: Identity) -> Caller {
+        Caller::Verified { identity, ip: None }
+    }
+
+    #[test]
+    fn only_router_replicas_of_the_same_pool_may_share() {
+        let s = service(Some(router("ns", "pool")));
+        assert!(s.authorize(&caller(router("ns", "pool"))).is_ok());
+        let refused = |c: Caller| s.authorize(&c).map_err(|e| e.code());
+        assert_eq!(
+            refused(caller(router("other", "pool"))),
+            Err(tonic::Code::PermissionDenied)
+        );
+        assert_eq!(
+            refused(caller(router("ns", "other"))),
+            Err(tonic::Code::PermissionDenied)
+        );
+        let sidecar = Identity::WorkerSet {
+            namespace: "ns".into(),
+            name: "pool".into(),
+        };
+        assert_eq!(refused(caller(sidecar)), Err(tonic::Code::PermissionDenied));
+        let picker = Identity::Picker {
+            namespace: "ns".into(),
+            pool: "pool".into(),
+        };
+        assert_eq!(refused(caller(picker)), Err(tonic::Code::PermissionDenied));
+        assert_eq!(
+            s.state
+                .metrics()
+                .peer_refused
+                .with_label_values(&["not_a_peer"])
+                .get(),
+            4
+        );
+        // Plaintext listeners authenticate nobody (development only, said at start).
+        assert!(s.authorize(&Caller::Anonymous).is_ok());
     }
 }

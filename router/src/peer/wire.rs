@@ -87,7 +87,9 @@ fn printable(s: &str) -> bool {
 impl Update {
     /// Checks `u` against `limits`.
     pub fn check(u: PeerUpdate, limits: &WireLimits) -> Result<Self, WireError> {
-        if u.replica.is_empty() || u.replica.len() > limits.max_replica_len || !printable(&u.replica)
+        if u.replica.is_empty()
+            || u.replica.len() > limits.max_replica_len
+            || !printable(&u.replica)
         {
             return Err(WireError::BadReplica);
         }
@@ -180,10 +182,7 @@ mod tests {
         assert_eq!(bad(|u| u.replica = "a b".into()), Err("bad_replica"));
         assert_eq!(bad(|u| u.ended.push(3)), Err("too_many_items"));
         assert_eq!(bad(|u| u.placed[0].worker.clear()), Err("bad_worker"));
-        assert_eq!(
-            bad(|u| u.placed[0].blocks.push(1)),
-            Err("too_many_blocks")
-        );
+        assert_eq!(bad(|u| u.placed[0].blocks.push(1)), Err("too_many_blocks"));
     }
 
     #[test]
@@ -194,7 +193,10 @@ mod tests {
             PeerEvent::Ended(1),
         ];
         let u = batch("r", 5, &mut events, 2);
-        assert_eq!((u.seq, u.placed.len(), u.started, u.ended.len()), (5, 1, vec![1], 0));
+        assert_eq!(
+            (u.seq, u.placed.len(), u.started, u.ended.len()),
+            (5, 1, vec![1], 0)
+        );
         assert_eq!(events, vec![PeerEvent::Ended(1)]);
     }
 }

@@ -27,7 +27,7 @@ use super::assign::{Assignment, AssignmentId, Assignments, FirstToken, WorkerInf
 use super::choose::{Decision, Policy};
 use super::gpu::GpuStatus;
 use super::index::KvIndex;
-use super::outlier::{FailureKind, OutlierConfig, OutlierEvent, Outcome};
+use super::outlier::{FailureKind, Outcome, OutlierConfig, OutlierEvent};
 use super::overlay::Overlay;
 use super::peers::{PeerConfig, PeerShare};
 use super::plan::Plan;
@@ -419,7 +419,11 @@ impl RoutingCore {
             }
         }
         let pct = self.cfg.outlier.max_ejection_percent;
-        let pct = if pct.is_finite() { pct.clamp(0.0, 100.0) } else { 0.0 };
+        let pct = if pct.is_finite() {
+            pct.clamp(0.0, 100.0)
+        } else {
+            0.0
+        };
         (ejected + 1) as f64 <= open as f64 * pct / 100.0
     }
 

@@ -3,7 +3,7 @@
 use super::super::choose::{PredictedTtft, PredictedTtftConfig, Reason};
 use super::super::request::PromptHashes;
 use super::*;
-use crate::routing::{FailureKind, OutlierEvent, Outcome};
+use crate::routing::{FailureKind, Outcome, OutlierEvent};
 
 fn req(tokens: &[u32]) -> RouteRequest<'_> {
     RouteRequest {
@@ -580,7 +580,13 @@ fn the_pending_overlay_stops_at_its_cap() {
     assert_eq!(core.pending.blocks(), 0);
 }
 
-fn fail(core: &mut RoutingCore, w: WorkerId, kind: FailureKind, n: usize, now: f64) -> OutlierEvent {
+fn fail(
+    core: &mut RoutingCore,
+    w: WorkerId,
+    kind: FailureKind,
+    n: usize,
+    now: f64,
+) -> OutlierEvent {
     let mut last = OutlierEvent::None;
     for _ in 0..n {
         last = core.outcome(w, Outcome::Failure(kind), now);
@@ -603,10 +609,16 @@ fn a_failing_worker_is_ejected_then_readmitted_and_plan_says_why() {
     assert_eq!(core.ejected_workers(2.0), 1);
     let plan = core.plan(&req(&tokens), &[warm, cold], 2.0);
     assert_eq!(plan.context.candidates.len(), 1);
-    assert_eq!(plan.context.candidates[0].worker, cold, "the warm one is out");
+    assert_eq!(
+        plan.context.candidates[0].worker, cold,
+        "the warm one is out"
+    );
     assert_eq!(plan.ejected.len(), 1);
     let out = plan.ejected[0];
-    assert_eq!((out.worker, out.reason, out.kept), (warm, FailureKind::Http5xx, false));
+    assert_eq!(
+        (out.worker, out.reason, out.kept),
+        (warm, FailureKind::Http5xx, false)
+    );
     assert!((out.remaining_s - (e.until - 2.0)).abs() < 1e-9);
     // Back after the ejection time, and preferred again for its cache.
     let back = e.until;
@@ -621,7 +633,10 @@ fn a_success_ends_the_failure_run() {
     let (mut core, warm, _, _) = setup();
     let n = core.config().outlier.consecutive_failures as usize;
     fail(&mut core, warm, FailureKind::Connect, n - 1, 1.0);
-    assert_eq!(core.outcome(warm, Outcome::Success, 1.0), OutlierEvent::None);
+    assert_eq!(
+        core.outcome(warm, Outcome::Success, 1.0),
+        OutlierEvent::None
+    );
     assert_eq!(
         fail(&mut core, warm, FailureKind::Connect, n - 1, 1.0),
         OutlierEvent::None

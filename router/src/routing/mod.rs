@@ -93,7 +93,7 @@ pub use core::{CapResync, CoreConfig, IndexStats, Retired, RouteRequest, Routing
 pub use gpu::{GpuIssue, GpuStatus};
 pub use index::KvIndex;
 pub use outlier::{
-    EjectedWorker, Ejection, FailureKind, Health, OutlierConfig, OutlierEvent, Outcome,
+    EjectedWorker, Ejection, FailureKind, Health, Outcome, OutlierConfig, OutlierEvent,
 };
 pub use peers::{PeerConfig, PeerLoad, PeerPlacement, PeerRefused, PeerShare};
 pub use plan::Plan;

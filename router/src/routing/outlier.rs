@@ -177,7 +177,12 @@ impl Health {
 
     /// Records an outcome at `now`; returns the failure that should eject the worker (the
     /// caller checks the pool-wide cap, then calls [`Health::eject`]).
-    pub fn record(&mut self, outcome: Outcome, cfg: &OutlierConfig, now: f64) -> Option<FailureKind> {
+    pub fn record(
+        &mut self,
+        outcome: Outcome,
+        cfg: &OutlierConfig,
+        now: f64,
+    ) -> Option<FailureKind> {
         match outcome {
             Outcome::Success => {
                 self.consecutive_failures = 0;
@@ -284,7 +289,10 @@ mod tests {
         assert_eq!(h.record(Outcome::Success, &c, 0.0), None);
         assert_eq!(h.consecutive_failures, 0);
         assert_eq!(h.record(fail, &c, 1.0), None);
-        assert_eq!(h.record(Outcome::Failure(FailureKind::Connect), &c, 1.0), None);
+        assert_eq!(
+            h.record(Outcome::Failure(FailureKind::Connect), &c, 1.0),
+            None
+        );
         assert_eq!(
             h.record(Outcome::Failure(FailureKind::StreamCut), &c, 1.0),
             Some(FailureKind::StreamCut),
@@ -298,7 +306,10 @@ mod tests {
         let mut h = Health::new();
         let timeout = Outcome::Failure(FailureKind::Timeout);
         assert_eq!(h.record(timeout, &c, 0.0), None);
-        assert_eq!(h.record(Outcome::Failure(FailureKind::Connect), &c, 0.0), None);
+        assert_eq!(
+            h.record(Outcome::Failure(FailureKind::Connect), &c, 0.0),
+            None
+        );
         assert_eq!(h.consecutive_timeouts, 0);
         assert_eq!(
             h.record(timeout, &c, 0.0),
@@ -321,7 +332,11 @@ mod tests {
         let e2 = h.eject(FailureKind::Connect, &c, 11.0);
         assert_eq!((e2.ejections, e2.until), (2, 31.0));
         let e3 = h.eject(FailureKind::Connect, &c, 31.0);
-        assert_eq!((e3.ejections, e3.until), (3, 56.0), "capped at the max (25 s)");
+        assert_eq!(
+            (e3.ejections, e3.until),
+            (3, 56.0),
+            "capped at the max (25 s)"
+        );
         // Admitted for 25 s (two base periods): two ejections forgotten, so the next is
         // the second in a row.
         let e4 = h.eject(FailureKind::Http5xx, &c, 81.0);
@@ -337,7 +352,10 @@ mod tests {
         let mut h = Health::new();
         h.eject(FailureKind::Connect, &c, 0.0);
         for _ in 0..10 {
-            assert_eq!(h.record(Outcome::Failure(FailureKind::Connect), &c, 5.0), None);
+            assert_eq!(
+                h.record(Outcome::Failure(FailureKind::Connect), &c, 5.0),
+                None
+            );
         }
         assert_eq!(h.ejections, 1);
     }
@@ -352,7 +370,10 @@ mod tests {
         assert!(!off.enabled());
         let mut h = Health::new();
         for _ in 0..100 {
-            assert_eq!(h.record(Outcome::Failure(FailureKind::Timeout), &off, 0.0), None);
+            assert_eq!(
+                h.record(Outcome::Failure(FailureKind::Timeout), &off, 0.0),
+                None
+            );
         }
         let odd = OutlierConfig {
             base_ejection_s: f64::NAN,
@@ -364,10 +385,22 @@ mod tests {
 
     #[test]
     fn pick_api_reasons_map_to_kinds_and_others_say_nothing() {
-        assert_eq!(FailureKind::from_report("connect"), Some(FailureKind::Connect));
-        assert_eq!(FailureKind::from_report(" HTTP_5XX "), Some(FailureKind::Http5xx));
-        assert_eq!(FailureKind::from_report("stream_cut"), Some(FailureKind::StreamCut));
-        assert_eq!(FailureKind::from_report("timeout"), Some(FailureKind::Timeout));
+        assert_eq!(
+            FailureKind::from_report("connect"),
+            Some(FailureKind::Connect)
+        );
+        assert_eq!(
+            FailureKind::from_report(" HTTP_5XX "),
+            Some(FailureKind::Http5xx)
+        );
+        assert_eq!(
+            FailureKind::from_report("stream_cut"),
+            Some(FailureKind::StreamCut)
+        );
+        assert_eq!(
+            FailureKind::from_report("timeout"),
+            Some(FailureKind::Timeout)
+        );
         assert_eq!(FailureKind::from_report("client_disconnect"), None);
         assert_eq!(FailureKind::from_report(""), None);
     }

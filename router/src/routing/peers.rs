@@ -274,7 +274,9 @@ impl PeerShare {
     fn weight(&self, p: &Peer, now: f64) -> f64 {
         match p.lost_at {
             None => 1.0,
-            Some(t) if self.cfg.decay_s > 0.0 => (1.0 - (now - t) / self.cfg.decay_s).clamp(0.0, 1.0),
+            Some(t) if self.cfg.decay_s > 0.0 => {
+                (1.0 - (now - t) / self.cfg.decay_s).clamp(0.0, 1.0)
+            }
             Some(_) => 0.0,
         }
     }
@@ -390,7 +392,11 @@ mod tests {
         assert_eq!(s.load(WorkerId(0), 15.0).waiting, 0.0);
         assert_eq!(s.upkeep(15.0), 4);
         assert_eq!(s.placements(), 0);
-        assert_eq!(s.peers().count(), 0, "a lost peer with nothing left is forgotten");
+        assert_eq!(
+            s.peers().count(),
+            0,
+            "a lost peer with nothing left is forgotten"
+        );
         assert_eq!(s.leading(WorkerId(0), &[1, 2], 15.0), 0);
     }
 
@@ -423,7 +429,8 @@ mod tests {
         assert!(s.holds("b", 1));
         s.drop_worker(WorkerId(1));
         assert!(!s.holds("b", 1));
-        s.placed("b", placement(9, 0, &[1], 10), 10.0).expect("room");
+        s.placed("b", placement(9, 0, &[1], 10), 10.0)
+            .expect("room");
         assert_eq!(s.upkeep(69.0), 0);
         assert_eq!(s.upkeep(70.0), 1, "past its TTL");
     }

@@ -68,18 +68,19 @@ mod tokenizers;
 pub use catalog::{
     AliasDraw, Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel, WorkerOrigin,
 };
+pub use peers::PeerApplied;
 pub use pick::{
-    BodyKind, CandidateRecord, DecisionRecord, EjectedRecord, LoraRecord, PickError, PickInput, Picked,
-    PolicyHooks, Prompt, Usage, max_tokens_of,
+    BodyKind, CandidateRecord, DecisionRecord, EjectedRecord, LoraRecord, PickError, PickInput,
+    Picked, PolicyHooks, Prompt, Usage, max_tokens_of,
 };
 pub use policy::{
     ModelSwitchRecord, PoliciesReport, PolicyMetrics, REQUEST_ID_HEADER, SERVICE_CLASS_HEADER,
     TTFT_TARGET_HEADER, VerdictRecord,
 };
 pub use sidecars::{
-    DeltaOp, EjectionView, LoadApplied, LoadView, SidecarIdentity, SnapshotRefused, WorkerReport, WorkersReport,
+    DeltaOp, EjectionView, LoadApplied, LoadView, SidecarIdentity, SnapshotRefused, WorkerReport,
+    WorkersReport,
 };
-pub use peers::PeerApplied;
 pub use tickets::{DecisionId, TicketError};
 pub use tokenizers::TokenizerDirs;
 

@@ -686,15 +686,13 @@ impl RouterState {
                 in_flight: infl.outstanding(),
                 waiting_first_token: infl.waiting,
                 consecutive_failures: slot.map_or(0, |s| s.health.consecutive_failures),
-                ejection: slot
-                    .filter(|s| s.health.is_ejected(t))
-                    .and_then(|s| {
-                        Some(EjectionView {
-                            reason: s.health.reason?.label(),
-                            remaining_s: s.health.ejected_until - t,
-                            ejections: s.health.ejections,
-                        })
-                    }),
+                ejection: slot.filter(|s| s.health.is_ejected(t)).and_then(|s| {
+                    Some(EjectionView {
+                        reason: s.health.reason?.label(),
+                        remaining_s: s.health.ejected_until - t,
+                        ejections: s.health.ejections,
+                    })
+                }),
             }
         };
         let mut workers = Vec::new();
@@ -810,7 +808,11 @@ impl RouterState {
         for (state, n) in by_state {
             m.workers.with_label_values(&[state]).set(n);
         }
-        let ejected = report.workers.iter().filter(|w| w.ejection.is_some()).count();
+        let ejected = report
+            .workers
+            .iter()
+            .filter(|w| w.ejection.is_some())
+            .count();
         m.outlier_ejected_workers
             .set(i64::try_from(ejected).unwrap_or(i64::MAX));
         m.peer_placements
