@@ -97,6 +97,39 @@ struct Held {
     placed_at: f64,
 }
 
+/// Sums of one peer's outstanding placements on one worker.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sums {
+    waiting: u64,
+    waiting_prefill: u64,
+    decoding: u64,
+    active: u64,
+    active_uncached: u64,
+    active_kv: u64,
+}
+
+impl Sums {
+    /// Adds (`sign` 1) or removes (`sign` -1) a placement.
+    fn apply(&mut self, h: &Held, sign: i8) {
+        let f = |v: &mut u64, x: u64| {
+            *v = if sign > 0 {
+                v.saturating_add(x)
+            } else {
+                v.saturating_sub(x)
+            };
+        };
+        if h.started {
+            f(&mut self.decoding, 1);
+        } else {
+            f(&mut self.waiting, 1);
+            f(&mut self.waiting_prefill, h.uncached);
+        }
+        f(&mut self.active, h.prompt);
+        f(&mut self.active_uncached, h.uncached);
+        f(&mut self.active_kv, h.kv);
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 struct Peer {
     name: String,
@@ -104,6 +137,33 @@ struct Peer {
     lost_at: Option<f64>,
     /// Outstanding placements by the peer's id.
     held: HashMap<u64, Held>,
+    /// Their sums per worker (by worker index), kept with `held`.
+    sums: Vec<Sums>,
+}
+
+impl Peer {
+    fn add(&mut self, id: u64, h: Held) {
+        let i = h.worker.index();
+        if self.sums.len() <= i {
+            self.sums.resize(i + 1, Sums::default());
+        }
+        self.sums[i].apply(&h, 1);
+        if let Some(old) = self.held.insert(id, h) {
+            self.sub(&old);
+        }
+    }
+
+    fn sub(&mut self, h: &Held) {
+        if let Some(s) = self.sums.get_mut(h.worker.index()) {
+            s.apply(h, -1);
+        }
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Held> {
+        let h = self.held.remove(&id)?;
+        self.sub(&h);
+        Some(h)
+    }
 }
 
 /// Why a peer placement was not taken.
@@ -164,7 +224,7 @@ impl PeerShare {
         if p.started {
             self.overlay.settle(local, now, self.cfg.grace_s);
         }
-        self.peers[i].held.insert(
+        self.peers[i].add(
             p.id,
             Held {
                 local,
@@ -185,12 +245,17 @@ impl PeerShare {
         let Some(i) = self.peers.iter().position(|p| p.name == peer) else {
             return;
         };
-        if let Some(h) = self.peers[i].held.get_mut(&id)
+        let peer = &mut self.peers[i];
+        if let Some(h) = peer.held.get(&id).cloned()
             && !h.started
         {
-            h.started = true;
-            let local = h.local;
-            self.overlay.settle(local, now, self.cfg.grace_s);
+            peer.sub(&h);
+            let started = Held { started: true, ..h };
+            if let Some(s) = peer.sums.get_mut(started.worker.index()) {
+                s.apply(&started, 1);
+            }
+            peer.held.insert(id, started);
+            self.overlay.settle(h.local, now, self.cfg.grace_s);
         }
     }
 
@@ -199,7 +264,7 @@ impl PeerShare {
         let Some(i) = self.peers.iter().position(|p| p.name == peer) else {
             return;
         };
-        if let Some(h) = self.peers[i].held.remove(&id) {
+        if let Some(h) = self.peers[i].remove(id) {
             self.overlay.end(h.local, now);
             self.placements -= 1;
         }
@@ -211,6 +276,7 @@ impl PeerShare {
             return;
         };
         let held = std::mem::take(&mut self.peers[i].held);
+        self.peers[i].sums.clear();
         self.placements -= held.len();
         for h in held.into_values() {
             self.overlay.end(h.local, now);
@@ -239,6 +305,9 @@ impl PeerShare {
         for p in &mut self.peers {
             let before = p.held.len();
             p.held.retain(|_, h| h.worker != w);
+            if let Some(s) = p.sums.get_mut(w.index()) {
+                *s = Sums::default();
+            }
             self.placements -= before - p.held.len();
         }
         self.overlay.drop_worker(w);
@@ -251,13 +320,17 @@ impl PeerShare {
         let mut dropped = Vec::new();
         for p in &mut self.peers {
             let gone = p.lost_at.is_some_and(|t| now - t >= decay);
-            p.held.retain(|_, h| {
-                let keep = !gone && now - h.placed_at < ttl;
-                if !keep {
+            let expired: Vec<u64> = p
+                .held
+                .iter()
+                .filter(|(_, h)| gone || now - h.placed_at >= ttl)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in expired {
+                if let Some(h) = p.remove(id) {
                     dropped.push(h.local);
                 }
-                keep
-            });
+            }
         }
         self.peers
             .retain(|p| p.lost_at.is_none() || !p.held.is_empty());
@@ -289,17 +362,15 @@ impl PeerShare {
             if k <= 0.0 {
                 continue;
             }
-            for h in p.held.values().filter(|h| h.worker == w) {
-                if h.started {
-                    out.decoding += k;
-                } else {
-                    out.waiting += k;
-                    out.waiting_prefill_tokens += k * h.uncached as f64;
-                }
-                out.active_tokens += k * h.prompt as f64;
-                out.active_uncached_tokens += k * h.uncached as f64;
-                out.active_kv_tokens += k * h.kv as f64;
-            }
+            let Some(s) = p.sums.get(w.index()) else {
+                continue;
+            };
+            out.waiting += k * s.waiting as f64;
+            out.waiting_prefill_tokens += k * s.waiting_prefill as f64;
+            out.decoding += k * s.decoding as f64;
+            out.active_tokens += k * s.active as f64;
+            out.active_uncached_tokens += k * s.active_uncached as f64;
+            out.active_kv_tokens += k * s.active_kv as f64;
         }
         out
     }
