@@ -330,7 +330,8 @@ impl Cluster {
                             if (t as usize) < shared {
                                 1 + t
                             } else {
-                                1 + ((r * per_replica + i) as u32).wrapping_mul(65_521) ^ t
+                                (((r * per_replica + i) as u32).wrapping_mul(65_521) ^ t)
+                                    .wrapping_add(1)
                             }
                         })
                         .collect();
