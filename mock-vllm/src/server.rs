@@ -3,7 +3,7 @@
 //! is dropped (client gone) aborts its request in the engine.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -61,6 +61,9 @@ pub struct AppState {
     /// `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` are served
     /// (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`).
     pub runtime_lora_updating: bool,
+    /// Fault injection (`POST /mock/fault`): while not 0, every generation request is answered
+    /// with this HTTP status (an engine failure as the router sees it), nothing generated.
+    pub fault_status: AtomicU16,
 }
 
 type Shared = Arc<AppState>;
@@ -131,7 +134,8 @@ pub fn router(state: Shared) -> Router {
         .route("/get_server_info", get(server_info))
         .route("/model_info", get(model_info))
         .route("/get_model_info", get(model_info))
-        .route("/get_load", get(get_load));
+        .route("/get_load", get(get_load))
+        .route("/mock/fault", post(set_fault));
     let app = if lora_updates {
         app.route("/v1/load_lora_adapter", post(load_lora_adapter))
             .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
@@ -308,13 +312,50 @@ async fn detokenize(State(s): State<Shared>, body: Bytes) -> Result<axum::Json<V
     Ok(axum::Json(json!({"prompt": s.text.decode(&ids)})))
 }
 
+/// `POST /mock/fault` `{"status": N}`: answer every generation request with status `N`
+/// (500..=599) from now on; `{"status": 0}` ends the fault. The mock's own test hook: vLLM
+/// has no such route.
+async fn set_fault(State(s): State<Shared>, body: Bytes) -> Response {
+    let status = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("status").and_then(Value::as_u64));
+    match status {
+        Some(n @ (0 | 500..=599)) => {
+            // The match bounds it to u16.
+            s.fault_status.store(n as u16, Ordering::Relaxed);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        _ => ApiError::bad_request("body must be {\"status\": 0 or 500..=599}").into_response(),
+    }
+}
+
+/// The injected fault's answer, if one is set.
+fn injected_fault(s: &AppState) -> Option<Response> {
+    let status = s.fault_status.load(Ordering::Relaxed);
+    (status != 0).then(|| {
+        ApiError {
+            status,
+            kind: "InternalServerError",
+            message: "injected fault (POST /mock/fault)".into(),
+            param: None,
+        }
+        .into_response()
+    })
+}
+
 async fn chat_completions(State(s): State<Shared>, body: Bytes) -> Response {
+    if let Some(r) = injected_fault(&s) {
+        return r;
+    }
     generate(s, body, Endpoint::Chat)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn completions(State(s): State<Shared>, body: Bytes) -> Response {
+    if let Some(r) = injected_fault(&s) {
+        return r;
+    }
     generate(s, body, Endpoint::Completions)
         .await
         .unwrap_or_else(IntoResponse::into_response)

@@ -4,6 +4,7 @@
 //! sidecar --Ingest.Report(stream WorkerReport)--> router
 //!         <--------(stream IngestControl)--------
 //! gateway --Picker.Pick / Report*---------------> router
+//! router replica --Peers.Share(stream PeerUpdate)--> router replica
 //! ```
 //!
 //! The schema lives in `proto/kvroute.proto`; this crate compiles it and says how large an

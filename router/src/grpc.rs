@@ -1,4 +1,4 @@
-//! The gRPC listener (Ingest, Picker, grpc.health.v1): mTLS with `--grpc-tls-dir`, else
+//! The gRPC listener (Ingest, Picker, Peers, grpc.health.v1): mTLS with `--grpc-tls-dir`, else
 //! plaintext and unauthenticated (said at start and by a gauge).
 //!
 //! ```text
@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::blocking_pool::BlockingPool;
 use crate::ingest::IngestService;
+use crate::peer::PeersService;
 use crate::pick::PickerService;
 use crate::state::RouterState;
 
@@ -59,6 +60,7 @@ pub async fn serve(
     close: CancellationToken,
 ) -> anyhow::Result<()> {
     let authenticated = tls.is_some();
+    let own = tls.as_ref().and_then(|t| t.config.identity());
     let mut server = tonic::transport::Server::builder();
     let routes = server
         .add_service(health)
@@ -71,7 +73,8 @@ pub async fn serve(
             PickerService::new(state.clone(), pool)
                 .tls(authenticated)
                 .into_server(),
-        );
+        )
+        .add_service(PeersService::new(state.clone(), authenticated, own).into_server());
     let auth = &state.metrics().auth;
     match &tls {
         None => {

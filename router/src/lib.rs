@@ -26,6 +26,7 @@ pub mod admin;
 pub mod admin_token;
 pub mod auth;
 pub mod blocking_pool;
+pub mod burst;
 pub mod churn;
 pub mod discovery;
 pub mod epp;
@@ -38,6 +39,8 @@ pub mod ingest;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
+pub mod passive_health;
+pub mod peer;
 pub mod pick;
 pub mod provider;
 pub mod readiness;
@@ -418,6 +421,12 @@ pub struct Args {
     /// The Gateway API Inference Extension endpoint picker (`--epp-*`).
     #[command(flatten)]
     pub epp: epp::EppArgs,
+    /// Passive health: ejecting workers that keep failing (`--outlier-*`).
+    #[command(flatten)]
+    pub outlier: passive_health::OutlierArgs,
+    /// Active-active replicas: the peer exchange (`--peers`, `--peer-*`).
+    #[command(flatten)]
+    pub peer: peer::PeerArgs,
 }
 
 impl Default for Args {
@@ -487,6 +496,8 @@ impl Default for Args {
             provider_idle_timeout_s: 120.0,
             otlp_endpoint: String::new(),
             epp: epp::EppArgs::default(),
+            outlier: passive_health::OutlierArgs::default(),
+            peer: peer::PeerArgs::default(),
         }
     }
 }
@@ -569,6 +580,45 @@ fn secs(flag: &str, v: f64) -> anyhow::Result<Duration> {
         .with_context(|| format!("--{flag} {v}: expected a non-negative number of seconds"))
 }
 
+/// `--peer-decay-s`, checked.
+fn peer_decay(v: f64) -> anyhow::Result<f64> {
+    Ok(secs("peer-decay-s", v)?.as_secs_f64())
+}
+
+/// The peer exchange's dialer settings, or `None` when no peer source is configured. Under
+/// `--grpc-tls-dir` the replica's own certificate is its client certificate (router
+/// certificates carry ClientAuth).
+fn peer_setup(
+    args: &peer::PeerArgs,
+    tls_dir: Option<&std::path::Path>,
+    reload_ms: u64,
+) -> anyhow::Result<Option<PeerSetup>> {
+    if !args.enabled() {
+        return Ok(None);
+    }
+    let tls = match tls_dir {
+        Some(dir) => {
+            let config = kvroute_tls::WatchedClient::client(dir.to_path_buf())
+                .with_context(|| format!("--grpc-tls-dir {} as the peer client", dir.display()))?;
+            tokio::spawn(config.clone().watch(
+                Duration::from_millis(reload_ms.max(10)),
+                CancellationToken::new(),
+                |_| {},
+            ));
+            let name = (!args.peer_tls_server_name.is_empty())
+                .then_some(args.peer_tls_server_name.as_str());
+            Some(kvroute_tls::ClientTls::new(config, name).context("--peer-tls-server-name")?)
+        }
+        None => None,
+    };
+    Ok(Some(PeerSetup {
+        statics: args.peers.clone(),
+        service: args.peer_service.clone(),
+        interval: secs("peer-resolve-interval-s", args.peer_resolve_interval_s)?,
+        tls,
+    }))
+}
+
 /// Where workers come from.
 enum Discovery {
     Static(StaticDiscovery),
@@ -609,7 +659,17 @@ pub struct Server {
     providers: provider::Providers,
     /// The endpoint picker listener (`--epp-listen`), if on.
     epp: Option<epp::EppListener>,
+    /// The peer exchange's dialer side (`--peers` / `--peer-service`), if on.
+    peers: Option<PeerSetup>,
     grace: Duration,
+}
+
+/// What the peer exchange's dialer needs (built at bind, run by serve).
+struct PeerSetup {
+    statics: Vec<String>,
+    service: String,
+    interval: Duration,
+    tls: Option<kvroute_tls::ClientTls>,
 }
 
 /// How often `--gateway-tls-dir` is checked for a new certificate.
@@ -684,11 +744,14 @@ impl Server {
             provider_idle_timeout_s,
             otlp_endpoint,
             epp,
+            outlier,
+            peer,
         } = args;
         if config.is_none() && !kubernetes && !route_unlisted {
             bail!("no worker discovery: pass --config FILE, --kubernetes, or --route-unlisted");
         }
         let epp_tls_default = grpc_tls_dir.clone();
+        let peers = peer_setup(&peer, grpc_tls_dir.as_deref(), tls_reload_interval_ms)?;
         let grpc_tls = grpc_tls_dir
             .map(|dir| {
                 grpc::GrpcTls::load(dir, Duration::from_millis(tls_reload_interval_ms.max(10)))
@@ -706,6 +769,11 @@ impl Server {
             route_unlisted,
             tokenizers: tokenizer_dirs(&tokenizer)?,
             predictor: predictor_prior(prior_prefill_rate, prior_overhead_s, prior_itl_s)?,
+            outlier: outlier.config()?,
+            peers: routing::PeerConfig {
+                decay_s: peer_decay(peer.peer_decay_s)?,
+                ..routing::PeerConfig::default()
+            },
             drain_delay: secs("drain-delay-s", drain_delay_s)?,
             limits: checked_limits(limits::Limits {
                 max_workers_per_model,
@@ -863,6 +931,7 @@ impl Server {
             pool,
             providers,
             epp,
+            peers,
             grace: secs("shutdown-grace-s", shutdown_grace_s)?,
         })
     }
@@ -905,6 +974,7 @@ impl Server {
             pool,
             providers,
             epp,
+            peers,
             grace,
         } = self;
         let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
@@ -946,6 +1016,24 @@ impl Server {
             tasks.spawn(
                 async move { ("epp", epp.serve(stop).await) }
                     .instrument(tracing::info_span!("epp")),
+            );
+        }
+
+        if let Some(p) = peers {
+            let (tx, rx) = tokio::sync::watch::channel(std::collections::BTreeSet::new());
+            tokio::spawn(
+                peer::resolve_targets(p.statics, p.service, p.interval, tx, close.clone())
+                    .instrument(tracing::info_span!("peer-targets")),
+            );
+            let dialer = peer::PeerDialer {
+                state: state.clone(),
+                targets: rx,
+                tls: p.tls,
+            };
+            tokio::spawn(
+                dialer
+                    .run(close.clone())
+                    .instrument(tracing::info_span!("peers")),
             );
         }
 

@@ -98,6 +98,25 @@ pub struct RouterMetrics {
     pub tokenizer_loaded: IntGaugeVec,
     /// Failed tokenizer load attempts, by model and reason (`FetchError::label`).
     pub tokenizer_fetch_failures: IntCounterVec,
+    /// Requests a worker failed, by kind (`FailureKind::label`): passive health's input.
+    pub worker_failures: IntCounterVec,
+    /// Workers ejected by passive health, by the failure that ejected them.
+    pub outlier_ejections: IntCounterVec,
+    /// Ejections refused because max-ejection-percent workers were ejected already.
+    pub outlier_ejections_refused: IntCounterVec,
+    /// Workers ejected now (set at scrape time).
+    pub outlier_ejected_workers: IntGauge,
+    /// Peer-exchange streams open, by direction (`in`: peers sharing with this replica,
+    /// `out`: this replica sharing with peers).
+    pub peer_streams: IntGaugeVec,
+    /// Peer updates sent and received, by direction.
+    pub peer_updates: IntCounterVec,
+    /// Peer streams or updates refused, by reason.
+    pub peer_refused: IntCounterVec,
+    /// Peer placements not taken, by reason (`unknown_worker`, `full`).
+    pub peer_placements_skipped: IntCounterVec,
+    /// Peer placements held now (set at scrape time).
+    pub peer_placements: IntGauge,
     /// Authentication: refused streams and calls, TLS handshakes and reloads.
     pub auth: crate::auth::AuthMetrics,
     /// InferencePolicy reloads, verdicts, rejections and SLO shedding.
@@ -270,6 +289,49 @@ impl RouterMetrics {
                 "Failed attempts to load a model's tokenizer, by reason.",
                 &["model", "reason"],
             )?,
+            worker_failures: counter_vec(
+                "kvroute_router_worker_failures_total",
+                "Requests a worker failed (connect error, 5xx, stream cut, timeout), by kind.",
+                &["reason"],
+            )?,
+            outlier_ejections: counter_vec(
+                "kvroute_router_outlier_ejections_total",
+                "Workers ejected by passive health, by the failure that ejected them.",
+                &["reason"],
+            )?,
+            outlier_ejections_refused: counter_vec(
+                "kvroute_router_outlier_ejections_refused_total",
+                "Ejections refused because max-ejection-percent of the workers were ejected already.",
+                &["reason"],
+            )?,
+            outlier_ejected_workers: IntGauge::new(
+                "kvroute_router_outlier_ejected_workers",
+                "Workers ejected by passive health now (set at scrape time).",
+            )?,
+            peer_streams: gauge_vec(
+                "kvroute_router_peer_streams",
+                "Peer-exchange streams open, by direction (in: peers sharing here; out: sharing with peers).",
+                &["direction"],
+            )?,
+            peer_updates: counter_vec(
+                "kvroute_router_peer_updates_total",
+                "Peer-exchange updates sent and received, by direction.",
+                &["direction"],
+            )?,
+            peer_refused: counter_vec(
+                "kvroute_router_peer_refused_total",
+                "Peer-exchange streams or updates refused, by reason.",
+                &["reason"],
+            )?,
+            peer_placements_skipped: counter_vec(
+                "kvroute_router_peer_placements_skipped_total",
+                "Peer placements not taken, by reason (unknown_worker, full).",
+                &["reason"],
+            )?,
+            peer_placements: IntGauge::new(
+                "kvroute_router_peer_placements",
+                "Other replicas' outstanding placements this replica counts (set at scrape time).",
+            )?,
             auth: crate::auth::AuthMetrics::register(registry)?,
             policy: crate::state::PolicyMetrics::register(registry)?,
             limit_hits: counter_vec(
@@ -284,6 +346,15 @@ impl RouterMetrics {
         };
         for l in crate::limits::Limit::ALL {
             m.limit_hits.with_label_values(&[l.label()]);
+        }
+        for d in ["in", "out"] {
+            m.peer_streams.with_label_values(&[d]);
+            m.peer_updates.with_label_values(&[d]);
+        }
+        for k in crate::routing::FailureKind::ALL {
+            m.worker_failures.with_label_values(&[k.label()]);
+            m.outlier_ejections.with_label_values(&[k.label()]);
+            m.outlier_ejections_refused.with_label_values(&[k.label()]);
         }
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.pick_errors.clone()))?;
@@ -317,6 +388,15 @@ impl RouterMetrics {
         registry.register(Box::new(m.tokenizer_fetch_failures.clone()))?;
         registry.register(Box::new(m.limit_hits.clone()))?;
         registry.register(Box::new(m.blocks_over_cap.clone()))?;
+        registry.register(Box::new(m.worker_failures.clone()))?;
+        registry.register(Box::new(m.outlier_ejections.clone()))?;
+        registry.register(Box::new(m.outlier_ejections_refused.clone()))?;
+        registry.register(Box::new(m.outlier_ejected_workers.clone()))?;
+        registry.register(Box::new(m.peer_streams.clone()))?;
+        registry.register(Box::new(m.peer_updates.clone()))?;
+        registry.register(Box::new(m.peer_refused.clone()))?;
+        registry.register(Box::new(m.peer_placements_skipped.clone()))?;
+        registry.register(Box::new(m.peer_placements.clone()))?;
         Ok(m)
     }
 

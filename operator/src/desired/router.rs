@@ -461,6 +461,22 @@ fn router_env(cfg: &OperatorConfig) -> Vec<EnvVar> {
         // Each replica enforces 1/N of a tenant's limits (docs/control-plane.md, "Limits").
         env("KVROUTE_ROUTER_REPLICAS", cfg.router_replicas.to_string()),
     ];
+    if cfg.router_replicas > 1 {
+        // Active-active replicas find each other through the headless ingest Service (every
+        // replica's address, ready or not) and share placements on the gRPC port; under mTLS
+        // they verify each other as the name sidecars verify (docs/replicas.md).
+        vars.push(env(
+            "KVROUTE_ROUTER_PEER_SERVICE",
+            format!(
+                "{INGEST_SERVICE}.{}.svc:{INGEST_PORT}",
+                cfg.router_namespace
+            ),
+        ));
+        vars.push(env(
+            "KVROUTE_ROUTER_PEER_TLS_SERVER_NAME",
+            super::tls::router_server_name(cfg),
+        ));
+    }
     if !cfg.watch_namespace.is_empty() {
         vars.push(env("KVROUTE_ROUTER_NAMESPACE", cfg.watch_namespace.clone()));
     }
@@ -761,6 +777,23 @@ mod tests {
         );
         assert_eq!(pod.service_account_name.as_deref(), Some(ROUTER_NAME));
         assert_eq!(pod.containers[0].image.as_deref(), Some("r:1"));
+        // The replicas find each other through the headless ingest Service.
+        let env_of = |name: &str| {
+            pod.containers[0]
+                .env
+                .iter()
+                .flatten()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(
+            env_of("KVROUTE_ROUTER_PEER_SERVICE").as_deref(),
+            Some("kvroute-router-ingest.kvroute-system.svc:9000")
+        );
+        assert_eq!(
+            env_of("KVROUTE_ROUTER_PEER_TLS_SERVER_NAME").as_deref(),
+            Some("kvroute-router-ingest.kvroute-system.svc")
+        );
         assert_eq!(
             o.ingest_service.spec.expect("spec").cluster_ip.as_deref(),
             Some("None")

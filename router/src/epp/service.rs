@@ -552,7 +552,13 @@ impl Session {
             .as_ref()
             .is_some_and(|m| (200..300).contains(&m.status));
         if !ok {
-            guard.abort();
+            // A 5xx from the worker counts toward its passive health; anything else (no
+            // response seen, a 4xx) says nothing about the worker.
+            if meter.as_ref().is_some_and(|m| m.status >= 500) {
+                guard.failed(crate::routing::FailureKind::Http5xx);
+            } else {
+                guard.abort();
+            }
             return;
         }
         let usage = meter.and_then(|m| {

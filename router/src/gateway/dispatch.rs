@@ -5,6 +5,7 @@
 //! handler --pick()--> AssignmentGuard (guard) --first_token()--> ... --done()  (release)
 //!                          |  dropped without done(): client gone, error, panic
 //!                          +--Drop--> Dispatch::abort()                  (release)
+//!                          +--failed(kind)--> Dispatch::failed() (passive health + release)
 //! ```
 
 use std::sync::Arc;
@@ -55,6 +56,13 @@ pub trait Dispatch: Send + Sync + 'static {
     fn done(&self, picked: &Picked, usage: Option<Usage>, e2e: Duration);
     /// Failure, retry or disconnect: releases the assignment.
     fn abort(&self, picked: &Picked);
+    /// The worker failed the request (`kind`: connect error, 5xx, stream cut, timeout):
+    /// counts toward its passive health (ejection), then releases the assignment. The
+    /// default only releases.
+    fn failed(&self, picked: &Picked, kind: crate::routing::FailureKind) {
+        let _ = kind;
+        self.abort(picked);
+    }
     /// The tenant auth block of `pool` (`None`: the pool serves anonymous requests). The
     /// default: no pool has one.
     fn pool_auth(&self, _pool: &str) -> Option<Arc<crate::tenant::PoolAuth>> {
@@ -151,6 +159,12 @@ impl AssignmentGuard {
     pub fn abort(mut self) {
         self.released = true;
         self.dispatch.abort(&self.picked);
+    }
+
+    /// The worker failed the request: counts toward its passive health, releases.
+    pub fn failed(mut self, kind: crate::routing::FailureKind) {
+        self.released = true;
+        self.dispatch.failed(&self.picked, kind);
     }
 }
 

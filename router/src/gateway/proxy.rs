@@ -32,6 +32,7 @@ use super::upstream::{SendError, Upstream};
 use crate::blocking_pool::{BlockingPool, Caller, PoolError};
 use crate::listener::{Guarded, ListenerMetrics, Refusal, is_body_timeout};
 use crate::provider::{ClientApi, Providers};
+use crate::routing::FailureKind;
 use crate::state::max_tokens_of;
 
 /// Response header naming the chosen worker.
@@ -265,7 +266,7 @@ impl Gateway {
                 Ok(response) if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
                     tracing::debug!(worker = %assignment.picked().worker, "worker answered 503; trying another");
                     exclude.push(assignment.picked().worker.clone());
-                    assignment.abort();
+                    assignment.failed(FailureKind::Http5xx);
                     last_failure = Some(GatewayError::NoReadyWorker(route.client_model.clone()));
                 }
                 Ok(response) => {
@@ -278,13 +279,18 @@ impl Gateway {
                 Err(SendError::Connect) => {
                     tracing::debug!(worker = %assignment.picked().worker, "cannot connect to worker; trying another");
                     exclude.push(assignment.picked().worker.clone());
-                    assignment.abort();
+                    assignment.failed(FailureKind::Connect);
                     last_failure = Some(GatewayError::Upstream(
                         "could not connect to the worker".into(),
                     ));
                 }
-                Err(SendError::Timeout) => return Err(GatewayError::UpstreamTimeout),
+                Err(SendError::Timeout) => {
+                    assignment.failed(FailureKind::Timeout);
+                    return Err(GatewayError::UpstreamTimeout);
+                }
                 Err(SendError::Other) => {
+                    // The request may have reached the worker, which then broke it off.
+                    assignment.failed(FailureKind::StreamCut);
                     return Err(GatewayError::Upstream(
                         "the request to the worker failed".into(),
                     ));
@@ -350,7 +356,11 @@ impl Gateway {
             error_response(flavor, &e)
         };
         self.decision_headers(&mut resp, &assignment);
-        assignment.abort();
+        if status >= 500 {
+            assignment.failed(FailureKind::Http5xx);
+        } else {
+            assignment.abort();
+        }
         resp
     }
 }
@@ -461,7 +471,13 @@ async fn openai_request(
             sent_at,
         )));
     }
-    let (body, usage) = read_unary(response).await?;
+    let (body, usage) = match read_unary(response).await {
+        Ok(read) => read,
+        Err(e) => {
+            assignment.failed(failure_of(&e));
+            return Err(e);
+        }
+    };
     let mut resp = json_bytes_response(body);
     gw.decision_headers(&mut resp, &assignment);
     assignment.done(usage, sent_at.elapsed());
@@ -530,7 +546,13 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
             response, headers, sink, assignment, sent_at,
         )));
     }
-    let (body, usage) = read_unary(response).await?;
+    let (body, usage) = match read_unary(response).await {
+        Ok(read) => read,
+        Err(e) => {
+            assignment.failed(failure_of(&e));
+            return Err(e);
+        }
+    };
     let chat: Value = serde_json::from_slice(&body)
         .map_err(|_| GatewayError::Upstream("the worker's answer is not valid JSON".into()))?;
     let mut resp = json_response(StatusCode::OK, &anthropic::message_from_chat(&chat, &model));
@@ -597,6 +619,14 @@ async fn read_unary(response: reqwest::Response) -> Result<(Bytes, Option<Usage>
         .as_ref()
         .and_then(openai::usage_of);
     Ok((body, usage))
+}
+
+/// The passive-health kind of a failed read of the worker's answer.
+fn failure_of(e: &GatewayError) -> FailureKind {
+    match e {
+        GatewayError::UpstreamTimeout => FailureKind::Timeout,
+        _ => FailureKind::StreamCut,
+    }
 }
 
 /// A relayed stream body plus the headers that go with it.
@@ -718,15 +748,19 @@ fn relay<K: Sink>(
         loop {
             let mut out = BytesMut::new();
             let mut ended = false;
-            let mut broke: Option<&'static str> = None;
+            let mut broke: Option<(&'static str, FailureKind)> = None;
             match upstream.next().await {
                 Some(Ok(chunk)) => {
                     if parser.push(&chunk, &mut events).is_err() {
-                        broke = Some("the worker sent an oversized event");
+                        broke = Some(("the worker sent an oversized event", FailureKind::StreamCut));
                     }
                 }
                 Some(Err(e)) => {
-                    broke = Some(if e.is_timeout() { "the worker timed out" } else { "the worker's stream broke off" });
+                    broke = Some(if e.is_timeout() {
+                        ("the worker timed out", FailureKind::Timeout)
+                    } else {
+                        ("the worker's stream broke off", FailureKind::StreamCut)
+                    });
                 }
                 None => {
                     if let Ok(Some(last)) = parser.finish() {
@@ -756,11 +790,11 @@ fn relay<K: Sink>(
                 }
                 sink.event(&event, &item, &mut out);
             }
-            if let Some(message) = broke {
+            if let Some((message, kind)) = broke {
                 tracing::debug!(message, "upstream stream failed");
                 sink.error(message, &mut out);
                 if let Some(a) = assignment.take() {
-                    a.abort();
+                    a.failed(kind);
                 }
                 ended = true;
             } else if ended {

@@ -46,11 +46,12 @@ pub struct Candidate {
     pub running: u32,
     /// KV cache usage 0..1, from its last load report.
     pub kv_usage: f32,
-    /// The router's own assignments waiting for their first token.
+    /// The router's own assignments waiting for their first token (this replica's and, with
+    /// the peer exchange, its peer replicas'; docs/replicas.md).
     pub inflight: u32,
     /// Uncached prompt tokens of those.
     pub inflight_prefill_tokens: u64,
-    /// The router's own assignments decoding.
+    /// The router's own assignments decoding (this replica's and its peers').
     pub decoding: u32,
     /// Prompt tokens of all the router's outstanding assignments on it.
     pub active_tokens: u64,

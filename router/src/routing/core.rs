@@ -27,7 +27,9 @@ use super::assign::{Assignment, AssignmentId, Assignments, FirstToken, WorkerInf
 use super::choose::{Decision, Policy};
 use super::gpu::GpuStatus;
 use super::index::KvIndex;
+use super::outlier::{FailureKind, Outcome, OutlierConfig, OutlierEvent};
 use super::overlay::Overlay;
+use super::peers::{PeerConfig, PeerShare};
 use super::plan::Plan;
 use super::predict::{ErrorStats, Predictor, PredictorConfig};
 use super::workers::{BlockCaps, LoadSample, Worker, WorkerId, WorkerTable};
@@ -68,6 +70,10 @@ pub struct CoreConfig {
     /// placement that would go past it is not added (a burst may then spread more): bounds
     /// what unreported Pick calls with long prompts can make the core hold.
     pub pending_max_blocks: usize,
+    /// Passive health: when failing workers are ejected, and for how long.
+    pub outlier: OutlierConfig,
+    /// The other router replicas' placements (active-active replicas).
+    pub peers: PeerConfig,
 }
 
 impl Default for CoreConfig {
@@ -84,6 +90,8 @@ impl Default for CoreConfig {
             prior_output_tokens: 256.0,
             block_caps: BlockCaps::default(),
             pending_max_blocks: 1 << 20,
+            outlier: OutlierConfig::default(),
+            peers: PeerConfig::default(),
         }
     }
 }
@@ -126,6 +134,8 @@ pub struct RoutingCore {
     /// Assignments sent to a saturated worker: (requests queued there including it,
     /// prefill-model prediction), for learning the admission wait at their first token.
     admitted_saturated: HashMap<AssignmentId, (f64, f64)>,
+    /// The other replicas' outstanding placements.
+    pub(super) peers: PeerShare,
 }
 
 /// What a store did: blocks new to the worker, and blocks refused at a cap.
@@ -208,6 +218,7 @@ impl RoutingCore {
             mean_uncached: cfg.prior_tokens_per_waiting,
             pending: Overlay::default(),
             admitted_saturated: HashMap::new(),
+            peers: PeerShare::new(cfg.peers),
             cfg,
         }
     }
@@ -352,6 +363,7 @@ impl RoutingCore {
         self.index.clear(w);
         self.predictor.forget(w);
         self.pending.drop_worker(w);
+        self.peers.drop_worker(w);
         let released = self.assignments.release_worker(w);
         for (id, _) in &released {
             self.admitted_saturated.remove(id);
@@ -374,6 +386,93 @@ impl RoutingCore {
     ) -> Vec<Retired> {
         let gone = self.workers.gone(now, grace, listed);
         gone.into_iter().filter_map(|w| self.retire(w)).collect()
+    }
+
+    /// What became of a request on `w` (from the data path: a completion, or a failure the
+    /// worker caused). Enough failures in a row eject it (see `outlier.rs`), unless that
+    /// would eject more than `max_ejection_percent` of the workers with an open stream.
+    pub fn outcome(&mut self, w: WorkerId, outcome: Outcome, now: f64) -> OutlierEvent {
+        let cfg = self.cfg.outlier;
+        let Some(slot) = self.workers.get_mut(w) else {
+            return OutlierEvent::None;
+        };
+        let Some(reason) = slot.health.record(outcome, &cfg, now) else {
+            return OutlierEvent::None;
+        };
+        if !self.may_eject(now) {
+            return OutlierEvent::Refused(reason);
+        }
+        match self.workers.get_mut(w) {
+            Some(slot) => OutlierEvent::Ejected(slot.health.eject(reason, &cfg, now)),
+            None => OutlierEvent::None,
+        }
+    }
+
+    /// True when one more ejection keeps the ejected workers within `max_ejection_percent`
+    /// of the workers whose stream is open.
+    fn may_eject(&self, now: f64) -> bool {
+        let (mut open, mut ejected) = (0usize, 0usize);
+        for (_, s) in self.workers.iter().filter(|(_, s)| s.stream_open) {
+            open += 1;
+            if s.health.is_ejected(now) {
+                ejected += 1;
+            }
+        }
+        let pct = self.cfg.outlier.max_ejection_percent;
+        let pct = if pct.is_finite() {
+            pct.clamp(0.0, 100.0)
+        } else {
+            0.0
+        };
+        (ejected + 1) as f64 <= open as f64 * pct / 100.0
+    }
+
+    /// Workers ejected at `now` (open streams or not).
+    pub fn ejected_workers(&self, now: f64) -> usize {
+        self.workers
+            .iter()
+            .filter(|(_, s)| s.health.is_ejected(now))
+            .count()
+    }
+
+    /// A failure of `kind` on the worker of an outstanding assignment (looked up before it
+    /// is released).
+    pub fn assignment_failed(
+        &mut self,
+        id: AssignmentId,
+        kind: FailureKind,
+        now: f64,
+    ) -> Option<(WorkerId, OutlierEvent)> {
+        let w = self.assignments.get(id)?.worker;
+        Some((w, self.outcome(w, Outcome::Failure(kind), now)))
+    }
+
+    /// The worker of an outstanding assignment completed it: its failure run ends.
+    pub fn assignment_succeeded(&mut self, id: AssignmentId, now: f64) {
+        if let Some(w) = self.assignments.get(id).map(|a| a.worker) {
+            self.outcome(w, Outcome::Success, now);
+        }
+    }
+
+    /// The other replicas' placements (read).
+    pub fn peers(&self) -> &PeerShare {
+        &self.peers
+    }
+
+    /// The other replicas' placements: the peer exchange applies what peers report here.
+    pub fn peers_mut(&mut self) -> &mut PeerShare {
+        &mut self.peers
+    }
+
+    /// The hash chain the pending overlay holds for an outstanding assignment (what a peer
+    /// needs to count its blocks as placed).
+    pub fn placement_chain(&self, id: AssignmentId) -> Option<&[kvroute_hash::BlockHash]> {
+        self.pending.chain(id)
+    }
+
+    /// Outstanding assignments (for the peer exchange's full list).
+    pub fn assignments(&self) -> impl Iterator<Item = (AssignmentId, &Assignment)> {
+        self.assignments.iter()
     }
 
     // ------------------------------------------------------------------ queries

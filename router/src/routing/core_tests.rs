@@ -3,6 +3,7 @@
 use super::super::choose::{PredictedTtft, PredictedTtftConfig, Reason};
 use super::super::request::PromptHashes;
 use super::*;
+use crate::routing::{FailureKind, Outcome, OutlierEvent};
 
 fn req(tokens: &[u32]) -> RouteRequest<'_> {
     RouteRequest {
@@ -577,4 +578,130 @@ fn the_pending_overlay_stops_at_its_cap() {
         core.abort(id);
     }
     assert_eq!(core.pending.blocks(), 0);
+}
+
+fn fail(
+    core: &mut RoutingCore,
+    w: WorkerId,
+    kind: FailureKind,
+    n: usize,
+    now: f64,
+) -> OutlierEvent {
+    let mut last = OutlierEvent::None;
+    for _ in 0..n {
+        last = core.outcome(w, Outcome::Failure(kind), now);
+    }
+    last
+}
+
+#[test]
+fn a_failing_worker_is_ejected_then_readmitted_and_plan_says_why() {
+    let (mut core, warm, cold, tokens) = setup();
+    let n = core.config().outlier.consecutive_failures as usize;
+    assert_eq!(
+        fail(&mut core, warm, FailureKind::Http5xx, n - 1, 1.0),
+        OutlierEvent::None
+    );
+    let OutlierEvent::Ejected(e) = fail(&mut core, warm, FailureKind::Http5xx, 1, 1.0) else {
+        panic!("the n-th failure in a row ejects");
+    };
+    assert_eq!((e.reason, e.ejections), (FailureKind::Http5xx, 1));
+    assert_eq!(core.ejected_workers(2.0), 1);
+    let plan = core.plan(&req(&tokens), &[warm, cold], 2.0);
+    assert_eq!(plan.context.candidates.len(), 1);
+    assert_eq!(
+        plan.context.candidates[0].worker, cold,
+        "the warm one is out"
+    );
+    assert_eq!(plan.ejected.len(), 1);
+    let out = plan.ejected[0];
+    assert_eq!(
+        (out.worker, out.reason, out.kept),
+        (warm, FailureKind::Http5xx, false)
+    );
+    assert!((out.remaining_s - (e.until - 2.0)).abs() < 1e-9);
+    // Back after the ejection time, and preferred again for its cache.
+    let back = e.until;
+    let plan = core.plan(&req(&tokens), &[warm, cold], back);
+    assert!(plan.ejected.is_empty());
+    assert_eq!(plan.context.candidates.len(), 2);
+    assert_eq!(core.ejected_workers(back), 0);
+}
+
+#[test]
+fn a_success_ends_the_failure_run() {
+    let (mut core, warm, _, _) = setup();
+    let n = core.config().outlier.consecutive_failures as usize;
+    fail(&mut core, warm, FailureKind::Connect, n - 1, 1.0);
+    assert_eq!(
+        core.outcome(warm, Outcome::Success, 1.0),
+        OutlierEvent::None
+    );
+    assert_eq!(
+        fail(&mut core, warm, FailureKind::Connect, n - 1, 1.0),
+        OutlierEvent::None
+    );
+    assert_eq!(core.ejected_workers(1.0), 0);
+}
+
+#[test]
+fn ejections_stop_at_the_max_percent_and_the_pool_is_never_emptied() {
+    let (mut core, warm, cold, tokens) = setup();
+    let n = core.config().outlier.consecutive_failures as usize;
+    assert!(matches!(
+        fail(&mut core, warm, FailureKind::Connect, n, 1.0),
+        OutlierEvent::Ejected(_)
+    ));
+    // 50% of two workers: the second is refused and stays a candidate.
+    assert_eq!(
+        fail(&mut core, cold, FailureKind::Connect, n, 1.0),
+        OutlierEvent::Refused(FailureKind::Connect)
+    );
+    assert_eq!(core.ejected_workers(1.0), 1);
+    let plan = core.plan(&req(&tokens), &[warm, cold], 1.0);
+    assert_eq!(plan.context.candidates.len(), 1);
+    // Only the ejected worker allowed (another model's pool, say): it stays a candidate.
+    let plan = core.plan(&req(&tokens), &[warm], 1.0);
+    assert_eq!(plan.context.candidates.len(), 1);
+    assert!(plan.ejected[0].kept);
+    // With the cap at 100% both can go, and a plan over both keeps both.
+    let mut cfg = CoreConfig::default();
+    cfg.outlier.max_ejection_percent = 100.0;
+    let mut core = RoutingCore::new(cfg);
+    let a = core.snapshot("a", 16, 1, &[], 0.0);
+    let b = core.snapshot("b", 16, 1, &[], 0.0);
+    fail(&mut core, a, FailureKind::Timeout, 2, 1.0);
+    fail(&mut core, b, FailureKind::Timeout, 2, 1.0);
+    assert_eq!(core.ejected_workers(1.0), 2);
+    let plan = core.plan(&req(&tokens), &[a, b], 1.0);
+    assert_eq!(plan.context.candidates.len(), 2);
+    assert!(plan.ejected.iter().all(|e| e.kept));
+}
+
+#[test]
+fn assignment_outcomes_reach_the_worker_and_retirement_forgets_its_health() {
+    let (mut core, warm, cold, tokens) = setup();
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let n = core.config().outlier.consecutive_failures as usize;
+    for _ in 0..n {
+        let (plan, d) = core
+            .decide(&mut p, &req(&tokens), &[warm], 1.0)
+            .expect("decision");
+        let id = core.assign(&plan, &d, 1.0);
+        core.assignment_failed(id, FailureKind::StreamCut, 1.0);
+        core.abort(id);
+    }
+    assert_eq!(core.ejected_workers(1.0), 1);
+    let (plan, d) = core
+        .decide(&mut p, &req(&tokens), &[warm, cold], 1.0)
+        .expect("decision");
+    assert_eq!(d.chosen, cold);
+    let id = core.assign(&plan, &d, 1.0);
+    core.assignment_succeeded(id, 1.0);
+    assert!(core.finish(id).is_some());
+    core.stream_closed(warm, 2.0);
+    core.retire(warm);
+    let again = core.snapshot("warm2", 16, 1, &[], 3.0);
+    assert_eq!(again, warm, "the id is reused");
+    assert_eq!(core.ejected_workers(3.0), 0, "with a clean record");
 }

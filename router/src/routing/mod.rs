@@ -52,6 +52,15 @@
 //!   brake or HW slowdown, a recent critical XID, uncorrected ECC): kvroute adds
 //!   `gpu_degraded_penalty_s` (1 s) to its score while some candidate is healthy, so it loses
 //!   ties and close calls but still takes work when the healthy ones are clearly slower.
+//! - Passive health (`outlier.rs`): the data path reports each request's outcome
+//!   (`outcome(w, Success | Failure(kind), now)`); `consecutive_failures` failures (or
+//!   `consecutive_timeouts` timeouts) in a row eject the worker for `base x ejections` seconds
+//!   (capped); ejected workers are no candidates (`Plan::ejected`) unless every allowed one
+//!   is; at most `max_ejection_percent` of the open workers are ejected at once.
+//! - Peer replicas (`peers.rs`, docs/replicas.md): the other router replicas' outstanding
+//!   placements ([`PeerShare`], fed by the peer exchange) count like the replica's own: their
+//!   blocks as placed (`pending_blocks`), their requests in `inflight`, `decoding` and the
+//!   queue; a lost peer's share decays to nothing over `PeerConfig::decay_s`.
 //! - Degraded (no tokens): no cache figures, predictions from queue and overhead alone, the
 //!   decision is marked `degraded` with reason `degraded_load_only`.
 
@@ -65,7 +74,9 @@ mod choose;
 mod core;
 mod gpu;
 mod index;
+mod outlier;
 mod overlay;
+mod peers;
 mod plan;
 mod policies;
 mod predict;
@@ -87,6 +98,10 @@ pub use choose::{
 pub use core::{CapResync, CoreConfig, IndexStats, Retired, RouteRequest, RoutingCore, Stored};
 pub use gpu::{GpuIssue, GpuStatus};
 pub use index::KvIndex;
+pub use outlier::{
+    EjectedWorker, Ejection, FailureKind, Health, Outcome, OutlierConfig, OutlierEvent,
+};
+pub use peers::{PeerConfig, PeerLoad, PeerPlacement, PeerRefused, PeerShare};
 pub use plan::Plan;
 pub use policies::{
     Calibration, LeastLoaded, MaxPrefix, MaxPrefixWeights, POLICY_NAMES, RandomPolicy, RoundRobin,

@@ -79,6 +79,11 @@ impl Overlay {
         }
     }
 
+    /// The chain of an outstanding placement.
+    pub(super) fn chain(&self, id: AssignmentId) -> Option<&[BlockHash]> {
+        self.by_assignment.get(&id).map(|(_, c, _)| c.as_slice())
+    }
+
     /// Blocks in the chains of the placements it holds.
     pub(super) fn blocks(&self) -> usize {
         self.blocks

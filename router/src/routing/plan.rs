@@ -15,6 +15,7 @@ use kvroute_hash::BlockHash;
 use super::admission::{KvReleases, kv_wait};
 use super::choose::{Candidate, ChoiceContext};
 use super::core::{RouteRequest, RoutingCore};
+use super::outlier::EjectedWorker;
 use super::request::PromptHashes;
 use super::workers::{Worker, WorkerId};
 
@@ -28,6 +29,9 @@ pub struct Plan {
     chains: Vec<(usize, Vec<BlockHash>)>,
     /// The request's output limit, if it set one.
     pub(super) max_tokens: Option<u32>,
+    /// Allowed live workers left out because they are ejected (passive health), or kept
+    /// (`kept`) because every allowed live worker was.
+    pub ejected: Vec<EjectedWorker>,
 }
 
 impl Plan {
@@ -57,11 +61,29 @@ impl RoutingCore {
             .map(|t| PromptHashes::new(t, req.model, req.lora, req.cache_salt));
         let prompt_tokens = req.tokens.map_or(0, <[u32]>::len);
         let releases = self.kv_releases(allowed, now);
-        let live: Vec<(WorkerId, &Worker)> = allowed
+        let mut live: Vec<(WorkerId, &Worker)> = allowed
             .iter()
             .filter_map(|&w| self.workers.get(w).map(|s| (w, s)))
             .filter(|(_, s)| s.stream_open)
             .collect();
+        // Passive health: ejected workers are no candidates, unless all of them are.
+        let kept = live.iter().all(|(_, s)| s.health.is_ejected(now));
+        let ejected: Vec<EjectedWorker> = live
+            .iter()
+            .filter(|(_, s)| s.health.is_ejected(now))
+            .filter_map(|&(w, s)| {
+                Some(EjectedWorker {
+                    worker: w,
+                    reason: s.health.reason?,
+                    remaining_s: s.health.ejected_until - now,
+                    ejections: s.health.ejections,
+                    kept,
+                })
+            })
+            .collect();
+        if !kept {
+            live.retain(|(_, s)| !s.health.is_ejected(now));
+        }
 
         // One lookup per distinct block size: leading blocks held per worker.
         let mut cached = vec![0u32; self.workers.id_bound()];
@@ -115,6 +137,7 @@ impl RoutingCore {
             },
             chains,
             max_tokens: req.max_tokens,
+            ejected,
         }
     }
 
@@ -132,12 +155,17 @@ impl RoutingCore {
         let stale = slot.is_stale(now, self.cfg.stale_after_s);
         let load = slot.load;
         let own = self.assignments.inflight(w);
+        // The other replicas' outstanding placements count like the replica's own.
+        let peer = self.peers.load(w, now);
 
         // Cache: the index's leading blocks, discounted when stale, or the router's own
         // placements there, trusted as they are (it sent them).
         let cached_blocks = view.cached_blocks;
         let pending_blocks = match view.chain {
-            Some(c) if self.cfg.pending_grace_s > 0.0 => self.pending.leading(w, c, now),
+            Some(c) if self.cfg.pending_grace_s > 0.0 => self
+                .pending
+                .leading(w, c, now)
+                .max(self.peers.leading(w, c, now)),
             _ => 0,
         };
         let prompt_blocks = prompt_tokens.checked_div(block_size).unwrap_or(0);
@@ -150,8 +178,9 @@ impl RoutingCore {
         let expected_cached_tokens = indexed_tokens.max((pending_blocks * block_size) as f64);
 
         // Queue: the router's own not-yet-started work, or the reported waiting requests.
-        let queue_tokens =
-            (own.waiting_prefill_tokens as f64).max(f64::from(load.waiting) * self.mean_uncached);
+        let queue_tokens = (own.waiting_prefill_tokens as f64 + peer.waiting_prefill_tokens)
+            .max(f64::from(load.waiting) * self.mean_uncached);
+        let peer_waiting = peer.waiting.round() as u32;
         let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
         let (prefill_rate, overhead) = self.predictor.params(w);
         let mut predicted_ttft = self.predictor.predict(w, queue_tokens, uncached);
@@ -160,11 +189,22 @@ impl RoutingCore {
         }
 
         // KV admission.
-        let in_use_blocks = view.chain.map_or(0, |c| self.pending.in_use_leading(w, c));
+        let in_use_blocks = view.chain.map_or(0, |c| {
+            self.pending
+                .in_use_leading(w, c)
+                .max(self.peers.in_use_leading(w, c))
+        });
         let kv_need_tokens =
             (prompt_tokens.saturating_sub(in_use_blocks * block_size) + block_size) as u64;
-        let admission_wait =
-            self.admission_wait(w, slot, stale, own.waiting, kv_need_tokens, releases, now);
+        let admission_wait = self.admission_wait(
+            w,
+            slot,
+            stale,
+            own.waiting + peer_waiting,
+            kv_need_tokens,
+            releases,
+            now,
+        );
         predicted_ttft += admission_wait;
         Candidate {
             worker: w,
@@ -179,12 +219,14 @@ impl RoutingCore {
             waiting: load.waiting,
             running: load.running,
             kv_usage: load.kv_usage,
-            inflight: own.waiting,
-            inflight_prefill_tokens: own.waiting_prefill_tokens,
-            decoding: own.decoding,
-            active_tokens: own.active_tokens,
-            active_uncached_tokens: own.active_uncached_tokens,
-            active_kv_tokens: own.active_kv_tokens,
+            inflight: own.waiting + peer_waiting,
+            inflight_prefill_tokens: own.waiting_prefill_tokens
+                + peer.waiting_prefill_tokens.round() as u64,
+            decoding: own.decoding + peer.decoding.round() as u32,
+            active_tokens: own.active_tokens + peer.active_tokens.round() as u64,
+            active_uncached_tokens: own.active_uncached_tokens
+                + peer.active_uncached_tokens.round() as u64,
+            active_kv_tokens: own.active_kv_tokens + peer.active_kv_tokens.round() as u64,
             active_blocks: self.pending.in_use_distinct(w),
             in_use_blocks,
             index_blocks: self.index.blocks_of(w),

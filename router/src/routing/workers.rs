@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::gpu::GpuStatus;
+use super::outlier::Health;
 
 /// A worker, as the routing core numbers it: a slot in the worker table. Ids of retired
 /// workers are reused, so an id is only meaningful while its worker is in the table.
@@ -131,6 +132,8 @@ pub struct Worker {
     /// A store was refused since its last snapshot began: the index may miss some of its
     /// blocks until the next snapshot.
     pub truncated: bool,
+    /// Passive health: failures in a row and ejection (see `outlier.rs`).
+    pub health: Health,
 }
 
 impl Worker {
@@ -196,6 +199,7 @@ impl WorkerTable {
             capacity_blocks: 0,
             blocks_dropped: 0,
             truncated: false,
+            health: Health::new(),
         };
         // The lowest free id first, so that a steady pool keeps small, dense ids.
         self.free.sort_unstable_by(|a, b| b.cmp(a));

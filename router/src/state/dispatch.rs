@@ -98,4 +98,8 @@ impl Dispatch for RouterState {
     fn abort(&self, picked: &Picked) {
         RouterState::abort(self, picked.assignment, "gateway");
     }
+
+    fn failed(&self, picked: &Picked, kind: crate::routing::FailureKind) {
+        RouterState::failed(self, picked.assignment, kind);
+    }
 }

@@ -56,6 +56,7 @@ mod catalog;
 mod dispatch;
 mod labels;
 mod lora;
+mod peers;
 mod pick;
 mod policy;
 mod sidecars;
@@ -67,16 +68,18 @@ mod tokenizers;
 pub use catalog::{
     AliasDraw, Catalog, DiscoveredWorker, ModelInfo, PoolView, Resolved, ServedModel, WorkerOrigin,
 };
+pub use peers::PeerApplied;
 pub use pick::{
-    BodyKind, CandidateRecord, DecisionRecord, LoraRecord, PickError, PickInput, Picked,
-    PolicyHooks, Prompt, Usage, max_tokens_of,
+    BodyKind, CandidateRecord, DecisionRecord, EjectedRecord, LoraRecord, PickError, PickInput,
+    Picked, PolicyHooks, Prompt, Usage, max_tokens_of,
 };
 pub use policy::{
     ModelSwitchRecord, PoliciesReport, PolicyMetrics, REQUEST_ID_HEADER, SERVICE_CLASS_HEADER,
     TTFT_TARGET_HEADER, VerdictRecord,
 };
 pub use sidecars::{
-    DeltaOp, LoadApplied, LoadView, SidecarIdentity, SnapshotRefused, WorkerReport, WorkersReport,
+    DeltaOp, EjectionView, LoadApplied, LoadView, SidecarIdentity, SnapshotRefused, WorkerReport,
+    WorkersReport,
 };
 pub use tickets::{DecisionId, TicketError};
 pub use tokenizers::TokenizerDirs;
@@ -114,6 +117,10 @@ pub struct RouterConfig {
     pub limits: Limits,
     /// Tenant identity, limits and metrics settings ([`crate::tenant`]).
     pub tenants: crate::tenant::TenantConfig,
+    /// Passive health: when workers that keep failing are ejected, and for how long.
+    pub outlier: crate::routing::OutlierConfig,
+    /// How the other replicas' placements count (active-active replicas).
+    pub peers: crate::routing::PeerConfig,
 }
 
 impl Default for RouterConfig {
@@ -132,6 +139,8 @@ impl Default for RouterConfig {
             drain_delay: Duration::ZERO,
             limits: Limits::default(),
             tenants: crate::tenant::TenantConfig::default(),
+            outlier: crate::routing::OutlierConfig::default(),
+            peers: crate::routing::PeerConfig::default(),
         }
     }
 }
@@ -162,6 +171,10 @@ struct Inner {
     policy: policy::PolicyStore,
     /// The request classifiers (labels for policy rules).
     classifier: kvroute_classify::Classifier,
+    /// This replica's id in the peer exchange (random per process).
+    replica_id: String,
+    /// This replica's placement events for the peer streams (set by the first subscriber).
+    peer_events: std::sync::OnceLock<tokio::sync::broadcast::Sender<crate::peer::wire::PeerEvent>>,
 }
 
 /// Shared router state; cheap to clone.
@@ -205,6 +218,8 @@ impl RouterState {
             predictor: config.predictor.clone(),
             stale_after_s: config.stale_after.as_secs_f64(),
             block_caps: config.limits.worker_blocks,
+            outlier: config.outlier,
+            peers: config.peers,
             ..CoreConfig::default()
         };
         let core = Core {
@@ -232,6 +247,8 @@ impl RouterState {
             tenants,
             policy: policy::PolicyStore::default(),
             classifier: labels::classifier(),
+            replica_id: format!("{:016x}", rand::random::<u64>()),
+            peer_events: std::sync::OnceLock::new(),
         })))
     }
 
@@ -300,6 +317,8 @@ impl RouterState {
     pub fn maintain(&self, now: Instant) -> (usize, usize) {
         // A GIE worker whose own sidecar stream ended goes back to load-only routing.
         self.sync_load_only(now);
+        let t = self.secs(now);
+        self.0.core.lock().routing.peers_mut().upkeep(t);
         (self.expire(now), self.retire_gone(now))
     }
 
@@ -324,6 +343,11 @@ impl RouterState {
                 for (id, _) in &r.released {
                     core.labels.remove(id);
                     core.tickets.forget(*id);
+                }
+            }
+            for r in &retired {
+                for (id, _) in &r.released {
+                    self.publish(crate::peer::wire::PeerEvent::Ended(id.0));
                 }
             }
             retired

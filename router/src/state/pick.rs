@@ -21,7 +21,10 @@ use super::catalog::{AliasDraw, Resolved};
 use super::policy::{self, ModelSwitchRecord, VerdictRecord};
 use super::tickets::{DecisionId, TicketError};
 use super::tokenizers::Degraded;
-use crate::routing::{AssignmentId, Candidate, Decision, RouteRequest, WorkerId};
+use crate::routing::{
+    AssignmentId, Candidate, Decision, EjectedWorker, FailureKind, OutlierEvent, RouteRequest,
+    WorkerId,
+};
 
 /// The prompt of a request, in the form the caller has it.
 #[derive(Clone, Copy, Debug)]
@@ -208,6 +211,10 @@ pub struct DecisionRecord {
     pub predicted_ttft_s: f64,
     /// Every candidate with its figures (after policy restrictions).
     pub candidates: Vec<CandidateRecord>,
+    /// Allowed workers that were no candidate because passive health ejected them (or that
+    /// stayed candidates, `kept`, because every allowed worker was ejected).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ejected: Vec<EjectedRecord>,
     /// The tenant the request was evaluated for.
     pub tenant: Option<String>,
     /// The request's labels.
@@ -219,6 +226,25 @@ pub struct DecisionRecord {
     pub lora: Option<LoraRecord>,
     /// The InferencePolicy rule that matched and what it did.
     pub verdict: VerdictRecord,
+}
+
+/// A worker passive health left out of a [`DecisionRecord`]'s candidates.
+#[derive(Clone, Debug, Serialize)]
+pub struct EjectedRecord {
+    /// Worker id.
+    pub worker: String,
+    /// Worker address.
+    pub address: String,
+    /// Why it is not a candidate: always `ejected`.
+    pub why: &'static str,
+    /// The failure that ejected it (`connect`, `http_5xx`, `stream_cut`, `timeout`).
+    pub reason: &'static str,
+    /// Seconds of ejection left.
+    pub remaining_s: f64,
+    /// Ejections in a row (the ejection time is the base time times this, capped).
+    pub ejections: u32,
+    /// Every allowed worker was ejected, so it stayed a candidate.
+    pub kept: bool,
 }
 
 /// The LoRA adapter of a [`DecisionRecord`]: only workers of `base_model` that serve
@@ -379,6 +405,8 @@ struct Decided {
     hooks: PolicyHooks,
     /// The request's labels (classifiers and the caller's).
     labels: Vec<String>,
+    /// Allowed workers passive health ejected.
+    ejected: Vec<EjectedWorker>,
 }
 
 impl Decided {
@@ -490,6 +518,22 @@ impl RouterState {
                 }
             })
             .collect();
+        let ejected = d
+            .ejected
+            .iter()
+            .map(|e| {
+                let (worker, address) = d.name_of(e.worker);
+                EjectedRecord {
+                    worker,
+                    address,
+                    why: "ejected",
+                    reason: e.reason.label(),
+                    remaining_s: e.remaining_s.max(0.0),
+                    ejections: e.ejections,
+                    kept: e.kept,
+                }
+            })
+            .collect();
         let lora = d.resolved.lora_base.clone().map(|base_model| LoraRecord {
             adapter: d.resolved.backend_model.clone(),
             base_model,
@@ -507,6 +551,7 @@ impl RouterState {
             prompt_tokens: d.decision.prompt_tokens,
             predicted_ttft_s: d.decision.predicted_ttft(),
             candidates,
+            ejected,
             tenant: input.tenant.map(str::to_string),
             labels: d.labels.clone(),
             alias: d.resolved.alias.clone(),
@@ -710,6 +755,11 @@ impl RouterState {
                 .map(|c| c.0.clone())
                 .unwrap_or_default();
             core.labels.insert(aid, (input.model.to_string(), worker));
+            if self.peers_on()
+                && let Some(p) = super::peers::placement_of(&core.routing, aid)
+            {
+                self.publish(crate::peer::wire::PeerEvent::Placed(p));
+            }
             Some(aid)
         } else {
             None
@@ -735,6 +785,7 @@ impl RouterState {
             verdict: record,
             hooks,
             labels: labels.all.iter().map(|l| l.to_string()).collect(),
+            ejected: plan.ejected,
         };
         Ok((decided, id))
     }
@@ -944,6 +995,7 @@ impl RouterState {
         let Some(ft) = core.routing.first_token(aid, t, observed_ttft_s) else {
             return false;
         };
+        self.publish(crate::peer::wire::PeerEvent::Started(aid.0));
         let labels = core.labels.get(&aid).cloned();
         drop(core);
         if let Some((model, worker)) = labels {
@@ -978,7 +1030,8 @@ impl RouterState {
 
     /// Releases a completed assignment. False when unknown or already released.
     pub fn done(&self, id: AssignmentId, usage: Usage) -> bool {
-        let Some((model, worker)) = self.release(id, Release::Done, Some(usage.completion_tokens))
+        let Some((model, worker)) =
+            self.release(id, Release::Done, Some(usage.completion_tokens), None)
         else {
             return false;
         };
@@ -997,26 +1050,54 @@ impl RouterState {
         true
     }
 
-    /// Releases an aborted assignment. False when unknown or already released.
+    /// Releases an aborted assignment. False when unknown or already released. A `reason`
+    /// that names a worker failure ([`FailureKind::from_report`]: `connect`, `http_5xx`,
+    /// `stream_cut`, `timeout`) also counts toward the worker's passive health; any other
+    /// reason (the client went away) does not.
     pub fn abort(&self, id: AssignmentId, reason: &str) -> bool {
-        let released = self.release(id, Release::Aborted, None).is_some();
+        if let Some(kind) = FailureKind::from_report(reason) {
+            return self.failed(id, kind);
+        }
+        let released = self.release(id, Release::Aborted, None, None).is_some();
         if released {
             tracing::debug!(decision = %id, reason, "assignment aborted");
         }
         released
     }
 
+    /// The worker of an assignment failed it (`kind`): counts toward its passive health (it
+    /// may be ejected), then releases the assignment. False when unknown or already released.
+    pub fn failed(&self, id: AssignmentId, kind: FailureKind) -> bool {
+        let released = self
+            .release(id, Release::Aborted, None, Some(kind))
+            .is_some();
+        if released {
+            tracing::debug!(decision = %id, reason = kind.label(), "assignment failed");
+        }
+        released
+    }
+
     /// Releases an assignment; a completed one with its output token count also teaches the
-    /// routing core the worker's decode speed.
+    /// routing core the worker's decode speed. A completion ends the worker's failure run
+    /// (passive health); a `failure` adds to it, which may eject the worker.
     fn release(
         &self,
         id: AssignmentId,
         how: Release,
         output_tokens: Option<u32>,
+        failure: Option<FailureKind>,
     ) -> Option<(String, String)> {
         let aid = id;
         let t = self.secs(Instant::now());
         let mut core = self.0.core.lock();
+        let event = match (how, failure) {
+            (_, Some(kind)) => core.routing.assignment_failed(aid, kind, t),
+            (Release::Done, None) => {
+                core.routing.assignment_succeeded(aid, t);
+                None
+            }
+            _ => None,
+        };
         let released = match how {
             Release::Done => match output_tokens {
                 Some(n) => core.routing.finish_observed(aid, t, u64::from(n)),
@@ -1025,14 +1106,40 @@ impl RouterState {
             Release::Aborted | Release::Expired => core.routing.abort(aid),
         };
         released?;
+        self.publish(crate::peer::wire::PeerEvent::Ended(aid.0));
         let labels = core.labels.remove(&aid).unwrap_or_default();
         core.tickets.forget(aid);
         drop(core);
-        self.0
-            .metrics
-            .released
-            .with_label_values(&[how.label()])
-            .inc();
+        let m = &self.0.metrics;
+        m.released.with_label_values(&[how.label()]).inc();
+        if let Some(kind) = failure {
+            m.worker_failures.with_label_values(&[kind.label()]).inc();
+        }
+        match event.map(|(_, e)| e) {
+            Some(OutlierEvent::Ejected(e)) => {
+                m.outlier_ejections
+                    .with_label_values(&[e.reason.label()])
+                    .inc();
+                tracing::warn!(
+                    worker = %labels.1,
+                    reason = e.reason.label(),
+                    ejections = e.ejections,
+                    seconds = e.until - t,
+                    "worker ejected (passive health)"
+                );
+            }
+            Some(OutlierEvent::Refused(kind)) => {
+                m.outlier_ejections_refused
+                    .with_label_values(&[kind.label()])
+                    .inc();
+                tracing::warn!(
+                    worker = %labels.1,
+                    reason = kind.label(),
+                    "worker not ejected: max-ejection-percent reached"
+                );
+            }
+            Some(OutlierEvent::None) | None => {}
+        }
         Some(labels)
     }
 
@@ -1045,6 +1152,7 @@ impl RouterState {
         for (id, _) in &gone {
             core.labels.remove(id);
             core.tickets.forget(*id);
+            self.publish(crate::peer::wire::PeerEvent::Ended(id.0));
         }
         drop(core);
         if !gone.is_empty() {

@@ -195,6 +195,23 @@ pub struct WorkerReport {
     pub in_flight: u32,
     /// Of which waiting for the first token.
     pub waiting_first_token: u32,
+    /// Passive health: requests it failed in a row (since its last completed one).
+    pub consecutive_failures: u32,
+    /// Passive health: ejected now (no candidate until `ejection.remaining_s` passes,
+    /// unless every allowed worker is ejected).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ejection: Option<EjectionView>,
+}
+
+/// A worker's ejection as `/debug/workers` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct EjectionView {
+    /// The failure that ejected it (`connect`, `http_5xx`, `stream_cut`, `timeout`).
+    pub reason: &'static str,
+    /// Seconds of ejection left.
+    pub remaining_s: f64,
+    /// Ejections in a row.
+    pub ejections: u32,
 }
 
 /// `/debug/workers` body.
@@ -668,6 +685,14 @@ impl RouterState {
                 gpu_degraded: slot.is_some_and(|sl| sl.gpu_degraded()),
                 in_flight: infl.outstanding(),
                 waiting_first_token: infl.waiting,
+                consecutive_failures: slot.map_or(0, |s| s.health.consecutive_failures),
+                ejection: slot.filter(|s| s.health.is_ejected(t)).and_then(|s| {
+                    Some(EjectionView {
+                        reason: s.health.reason?.label(),
+                        remaining_s: s.health.ejected_until - t,
+                        ejections: s.health.ejections,
+                    })
+                }),
             }
         };
         let mut workers = Vec::new();
@@ -783,5 +808,14 @@ impl RouterState {
         for (state, n) in by_state {
             m.workers.with_label_values(&[state]).set(n);
         }
+        let ejected = report
+            .workers
+            .iter()
+            .filter(|w| w.ejection.is_some())
+            .count();
+        m.outlier_ejected_workers
+            .set(i64::try_from(ejected).unwrap_or(i64::MAX));
+        m.peer_placements
+            .set(i64::try_from(self.peer_placements()).unwrap_or(i64::MAX));
     }
 }
