@@ -21,11 +21,10 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
-use anyhow::{Context, bail};
-use kvroute_mock_vllm::engine::{Engine, EngineConfig, EngineEvent, EngineRequest, Profile};
+use anyhow::bail;
+use kvroute_mock_vllm::engine::{Engine, EngineConfig, EngineEvent, EngineRequest};
 use kvroute_router::routing::{
-    AssignmentId, CoreConfig, LoadSample, Policy, RouteRequest, RoutingCore, WorkerId,
-    policy_by_name,
+    AssignmentId, LoadSample, Policy, RouteRequest, RoutingCore, WorkerId, policy_by_name,
 };
 use kvroute_sidecar::state::{ApplyStats, Op, Ops, ResidentSet, StateConfig};
 use kvroute_vllm_wire::KvEvent;
@@ -60,7 +59,8 @@ pub enum Arrivals {
 pub struct SimConfig {
     /// Simulated workers.
     pub workers: usize,
-    /// The worker profile's name or path.
+    /// The worker profile's name or path; a comma-separated list gives worker i the
+    /// `i % len`-th profile (a heterogeneous pool, see profiles.rs).
     pub profile: String,
     /// Delay between a KV event / load sample on a worker and the router applying it.
     pub report_delay_s: f64,
@@ -225,14 +225,15 @@ struct SlotState {
 
 /// Runs `sessions` through a simulated pool routed by `policy`.
 pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::Result<RunResult> {
-    let profile =
-        Profile::load(&cfg.profile).with_context(|| format!("profile {}", cfg.profile))?;
+    let pool = super::profiles::pool(&cfg.profile)?;
     if cfg.workers == 0 {
         bail!("the pool needs at least one worker");
     }
-    let mut core = RoutingCore::new(CoreConfig::default());
+    // The router starts from a generic prior, not the simulated GPU's (no home advantage).
+    let mut core = RoutingCore::new(super::profiles::sim_core_config());
     let mut workers = Vec::with_capacity(cfg.workers);
     for i in 0..cfg.workers {
+        let profile = &pool[i % pool.len()];
         let mut ec = EngineConfig::from_profile(&profile);
         // One seed for all workers: a request generates the same tokens wherever it runs,
         // so multi-turn histories do not depend on the policy.
