@@ -234,7 +234,7 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
     let mut workers = Vec::with_capacity(cfg.workers);
     for i in 0..cfg.workers {
         let profile = &pool[i % pool.len()];
-        let mut ec = EngineConfig::from_profile(&profile);
+        let mut ec = EngineConfig::from_profile(profile);
         // One seed for all workers: a request generates the same tokens wherever it runs,
         // so multi-turn histories do not depend on the policy.
         ec.seed = cfg.seed;
