@@ -72,8 +72,8 @@ const SP_OUTPUT_TOKENS: u32 = 128;
 const SP_SESSIONS: usize = 384;
 const SP_CONCURRENCY: usize = 8;
 /// Conversations: a first message, then `MT_TURNS - 1` follow-ups after the whole history.
-const MT_FIRST_TOKENS: usize = 2_048;
-const MT_PROMPT_TOKENS: usize = 512;
+const MT_FIRST_TOKENS: usize = 10_240;
+const MT_PROMPT_TOKENS: usize = 1_024;
 const MT_OUTPUT_TOKENS: u32 = 128;
 const MT_TURNS: usize = 5;
 const MT_SESSIONS: usize = 96;
