@@ -14,8 +14,11 @@
 //! stays under hostile clients (slow-loris, 10 MB bodies, idle connections; see attack.rs).
 
 pub mod attack;
+pub mod calibration;
 pub mod floor;
+pub mod kinference;
 pub mod live;
+pub mod profiles;
 pub mod report;
 pub mod sim;
 #[cfg(test)]
@@ -64,9 +67,18 @@ pub struct BenchArgs {
     /// Workers in the pool.
     #[arg(long, env = "KVROUTE_BENCH_WORKERS", default_value_t = 3)]
     pub workers: usize,
-    /// Seed of the workloads, arrivals and tie-breaks.
-    #[arg(long, env = "KVROUTE_BENCH_SEED", default_value_t = 42)]
-    pub seed: u64,
+    /// Seed of the workloads, arrivals and tie-breaks. Sim without one: drawn at random and
+    /// printed (`--seed` with that number reproduces the run); live and attack: 42.
+    #[arg(long, env = "KVROUTE_BENCH_SEED")]
+    pub seed: Option<u64>,
+    /// Sim: a frozen scenario instead of the workload flags: `kinference` (3 L40S workers,
+    /// a 27B FP8 model, Buoyant's published operating point) or `kinference-hetero` (2 L40S
+    /// and 1 H100 on the same workloads). See bench/README.md.
+    #[arg(long, env = "KVROUTE_BENCH_SCENARIO")]
+    pub scenario: Option<String>,
+    /// Sim scenarios: run K seeds (`seed..seed+K-1`) and report the spread of every figure.
+    #[arg(long, env = "KVROUTE_BENCH_SEEDS", default_value_t = 1)]
+    pub seeds: u64,
     /// Closed-loop clients of the headline run.
     #[arg(long, env = "KVROUTE_BENCH_CONCURRENCY", default_value_t = 32)]
     pub concurrency: usize,
@@ -81,6 +93,10 @@ pub struct BenchArgs {
     /// the closed loop.
     #[arg(long, env = "KVROUTE_BENCH_RATE")]
     pub rate: Option<f64>,
+    /// Sessions per level of the goodput sweep (default: 16 per client, at least 64; never
+    /// more than the workload has).
+    #[arg(long, env = "KVROUTE_BENCH_SWEEP_SESSIONS")]
+    pub sweep_sessions: Option<usize>,
     /// Sessions per run (default: the workload's own).
     #[arg(long, env = "KVROUTE_BENCH_SESSIONS")]
     pub sessions: Option<usize>,
@@ -102,6 +118,9 @@ pub struct BenchArgs {
     /// Override: turns per session.
     #[arg(long)]
     pub turns: Option<usize>,
+    /// Override: tokens of a conversation's first message (multi-turn, mixed).
+    #[arg(long)]
+    pub first_turn_tokens: Option<usize>,
     /// Delay between a worker event and the router seeing it (sidecar + network), ms.
     #[arg(long, env = "KVROUTE_BENCH_REPORT_DELAY_MS", default_value_t = 50.0)]
     pub report_delay_ms: f64,
@@ -127,6 +146,11 @@ pub struct BenchArgs {
     /// A small, fast run (CI smoke test).
     #[arg(long)]
     pub quick: bool,
+    /// Sim: start the router from the generic prior (bench/README.md, "Priors, profiles and
+    /// seeds") instead of its default, which equals the built-in L40S profile. The kinference
+    /// scenarios always do.
+    #[arg(long)]
+    pub generic_prior: bool,
     /// Sim: run each headline N times, with seeds seed, seed+1, ... (each its own workload
     /// draw and tie-break stream), and report the pooled requests. One run of a few hundred
     /// requests is chaotic: a different early choice changes which prefixes end up where.
@@ -233,8 +257,32 @@ pub struct PolicyResult {
     pub floor: Option<floor::FloorSummary>,
 }
 
+/// The seed of runs that were given none and draw none (live, attack, tests).
+pub const DEFAULT_SEED: u64 = 42;
+
+impl BenchArgs {
+    /// `--seed`, or [`DEFAULT_SEED`].
+    pub fn seed(&self) -> u64 {
+        self.seed.unwrap_or(DEFAULT_SEED)
+    }
+}
+
 /// `kvroute bench`.
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+pub async fn run(mut args: BenchArgs) -> anyhow::Result<()> {
+    if args.mode == "sim" && args.seed.is_none() {
+        // Headline figures come from a seed nobody chose (none used while tuning).
+        let seed = rand::random::<u32>() as u64;
+        eprintln!("seed {seed} (drawn at random; --seed {seed} reproduces this run)");
+        args.seed = Some(seed);
+    }
+    if let Some(name) = args.scenario.clone() {
+        if args.mode != "sim" {
+            bail!("--scenario needs --mode sim");
+        }
+        return tokio::task::spawn_blocking(move || kinference::run(&name, &args))
+            .await
+            .context("the simulation thread failed")?;
+    }
     match args.mode.as_str() {
         "sim" => {
             let result = tokio::task::spawn_blocking(move || {
@@ -309,6 +357,9 @@ pub fn selection(args: &BenchArgs) -> anyhow::Result<(Vec<WorkloadSpec>, Vec<Str
             if let Some(v) = args.turns {
                 s.turns = v;
             }
+            if let Some(v) = args.first_turn_tokens {
+                s.first_turn_tokens = v;
+            }
             s
         })
         .collect();
@@ -357,8 +408,9 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
                 users: args.concurrency.max(1),
             },
         },
-        seed: args.seed,
+        seed: args.seed(),
         diagnose: false,
+        generic_prior: args.generic_prior,
     };
     if let Some(dir) = &args.records {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -368,10 +420,10 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
     }
     let mut workloads = Vec::new();
     for spec in specs {
-        let sessions = workload::generate(&spec, args.seed);
+        let sessions = workload::generate(&spec, args.seed());
         let more: Vec<(u64, Vec<workload::Session>)> = (1..args.repeats)
             .map(|i| {
-                let seed = args.seed.wrapping_add(i);
+                let seed = args.seed().wrapping_add(i);
                 (seed, workload::generate(&spec, seed))
             })
             .collect();
@@ -384,7 +436,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             let mut headline = sim::run(
                 &headline_cfg,
                 &sessions,
-                SimPolicy::for_profile(name, args.seed, &args.profile)?,
+                SimPolicy::for_profile(name, args.seed(), &args.profile)?,
             )?;
             for (seed, s) in &more {
                 let cfg = SimConfig {
@@ -404,7 +456,10 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             for &c in &sweep {
                 // Enough sessions that warm-up (every cache starts empty) does not dominate the
                 // level: 16 per user, never more than the workload has.
-                let n = (c * 16).max(64).min(sessions.len());
+                let n = args
+                    .sweep_sessions
+                    .unwrap_or((c * 16).max(64))
+                    .min(sessions.len());
                 let cfg = SimConfig {
                     arrivals: Arrivals::Closed { users: c },
                     ..base.clone()
@@ -412,7 +467,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
                 let r = sim::run(
                     &cfg,
                     &sessions[..n],
-                    SimPolicy::for_profile(name, args.seed, &args.profile)?,
+                    SimPolicy::for_profile(name, args.seed(), &args.profile)?,
                 )?;
                 points.push(SweepPoint::of(c, &r));
             }
@@ -444,7 +499,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
         config: SuiteConfig {
             mode: "sim".into(),
             workers: args.workers,
-            seed: args.seed,
+            seed: args.seed(),
             concurrency: args.concurrency,
             sweep,
             rate: args.rate,

@@ -194,16 +194,20 @@ pub fn peak_prefill_throughput(profile: &Profile) -> f64 {
 /// Tracks one run's shareable prefixes and measures each request's floor on arrival.
 #[derive(Debug)]
 pub struct FloorTracker {
-    profile: Profile,
+    /// The pool's distinct profiles: the floor is the fastest idle worker's.
+    profiles: Vec<Profile>,
     shareable: Shareable,
 }
 
 impl FloorTracker {
-    /// For a pool of `profile` workers.
-    pub fn new(profile: &Profile) -> Self {
-        let block_size = EngineConfig::from_profile(profile).block_size;
+    /// For a pool of `pool` workers (a heterogeneous pool: the floor is the fastest idle
+    /// worker's). The block size is the first profile's (a pool shares one).
+    pub fn new(pool: &[Profile]) -> Self {
+        let block_size = pool
+            .first()
+            .map_or(16, |p| EngineConfig::from_profile(p).block_size);
         Self {
-            profile: profile.clone(),
+            profiles: pool.to_vec(),
             shareable: Shareable::new(block_size),
         }
     }
@@ -217,18 +221,23 @@ impl FloorTracker {
     /// the first block that does not help.
     pub fn arrival(&mut self, salt: Option<&str>, prompt: &[u32], max_tokens: u32) -> f64 {
         let bs = self.shareable.block_size();
-        let mut cached = self.shareable.leading_blocks(salt, prompt) * bs;
-        let mut floor = idle_ttft(&self.profile, prompt, cached, salt, max_tokens);
-        while cached >= bs {
-            let t = idle_ttft(&self.profile, prompt, cached - bs, salt, max_tokens);
-            if t >= floor {
-                break;
+        let shareable = self.shareable.leading_blocks(salt, prompt) * bs;
+        let mut best = f64::INFINITY;
+        for profile in &self.profiles {
+            let mut cached = shareable;
+            let mut floor = idle_ttft(profile, prompt, cached, salt, max_tokens);
+            while cached >= bs {
+                let t = idle_ttft(profile, prompt, cached - bs, salt, max_tokens);
+                if t >= floor {
+                    break;
+                }
+                floor = t;
+                cached -= bs;
             }
-            floor = t;
-            cached -= bs;
+            best = best.min(floor);
         }
         self.shareable.record(salt, prompt);
-        floor
+        best
     }
 
     /// A request finished: its prompt and output count as computed.
@@ -314,7 +323,7 @@ mod tests {
     #[test]
     fn tracker_counts_earlier_prompts_and_outputs() {
         let p = profile();
-        let mut t = FloorTracker::new(&p);
+        let mut t = FloorTracker::new(std::slice::from_ref(&p));
         let prefix: Vec<u32> = (0..2048).map(|i| 7 + i % 3000).collect();
         let mut q1 = prefix.clone();
         q1.extend(40_000..40_256);

@@ -583,13 +583,13 @@ pub async fn run_live_with(
     };
     let mut workloads = Vec::new();
     for spec in specs {
-        let sessions = Arc::new(workload::generate(&spec, args.seed));
+        let sessions = Arc::new(workload::generate(&spec, args.seed()));
         let plan = RunPlan {
             sessions: &sessions,
             headline,
             sweep: &sweep,
             speedup: live.speedup,
-            seed: args.seed,
+            seed: args.seed(),
             workers: args.workers,
             text: text.clone(),
             progress,
@@ -650,7 +650,7 @@ pub async fn run_live_with(
         config: SuiteConfig {
             mode: "live".into(),
             workers: args.workers,
-            seed: args.seed,
+            seed: args.seed(),
             concurrency: args.concurrency,
             sweep,
             rate: args.rate,

@@ -22,8 +22,8 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
-use anyhow::{Context, bail};
-use kvroute_mock_vllm::engine::{Engine, EngineConfig, EngineEvent, EngineRequest, Profile};
+use anyhow::bail;
+use kvroute_mock_vllm::engine::{Engine, EngineConfig, EngineEvent, EngineRequest};
 use kvroute_router::routing::{
     AssignmentId, Calibration, CoreConfig, LoadSample, Policy, RouteRequest, RoutingCore, WorkerId,
     policy_by_name_calibrated,
@@ -62,7 +62,8 @@ pub enum Arrivals {
 pub struct SimConfig {
     /// Simulated workers.
     pub workers: usize,
-    /// The worker profile's name or path.
+    /// The worker profile's name or path; a comma-separated list gives worker i the
+    /// `i % len`-th profile (a heterogeneous pool, see profiles.rs).
     pub profile: String,
     /// Delay between a KV event / load sample on a worker and the router applying it.
     pub report_delay_s: f64,
@@ -75,6 +76,10 @@ pub struct SimConfig {
     /// Also simulate every request on every worker (as greedy-clairvoyant does) and record the true
     /// TTFTs, so a policy's regret can be measured. Slow; off in normal runs.
     pub diagnose: bool,
+    /// Start the router from [`super::profiles::GENERIC_PRIOR`] (no home advantage: the
+    /// kinference scenarios) instead of the router's own default prior, which equals the
+    /// built-in L40S profile (the default suite, whose committed figures were made with it).
+    pub generic_prior: bool,
 }
 
 /// What happened to one request.
@@ -138,14 +143,19 @@ impl SimPolicy {
     }
 
     /// [`SimPolicy::by_name`] with the baselines that take a calibration (llm-d's peak
-    /// prefill throughput) calibrated on `profile` as upstream's recipe says.
+    /// prefill throughput) calibrated on `profile` as upstream's recipe says. `profile` may
+    /// be a pool (`a,b,...`, see [`super::profiles::pool`]): the slowest worker's peak, the
+    /// one that saturates first.
     pub fn for_profile(name: &str, seed: u64, profile: &str) -> anyhow::Result<Self> {
-        let p = Profile::load(profile).with_context(|| format!("profile {profile}"))?;
+        let peak = super::profiles::pool(profile)?
+            .iter()
+            .map(super::floor::peak_prefill_throughput)
+            .fold(f64::INFINITY, f64::min);
         Self::calibrated(
             name,
             seed,
             Calibration {
-                peak_prefill_tokens_per_s: Some(super::floor::peak_prefill_throughput(&p)),
+                peak_prefill_tokens_per_s: Some(peak),
             },
         )
     }
@@ -251,15 +261,21 @@ struct SlotState {
 
 /// Runs `sessions` through a simulated pool routed by `policy`.
 pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::Result<RunResult> {
-    let profile =
-        Profile::load(&cfg.profile).with_context(|| format!("profile {}", cfg.profile))?;
+    let pool = super::profiles::pool(&cfg.profile)?;
     if cfg.workers == 0 {
         bail!("the pool needs at least one worker");
     }
-    let mut core = RoutingCore::new(CoreConfig::default());
+    // The kinference scenarios start the router from a generic prior, not the simulated
+    // GPU's (no home advantage); the default suite keeps the router's default prior.
+    let mut core = RoutingCore::new(if cfg.generic_prior {
+        super::profiles::sim_core_config()
+    } else {
+        CoreConfig::default()
+    });
     let mut workers = Vec::with_capacity(cfg.workers);
     for i in 0..cfg.workers {
-        let mut ec = EngineConfig::from_profile(&profile);
+        let profile = &pool[i % pool.len()];
+        let mut ec = EngineConfig::from_profile(profile);
         // One seed for all workers: a request generates the same tokens wherever it runs,
         // so multi-turn histories do not depend on the policy.
         ec.seed = cfg.seed;
@@ -281,7 +297,7 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
     let by_id: HashMap<WorkerId, usize> =
         workers.iter().enumerate().map(|(i, w)| (w.id, i)).collect();
     let allowed: Vec<WorkerId> = workers.iter().map(|w| w.id).collect();
-    let floor = FloorTracker::new(&profile);
+    let floor = FloorTracker::new(&pool);
     let mut sim = Sim {
         floor,
         now: 0.0,

@@ -37,6 +37,7 @@ fn every_load_balancing_baseline_spreads_the_independent_workload() {
         arrivals: Arrivals::Closed { users: 32 },
         seed: 7,
         diagnose: false,
+        generic_prior: false,
     };
     let mut failures = Vec::new();
     for name in BALANCING {

@@ -11,6 +11,14 @@ const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../profiles/l40s-qwen3-32b-fp8.json"),
     ),
     ("tiny", include_str!("../../profiles/tiny.json")),
+    (
+        "l40s-27b-fp8",
+        include_str!("../../profiles/l40s-27b-fp8.json"),
+    ),
+    (
+        "h100-27b-fp8",
+        include_str!("../../profiles/h100-27b-fp8.json"),
+    ),
 ];
 
 /// The default profile: one NVIDIA L40S serving Qwen3-32B-FP8.
@@ -55,7 +63,9 @@ pub struct Profile {
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
     /// No built-in profile has this name.
-    #[error("unknown built-in profile {0:?} (known: l40s-qwen3-32b-fp8, tiny)")]
+    #[error(
+        "unknown built-in profile {0:?} (known: l40s-qwen3-32b-fp8, tiny, l40s-27b-fp8, h100-27b-fp8)"
+    )]
     UnknownBuiltin(String),
     /// The profile file could not be read.
     #[error("cannot read profile {path}: {source}")]
@@ -84,7 +94,8 @@ pub enum ProfileError {
 }
 
 impl Profile {
-    /// A profile shipped with the crate (`l40s-qwen3-32b-fp8`, `tiny`).
+    /// A profile shipped with the crate (`l40s-qwen3-32b-fp8`, `tiny`, `l40s-27b-fp8`,
+    /// `h100-27b-fp8`).
     pub fn builtin(name: &str) -> Result<Self, ProfileError> {
         let (_, text) = BUILTIN
             .iter()
@@ -195,6 +206,17 @@ mod tests {
         assert!((decode - (0.050 + 0.00000038 * 1024.0 + 0.003 + 0.0002)).abs() < 1e-12);
         // A 2,048-token prefill chunk is compute bound.
         assert!((p.step_time(2048, 0, 0) - (0.00021 * 2048.0 + 0.003)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_27b_profiles_differ_where_the_gpus_do() {
+        let l40s = Profile::builtin("l40s-27b-fp8").unwrap();
+        let h100 = Profile::builtin("h100-27b-fp8").unwrap();
+        // ~5,900 vs ~20,600 prefill tokens/s: the H100 prefills 3.5x faster.
+        let ratio = l40s.prefill_s_per_token / h100.prefill_s_per_token;
+        assert!((3.4..3.6).contains(&ratio), "{ratio}");
+        assert!(h100.kv_capacity_tokens > 2 * l40s.kv_capacity_tokens);
+        assert!(h100.step_time(0, 1, 1024) < l40s.step_time(0, 1, 1024));
     }
 
     #[test]
