@@ -390,7 +390,21 @@ impl Router {
         small_windows: bool,
         tls: Option<Arc<kvroute_tls::WatchedServer>>,
     ) -> Router {
-        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        // A restart on the address of a router just stopped: its listener may close a moment
+        // after `stop` returns, so binding is retried for a while (EADDRINUSE flaked in CI).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let listener = loop {
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => break l,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("bind {addr}: {e}"),
+            }
+        };
         let addr = listener.local_addr().unwrap();
         let (reading, reading_rx) = watch::channel(true);
         let view: Arc<Mutex<View>> = Arc::default();
