@@ -331,6 +331,13 @@ async fn the_operators_router_serves_a_gie_pool_and_its_endpoint_picker() -> any
     // The router's default request body limit (`--max-body-bytes`, 8 MiB).
     cfg.max_body_bytes = Some(8 << 20);
     cfg.deadline = Duration::from_secs(30);
+    // The picker's readiness follows the router's (`/readyz`), which can lag the workers'
+    // becoming routable by a moment: the health check wants SERVING.
+    wait_for("the router is ready", WAIT, || async {
+        let r = reqwest::get(router.admin("/readyz")).await?;
+        Ok(r.status().is_success().then_some(()))
+    })
+    .await?;
     let channel = epp_channel(&tls.path().join("picker"), &router, &server_name).await?;
     let report = epp_conformance::run(channel, &cfg).await;
     println!("{report}");
