@@ -110,3 +110,29 @@ pub use policies::{
 pub use predict::{ErrorStats, Predictor, PredictorConfig, WorkerModel};
 pub use request::PromptHashes;
 pub use workers::{BlockCaps, LoadSample, Worker, WorkerId, WorkerTable};
+
+/// Candidates and contexts the policy tests share.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::choose::{Candidate, ChoiceContext};
+    use super::workers::WorkerId;
+
+    /// Worker `w`'s candidate for a 64-block prompt (block size 16), nothing cached.
+    pub(crate) fn c(w: u32) -> Candidate {
+        Candidate {
+            worker: WorkerId(w),
+            block_size: 16,
+            prompt_blocks: 64,
+            ..Candidate::default()
+        }
+    }
+
+    /// A 1,024-token decision over `candidates`.
+    pub(crate) fn ctx(candidates: Vec<Candidate>) -> ChoiceContext {
+        ChoiceContext {
+            prompt_tokens: 1024,
+            degraded: false,
+            candidates,
+        }
+    }
+}

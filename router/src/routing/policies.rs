@@ -271,26 +271,9 @@ impl Policy for MaxPrefix {
 
 #[cfg(test)]
 mod tests {
-    use super::super::choose::Candidate;
-    use super::super::workers::WorkerId;
     use super::*;
 
-    fn c(w: u32) -> Candidate {
-        Candidate {
-            worker: WorkerId(w),
-            block_size: 16,
-            prompt_blocks: 64,
-            ..Candidate::default()
-        }
-    }
-
-    fn ctx(candidates: Vec<Candidate>) -> ChoiceContext {
-        ChoiceContext {
-            prompt_tokens: 1024,
-            degraded: false,
-            candidates,
-        }
-    }
+    use crate::routing::test_support::{c, ctx};
 
     fn pick(p: &mut dyn Policy, ctx: &ChoiceContext) -> (u32, Reason) {
         let d = p.choose(ctx, 0.0).expect("decision");

@@ -142,26 +142,10 @@ fn softmax_draw(rng: &mut ChaCha8Rng, costs: &[f64], temperature: f64) -> Option
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::choose::Candidate;
     use super::super::super::workers::WorkerId;
     use super::*;
 
-    fn c(w: u32) -> Candidate {
-        Candidate {
-            worker: WorkerId(w),
-            block_size: 16,
-            prompt_blocks: 64,
-            ..Candidate::default()
-        }
-    }
-
-    fn ctx(candidates: Vec<Candidate>) -> ChoiceContext {
-        ChoiceContext {
-            prompt_tokens: 1024,
-            degraded: false,
-            candidates,
-        }
-    }
+    use crate::routing::test_support::{c, ctx};
 
     #[test]
     fn shared_active_blocks_are_not_charged_twice() {

@@ -237,22 +237,7 @@ mod tests {
     use super::super::super::workers::WorkerId;
     use super::*;
 
-    fn c(w: u32) -> Candidate {
-        Candidate {
-            worker: WorkerId(w),
-            block_size: 16,
-            prompt_blocks: 64,
-            ..Candidate::default()
-        }
-    }
-
-    fn ctx(candidates: Vec<Candidate>) -> ChoiceContext {
-        ChoiceContext {
-            prompt_tokens: 1024,
-            degraded: false,
-            candidates,
-        }
-    }
+    use crate::routing::test_support::{c, ctx};
 
     #[test]
     fn precise_prefix_scores_are_min_max_normalized_among_hits() {
