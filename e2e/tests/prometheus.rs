@@ -73,6 +73,16 @@ spec:
   auth: {{trustedPeers: [127.0.0.1/32], allowAnonymous: true}}
 ---
 apiVersion: kvroute.dev/v1alpha1
+kind: InferencePolicy
+metadata: {{name: classes, namespace: dash}}
+spec:
+  pool: dash
+  rules:
+    - name: batch
+      match: {{serviceClasses: [batch]}}
+      actions: {{serviceClass: {{ttftTargetMs: 60000}}}}
+---
+apiVersion: kvroute.dev/v1alpha1
 kind: InferenceWorkerSet
 metadata: {{name: idle, namespace: idle}}
 spec:
@@ -248,6 +258,12 @@ async fn wave(gateway: &str, wave: usize) -> anyhow::Result<u64> {
             .json(&body);
         if let Some(t) = tenants[i % tenants.len()] {
             req = req.header("x-kvroute-tenant", t);
+        }
+        // Classes: one a policy declares (`batch`), one it does not (folds into `default`).
+        match i % 3 {
+            1 => req = req.header("x-kvroute-service-class", "batch"),
+            2 => req = req.header("x-kvroute-service-class", "not-declared"),
+            _ => {}
         }
         let resp = req.send().await?;
         let status = resp.status();
@@ -480,6 +496,19 @@ async fn evaluate(prom: &Prom, d: &Deployment, started: Instant) -> anyhow::Resu
     println!("tenant label values: {seen:?}");
     if seen != ["anonymous", "other", TENANT] {
         failures.push(format!("tenant labels {seen:?}"));
+    }
+    // Class labels: the declared class and `default`, never a client's undeclared one.
+    let data = prom
+        .api(
+            "/api/v1/label/class/values",
+            &[("match[]", "kvroute_router_tenant_requests_total")],
+        )
+        .await?;
+    let mut classes: Vec<String> = serde_json::from_value(data)?;
+    classes.sort();
+    println!("class label values: {classes:?}");
+    if classes != ["batch", "default"] {
+        failures.push(format!("class labels {classes:?}"));
     }
     // Every shipped alert is loaded and evaluates without error.
     let rules = procs::wait_for(

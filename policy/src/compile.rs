@@ -258,6 +258,15 @@ fn compile_rule(
     let tenants = ids(&mut set.tenants, &m.tenants);
     let models = ids(&mut set.models, &m.models);
     let classes = ids(&mut set.classes, &m.service_classes);
+    // A class an action names is a declared class too (a metric label may take it).
+    if let Some(name) = rule
+        .actions
+        .service_class
+        .as_ref()
+        .and_then(|c| c.name.as_deref())
+    {
+        set.classes.intern(name);
+    }
     let mut labels = [0u64; LABEL_WORDS];
     for l in &m.labels {
         if l.is_empty()
@@ -432,6 +441,14 @@ impl PolicySet {
     /// namespace.
     pub fn policies(&self) -> &[String] {
         &self.policies
+    }
+
+    /// The declared service class named `name`: one that some rule matches on
+    /// (`match.serviceClasses`) or sets (`actions.serviceClass.name`). `None` for any other
+    /// name, so a class label taken from this set has at most as many values as the policies
+    /// declare, whatever the clients send.
+    pub fn declared_class(&self, name: &str) -> Option<&str> {
+        self.classes.0.get_key_value(name).map(|(k, _)| &**k)
     }
 
     /// Number of compiled rules.

@@ -303,6 +303,8 @@ fn decide(
         state, tenants, &model, &headers, None, trusted, tokens, None,
     )
     .map_err(|e| tenant_status(&e))?;
+    // Counted even when no decision follows (dropped with the error).
+    let mut tap = tenancy::tap(tenants, &model, admitted.tenant.clone(), admitted.permit);
     input.resolved = Some(&admitted.resolved);
     input.tenant = admitted.tenant.as_deref();
     let a = state
@@ -313,7 +315,7 @@ fn decide(
     } else {
         None
     };
-    let tap = tenancy::tap(tenants, &model, admitted.tenant.clone(), admitted.permit);
+    tap.routed(a.policy.class.as_deref());
     let unsent = Unsent {
         state: state.clone(),
         picked: Some(a),

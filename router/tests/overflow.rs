@@ -414,6 +414,7 @@ fn overflow_to(provider: &str, stay_local: bool) -> OverflowPlan {
         tenant: Some("team-a".into()),
         best_local_queue: None,
         limits: None,
+        class: None,
     }
 }
 

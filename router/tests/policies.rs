@@ -687,3 +687,66 @@ async fn policies_hot_reload_and_an_invalid_file_keeps_the_last_good_set() {
         1.0
     );
 }
+
+#[tokio::test]
+async fn tenant_metrics_take_the_declared_class_and_fold_any_other_into_default() {
+    let classes = r#"
+---
+apiVersion: kvroute.dev/v1alpha1
+kind: InferencePolicy
+metadata: {name: classes}
+spec:
+  pool: chat
+  rules:
+    - name: premium-team
+      match: {headers: [{name: x-team, value: premium}]}
+      actions: {serviceClass: {name: premium}}
+"#;
+    let r = start(&config("no", classes)).await;
+    let series = |class: &str| {
+        format!(
+            "kvroute_router_tenant_requests_total{{class=\"{class}\",model=\"tiny\",tenant=\"anonymous\"}}"
+        )
+    };
+    // The start-up's own picks (until the workers are routable) count as `default`.
+    let before = metric(&r, &series("default")).await;
+    // Declared by a match (batch) and by an action (premium); interactive and the rest are
+    // client strings no policy declares.
+    pick(&r, "tiny", &[("x-kvroute-service-class", "batch")])
+        .await
+        .expect("batch");
+    pick(&r, "tiny", &[("x-team", "premium")])
+        .await
+        .expect("premium");
+    for class in ["interactive", "attacker-chosen-1", "attacker-chosen-2"] {
+        pick(&r, "tiny", &[("x-kvroute-service-class", class)])
+            .await
+            .expect("undeclared class");
+    }
+    pick(&r, "tiny", &[]).await.expect("no class");
+    assert_eq!(metric(&r, &series("batch")).await, 1.0);
+    assert_eq!(metric(&r, &series("premium")).await, 1.0);
+    assert_eq!(metric(&r, &series("default")).await, before + 4.0);
+    let text = reqwest::get(format!("http://{}/metrics", r.addrs.admin))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    for client_string in ["interactive", "attacker-chosen"] {
+        assert!(
+            !text.contains(&format!("class=\"{client_string}")),
+            "a client's class became a label"
+        );
+    }
+    // A request that ends before a decision counts as `default`, whatever its class.
+    pick(
+        &r,
+        "tiny",
+        &[("x-team", "blocked"), ("x-kvroute-service-class", "batch")],
+    )
+    .await
+    .expect_err("rejected");
+    assert_eq!(metric(&r, &series("default")).await, before + 5.0);
+    assert_eq!(metric(&r, &series("batch")).await, 1.0);
+}

@@ -165,6 +165,9 @@ pub fn decide(
         tokens,
         None,
     )?;
+    // Counted even when no decision follows (dropped with the error).
+    let mut tap =
+        crate::gateway::tenancy::tap(tenants, &model, admitted.tenant.clone(), admitted.permit);
     let held = Held {
         resolved: admitted.resolved,
         client_model: model.clone(),
@@ -197,9 +200,8 @@ pub fn decide(
         plan.limits.as_ref(),
         tokens,
     )?;
-    let mut tap =
-        crate::gateway::tenancy::tap(tenants, &model, admitted.tenant.clone(), admitted.permit);
     tap.rule_permit = rule_permit;
+    tap.routed(plan.class.as_deref());
     guard.set_tenant(tap);
 
     let picked = guard.picked();

@@ -43,6 +43,8 @@ pub struct OverflowPlan {
     pub best_local_queue: Option<u32>,
     /// The matched rule's per-tenant limits, with their scope (`policy/rule`).
     pub limits: Option<(String, kvroute_policy::Limits)>,
+    /// The declared service class ([`crate::state::PolicyHooks::class`]).
+    pub class: Option<String>,
 }
 
 impl OverflowPlan {
@@ -62,6 +64,7 @@ impl OverflowPlan {
                 .limits
                 .zip(hooks.rule.as_ref())
                 .map(|(l, (p, r))| (format!("{p}/{r}"), l)),
+            class: hooks.class.clone(),
         }
     }
 }
@@ -70,8 +73,8 @@ impl OverflowPlan {
 pub(super) enum Routed {
     /// To a local worker, which answered with headers.
     Local(Box<Sent>),
-    /// To a provider: the client's response.
-    Provider(axum::response::Response),
+    /// To a provider: the client's response, and the request's declared service class.
+    Provider(axum::response::Response, Option<String>),
 }
 
 /// No local worker can take the request (as opposed to a bad request or a broken worker).
@@ -149,7 +152,7 @@ impl Gateway {
                     {
                         resp.headers_mut().insert(PROVIDER_HEADER, v);
                     }
-                    return Ok((Routed::Provider(resp), permit));
+                    return Ok((Routed::Provider(resp, plan.class.clone()), permit));
                 }
                 Err(refused) if first.is_none() => return Err(refused.error(&action.provider)),
                 Err(refused) => {

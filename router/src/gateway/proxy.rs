@@ -449,8 +449,12 @@ async fn openai_request(
         .await?;
     let mut sent = match routed {
         Routed::Local(sent) => *sent,
-        Routed::Provider(resp) => return Ok(resp),
+        Routed::Provider(resp, class) => {
+            tap.routed(class.as_deref());
+            return Ok(resp);
+        }
     };
+    tap.routed(sent.assignment.picked().policy.class.as_deref());
     tap.rule_permit = permit;
     sent.assignment.set_tenant(tap);
     if !sent.response.status().is_success() {
@@ -525,8 +529,12 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
         .await?;
     let mut sent = match routed {
         Routed::Local(sent) => *sent,
-        Routed::Provider(resp) => return Ok(resp),
+        Routed::Provider(resp, class) => {
+            tap.routed(class.as_deref());
+            return Ok(resp);
+        }
     };
+    tap.routed(sent.assignment.picked().policy.class.as_deref());
     tap.rule_permit = permit;
     sent.assignment.set_tenant(tap);
     if !sent.response.status().is_success() {

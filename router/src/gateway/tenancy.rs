@@ -22,8 +22,8 @@ use super::dispatch::{Dispatch, Resolved};
 use super::error::GatewayError;
 use crate::tenant::{Credentials, LimitPermit, LimitSpec, Tenants};
 
-/// The service-class label of tenant metrics: always this for now (tenant metrics count a
-/// request before the policy decides its class; docs/control-plane.md, "Tenant metrics").
+/// The service-class label of tenant metrics for a request without a declared class
+/// (docs/control-plane.md, "Tenant metrics").
 pub const DEFAULT_CLASS: &str = "default";
 
 /// The tenant tap of an admitted request (series labels, and the limit permit).
@@ -33,14 +33,7 @@ pub(crate) fn tap(
     admitted_tenant: Option<String>,
     permit: LimitPermit,
 ) -> crate::tenant::TenantTap {
-    crate::tenant::TenantTap {
-        metrics: tenants.metrics.clone(),
-        model: model.to_string(),
-        class: DEFAULT_CLASS.to_string(),
-        tenant: admitted_tenant,
-        permit,
-        rule_permit: None,
-    }
+    crate::tenant::TenantTap::new(tenants.metrics.clone(), model, admitted_tenant, permit)
 }
 
 /// A request the tenant step let through.
@@ -120,9 +113,6 @@ pub(crate) fn admit(
             })?,
         _ => LimitPermit::unlimited(),
     };
-    tenants
-        .metrics
-        .admitted(model, DEFAULT_CLASS, tenant.as_deref());
     Ok(Admitted {
         resolved,
         tenant,

@@ -182,6 +182,10 @@ pub struct PolicyHooks {
     pub local_only: bool,
     /// It must never leave the cluster: local-only, or labelled as personal data (`pii`).
     pub stay_local: bool,
+    /// The service class of the tenant metrics: the matched rule's class, else the
+    /// request's `x-kvroute-service-class`, when some policy declares that class
+    /// ([`kvroute_policy::PolicySet::declared_class`]); `None` (label `default`) otherwise.
+    pub class: Option<String>,
 }
 
 /// A routing decision, ready to serialize (`/debug/explain`, `kvroute explain`).
@@ -633,7 +637,7 @@ impl RouterState {
         let pool = pool_state(&guard.routing, &plan);
         let verdict = policies.evaluate(&facts, &pool);
         let mut record = VerdictRecord::of(&verdict);
-        let hooks = PolicyHooks::of(&verdict, &pool, &labels.all);
+        let hooks = PolicyHooks::of(&verdict, &pool, &labels.all, &policies, class_header);
 
         // A rule naming an alternative model: plan it too (its own tokens, outside the
         // lock), then keep the requested model only when it is predicted to answer first.
@@ -869,7 +873,13 @@ impl RouterState {
         let facts = request_facts(input, &resolved, &labels.all, &headers, class_header);
         let pool = PoolState::default();
         let verdict = policies.evaluate(&facts, &pool);
-        Some(PolicyHooks::of(&verdict, &pool, &labels.all))
+        Some(PolicyHooks::of(
+            &verdict,
+            &pool,
+            &labels.all,
+            &policies,
+            class_header,
+        ))
     }
 
     /// A reject verdict becomes [`PickError::Rejected`] (counted when `assign`).
@@ -1255,9 +1265,23 @@ fn request_facts<'a>(
 }
 
 impl PolicyHooks {
-    /// What the gateway acts on after the pick, from `verdict` on `pool`.
-    fn of(verdict: &Verdict<'_>, pool: &PoolState, labels: &[&str]) -> Self {
+    /// What the gateway acts on after the pick, from `verdict` on `pool` (`set`: the
+    /// policies that gave it; `class_header`: the request's valid class header).
+    fn of(
+        verdict: &Verdict<'_>,
+        pool: &PoolState,
+        labels: &[&str],
+        set: &kvroute_policy::PolicySet,
+        class_header: Option<&str>,
+    ) -> Self {
+        let class = verdict
+            .service_class()
+            .and_then(|c| c.name.as_deref())
+            .or(class_header)
+            .and_then(|c| set.declared_class(c))
+            .map(str::to_string);
         Self {
+            class,
             rule: verdict
                 .matched
                 .map(|x| (x.policy.to_string(), x.rule.to_string())),

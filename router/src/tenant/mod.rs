@@ -42,9 +42,13 @@ pub fn valid_tenant(s: &str) -> bool {
         && b.iter().all(|c| inner(c) || *c == b'-')
 }
 
-/// What a running request reports about its tenant: TTFT and tokens per (model, class,
-/// tenant), and the settlement of its token charge. Its limit permit ends when it is dropped
-/// (with the gateway's assignment guard, or the Pick API's decision id).
+/// What a running request reports about its tenant: the request itself, TTFT and tokens per
+/// (model, class, tenant), and the settlement of its token charge. Its limit permit ends when
+/// it is dropped (with the gateway's assignment guard, or the Pick API's decision id).
+///
+/// Every admitted request is counted once: by [`TenantTap::routed`] in the class of its
+/// decision, or, when it ends before one (no ready worker, a policy reject or shed, a failed
+/// send), on drop in the `default` class.
 #[derive(Debug)]
 pub struct TenantTap {
     /// Where the series live.
@@ -60,9 +64,54 @@ pub struct TenantTap {
     /// The hold on the matched policy rule's limits, when a rule limits this request (both
     /// holds last as long as the request and are settled to its usage).
     pub rule_permit: Option<LimitPermit>,
+    /// The request is counted already.
+    counted: bool,
+}
+
+impl Drop for TenantTap {
+    fn drop(&mut self) {
+        if !self.counted {
+            self.metrics
+                .admitted(&self.model, &self.class, self.tenant.as_deref());
+        }
+    }
 }
 
 impl TenantTap {
+    /// The tap of a request of `tenant` for `model` (class `default` until routed), holding
+    /// `permit`.
+    pub fn new(
+        metrics: TenantMetrics,
+        model: &str,
+        tenant: Option<String>,
+        permit: LimitPermit,
+    ) -> Self {
+        Self {
+            metrics,
+            model: model.to_string(),
+            class: crate::gateway::DEFAULT_CLASS.to_string(),
+            tenant,
+            permit,
+            rule_permit: None,
+            counted: false,
+        }
+    }
+
+    /// The request was routed (to a local worker or a provider) in service `class` (a
+    /// declared class, [`crate::state::PolicyHooks::class`]; `None`: `default`): counted,
+    /// and the class labels the request's TTFT and tokens from now on.
+    pub fn routed(&mut self, class: Option<&str>) {
+        if self.counted {
+            return;
+        }
+        if let Some(c) = class {
+            self.class = c.to_string();
+        }
+        self.counted = true;
+        self.metrics
+            .admitted(&self.model, &self.class, self.tenant.as_deref());
+    }
+
     /// The first token came after `ttft_s`.
     pub fn first_token(&self, ttft_s: f64) {
         self.metrics
