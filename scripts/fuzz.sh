@@ -33,7 +33,7 @@ ALL_TARGETS=(
     classify/labeller
     crds/parse_documents
     mock-vllm/request_body
-    router/anthropic_request router/epp_messages router/index_ops router/ingest_session router/openai_request router/sse_stream router/tenant_credentials
+    router/anthropic_request router/epp_messages router/index_ops router/ingest_session router/openai_request router/peer_update router/sse_stream router/tenant_credentials
     sidecar/apply_events
     tokenization/chat_request tokenization/fast_path tokenization/tokenizer_config
     vllm-wire/decode_roundtrip vllm-wire/encode_roundtrip
