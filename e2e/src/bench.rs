@@ -20,6 +20,7 @@ pub mod kinference;
 pub mod live;
 pub mod profiles;
 pub mod report;
+pub mod scale;
 pub mod sim;
 #[cfg(test)]
 mod spread_tests;
@@ -54,8 +55,9 @@ pub const POLICIES: [&str; 9] = [
 /// Flags of `kvroute bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// `sim` (discrete-event simulation in virtual time), `live` (real processes), or `attack`
-    /// (one router under slow-loris, body-flood and idle-connection attacks: /healthz latency).
+    /// `sim` (discrete-event simulation in virtual time), `live` (real processes), `attack`
+    /// (one router under slow-loris, body-flood and idle-connection attacks: /healthz latency),
+    /// or `scale` (simulated sidecars into 1 and R router replicas: memory, CPU, ingest lag).
     #[arg(long, env = "KVROUTE_BENCH_MODE", default_value = "sim")]
     pub mode: String,
     /// shared-prefix, multi-turn, independent, mixed, or all.
@@ -189,6 +191,28 @@ pub struct BenchArgs {
     /// routers that refuse token-id prompts).
     #[arg(long, env = "KVROUTE_BENCH_PROMPT", default_value = "ids")]
     pub prompt_format: String,
+    /// Scale: simulated sidecars streaming into each router replica.
+    #[arg(long, env = "KVROUTE_BENCH_SIDECARS", default_value_t = 1_000)]
+    pub sidecars: usize,
+    /// Scale: blocks in each sidecar's snapshot.
+    #[arg(long, env = "KVROUTE_BENCH_SNAPSHOT_BLOCKS", default_value_t = 2_000)]
+    pub snapshot_blocks: usize,
+    /// Scale: KV block events (stored + removed) per second per sidecar.
+    #[arg(
+        long,
+        env = "KVROUTE_BENCH_BLOCK_EVENTS_PER_S",
+        default_value_t = 100.0
+    )]
+    pub block_events_per_s: f64,
+    /// Scale: Pick requests per second, all replicas together.
+    #[arg(long, env = "KVROUTE_BENCH_PICKS_PER_S", default_value_t = 50.0)]
+    pub picks_per_s: f64,
+    /// Scale: seconds of steady load per deployment.
+    #[arg(long, env = "KVROUTE_BENCH_SCALE_SECONDS", default_value_t = 60.0)]
+    pub scale_seconds: f64,
+    /// Scale: router replica counts, one deployment each.
+    #[arg(long, env = "KVROUTE_BENCH_SCALE_REPLICAS", default_value = "1,3")]
+    pub scale_replicas: String,
 }
 
 /// Everything one benchmark run produced.
@@ -300,7 +324,8 @@ pub async fn run(mut args: BenchArgs) -> anyhow::Result<()> {
             write_outputs(&result, &args)
         }
         "attack" => attack::run(&args).await,
-        other => bail!("unknown --mode {other:?}: expected sim, live or attack"),
+        "scale" => scale::run(&args).await,
+        other => bail!("unknown --mode {other:?}: expected sim, live, attack or scale"),
     }
 }
 

@@ -139,6 +139,13 @@ pub fn preset(args: &DemoArgs) -> BenchArgs {
         external_routers: Vec::new(),
         external_workers: Vec::new(),
         prompt_format: "ids".into(),
+        // Scale-only knobs.
+        sidecars: 1_000,
+        snapshot_blocks: 2_000,
+        block_events_per_s: 100.0,
+        picks_per_s: 50.0,
+        scale_seconds: 60.0,
+        scale_replicas: "1,3".into(),
     }
 }
 
