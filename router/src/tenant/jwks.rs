@@ -80,10 +80,7 @@ enum FetchError {
     Jwks(JwksError),
 }
 
-fn tls_connector() -> Option<tokio_rustls::TlsConnector> {
-    let roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
+fn tls_connector(roots: rustls::RootCertStore) -> Option<tokio_rustls::TlsConnector> {
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -177,13 +174,29 @@ pub fn allowed_url(url: &str) -> bool {
 }
 
 impl JwksStore {
-    /// A store reading Secrets through `secrets`.
+    /// A store reading Secrets through `secrets`; URLs are verified against the Mozilla roots
+    /// (`webpki-roots`).
     pub fn new(secrets: Arc<SecretFiles>, metrics: TenantMetrics) -> Self {
+        Self::with_roots(
+            secrets,
+            metrics,
+            rustls::RootCertStore {
+                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+            },
+        )
+    }
+
+    /// The same, verifying `https://` URLs against `roots` instead.
+    pub fn with_roots(
+        secrets: Arc<SecretFiles>,
+        metrics: TenantMetrics,
+        roots: rustls::RootCertStore,
+    ) -> Self {
         Self {
             secrets,
             slots: RwLock::new(HashMap::new()),
             metrics,
-            tls: tls_connector(),
+            tls: tls_connector(roots),
         }
     }
 
@@ -468,5 +481,91 @@ mod tests {
         store.unknown_kid(&src, later);
         store.refresh_urls(later).await;
         assert_eq!(store.get(&src).map(|j| j.len()), Some(2));
+    }
+
+    /// A one-connection-at-a-time HTTPS server on 127.0.0.1 answering every request with
+    /// `body`, its certificate for `localhost` signed by `ca`.
+    async fn https_server(ca: &kvroute_tls::testpki::TestCa, body: String) -> u16 {
+        use rustls_pki_types::pem::PemObject as _;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let leaf = ca.leaf(None, &["localhost"]);
+        let certs: Vec<_> =
+            rustls_pki_types::CertificateDer::pem_slice_iter(leaf.cert_pem.as_bytes())
+                .collect::<Result<_, _>>()
+                .expect("leaf PEM");
+        let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes())
+            .expect("key PEM");
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    continue;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.write_all(resp.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn https_url_is_fetched_over_tls_and_an_unknown_ca_is_refused() {
+        let key = TestKey::ec("k1");
+        let ca = kvroute_tls::testpki::TestCa::new("idp");
+        let port = https_server(&ca, jwks_of(&[&key])).await;
+        let src = JwksSource::Url(format!("https://localhost:{port}/jwks"));
+
+        // The IdP's CA trusted: keys fetched over TLS (SNI localhost, certificate checked).
+        use rustls_pki_types::pem::PemObject as _;
+        let metrics = TenantMetrics::register(&prometheus::Registry::new(), &[]).expect("m");
+        let secrets = Arc::new(SecretFiles::new(None, metrics.clone()));
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca.pem().as_bytes()) {
+            roots.add(c.expect("CA PEM")).expect("add root");
+        }
+        let store = JwksStore::with_roots(secrets, metrics.clone(), roots);
+        assert!(store.get(&src).is_none(), "nothing before the first fetch");
+        store.refresh_urls(Instant::now()).await;
+        assert_eq!(store.get(&src).map(|j| j.len()), Some(1));
+
+        // The Mozilla roots (the router's default) do not know that CA: refused, counted,
+        // no keys.
+        let metrics = TenantMetrics::register(&prometheus::Registry::new(), &[]).expect("m");
+        let secrets = Arc::new(SecretFiles::new(None, metrics.clone()));
+        let store = JwksStore::new(secrets, metrics.clone());
+        assert!(store.get(&src).is_none(), "nothing before the first fetch");
+        store.refresh_urls(Instant::now()).await;
+        assert!(store.get(&src).is_none(), "an unverified server gave keys");
+        assert_eq!(
+            metrics
+                .jwks_errors
+                .with_label_values(&["fetch_failed"])
+                .get(),
+            1
+        );
     }
 }
