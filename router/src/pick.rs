@@ -316,11 +316,23 @@ fn decide(
         None
     };
     tap.routed(a.policy.class.as_deref());
-    let unsent = Unsent {
+    let rule_limits =
+        crate::gateway::OverflowPlan::of_hooks(&a.policy, admitted.tenant.as_deref()).limits;
+    let mut unsent = Unsent {
         state: state.clone(),
         picked: Some(a),
-        tap: Some(tap),
+        tap: None,
     };
+    // The matched rule's per-tenant limits, as the gateway and the endpoint picker take them
+    // (a refusal drops `unsent`, which releases the assignment).
+    tap.rule_permit = crate::gateway::overflow::rule_permit(
+        tenants,
+        admitted.tenant.as_deref(),
+        rule_limits.as_ref(),
+        tokens,
+    )
+    .map_err(|e| tenant_status(&e))?;
+    unsent.tap = Some(tap);
     Ok((unsent, rewritten_body))
 }
 

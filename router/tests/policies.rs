@@ -11,18 +11,19 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kvroute_proto::v1::ingest_client::IngestClient;
 use kvroute_proto::v1::picker_client::PickerClient;
 use kvroute_proto::v1::{
-    Delta, DeltaOp, IngestControl, PickRequest, PickResponse, SnapshotChunk, WorkerIdentity,
-    WorkerReport, delta_op, worker_report,
+    Delta, DeltaOp, IngestControl, PickRequest, PickResponse, WorkerReport, delta_op, worker_report,
 };
 use kvroute_router::{Addrs, Args, Server};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
+
+#[path = "support/sidecar.rs"]
+mod fake_sidecar;
+use fake_sidecar::sidecar;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -181,7 +182,7 @@ async fn launch(config_text: &str, workers: &[(&str, u16, &str)]) -> Router {
     tokio::spawn(server.serve(stop.clone()));
     let mut sidecars = Vec::new();
     for &(pod, port, model) in workers {
-        sidecars.push(sidecar(&addrs, pod, port, model).await);
+        sidecars.push(sidecar(&addrs, "default", pod, port, model).await);
     }
     Router {
         addrs,
@@ -190,43 +191,6 @@ async fn launch(config_text: &str, workers: &[(&str, u16, &str)]) -> Router {
         _dir: dir,
         path,
     }
-}
-
-async fn sidecar(
-    addrs: &Addrs,
-    pod: &str,
-    port: u16,
-    model: &str,
-) -> (mpsc::Sender<WorkerReport>, Streaming<IngestControl>) {
-    let mut client = IngestClient::connect(format!("http://{}", addrs.grpc))
-        .await
-        .expect("connect ingest");
-    let (tx, rx) = mpsc::channel(4);
-    let identity = WorkerIdentity {
-        worker_id: format!("default/{pod}"),
-        pod: pod.into(),
-        namespace: "default".into(),
-        address: format!("127.0.0.1:{port}"),
-        model: model.into(),
-        block_size: 16,
-        epoch: 1,
-        worker_set: String::new(),
-    };
-    let first = WorkerReport {
-        seq: 0,
-        body: Some(worker_report::Body::Snapshot(SnapshotChunk {
-            identity: Some(identity),
-            first: true,
-            last: true,
-            blocks: Vec::new(),
-        })),
-    };
-    tx.send(first).await.expect("queue snapshot");
-    let resp = client
-        .report(ReceiverStream::new(rx))
-        .await
-        .expect("ingest stream");
-    (tx, resp.into_inner())
 }
 
 fn completion(model: &str) -> Vec<u8> {

@@ -20,6 +20,9 @@ use tokio_util::sync::CancellationToken;
 mod jwt_keys;
 use jwt_keys::{TestKey, jwks_of};
 
+#[path = "support/sidecar.rs"]
+mod fake_sidecar;
+
 const DEADLINE: Duration = Duration::from_secs(30);
 
 const WORKERS: &str = r#"
@@ -651,5 +654,73 @@ async fn pick_api_trusts_the_pools_mtls_picker_for_the_tenant_header() {
     assert!(
         metric(&r, "kvroute_router_tenant_auth_total{result=\"tenant\"}").await >= 2.0,
         "wait_loaded's request and the picker's"
+    );
+}
+
+/// A policy rule's per-tenant limits hold on the Pick API as in the gateway: the rule's
+/// `requestsPerMinute: 2` for team-a admits two picks and refuses the third with
+/// RESOURCE_EXHAUSTED (the refused pick's assignment is released), counted per limit.
+#[tokio::test]
+async fn pick_api_enforces_a_policy_rules_tenant_limits() {
+    let s = setup(false);
+    let policy = r#"
+---
+apiVersion: kvroute.dev/v1alpha1
+kind: InferencePolicy
+metadata: {name: limits, namespace: ml}
+spec:
+  pool: chat
+  rules:
+    - name: team-a-rpm
+      match: {tenants: [team-a]}
+      actions: {limits: {requestsPerMinute: 2}}
+"#;
+    let text = std::fs::read_to_string(&s.config).expect("config") + policy;
+    std::fs::write(&s.config, text).expect("config");
+    let r = start(&s.config, &s.secrets, |_| {}).await;
+    wait_loaded(&r, &s.key).await;
+    let _worker = fake_sidecar::sidecar(&r.addrs, "ml", "qwen-0", 9, "tiny").await;
+    let mut client = PickerClient::connect(format!("http://{}", r.addrs.grpc))
+        .await
+        .expect("connect");
+    let auth = format!("Bearer {}", s.key);
+    let pick = || PickRequest {
+        path: "/v1/chat/completions".into(),
+        headers: [("authorization".to_string(), auth.clone())].into(),
+        body: chat("tiny").to_string().into_bytes(),
+    };
+    // Routable once the stream's snapshot is in.
+    let end = Instant::now() + DEADLINE;
+    let first = loop {
+        match client.pick(pick()).await {
+            Ok(p) => break p.into_inner(),
+            Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < end => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("first pick: {e}"),
+        }
+    };
+    assert!(!first.decision_id.is_empty());
+    client
+        .pick(pick())
+        .await
+        .expect("second pick within the limit");
+    let refused = client
+        .pick(pick())
+        .await
+        .expect_err("third pick over the limit");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+    assert_eq!(
+        metric(
+            &r,
+            "kvroute_router_tenant_limited_total{limit=\"requests_per_minute\"}"
+        )
+        .await,
+        1.0
+    );
+    // Two assignments outstanding, not three: the refused one was released.
+    assert_eq!(
+        metric(&r, "kvroute_router_in_flight{worker=\"ml/qwen-0\"}").await,
+        2.0
     );
 }
