@@ -5,7 +5,7 @@
 //! ```text
 //! sidecar-i (task, i < N) --one gRPC stream per replica--> router-r (process, r < R)
 //!   snapshot: B blocks (16 prompt families of B/16 blocks each)
-//!   every 100 ms: a Delta storing k new blocks and removing the k oldest (k = rate / 10)
+//!   every 100 ms: a Delta storing k new blocks and removing the k oldest (k = rate / 20)
 //!   every 250 ms: a LoadSample (the sidecar's default scrape interval)
 //! picker (task) --Pick, round-robin over the replicas--> ReportDone at once
 //! ```
@@ -152,6 +152,11 @@ pub struct ReplicaFigures {
     pub pick_p99_ms: f64,
     /// Picks that failed.
     pub pick_errors: usize,
+    /// The router's own decision time (`kvroute_router_decision_duration_seconds`), the upper
+    /// bound of the histogram bucket holding the median, ms.
+    pub decision_p50_ms_at_most: f64,
+    /// The same for the 99th percentile.
+    pub decision_p99_ms_at_most: f64,
     /// Share of picks sent to a worker whose snapshot holds the prompt's family.
     pub hit_share: f64,
 }
@@ -221,12 +226,12 @@ pub fn markdown(r: &ScaleReport) -> String {
         c.seconds,
         r.machine_cores
     );
-    out.push_str("| replicas | replica | snapshots loaded s | RSS after snapshots MiB | RSS end MiB | CPU cores | ingest lag p50 ms | p99 ms | max ms | acked | unacked | picks | pick p50 ms | pick p99 ms | pick errors | hit share | streams failed |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| replicas | replica | snapshots loaded s | RSS after snapshots MiB | RSS end MiB | CPU cores | ingest lag p50 ms | p99 ms | max ms | acked | unacked | picks | pick p50 ms | pick p99 ms | decision p50 ms <= | decision p99 ms <= | pick errors | hit share | streams failed |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for run in &r.runs {
         for f in &run.per_replica {
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.1} | {:.0} | {:.0} | {:.2} | {:.1} | {:.1} | {:.0} | {} | {} | {} | {:.2} | {:.2} | {} | {:.3} | {} |",
+                "| {} | {} | {:.1} | {:.0} | {:.0} | {:.2} | {:.1} | {:.1} | {:.0} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {:.3} | {} |",
                 f.replicas,
                 f.replica,
                 run.snapshot_load_s,
@@ -241,6 +246,8 @@ pub fn markdown(r: &ScaleReport) -> String {
                 f.picks,
                 f.pick_p50_ms,
                 f.pick_p99_ms,
+                f.decision_p50_ms_at_most,
+                f.decision_p99_ms_at_most,
                 f.pick_errors,
                 f.hit_share,
                 run.streams_failed,
@@ -698,6 +705,40 @@ async fn picker(
     figures
 }
 
+/// The router's decision-time histogram: the upper bounds (ms) of the buckets holding its
+/// median and its 99th percentile (NaN when it has no sample or cannot be read).
+async fn decision_quantiles(admin: &str) -> (f64, f64) {
+    let Ok(resp) = reqwest::get(format!("{admin}/metrics")).await else {
+        return (f64::NAN, f64::NAN);
+    };
+    let text = resp.text().await.unwrap_or_default();
+    let prefix = "kvroute_router_decision_duration_seconds_bucket{le=\"";
+    let buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(prefix)?;
+            let (le, count) = rest.split_once("\"}")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    if total <= 0.0 {
+        return (f64::NAN, f64::NAN);
+    }
+    let at = |q: f64| {
+        buckets
+            .iter()
+            .find(|b| b.1 >= q * total)
+            .map_or(f64::NAN, |b| b.0 * 1e3)
+    };
+    (at(0.5), at(0.99))
+}
+
 /// Resident memory (MiB) and CPU seconds of a process, from /proc (NaN elsewhere).
 fn proc_figures(pid: Option<u32>) -> (f64, f64) {
     let Some(pid) = pid else {
@@ -767,13 +808,23 @@ async fn run_one(
         .iter()
         .map(|r| proc_figures(r.child.id()))
         .collect();
-    let picker = tokio::spawn(picker(
-        replicas.iter().map(|r| r.grpc.clone()).collect(),
-        families.clone(),
-        cfg.picks_per_s,
-        phase_rx.clone(),
-        args.seed(),
-    ));
+    // The picker gets a thread and runtime of its own, so the sidecars' tasks in this process
+    // do not delay its picks: its round trips are the router's and the network's.
+    let picker = {
+        let (targets, families, rate, phase, seed) = (
+            replicas.iter().map(|r| r.grpc.clone()).collect::<Vec<_>>(),
+            families.clone(),
+            cfg.picks_per_s,
+            phase_rx.clone(),
+            args.seed(),
+        );
+        tokio::task::spawn_blocking(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map(|rt| rt.block_on(picker(targets, families, rate, phase, seed)))
+        })
+    };
     let steady_start = Instant::now();
     phase_tx.send_replace(Phase::Steady);
     tokio::time::sleep(Duration::from_secs_f64(cfg.seconds)).await;
@@ -783,7 +834,14 @@ async fn run_one(
         .map(|r| proc_figures(r.child.id()))
         .collect();
     phase_tx.send_replace(Phase::Done);
-    let picks = picker.await.context("picker task")?;
+    let picks = picker
+        .await
+        .context("picker thread")?
+        .context("picker runtime")?;
+    let mut decisions = Vec::new();
+    for r in &replicas {
+        decisions.push(decision_quantiles(&r.admin).await);
+    }
     let mut lags: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut unacked = vec![0usize; n];
     let mut streams_failed = 0;
@@ -814,6 +872,8 @@ async fn run_one(
             pick_p50_ms: quantile(rtts, 0.5),
             pick_p99_ms: quantile(rtts, 0.99),
             pick_errors: p.errors,
+            decision_p50_ms_at_most: decisions[r].0,
+            decision_p99_ms_at_most: decisions[r].1,
             hit_share: if rtts.is_empty() {
                 f64::NAN
             } else {
