@@ -167,15 +167,15 @@ impl SuiteConfig {
         }
     }
 
-    /// The CI version: the same shape, shorter windows, and a 12 s blackhole (past the
+    /// The CI version: the same shape, shorter windows (10 s after the fault), and a 12 s blackhole (past the
     /// router's 10 s staleness threshold, not the 30 s).
     pub fn ci(seed: u64, tokenizer: PathBuf, log_dir: PathBuf) -> Self {
         Self {
-            rate: 6.0,
+            rate: 10.0,
             warmup: Duration::from_secs(4),
             hold: Duration::from_secs(2),
             blackhole: Duration::from_secs(12),
-            after: Duration::from_secs(6),
+            after: Duration::from_secs(10),
             ..Self::full(seed, tokenizer, log_dir)
         }
     }
@@ -274,6 +274,11 @@ pub struct FaultReport {
     pub sidecar_resyncs: f64,
     /// The fault-free run's hit rate over the same window (set by [`run_suite`]).
     pub baseline_hit_rate: Option<f64>,
+    /// What the live replicas reported of the workers just before the fault ended (stale,
+    /// unroutable, ejected, without a sidecar stream; summed over replicas).
+    pub during: String,
+    /// Seconds the deployment took to start (not part of the measurement).
+    pub deploy_s: f64,
 }
 
 impl FaultReport {
@@ -489,11 +494,42 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Open-loop load: request `i` at `i / rate` after `t0`, until `stop`; every record comes back
-/// when the task ends.
+/// Polls each replica's `/readyz?model=` every 100 ms until `stop`, as a Kubernetes Service
+/// follows its endpoints' readiness: the load sends only to replicas that answered ready last.
+fn watch_readiness(
+    admins: Vec<String>,
+    stop: Arc<AtomicBool>,
+) -> Arc<Vec<AtomicBool>> {
+    let ready: Arc<Vec<AtomicBool>> =
+        Arc::new(admins.iter().map(|_| AtomicBool::new(true)).collect());
+    let flags = ready.clone();
+    tokio::spawn(async move {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap_or_default();
+        while !stop.load(Ordering::Relaxed) {
+            for (r, admin) in admins.iter().enumerate() {
+                let ok = client
+                    .get(format!("{admin}/readyz?model={MODEL}"))
+                    .send()
+                    .await
+                    .is_ok_and(|resp| resp.status().is_success());
+                flags[r].store(ok, Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    ready
+}
+
+/// Open-loop load: request `i` at `i / rate` after `t0`, until `stop`, to replica `i mod n`
+/// or, when that one is not ready, the next ready one; every record comes back when the task
+/// ends.
 fn start_load(
     cfg: &SuiteConfig,
     gateways: Vec<String>,
+    ready: Arc<Vec<AtomicBool>>,
     t0: Instant,
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<Vec<RequestRecord>> {
@@ -512,7 +548,12 @@ fn start_load(
                 break;
             }
             let (_, prompt, max_tokens, stream) = request(seed, i);
-            let r = (i as usize) % gateways.len();
+            let n = gateways.len();
+            let first = (i as usize) % n;
+            let r = (0..n)
+                .map(|k| (first + k) % n)
+                .find(|r| ready.get(*r).is_some_and(|f| f.load(Ordering::Relaxed)))
+                .unwrap_or(first);
             let gw = gateways[r].clone();
             let client = client.clone();
             let sent_s = at.duration_since(t0).as_secs_f64();
@@ -614,7 +655,7 @@ async fn cache_mismatch(
             let have = row["index_blocks"].as_u64().unwrap_or(0);
             if have != want {
                 return Ok(Some(format!(
-                    "{admin}: {id} holds {have} blocks in the index, the worker {want}"
+                    "{admin}: {id} holds {have} blocks in the index, the worker {want} (router's row: {row})"
                 )));
             }
             for (k, e) in explains.iter().enumerate() {
@@ -741,19 +782,51 @@ async fn router_busy(client: &reqwest::Client, admin: &str) {
     }
 }
 
-/// Injects `fault` and ends it (a killed process is running again when this returns).
+/// What the live replicas say of the workers now, summed over replicas: workers stale, not
+/// routable, ejected, without a sidecar stream.
+async fn observe(client: &reqwest::Client, admins: &[String]) -> String {
+    let (mut stale, mut unroutable, mut ejected, mut disconnected) = (0, 0, 0, 0);
+    for admin in admins {
+        let Ok(w) = get_json(client, &format!("{admin}/debug/workers")).await else {
+            continue;
+        };
+        for row in w["workers"].as_array().cloned().unwrap_or_default() {
+            stale += usize::from(row["stale"] == true);
+            unroutable += usize::from(row["routable"] != true);
+            ejected += usize::from(!row["ejection"].is_null());
+            disconnected += usize::from(row["sidecar_connected"] != true);
+        }
+    }
+    format!(
+        "stale {stale}, unroutable {unroutable}, ejected {ejected}, no sidecar stream {disconnected}"
+    )
+}
+
+/// Injects `fault` and ends it (a killed process is running again when this returns); returns
+/// what the replicas reported just before the fault ended ([`observe`]).
 async fn inject(
     cfg: &SuiteConfig,
     d: &mut Deployment,
     client: &reqwest::Client,
     fault: Fault,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<String> {
+    let last_router = d.router_admins.len() - 1;
+    let admins = if fault == Fault::RouterKilled {
+        live_admins(d, Some(last_router))
+    } else {
+        live_admins(d, None)
+    };
+    let seen;
     match fault {
-        Fault::None => tokio::time::sleep(cfg.hold).await,
+        Fault::None => {
+            tokio::time::sleep(cfg.hold).await;
+            seen = observe(client, &admins).await;
+        }
         Fault::WorkerKilled => {
             let w = busiest_worker(client, d).await;
             d.kill_worker(w).await;
             tokio::time::sleep(cfg.hold).await;
+            seen = observe(client, &admins).await;
             d.start_worker(w).await?;
         }
         Fault::VllmRestarted => {
@@ -769,6 +842,7 @@ async fn inject(
             })
             .await?;
             tokio::time::sleep(cfg.hold).await;
+            seen = observe(client, &admins).await;
         }
         Fault::ZmqGap => {
             for url in &d.worker_urls {
@@ -780,18 +854,21 @@ async fn inject(
                 anyhow::ensure!(resp.status().is_success(), "drop-events: {}", resp.status());
             }
             tokio::time::sleep(cfg.hold).await;
+            seen = observe(client, &admins).await;
         }
         Fault::SidecarRestarted => {
             let w = busiest_worker(client, d).await;
             d.kill_sidecar(w).await;
             tokio::time::sleep(cfg.hold).await;
+            seen = observe(client, &admins).await;
             d.start_sidecar(w).await?;
         }
         Fault::RouterKilled => {
-            let r = d.router_admins.len() - 1;
+            let r = last_router;
             router_busy(client, &d.router_admins[r]).await;
             d.kill_router(r).await;
             tokio::time::sleep(cfg.hold).await;
+            seen = observe(client, &admins).await;
             d.start_router(r).await?;
             let admin = d.router_admins[r].clone();
             d.wait_routable(&admin, d.worker_ids.len()).await?;
@@ -799,10 +876,11 @@ async fn inject(
         Fault::Blackhole => {
             set_proxies(d.proxies(), ProxyMode::Stall);
             tokio::time::sleep(cfg.blackhole).await;
+            seen = observe(client, &admins).await;
             set_proxies(d.proxies(), ProxyMode::Pass);
         }
     }
-    Ok(())
+    Ok(seen)
 }
 
 fn set_proxies(proxies: &[FaultProxy], mode: ProxyMode) {
@@ -842,20 +920,23 @@ async fn run(
         fault_proxies: true,
     };
     let router_args: Vec<String> = vec!["--seed".into(), cfg.seed.to_string()];
+    let started = Instant::now();
     let mut d = Deployment::start_topology(&dc, "kvroute", "", &router_args, topology)
         .await
         .with_context(|| format!("start the deployment for {}", fault.name()))?;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()?;
+    let deploy_s = started.elapsed().as_secs_f64();
     let probes = probes(cfg.seed);
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
-    let load = start_load(cfg, d.gateways.clone(), t0, stop.clone());
+    let ready = watch_readiness(d.router_admins.clone(), stop.clone());
+    let load = start_load(cfg, d.gateways.clone(), ready, t0, stop.clone());
 
     tokio::time::sleep_until((t0 + cfg.warmup).into()).await;
     let fault_start_s = t0.elapsed().as_secs_f64();
-    inject(cfg, &mut d, &client, fault).await?;
+    let during = inject(cfg, &mut d, &client, fault).await?;
     let fault_end = Instant::now();
     let fault_end_s = t0.elapsed().as_secs_f64();
 
@@ -916,7 +997,8 @@ async fn run(
     let sidecar_gaps = sidecar_sum(&client, &d, "kvroute_sidecar_seq_gaps_total").await;
     let sidecar_replays = sidecar_sum(&client, &d, "kvroute_sidecar_replays_total").await;
     let sidecar_resyncs = sidecar_sum(&client, &d, "kvroute_sidecar_resyncs_total").await;
-    d.stop().await;
+    // Killed at once (dropping kills every process group): nothing is measured any more.
+    drop(d);
 
     let mut counts = Counts::default();
     let mut lost_examples = Vec::new();
@@ -980,6 +1062,8 @@ async fn run(
         sidecar_replays,
         sidecar_resyncs,
         baseline_hit_rate: None,
+        during,
+        deploy_s,
     };
     Ok((report, records, load_len))
 }
@@ -1016,7 +1100,7 @@ pub async fn run_suite(cfg: &SuiteConfig, faults: &[Fault]) -> anyhow::Result<Ve
         })
         .max()
         .unwrap_or(cfg.hold)
-        + Duration::from_secs(8);
+        + Duration::from_secs(4);
     let base_cfg = SuiteConfig {
         hold: longest,
         ..cfg.clone()

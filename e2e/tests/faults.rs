@@ -89,6 +89,10 @@ fn print_table(reports: &[FaultReport]) {
             r.sidecar_gaps,
             r.sidecar_resyncs,
         );
+        println!(
+            "    during the fault: {}; started in {:.1}s; fault at {:.1}s..{:.1}s",
+            r.during, r.deploy_s, r.fault_start_s, r.fault_end_s
+        );
         if !r.error_examples.is_empty() {
             println!("    errors: {:?}", r.error_examples);
         }
@@ -118,7 +122,7 @@ async fn suite(cfg: SuiteConfig, converge_allowance: Duration) -> anyhow::Result
             violations.push(v);
         }
     }
-    assert!(
+    anyhow::ensure!(
         violations.is_empty(),
         "fault suite bounds missed:\n{}",
         violations.join("\n")

@@ -273,6 +273,12 @@ impl Driver {
         self.engine = self.fresh.clone();
         self.finished_since_restart = 0;
         self.restarts += 1;
+        // A new start time, as a restarted vLLM process reports.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.metrics.set_start_time(now);
         if let Some(p) = &self.publisher {
             let _ = p.try_send(PublisherMsg::Restart);
         }

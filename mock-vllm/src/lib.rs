@@ -311,6 +311,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningServer> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
+    metrics.set_start_time(unix_origin);
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     let (driver, snapshot) = driver::Driver::new(
         engine,
