@@ -192,9 +192,7 @@ mod tests {
 
     #[tokio::test]
     async fn passes_stalls_then_delivers_and_drops() {
-        let proxy = FaultProxy::start(echo_server().await)
-            .await
-            .expect("proxy");
+        let proxy = FaultProxy::start(echo_server().await).await.expect("proxy");
         let mut c = TcpStream::connect(proxy.addr()).await.expect("connect");
         let mut buf = [0u8; 5];
         c.write_all(b"hello").await.expect("write");
@@ -210,17 +208,17 @@ mod tests {
         .await;
         assert!(held.is_err(), "nothing passes while stalled");
         proxy.set(ProxyMode::Pass);
-        c.read_exact(&mut buf).await.expect("delivered after the stall");
+        c.read_exact(&mut buf)
+            .await
+            .expect("delivered after the stall");
         assert_eq!(&buf, b"world");
 
         proxy.set(ProxyMode::Drop);
         let mut rest = Vec::new();
-        let end = tokio::time::timeout(
-            std::time::Duration::from_secs(10),
-            c.read_to_end(&mut rest),
-        )
-        .await
-        .expect("the connection ends");
+        let end =
+            tokio::time::timeout(std::time::Duration::from_secs(10), c.read_to_end(&mut rest))
+                .await
+                .expect("the connection ends");
         assert!(end.is_err() || rest.is_empty(), "{end:?} {rest:?}");
         assert_eq!(proxy.connections_accepted(), 1);
     }

@@ -252,8 +252,11 @@ pub struct FaultReport {
     /// Seconds from the fault's end until every replica's cache view first equalled every
     /// worker's own (under load); `None`: not within the after window.
     pub cache_converged_s: Option<f64>,
-    /// The last disagreement seen before convergence (or the one left), if any.
+    /// The last disagreement seen (before convergence, or the one left), if any.
     pub cache_mismatch: Option<String>,
+    /// Each comparison after the fault ended until convergence: (seconds after the fault
+    /// ended, the disagreement or "equal"); at most 40.
+    pub cache_trace: Vec<(f64, String)>,
     /// The views agreed after the load stopped (within the settle deadline).
     pub cache_agree_settled: bool,
     /// Seconds after the load stopped until in-flight, assignment and placement counts were
@@ -496,10 +499,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Polls each replica's `/readyz?model=` every 100 ms until `stop`, as a Kubernetes Service
 /// follows its endpoints' readiness: the load sends only to replicas that answered ready last.
-fn watch_readiness(
-    admins: Vec<String>,
-    stop: Arc<AtomicBool>,
-) -> Arc<Vec<AtomicBool>> {
+fn watch_readiness(admins: Vec<String>, stop: Arc<AtomicBool>) -> Arc<Vec<AtomicBool>> {
     let ready: Arc<Vec<AtomicBool>> =
         Arc::new(admins.iter().map(|_| AtomicBool::new(true)).collect());
     let flags = ready.clone();
@@ -613,68 +613,86 @@ fn live_admins(d: &Deployment, down_router: Option<usize>) -> Vec<String> {
         .collect()
 }
 
-/// Compares every live replica's view of every worker's cache with the worker's own:
-/// `None` when they agree, else the first difference.
+/// Compares every live replica's view of worker `i`'s cache with the worker's own: `None`
+/// when they agree, else the difference. The worker is read before and after the replicas
+/// (`/mock/cache` without the hash list); when it changed in between the comparison is
+/// undecided and reported as a difference.
+async fn worker_mismatch(
+    client: &reqwest::Client,
+    d: &Deployment,
+    i: usize,
+    admins: &[String],
+    probes: &[Vec<u32>],
+) -> anyhow::Result<Option<String>> {
+    let ask = json!({ "prompts": probes, "hashes": false });
+    let url = format!("{}/mock/cache", d.worker_urls[i]);
+    let id = d.worker_ids[i].as_str();
+    let own = post_json(client, &url, &ask).await?;
+    let mut counts = Vec::new();
+    for admin in admins {
+        let workers = get_json(client, &format!("{admin}/debug/workers")).await?;
+        let row = workers["workers"]
+            .as_array()
+            .and_then(|ws| ws.iter().find(|w| w["id"] == id))
+            .cloned();
+        counts.push((admin, row));
+    }
+    let again = post_json(client, &url, &ask).await?;
+    if again != own {
+        return Ok(Some(format!("worker-{i} changed while being compared")));
+    }
+    let want = own["cached_blocks"].as_u64().unwrap_or(0);
+    for (admin, row) in &counts {
+        let Some(row) = row else {
+            return Ok(Some(format!("{admin}: {id} not in /debug/workers")));
+        };
+        let have = row["index_blocks"].as_u64().unwrap_or(0);
+        if have != want {
+            return Ok(Some(format!(
+                "{admin}: {id} holds {have} blocks in the index, the worker {want} (router's row: {row})"
+            )));
+        }
+    }
+    // The shared prefixes' cached leading blocks, as each replica's explain counts them (they
+    // change only when a prefix is first cached, evicted or lost).
+    for admin in admins {
+        for (k, p) in probes.iter().enumerate() {
+            let body = json!({"model": MODEL, "prompt": p});
+            let e = post_json(client, &format!("{admin}/debug/explain"), &body).await?;
+            let cand = e["candidates"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["worker"] == id));
+            let Some(cand) = cand else {
+                // Ejected or not routable: explain has no figures for it; the block count
+                // above still compared.
+                continue;
+            };
+            let want = own["prefix_tokens"][k].as_u64().unwrap_or(0) / BLOCK as u64;
+            let have = cand["cached_blocks"].as_u64().unwrap_or(0);
+            if have != want {
+                let now = post_json(client, &url, &ask).await?;
+                if now["prefix_tokens"] != own["prefix_tokens"] {
+                    return Ok(Some(format!("worker-{i} changed while being compared")));
+                }
+                return Ok(Some(format!(
+                    "{admin}: {id} holds {have} leading blocks of prefix {k} by explain, the worker {want}"
+                )));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// [`worker_mismatch`] for every worker: `None` when every view agrees.
 async fn cache_mismatch(
     client: &reqwest::Client,
     d: &Deployment,
     admins: &[String],
     probes: &[Vec<u32>],
 ) -> anyhow::Result<Option<String>> {
-    let ask = json!({ "prompts": probes });
-    let mut own = Vec::new();
-    for url in &d.worker_urls {
-        own.push(post_json(client, &format!("{url}/mock/cache"), &ask).await?);
-    }
-    let mut views = Vec::new();
-    for admin in admins {
-        let workers = get_json(client, &format!("{admin}/debug/workers")).await?;
-        let mut explains = Vec::new();
-        for p in probes {
-            let body = json!({"model": MODEL, "prompt": p});
-            explains.push(post_json(client, &format!("{admin}/debug/explain"), &body).await?);
-        }
-        views.push((admin, workers, explains));
-    }
-    // Read again: a worker that changed meanwhile leaves the comparison undecided.
-    for (i, url) in d.worker_urls.iter().enumerate() {
-        let again = post_json(client, &format!("{url}/mock/cache"), &ask).await?;
-        if again["block_hashes"] != own[i]["block_hashes"] {
-            return Ok(Some(format!("worker-{i} changed while being compared")));
-        }
-    }
-    for (admin, workers, explains) in &views {
-        for (i, id) in d.worker_ids.iter().enumerate() {
-            let want = own[i]["cached_blocks"].as_u64().unwrap_or(0);
-            let row = workers["workers"]
-                .as_array()
-                .and_then(|ws| ws.iter().find(|w| w["id"] == id.as_str()));
-            let Some(row) = row else {
-                return Ok(Some(format!("{admin}: {id} not in /debug/workers")));
-            };
-            let have = row["index_blocks"].as_u64().unwrap_or(0);
-            if have != want {
-                return Ok(Some(format!(
-                    "{admin}: {id} holds {have} blocks in the index, the worker {want} (router's row: {row})"
-                )));
-            }
-            for (k, e) in explains.iter().enumerate() {
-                let want = own[i]["prefix_tokens"][k].as_u64().unwrap_or(0) / BLOCK as u64;
-                let cand = e["candidates"]
-                    .as_array()
-                    .and_then(|cs| cs.iter().find(|c| c["worker"] == id.as_str()));
-                let Some(cand) = cand else {
-                    // Ejected or not routable: explain has no figures for it; the block count
-                    // above still compared.
-                    continue;
-                };
-                let have = cand["cached_blocks"].as_u64().unwrap_or(0);
-                if have != want {
-                    return Ok(Some(format!(
-                        "{admin}: {id} holds {have} leading blocks of prefix {k} by explain, the worker {want}"
-                    )));
-                }
-            }
+    for i in 0..d.worker_urls.len() {
+        if let Some(m) = worker_mismatch(client, d, i, admins, probes).await? {
+            return Ok(Some(m));
         }
     }
     Ok(None)
@@ -940,23 +958,38 @@ async fn run(
     let fault_end = Instant::now();
     let fault_end_s = t0.elapsed().as_secs_f64();
 
-    // (c) under load: the first moment every view agrees.
+    // (c) under load: for each worker, the first moment every replica's view of it agrees
+    // with its own; converged when every worker has been seen so.
     let admins = live_admins(&d, None);
-    let mut converged = None;
+    let mut first_equal: Vec<Option<f64>> = vec![None; d.worker_urls.len()];
     let mut mismatch = None;
-    while fault_end.elapsed() < cfg.after {
-        match cache_mismatch(&client, &d, &admins, &probes).await {
-            Ok(None) => {
-                if converged.is_none() {
-                    converged = Some(fault_end.elapsed().as_secs_f64());
-                }
-                break;
+    let mut trace = Vec::new();
+    while fault_end.elapsed() < cfg.after && first_equal.iter().any(Option::is_none) {
+        for i in 0..first_equal.len() {
+            if first_equal[i].is_some() {
+                continue;
             }
-            Ok(Some(m)) => mismatch = Some(m),
-            Err(e) => mismatch = Some(format!("{e:#}")),
+            let seen = worker_mismatch(&client, &d, i, &admins, &probes).await;
+            let at = fault_end.elapsed().as_secs_f64();
+            let m = match seen {
+                Ok(None) => {
+                    first_equal[i] = Some(at);
+                    trace.push((at, format!("worker-{i} equal")));
+                    continue;
+                }
+                Ok(Some(m)) => m,
+                Err(e) => format!("{e:#}"),
+            };
+            if trace.len() < 40 {
+                trace.push((at, m.chars().take(300).collect()));
+            }
+            mismatch = Some(m);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let converged = first_equal
+        .iter()
+        .try_fold(0.0f64, |acc, t| t.map(|t| acc.max(t)));
     tokio::time::sleep_until((fault_end + cfg.after).into()).await;
     stop.store(true, Ordering::Relaxed);
     let records = load.await.context("the load task")?;
@@ -990,9 +1023,6 @@ async fn run(
             Err(e) => mismatch = Some(format!("{e:#}")),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    if agree && converged.is_some() {
-        mismatch = None;
     }
     let sidecar_gaps = sidecar_sum(&client, &d, "kvroute_sidecar_seq_gaps_total").await;
     let sidecar_replays = sidecar_sum(&client, &d, "kvroute_sidecar_replays_total").await;
@@ -1053,6 +1083,7 @@ async fn run(
         fault_end_s,
         cache_converged_s: converged,
         cache_mismatch: mismatch,
+        cache_trace: trace,
         cache_agree_settled: agree,
         settled_s,
         unsettled: if settled_s.is_none() { left } else { None },
@@ -1118,4 +1149,3 @@ pub async fn run_suite(cfg: &SuiteConfig, faults: &[Fault]) -> anyhow::Result<Ve
     }
     Ok(out)
 }
-

@@ -340,9 +340,13 @@ impl Deployment {
             .map(|p| format!("http://127.0.0.1:{p}"))
             .collect();
         for (i, (url, w)) in worker_urls.iter().zip(workers.iter_mut()).enumerate() {
-            procs::wait_http_ok(&format!("{url}/health"), Duration::from_secs(60), w.as_mut())
-                .await
-                .with_context(|| format!("worker-{i} did not start"))?;
+            procs::wait_http_ok(
+                &format!("{url}/health"),
+                Duration::from_secs(60),
+                w.as_mut(),
+            )
+            .await
+            .with_context(|| format!("worker-{i} did not start"))?;
         }
         let d = Self {
             workers,

@@ -93,6 +93,9 @@ fn print_table(reports: &[FaultReport]) {
             "    during the fault: {}; started in {:.1}s; fault at {:.1}s..{:.1}s",
             r.during, r.deploy_s, r.fault_start_s, r.fault_end_s
         );
+        if r.cache_trace.len() > 1 {
+            println!("    cache views after the fault: {:?}", r.cache_trace);
+        }
         if !r.error_examples.is_empty() {
             println!("    errors: {:?}", r.error_examples);
         }

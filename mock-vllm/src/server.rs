@@ -360,8 +360,13 @@ async fn drop_events(State(s): State<Shared>, body: Bytes) -> Response {
     }
 }
 
-/// Asks the driver what the prefix cache holds; the prefix lengths are for `prompts`.
-async fn ask_cache(s: &AppState, prompts: Vec<Vec<u32>>) -> Result<Value, ApiError> {
+/// Asks the driver what the prefix cache holds; the prefix lengths are for `prompts`; the
+/// hash list only `with_hashes`.
+async fn ask_cache(
+    s: &AppState,
+    prompts: Vec<Vec<u32>>,
+    with_hashes: bool,
+) -> Result<Value, ApiError> {
     let (tx, rx) = oneshot::channel();
     s.cmd
         .send(Cmd::Cache { prompts, reply: tx })
@@ -369,13 +374,14 @@ async fn ask_cache(s: &AppState, prompts: Vec<Vec<u32>>) -> Result<Value, ApiErr
     let view = rx
         .await
         .map_err(|_| ApiError::internal("engine is not running"))?;
-    let hashes: Vec<String> = view
-        .block_hashes
-        .iter()
-        .map(|h| format!("{h:016x}"))
-        .collect();
+    let hashes: Option<Vec<String>> = with_hashes.then(|| {
+        view.block_hashes
+            .iter()
+            .map(|h| format!("{h:016x}"))
+            .collect()
+    });
     Ok(json!({
-        "cached_blocks": hashes.len(),
+        "cached_blocks": view.block_hashes.len(),
         "block_hashes": hashes,
         "block_size": s.snapshot.read().config.block_size,
         "prefix_tokens": view.prefix_tokens,
@@ -388,24 +394,31 @@ async fn ask_cache(s: &AppState, prompts: Vec<Vec<u32>>) -> Result<Value, ApiErr
 /// view with the worker's own (the fault suite, docs/faults.md); vLLM has no such route and,
 /// like the rest of the mock, it has no authentication beyond `--api-key` on `/v1/*`.
 async fn cache_view(State(s): State<Shared>) -> Response {
-    match ask_cache(&s, Vec::new()).await {
+    match ask_cache(&s, Vec::new(), true).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-/// `POST /mock/cache` `{"prompts": [[token ids], ...]}` (at most 1,024 prompts): the
-/// `GET /mock/cache` body plus `prefix_tokens`, for each prompt the leading tokens a new request
-/// would find cached now. Read-only, like `GET`.
+/// `POST /mock/cache` `{"prompts": [[token ids], ...], "hashes": bool}` (at most 1,024
+/// prompts): the `GET /mock/cache` body plus `prefix_tokens`, for each prompt the leading
+/// tokens a new request would find cached now; `"hashes": false` leaves the hash list out
+/// (`null`). Read-only, like `GET`.
 async fn cache_prefixes(State(s): State<Shared>, body: Bytes) -> Response {
-    let prompts = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| serde_json::from_value::<Vec<Vec<u32>>>(v.get("prompts")?.clone()).ok());
+    let v = serde_json::from_slice::<Value>(&body).ok();
+    let with_hashes = v
+        .as_ref()
+        .and_then(|v| v.get("hashes")?.as_bool())
+        .unwrap_or(true);
+    let prompts =
+        v.and_then(|v| serde_json::from_value::<Vec<Vec<u32>>>(v.get("prompts")?.clone()).ok());
     let Some(prompts) = prompts.filter(|p| p.len() <= 1_024) else {
-        return ApiError::bad_request("body must be {\"prompts\": [[token ids], ...]} (at most 1024)")
-            .into_response();
+        return ApiError::bad_request(
+            "body must be {\"prompts\": [[token ids], ...]} (at most 1024)",
+        )
+        .into_response();
     };
-    match ask_cache(&s, prompts).await {
+    match ask_cache(&s, prompts, with_hashes).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
     }
