@@ -9,7 +9,8 @@
 //! blackhole). `cargo test -p kvroute-e2e --test faults -- --ignored --nocapture`: the full
 //! suite (a minute of load after each fault, a 30 s blackhole); `KVROUTE_FAULTS_SEED` sets the
 //! seed, `KVROUTE_FAULTS_JSON` a file for the reports, `KVROUTE_FAULTS_ONLY` a comma-separated
-//! list of fault names to run.
+//! list of fault names to run, `KVROUTE_FAULTS_AFTER_S` and `KVROUTE_FAULTS_BLACKHOLE_S` the
+//! after-window's and the blackhole's length in seconds.
 //!
 //! Each asserts, per fault (the bounds of issue 15): no request lost without a clear client
 //! error; in-flight and assignment counts back to 0 after the load stops; every replica's view
@@ -35,6 +36,24 @@ fn seed() -> u64 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(15)
+}
+
+/// `KVROUTE_FAULTS_AFTER_S` and `KVROUTE_FAULTS_BLACKHOLE_S` override the after-window and
+/// the blackhole's length (seconds).
+fn lengths(mut cfg: SuiteConfig) -> SuiteConfig {
+    let secs = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(Duration::from_secs)
+    };
+    if let Some(d) = secs("KVROUTE_FAULTS_AFTER_S") {
+        cfg.after = d;
+    }
+    if let Some(d) = secs("KVROUTE_FAULTS_BLACKHOLE_S") {
+        cfg.blackhole = d;
+    }
+    cfg
 }
 
 fn selected() -> Vec<Fault> {
@@ -136,7 +155,11 @@ async fn suite(cfg: SuiteConfig, converge_allowance: Duration) -> anyhow::Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_are_survived_ci() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let cfg = SuiteConfig::ci(seed(), tokenizer(), dir.path().to_path_buf());
+    let cfg = lengths(SuiteConfig::ci(
+        seed(),
+        tokenizer(),
+        dir.path().to_path_buf(),
+    ));
     let out = suite(cfg, Duration::from_secs(10)).await;
     if out.is_err() {
         // Keep the logs of a failed run.
@@ -150,7 +173,11 @@ async fn faults_are_survived_ci() -> anyhow::Result<()> {
 #[ignore = "the full fault suite takes about 15 minutes: run with --ignored"]
 async fn faults_are_survived_full() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let cfg = SuiteConfig::full(seed(), tokenizer(), dir.path().to_path_buf());
+    let cfg = lengths(SuiteConfig::full(
+        seed(),
+        tokenizer(),
+        dir.path().to_path_buf(),
+    ));
     let out = suite(cfg, faults::CONVERGE_BOUND).await;
     if out.is_err() {
         let kept = dir.keep();
