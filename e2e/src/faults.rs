@@ -167,15 +167,15 @@ impl SuiteConfig {
         }
     }
 
-    /// The CI version: the same shape, shorter windows (10 s after the fault), and a 12 s blackhole (past the
+    /// The CI version: the same shape, shorter windows (8 s after the fault), and a 12 s blackhole (past the
     /// router's 10 s staleness threshold, not the 30 s).
     pub fn ci(seed: u64, tokenizer: PathBuf, log_dir: PathBuf) -> Self {
         Self {
             rate: 10.0,
-            warmup: Duration::from_secs(4),
+            warmup: Duration::from_secs(3),
             hold: Duration::from_secs(2),
             blackhole: Duration::from_secs(12),
-            after: Duration::from_secs(10),
+            after: Duration::from_secs(8),
             ..Self::full(seed, tokenizer, log_dir)
         }
     }
@@ -965,15 +965,15 @@ async fn run(
     let mut mismatch = None;
     let mut trace = Vec::new();
     while fault_end.elapsed() < cfg.after && first_equal.iter().any(Option::is_none) {
-        for i in 0..first_equal.len() {
-            if first_equal[i].is_some() {
+        for (i, first) in first_equal.iter_mut().enumerate() {
+            if first.is_some() {
                 continue;
             }
             let seen = worker_mismatch(&client, &d, i, &admins, &probes).await;
             let at = fault_end.elapsed().as_secs_f64();
             let m = match seen {
                 Ok(None) => {
-                    first_equal[i] = Some(at);
+                    *first = Some(at);
                     trace.push((at, format!("worker-{i} equal")));
                     continue;
                 }

@@ -226,15 +226,8 @@ impl Deployment {
             }
             router_args.extend(extra_router_args.iter().cloned());
             let name = router_name(replicas, r);
-            let mut router = procs::spawn_kvroute(&name, "router", &router_args, &log(&name))?;
+            let router = procs::spawn_kvroute(&name, "router", &router_args, &log(&name))?;
             let admin = format!("http://127.0.0.1:{admin_port}");
-            procs::wait_http_ok(
-                &format!("{admin}/healthz"),
-                Duration::from_secs(60),
-                Some(&mut router),
-            )
-            .await
-            .with_context(|| format!("{name} did not start"))?;
             routers.push(Some(router));
             all_router_args.push(router_args);
             router_admins.push(admin);
@@ -249,6 +242,17 @@ impl Deployment {
             } else {
                 sidecar_routers.push(format!("http://{grpc}"));
             }
+        }
+
+        // Started together, waited for together.
+        for (r, router) in routers.iter_mut().enumerate() {
+            procs::wait_http_ok(
+                &format!("{}/healthz", router_admins[r]),
+                Duration::from_secs(60),
+                router.as_mut(),
+            )
+            .await
+            .with_context(|| format!("{} did not start", router_name(replicas, r)))?;
         }
 
         let mut sidecars = Vec::new();
