@@ -6,6 +6,8 @@
 pub mod bench;
 pub mod demo;
 pub mod epp_conformance;
+pub mod fault_proxy;
+pub mod faults;
 pub mod harness;
 pub mod local;
 pub mod procs;

@@ -9,14 +9,21 @@
 //! Start order: router, then sidecars (they bind the KV-event sockets), then workers (they
 //! connect, as vLLM does with a non-wildcard endpoint); ready when the router reports every
 //! worker routable. Every process is a `kvroute` subcommand, killed on drop.
+//!
+//! [`Topology`] asks for more: several router replicas (each sidecar streams to every one,
+//! optionally exchanging placements with `--peers`), and a [`FaultProxy`] in front of each
+//! replica's gRPC port for the sidecars' streams. The fault suite (`faults.rs`) kills,
+//! restarts and signals single processes through [`Deployment::kill_worker`] and its siblings;
+//! a restarted process gets the same arguments and ports.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::{Value, json};
 
+use crate::fault_proxy::FaultProxy;
 use crate::procs::{self, Child, SpawnOptions};
 
 /// The model the mock workers pretend to load (the served name is configurable).
@@ -24,18 +31,30 @@ const BACKEND_MODEL: &str = "Qwen/Qwen3-32B-FP8";
 /// KV block size of the L40S profile (the sidecar must know it before vLLM's first event).
 const BLOCK_SIZE: u32 = 16;
 
-/// One running deployment: N workers, N sidecars, one router.
+/// One running deployment: N workers, N sidecars, one router (or more, [`Topology`]).
 pub struct Deployment {
-    workers: Vec<Child>,
-    sidecars: Vec<Child>,
-    router: Child,
-    /// The router's OpenAI/Anthropic gateway, `http://127.0.0.1:PORT`.
+    workers: Vec<Option<Child>>,
+    sidecars: Vec<Option<Child>>,
+    routers: Vec<Option<Child>>,
+    /// The arguments each process was started with (a restart reuses them).
+    worker_args: Vec<Vec<String>>,
+    sidecar_args: Vec<Vec<String>>,
+    router_args: Vec<Vec<String>>,
+    /// Restarts so far of each process (names its next log file).
+    generations: std::collections::HashMap<String, u32>,
+    proxies: Vec<FaultProxy>,
+    log_dir: PathBuf,
+    /// The first router's OpenAI/Anthropic gateway, `http://127.0.0.1:PORT`.
     pub gateway: String,
+    /// Every router replica's gateway, in replica order.
+    pub gateways: Vec<String>,
+    /// Every router replica's admin server, in replica order.
+    pub router_admins: Vec<String>,
     /// Each worker's HTTP API, `http://127.0.0.1:PORT`.
     pub worker_urls: Vec<String>,
     /// Worker ids as the router names them (`x-kvroute-worker`).
     pub worker_ids: Vec<String>,
-    /// The router's admin server (`/metrics`, `/debug/*`), `http://127.0.0.1:PORT`.
+    /// The first router's admin server (`/metrics`, `/debug/*`), `http://127.0.0.1:PORT`.
     pub router_admin: String,
     /// Each sidecar's admin server (`/metrics`), `http://127.0.0.1:PORT`.
     pub sidecar_admin_urls: Vec<String>,
@@ -87,6 +106,18 @@ pub struct DeployConfig<'a> {
     pub log_dir: &'a Path,
 }
 
+/// How many router replicas, and what sits between them and the sidecars.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Topology {
+    /// Router replicas (0 counts as 1). Every sidecar streams to each.
+    pub routers: usize,
+    /// With several replicas: each gets `--peers` naming the others (docs/replicas.md).
+    pub peers: bool,
+    /// Sidecars reach each replica's gRPC port through a [`FaultProxy`]
+    /// ([`Deployment::proxy`]).
+    pub fault_proxies: bool,
+}
+
 impl Deployment {
     /// Router, then sidecars (they bind the event sockets), then workers; ready when the
     /// router reports every worker routable.
@@ -103,12 +134,28 @@ impl Deployment {
         extra_config: &str,
         extra_router_args: &[String],
     ) -> anyhow::Result<Self> {
+        Self::start_topology(
+            cfg,
+            policy,
+            extra_config,
+            extra_router_args,
+            Topology::default(),
+        )
+        .await
+    }
+
+    /// [`Deployment::start_with`] with several router replicas and fault proxies
+    /// ([`Topology`]); ready when every replica reports every worker routable.
+    pub async fn start_topology(
+        cfg: &DeployConfig<'_>,
+        policy: &str,
+        extra_config: &str,
+        extra_router_args: &[String],
+        topology: Topology,
+    ) -> anyhow::Result<Self> {
         let dir = cfg.log_dir.join(policy);
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-        let log = |name: &str| SpawnOptions {
-            env: vec![("RUST_LOG".into(), "warn".into())],
-            log: Some(dir.join(format!("{name}.log"))),
-        };
+        let log = |name: &str| log_options(&dir, name);
         let tokenizer = cfg.tokenizer.display().to_string();
         let mut ports = Vec::new();
         for _ in 0..cfg.workers {
@@ -126,48 +173,90 @@ impl Deployment {
             config.push_str(extra_config);
         }
         std::fs::write(&config_path, config).context("write the router's worker file")?;
-        let (gw_port, grpc_port, admin_port) = (
-            procs::free_local_port()?,
-            procs::free_local_port()?,
-            procs::free_local_port()?,
-        );
-        let mut router_args: Vec<String> = vec![
-            "--http-addr".into(),
-            format!("127.0.0.1:{gw_port}"),
-            "--grpc-addr".into(),
-            format!("127.0.0.1:{grpc_port}"),
-            "--admin-addr".into(),
-            format!("127.0.0.1:{admin_port}"),
-            "--config".into(),
-            config_path.display().to_string(),
-            "--policy".into(),
-            policy.into(),
-            // The bench reads the chosen worker and the prediction from the response headers
-            // (bench/live.rs); a production router keeps them off.
-            "--expose-routing-headers".into(),
-            "--tokenizer".into(),
-            tokenizer.clone(),
-            // The workers run `speedup` times faster than the L40S they model: calibrate the
-            // router's prior to them, as a user would for their GPU.
-            "--prior-prefill-rate".into(),
-            (4_800.0 * cfg.speedup).to_string(),
-            "--prior-overhead-s".into(),
-            (0.05 / cfg.speedup).to_string(),
-            "--prior-itl-s".into(),
-            (0.07 / cfg.speedup).to_string(),
-        ];
-        router_args.extend(extra_router_args.iter().cloned());
-        let mut router = procs::spawn_kvroute("router", "router", &router_args, &log("router"))?;
-        let admin = format!("http://127.0.0.1:{admin_port}");
-        procs::wait_http_ok(
-            &format!("{admin}/healthz"),
-            Duration::from_secs(60),
-            Some(&mut router),
-        )
-        .await
-        .context("the router did not start")?;
+        let replicas = topology.routers.max(1);
+        let mut router_ports = Vec::new();
+        for _ in 0..replicas {
+            router_ports.push((
+                procs::free_local_port()?,
+                procs::free_local_port()?,
+                procs::free_local_port()?,
+            ));
+        }
+        let mut routers = Vec::new();
+        let mut all_router_args = Vec::new();
+        let mut router_admins = Vec::new();
+        let mut gateways = Vec::new();
+        let mut proxies = Vec::new();
+        let mut sidecar_routers = Vec::new();
+        for (r, (gw_port, grpc_port, admin_port)) in router_ports.iter().enumerate() {
+            let mut router_args: Vec<String> = vec![
+                "--http-addr".into(),
+                format!("127.0.0.1:{gw_port}"),
+                "--grpc-addr".into(),
+                format!("127.0.0.1:{grpc_port}"),
+                "--admin-addr".into(),
+                format!("127.0.0.1:{admin_port}"),
+                "--config".into(),
+                config_path.display().to_string(),
+                "--policy".into(),
+                policy.into(),
+                // The bench reads the chosen worker and the prediction from the response
+                // headers (bench/live.rs); a production router keeps them off.
+                "--expose-routing-headers".into(),
+                "--tokenizer".into(),
+                tokenizer.clone(),
+                // The workers run `speedup` times faster than the L40S they model: calibrate
+                // the router's prior to them, as a user would for their GPU.
+                "--prior-prefill-rate".into(),
+                (4_800.0 * cfg.speedup).to_string(),
+                "--prior-overhead-s".into(),
+                (0.05 / cfg.speedup).to_string(),
+                "--prior-itl-s".into(),
+                (0.07 / cfg.speedup).to_string(),
+            ];
+            if topology.peers && replicas > 1 {
+                let others: Vec<String> = router_ports
+                    .iter()
+                    .enumerate()
+                    .filter(|(o, _)| *o != r)
+                    .map(|(_, p)| format!("127.0.0.1:{}", p.1))
+                    .collect();
+                router_args.push("--peers".into());
+                router_args.push(others.join(","));
+            }
+            router_args.extend(extra_router_args.iter().cloned());
+            let name = router_name(replicas, r);
+            let router = procs::spawn_kvroute(&name, "router", &router_args, &log(&name))?;
+            let admin = format!("http://127.0.0.1:{admin_port}");
+            routers.push(Some(router));
+            all_router_args.push(router_args);
+            router_admins.push(admin);
+            gateways.push(format!("http://127.0.0.1:{gw_port}"));
+            let grpc: std::net::SocketAddr = ([127, 0, 0, 1], *grpc_port).into();
+            if topology.fault_proxies {
+                let proxy = FaultProxy::start(grpc)
+                    .await
+                    .context("start a fault proxy")?;
+                sidecar_routers.push(format!("http://{}", proxy.addr()));
+                proxies.push(proxy);
+            } else {
+                sidecar_routers.push(format!("http://{grpc}"));
+            }
+        }
+
+        // Started together, waited for together.
+        for (r, router) in routers.iter_mut().enumerate() {
+            procs::wait_http_ok(
+                &format!("{}/healthz", router_admins[r]),
+                Duration::from_secs(60),
+                router.as_mut(),
+            )
+            .await
+            .with_context(|| format!("{} did not start", router_name(replicas, r)))?;
+        }
 
         let mut sidecars = Vec::new();
+        let mut sidecar_args = Vec::new();
         let mut worker_ids = Vec::new();
         let mut sidecar_admin_urls = Vec::new();
         for (i, (port, pub_port, replay_port)) in ports.iter().enumerate() {
@@ -182,7 +271,7 @@ impl Deployment {
                 "--vllm-url".into(),
                 format!("http://127.0.0.1:{port}"),
                 "--router".into(),
-                format!("http://127.0.0.1:{grpc_port}"),
+                sidecar_routers.join(","),
                 "--worker-id".into(),
                 id.clone(),
                 "--worker-address".into(),
@@ -203,12 +292,19 @@ impl Deployment {
                 "1".into(),
             ];
             let name = format!("sidecar-{i}");
-            sidecars.push(procs::spawn_kvroute(&name, "sidecar", &args, &log(&name))?);
+            sidecars.push(Some(procs::spawn_kvroute(
+                &name,
+                "sidecar",
+                &args,
+                &log(&name),
+            )?));
+            sidecar_args.push(args);
             worker_ids.push(id);
             sidecar_admin_urls.push(format!("http://127.0.0.1:{sidecar_admin}"));
         }
 
         let mut workers = Vec::new();
+        let mut worker_args = Vec::new();
         for (i, (port, pub_port, replay_port)) in ports.iter().enumerate() {
             let events = json!({"enable_kv_cache_events": true, "publisher": "zmq",
                 "endpoint": format!("tcp://127.0.0.1:{pub_port}"),
@@ -235,52 +331,193 @@ impl Deployment {
                 events.to_string(),
             ];
             let name = format!("worker-{i}");
-            workers.push(procs::spawn_kvroute(
+            workers.push(Some(procs::spawn_kvroute(
                 &name,
                 "mock-vllm",
                 &args,
                 &log(&name),
-            )?);
+            )?));
+            worker_args.push(args);
         }
         let worker_urls: Vec<String> = http_ports
             .iter()
             .map(|p| format!("http://127.0.0.1:{p}"))
             .collect();
         for (i, (url, w)) in worker_urls.iter().zip(workers.iter_mut()).enumerate() {
-            procs::wait_http_ok(&format!("{url}/health"), Duration::from_secs(60), Some(w))
-                .await
-                .with_context(|| format!("worker-{i} did not start"))?;
+            procs::wait_http_ok(
+                &format!("{url}/health"),
+                Duration::from_secs(60),
+                w.as_mut(),
+            )
+            .await
+            .with_context(|| format!("worker-{i} did not start"))?;
         }
+        let d = Self {
+            workers,
+            sidecars,
+            routers,
+            worker_args,
+            sidecar_args,
+            router_args: all_router_args,
+            generations: std::collections::HashMap::new(),
+            proxies,
+            log_dir: dir,
+            gateway: gateways[0].clone(),
+            router_admin: router_admins[0].clone(),
+            gateways,
+            router_admins,
+            worker_urls,
+            worker_ids,
+            sidecar_admin_urls,
+        };
+        for admin in &d.router_admins {
+            d.wait_routable(admin, cfg.workers).await?;
+        }
+        Ok(d)
+    }
+
+    /// Waits until the router at `admin` reports `want` workers routable.
+    pub async fn wait_routable(&self, admin: &str, want: usize) -> anyhow::Result<()> {
         let client = reqwest::Client::new();
-        let want = cfg.workers;
         let url = format!("{admin}/debug/workers");
         procs::wait_for("every worker routable", Duration::from_secs(60), || {
             let (client, url) = (client.clone(), url.clone());
             async move { Ok((routable_workers(&client, &url).await? >= want).then_some(())) }
         })
-        .await?;
-        Ok(Self {
-            workers,
-            sidecars,
-            router,
-            gateway: format!("http://127.0.0.1:{gw_port}"),
-            worker_urls,
-            worker_ids,
-            router_admin: admin,
-            sidecar_admin_urls,
-        })
+        .await
     }
 
-    /// Stops everything: router first (no new work), then sidecars, then workers.
+    /// The fault proxy in front of router replica `r`'s gRPC port (with
+    /// [`Topology::fault_proxies`]).
+    pub fn proxy(&self, r: usize) -> Option<&FaultProxy> {
+        self.proxies.get(r)
+    }
+
+    /// Every fault proxy, in replica order.
+    pub fn proxies(&self) -> &[FaultProxy] {
+        &self.proxies
+    }
+
+    /// Kills worker `i` (SIGKILL to its process group) and waits for it to exit.
+    pub async fn kill_worker(&mut self, i: usize) {
+        if let Some(c) = self.workers.get_mut(i).and_then(Option::take) {
+            c.kill().await;
+        }
+    }
+
+    /// Starts worker `i` again with its arguments and ports; waits for its `/health`.
+    pub async fn start_worker(&mut self, i: usize) -> anyhow::Result<()> {
+        let args = self.worker_args.get(i).context("no such worker")?.clone();
+        let name = self.next_log_name(&format!("worker-{i}"));
+        let mut c = procs::spawn_kvroute(
+            &name,
+            "mock-vllm",
+            &args,
+            &log_options(&self.log_dir, &name),
+        )?;
+        procs::wait_http_ok(
+            &format!("{}/health", self.worker_urls[i]),
+            Duration::from_secs(60),
+            Some(&mut c),
+        )
+        .await
+        .with_context(|| format!("{name} did not start"))?;
+        self.workers[i] = Some(c);
+        Ok(())
+    }
+
+    /// Sends `sig` (e.g. `"HUP"`: the mock restarts its engine) to worker `i`.
+    pub fn signal_worker(&self, i: usize, sig: &str) -> anyhow::Result<()> {
+        let c = self.workers.get(i).and_then(Option::as_ref);
+        c.context("worker not running")?.signal(sig);
+        Ok(())
+    }
+
+    /// Kills sidecar `i` and waits for it to exit.
+    pub async fn kill_sidecar(&mut self, i: usize) {
+        if let Some(c) = self.sidecars.get_mut(i).and_then(Option::take) {
+            c.kill().await;
+        }
+    }
+
+    /// Starts sidecar `i` again with its arguments; waits for its `/healthz`.
+    pub async fn start_sidecar(&mut self, i: usize) -> anyhow::Result<()> {
+        let args = self.sidecar_args.get(i).context("no such sidecar")?.clone();
+        let name = self.next_log_name(&format!("sidecar-{i}"));
+        let mut c =
+            procs::spawn_kvroute(&name, "sidecar", &args, &log_options(&self.log_dir, &name))?;
+        procs::wait_http_ok(
+            &format!("{}/healthz", self.sidecar_admin_urls[i]),
+            Duration::from_secs(60),
+            Some(&mut c),
+        )
+        .await
+        .with_context(|| format!("{name} did not start"))?;
+        self.sidecars[i] = Some(c);
+        Ok(())
+    }
+
+    /// Kills router replica `r` and waits for it to exit.
+    pub async fn kill_router(&mut self, r: usize) {
+        if let Some(c) = self.routers.get_mut(r).and_then(Option::take) {
+            c.kill().await;
+        }
+    }
+
+    /// Starts router replica `r` again with its arguments and ports; waits for `/healthz`.
+    pub async fn start_router(&mut self, r: usize) -> anyhow::Result<()> {
+        let args = self.router_args.get(r).context("no such router")?.clone();
+        let base = router_name(self.routers.len(), r);
+        let name = self.next_log_name(&base);
+        let mut c =
+            procs::spawn_kvroute(&name, "router", &args, &log_options(&self.log_dir, &name))?;
+        procs::wait_http_ok(
+            &format!("{}/healthz", self.router_admins[r]),
+            Duration::from_secs(60),
+            Some(&mut c),
+        )
+        .await
+        .with_context(|| format!("{name} did not start"))?;
+        self.routers[r] = Some(c);
+        Ok(())
+    }
+
+    /// `base` for a first start, `base.restart<N>` after that (each start keeps its log).
+    fn next_log_name(&mut self, base: &str) -> String {
+        let n = self.generations.entry(base.to_string()).or_insert(0);
+        *n += 1;
+        format!("{base}.restart{n}")
+    }
+
+    /// Stops everything: routers first (no new work), then sidecars, then workers.
     pub async fn stop(self) {
         let grace = Duration::from_secs(3);
-        let _ = self.router.stop(grace).await;
-        for c in self.sidecars {
+        for c in self.routers.into_iter().flatten() {
             let _ = c.stop(grace).await;
         }
-        for c in self.workers {
+        for c in self.sidecars.into_iter().flatten() {
             let _ = c.stop(grace).await;
         }
+        for c in self.workers.into_iter().flatten() {
+            let _ = c.stop(grace).await;
+        }
+    }
+}
+
+/// `router` for a single replica (the name its log always had), `router-<r>` for several.
+fn router_name(replicas: usize, r: usize) -> String {
+    if replicas == 1 {
+        "router".into()
+    } else {
+        format!("router-{r}")
+    }
+}
+
+/// Warnings only, to `<dir>/<name>.log`.
+fn log_options(dir: &Path, name: &str) -> SpawnOptions {
+    SpawnOptions {
+        env: vec![("RUST_LOG".into(), "warn".into())],
+        log: Some(dir.join(format!("{name}.log"))),
     }
 }
 

@@ -131,6 +131,19 @@ impl Child {
         Ok(())
     }
 
+    /// Kills the child's process group at once (SIGKILL) and waits for the child to exit.
+    pub async fn kill(mut self) {
+        self.kill_group();
+        let _ = self.inner.wait().await;
+    }
+
+    /// Sends signal `sig` (a name `kill` understands: `"HUP"`, `"TERM"`) to the child.
+    pub fn signal(&self, sig: &str) {
+        if let Some(pid) = self.inner.id() {
+            signal(pid, sig);
+        }
+    }
+
     /// Kills the child's process group at once.
     pub fn kill_group(&mut self) {
         if let Some(pid) = self.inner.id() {

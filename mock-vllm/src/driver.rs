@@ -104,6 +104,22 @@ pub enum Cmd {
     Reset(oneshot::Sender<bool>),
     /// Restart the engine (SIGHUP, `--restart-after`): cache empty, event seq back to 0.
     Restart,
+    /// `GET`/`POST /mock/cache`: what the engine's prefix cache holds now.
+    Cache {
+        /// Prompts whose cached leading tokens to report.
+        prompts: Vec<Vec<u32>>,
+        /// The answer.
+        reply: oneshot::Sender<CacheView>,
+    },
+}
+
+/// What the engine's prefix cache holds, for `/mock/cache` (a test's read-only view).
+#[derive(Clone, Debug, Default)]
+pub struct CacheView {
+    /// Hashes of the cached blocks (the ids the KV events carry), sorted.
+    pub block_hashes: Vec<u64>,
+    /// For each asked prompt, the leading tokens a new request would find cached.
+    pub prefix_tokens: Vec<usize>,
 }
 
 /// What the HTTP side can read without asking the driver.
@@ -235,6 +251,16 @@ impl Driver {
                 let _ = reply.send(self.engine.reset_prefix_cache());
             }
             Cmd::Restart => self.restart(),
+            Cmd::Cache { prompts, reply } => {
+                let view = CacheView {
+                    block_hashes: self.engine.cached_block_hashes(),
+                    prefix_tokens: prompts
+                        .iter()
+                        .map(|p| self.engine.cached_prefix_tokens(p))
+                        .collect(),
+                };
+                let _ = reply.send(view);
+            }
         }
     }
 
@@ -247,6 +273,12 @@ impl Driver {
         self.engine = self.fresh.clone();
         self.finished_since_restart = 0;
         self.restarts += 1;
+        // A new start time, as a restarted vLLM process reports.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.metrics.set_start_time(now);
         if let Some(p) = &self.publisher {
             let _ = p.try_send(PublisherMsg::Restart);
         }

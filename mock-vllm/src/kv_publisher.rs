@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use kvroute_vllm_wire::{self as wire, KvEvent};
@@ -116,6 +117,10 @@ pub struct Publisher {
     pub tx: mpsc::Sender<PublisherMsg>,
     /// The addresses the sockets ended up on.
     pub endpoints: PublisherEndpoints,
+    /// Fault injection (`POST /mock/drop-events`): while above 0, each batch is numbered and
+    /// kept for replay as usual but not sent on the PUB socket, and this counts down: the
+    /// subscriber sees a sequence gap, as when ZMQ drops frames past its high-water mark.
+    pub drop_live: Arc<AtomicU64>,
 }
 
 impl Publisher {
@@ -163,7 +168,9 @@ impl Publisher {
         }
         info!(pub_endpoint = ?pub_endpoint, replay_endpoint = ?replay_endpoint, "KV events publisher up");
         let (tx, rx) = mpsc::channel(config.max_queue_size.max(1));
+        let drop_live = Arc::new(AtomicU64::new(0));
         let task = PublishLoop {
+            drop_live: drop_live.clone(),
             socket: pub_socket,
             connect_to,
             rx,
@@ -180,6 +187,7 @@ impl Publisher {
                 pub_endpoint,
                 replay_endpoint,
             },
+            drop_live,
         })
     }
 }
@@ -201,6 +209,8 @@ struct PublishLoop {
     topic: Bytes,
     next_seq: u64,
     dp_rank: u32,
+    /// Batches still to leave off the PUB socket ([`Publisher::drop_live`]).
+    drop_live: Arc<AtomicU64>,
 }
 
 impl PublishLoop {
@@ -276,6 +286,14 @@ impl PublishLoop {
                         while buf.len() > self.buffer_steps {
                             buf.pop_front();
                         }
+                    }
+                    let dropped = self
+                        .drop_live
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                        .is_ok();
+                    if dropped {
+                        debug!(seq, "KV event batch dropped (POST /mock/drop-events)");
+                        continue;
                     }
                     let frames = wire::live_message(self.topic.clone(), seq, payload);
                     let Ok(msg) = ZmqMessage::try_from(frames.to_vec()) else {

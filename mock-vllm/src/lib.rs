@@ -311,6 +311,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningServer> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
+    metrics.set_start_time(unix_origin);
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     let (driver, snapshot) = driver::Driver::new(
         engine,
@@ -340,6 +341,7 @@ pub async fn start(args: Args) -> anyhow::Result<RunningServer> {
         adapters: parking_lot::RwLock::new(lora::Adapters::new(args.lora_modules.clone())),
         runtime_lora_updating: args.allow_runtime_lora_updating,
         fault_status: std::sync::atomic::AtomicU16::new(0),
+        drop_events: publisher.as_ref().map(|p| p.drop_live.clone()),
     });
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await

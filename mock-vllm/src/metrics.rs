@@ -46,6 +46,7 @@ pub struct Metrics {
     prefill: Histogram,
     decode: Histogram,
     cache_config: GaugeVec,
+    process_start: Gauge,
 }
 
 fn hist(name: &str, help: &str, buckets: &[f64], model: &str) -> prometheus::Result<Histogram> {
@@ -146,6 +147,10 @@ impl Metrics {
                 REQUEST_BUCKETS,
                 model,
             )?,
+            process_start: Gauge::new(
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds.",
+            )?,
             cache_config: GaugeVec::new(
                 Opts::new(
                     "vllm:cache_config_info",
@@ -178,10 +183,19 @@ impl Metrics {
             r.register(Box::new(h.clone()))?;
         }
         r.register(Box::new(m.cache_config.clone()))?;
+        r.register(Box::new(m.process_start.clone()))?;
         for reason in FINISH_REASONS {
             m.success.with_label_values(&[*reason]);
         }
         Ok(m)
+    }
+
+    /// Sets `process_start_time_seconds` (vLLM exports it from its Prometheus client's process
+    /// collector, without labels). The mock sets it when it starts and again when its engine
+    /// restarts: a restart of the mock's engine stands for a restart of vLLM, whose new
+    /// process would report a new start time (sidecars resync on it).
+    pub fn set_start_time(&self, unix_s: f64) {
+        self.process_start.set(unix_s);
     }
 
     /// Sets `vllm:cache_config_info` for the engine's configuration.

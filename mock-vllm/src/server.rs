@@ -64,6 +64,9 @@ pub struct AppState {
     /// Fault injection (`POST /mock/fault`): while not 0, every generation request is answered
     /// with this HTTP status (an engine failure as the router sees it), nothing generated.
     pub fault_status: AtomicU16,
+    /// Fault injection (`POST /mock/drop-events`): KV event batches still to leave off the
+    /// PUB socket; `None` when the mock publishes no events.
+    pub drop_events: Option<Arc<AtomicU64>>,
 }
 
 type Shared = Arc<AppState>;
@@ -135,7 +138,9 @@ pub fn router(state: Shared) -> Router {
         .route("/model_info", get(model_info))
         .route("/get_model_info", get(model_info))
         .route("/get_load", get(get_load))
-        .route("/mock/fault", post(set_fault));
+        .route("/mock/fault", post(set_fault))
+        .route("/mock/drop-events", post(drop_events))
+        .route("/mock/cache", get(cache_view).post(cache_prefixes));
     let app = if lora_updates {
         app.route("/v1/load_lora_adapter", post(load_lora_adapter))
             .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
@@ -326,6 +331,96 @@ async fn set_fault(State(s): State<Shared>, body: Bytes) -> Response {
             StatusCode::NO_CONTENT.into_response()
         }
         _ => ApiError::bad_request("body must be {\"status\": 0 or 500..=599}").into_response(),
+    }
+}
+
+/// `POST /mock/drop-events` `{"count": N}` (N at most 1,000,000): the next N KV event
+/// batches get their sequence numbers and stay in the replay buffer but are not published, a
+/// gap in the stream as dropped ZMQ frames leave one; `{"count": 0}` cancels what is left. 409
+/// when the mock publishes no events. A test hook: vLLM has no such route.
+async fn drop_events(State(s): State<Shared>, body: Bytes) -> Response {
+    let count = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("count").and_then(Value::as_u64));
+    let Some(count) = count.filter(|n| *n <= 1_000_000) else {
+        return ApiError::bad_request("body must be {\"count\": 0..=1000000}").into_response();
+    };
+    match &s.drop_events {
+        Some(left) => {
+            left.store(count, Ordering::Relaxed);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => ApiError {
+            status: 409,
+            kind: "BadRequestError",
+            message: "no KV events are published (--kv-events-config)".into(),
+            param: None,
+        }
+        .into_response(),
+    }
+}
+
+/// Asks the driver what the prefix cache holds; the prefix lengths are for `prompts`; the
+/// hash list only `with_hashes`.
+async fn ask_cache(
+    s: &AppState,
+    prompts: Vec<Vec<u32>>,
+    with_hashes: bool,
+) -> Result<Value, ApiError> {
+    let (tx, rx) = oneshot::channel();
+    s.cmd
+        .send(Cmd::Cache { prompts, reply: tx })
+        .map_err(|_| ApiError::internal("engine is not running"))?;
+    let view = rx
+        .await
+        .map_err(|_| ApiError::internal("engine is not running"))?;
+    let hashes: Option<Vec<String>> = with_hashes.then(|| {
+        view.block_hashes
+            .iter()
+            .map(|h| format!("{h:016x}"))
+            .collect()
+    });
+    Ok(json!({
+        "cached_blocks": view.block_hashes.len(),
+        "block_hashes": hashes,
+        "block_size": s.snapshot.read().config.block_size,
+        "prefix_tokens": view.prefix_tokens,
+    }))
+}
+
+/// `GET /mock/cache`: the engine's prefix cache as the worker itself sees it, read-only:
+/// `{"cached_blocks": N, "block_hashes": ["<16 hex digits>", ...], "block_size": B}` (the
+/// hashes as the KV events carry them, sorted). A test double's hook for comparing a router's
+/// view with the worker's own (the fault suite, docs/faults.md); vLLM has no such route and,
+/// like the rest of the mock, it has no authentication beyond `--api-key` on `/v1/*`.
+async fn cache_view(State(s): State<Shared>) -> Response {
+    match ask_cache(&s, Vec::new(), true).await {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /mock/cache` `{"prompts": [[token ids], ...], "hashes": bool}` (at most 1,024
+/// prompts): the `GET /mock/cache` body plus `prefix_tokens`, for each prompt the leading
+/// tokens a new request would find cached now; `"hashes": false` leaves the hash list out
+/// (`null`). Read-only, like `GET`.
+async fn cache_prefixes(State(s): State<Shared>, body: Bytes) -> Response {
+    let v = serde_json::from_slice::<Value>(&body).ok();
+    let with_hashes = v
+        .as_ref()
+        .and_then(|v| v.get("hashes")?.as_bool())
+        .unwrap_or(true);
+    let prompts =
+        v.and_then(|v| serde_json::from_value::<Vec<Vec<u32>>>(v.get("prompts")?.clone()).ok());
+    let Some(prompts) = prompts.filter(|p| p.len() <= 1_024) else {
+        return ApiError::bad_request(
+            "body must be {\"prompts\": [[token ids], ...]} (at most 1024)",
+        )
+        .into_response();
+    };
+    match ask_cache(&s, prompts, with_hashes).await {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 

@@ -279,3 +279,125 @@ async fn connect_mode_reaches_a_subscriber_that_binds_late() {
         i += 1;
     }
 }
+
+async fn start_time(base: &str) -> f64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("process_start_time_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("process_start_time_seconds")
+}
+
+/// The fault suite's hooks (docs/faults.md): `POST /mock/drop-events` leaves batches off the
+/// PUB socket (a seq gap the subscriber sees; replay still has them), `GET`/`POST /mock/cache`
+/// report the cached blocks and a prompt's cached prefix, and an engine restart moves
+/// `process_start_time_seconds` as a restarted vLLM's would.
+#[tokio::test]
+async fn drop_events_leaves_a_gap_and_mock_cache_reports_the_cache() {
+    let s = server().await;
+    let base = format!("http://{}", s.http_addr);
+    let client = reqwest::Client::new();
+    let pub_ep = s.endpoints.pub_endpoint.clone().unwrap();
+    let replay_ep = s.endpoints.replay_endpoint.clone().unwrap();
+    let mut sub = zeromq::SubSocket::new();
+    sub.subscribe("").await.unwrap();
+    sub.connect(&pub_ep).await.unwrap();
+    let first = first_message(&mut sub, &base).await;
+    let last = seq_of(first.get(1).unwrap());
+
+    let r = client
+        .post(format!("{base}/mock/drop-events"))
+        .json(&json!({"count": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let bad = client
+        .post(format!("{base}/mock/drop-events"))
+        .json(&json!({"count": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    // Three more batches: two are dropped, the third arrives 3 after the last one seen.
+    let mut got = None;
+    for i in 0..3 {
+        complete(
+            &base,
+            &format!("prompt {i} after the drop, long enough to fill a block of its own"),
+        )
+        .await;
+        if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), sub.recv()).await {
+            got = Some(seq_of(m.get(1).unwrap()));
+            break;
+        }
+    }
+    assert_eq!(got, Some(last + 3), "two batches left off the live stream");
+    let seqs: Vec<u64> = replay(&replay_ep, last + 1)
+        .await
+        .iter()
+        .filter(|f| f[2] != [0xff; 8])
+        .map(|f| seq_of(&f[2]))
+        .collect();
+    assert_eq!(
+        seqs.get(..3),
+        Some(&[last + 1, last + 2, last + 3][..]),
+        "replay has them"
+    );
+
+    // The cache as the engine holds it; a prompt's cached prefix.
+    let prompt: Vec<u32> = (1..=40).collect();
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"prompt": prompt, "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = client
+        .post(format!("{base}/mock/cache"))
+        .json(&json!({"prompts": [prompt, [9, 9, 9]]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let bs = v["block_size"].as_u64().unwrap();
+    assert_eq!(v["prefix_tokens"][0].as_u64(), Some(39 / bs * bs), "{v}");
+    assert_eq!(v["prefix_tokens"][1], 0);
+    let n = v["cached_blocks"].as_u64().unwrap();
+    assert!(n >= 40 / bs, "{v}");
+    assert_eq!(v["block_hashes"].as_array().map(Vec::len), Some(n as usize));
+    let bad = client
+        .post(format!("{base}/mock/cache"))
+        .json(&json!({"prompts": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+
+    // An engine restart empties it and moves the start time.
+    let before = start_time(&base).await;
+    s.cmd.send(Cmd::Restart).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v: serde_json::Value = reqwest::get(format!("{base}/mock/cache"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["cached_blocks"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "cache not emptied: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(start_time(&base).await > before);
+}

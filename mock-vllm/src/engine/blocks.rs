@@ -69,6 +69,11 @@ impl BlockPool {
     }
 
     /// Whether the block is unreferenced (in the free queue).
+    /// The hashes of every cached block, in no particular order.
+    pub(crate) fn cached_hashes(&self) -> Vec<u64> {
+        self.cached.keys().copied().collect()
+    }
+
     pub(crate) fn is_free(&self, id: BlockId) -> bool {
         self.blocks[id as usize].ref_cnt == 0
     }

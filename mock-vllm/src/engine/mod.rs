@@ -539,6 +539,13 @@ impl Engine {
         self.stats
     }
 
+    /// The block hashes (as the KV events carry them) of every block cached now, sorted.
+    pub fn cached_block_hashes(&self) -> Vec<u64> {
+        let mut v = self.pool.cached_hashes();
+        v.sort_unstable();
+        v
+    }
+
     /// Prompt tokens a new request with this prompt would find in the cache now.
     pub fn cached_prefix_tokens(&self, prompt: &[u32]) -> usize {
         self.cached_prefix_tokens_with(prompt, None, None)
