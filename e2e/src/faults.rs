@@ -313,6 +313,14 @@ impl FaultReport {
                 self.cache_mismatch.as_deref().unwrap_or("-")
             )),
         }
+        // One restart, one resync: the start-time change and the sequence going back are the
+        // same event (the sidecar must not drop its state twice).
+        if self.fault == Fault::VllmRestarted && self.sidecar_resyncs != 1.0 {
+            v.push(format!(
+                "{f}: the sidecars counted {} resyncs for one vLLM restart",
+                self.sidecar_resyncs
+            ));
+        }
         if !self.cache_agree_settled {
             v.push(format!(
                 "{f}: (c) cache views still differ after the load stopped: {}",

@@ -103,7 +103,8 @@ impl Subscriber {
     }
 
     /// Catches up by replay, then applies live messages until `shutdown`; `connect` says to
-    /// connect `sub` first, and to reconnect when the hub reports a vLLM restart.
+    /// connect `sub` first, and to reconnect when the hub reports a vLLM restart (bound or
+    /// connected, a restart resets the sequence tracking and catches up again).
     pub async fn run(
         self,
         mut sub: SubSocket,
@@ -119,13 +120,19 @@ impl Subscriber {
             let msg = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
-                _ = self.hub.vllm_restarted(), if connect => {
-                    // The hub already dropped the state: start over on a fresh socket.
-                    tracing::info!("vLLM restarted: reconnecting the SUB socket");
-                    drop(sub);
-                    sub = self.open().await?.0;
-                    if !connect_soon(&mut sub, &self.config.endpoint, &shutdown).await? {
-                        return Ok(());
+                _ = self.hub.vllm_restarted() => {
+                    // The hub already dropped the state: start over on a fresh socket (when
+                    // this side connects), and forget the old process's sequence, so the new
+                    // one's seq 0 is its first message rather than a second restart.
+                    if connect {
+                        tracing::info!("vLLM restarted: reconnecting the SUB socket");
+                        drop(sub);
+                        sub = self.open().await?.0;
+                        if !connect_soon(&mut sub, &self.config.endpoint, &shutdown).await? {
+                            return Ok(());
+                        }
+                    } else {
+                        tracing::info!("vLLM restarted: the sequence starts over");
                     }
                     tracker = SeqTracker::new();
                     self.catch_up(&mut tracker).await;
