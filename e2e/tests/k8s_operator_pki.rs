@@ -562,11 +562,21 @@ async fn a_pool_naming_an_issuer_gets_cert_manager_certificates() -> anyhow::Res
             ("ca.crt".into(), "ca.crt".into()),
         ])
     );
-    let router_deploy = wait_for("the router Deployment", WAIT, || async {
-        deployments.get_opt(ROUTER_NAME).await.map_err(Into::into)
-    })
+    // The router moves to its Certificate's Secret once the operator has seen the pool's
+    // issuer (it may still mount the operator CA's Secret at first).
+    let (volumes, rc) = wait_for(
+        "the router mounts its Certificate's Secret",
+        WAIT,
+        || async {
+            let Some(d) = deployments.get_opt(ROUTER_NAME).await? else {
+                return Ok(None);
+            };
+            let (v, c) = pod_parts(&d, "router")?;
+            let secret = mounted_at(&v, &c, tls::TLS_DIR).map(|(s, _)| s);
+            Ok((secret.as_deref() == Some("kvroute-mtls-router")).then_some((v, c)))
+        },
+    )
     .await?;
-    let (volumes, rc) = pod_parts(&router_deploy, "router")?;
     assert_eq!(
         mounted_at(&volumes, &rc, tls::TLS_DIR)
             .map(|(s, _)| s)
