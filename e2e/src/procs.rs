@@ -301,7 +301,8 @@ where
     }
 }
 
-fn signal(pid: u32, sig: &str) {
+/// Sends `sig` (a name `kill` understands) to the process `pid`, ignoring failures.
+pub fn signal(pid: u32, sig: &str) {
     let _ = std::process::Command::new("kill")
         .arg(format!("-{sig}"))
         .arg(pid.to_string())

@@ -33,13 +33,14 @@ use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
-use kvroute_e2e::harness::{Cluster, FakeKubelet, OperatorProcess, RunningPod, kubelet_options};
+use kvroute_e2e::harness::{
+    Cluster, FakeKubelet, IMAGE_TOKENIZERS, OperatorProcess, RunningPod, router_pod_options,
+};
 use kvroute_e2e::procs::wait_for;
 use kvroute_operator::desired::router::{
     ADMIN_PORT, HF_HOME, HTTP_PORT, INGEST_PORT, INGEST_SERVICE,
 };
 use kvroute_operator::desired::secrets::{SECRETS_DIR, SECRETS_DIR_ENV};
-use kvroute_router::fake_hub::{FakeHub, FakeHubConfig};
 use kvroute_tls::testpki::TestCa;
 use serde_json::{Value, json};
 use sha2::Digest as _;
@@ -55,7 +56,6 @@ const SERVED: &str = "qwen3-mock";
 const CANARY_SET: &str = "qwen-canary";
 const CANARY_SERVED: &str = "qwen3-canary";
 const POOL: &str = "chat";
-const IMAGE_TOKENIZERS: &str = "/opt/kvroute/tokenizers";
 /// The pool's API-key Secret: one data key per tenant, `sha256:<hex>` lines.
 const API_KEYS: &str = "chat-api-keys";
 const KEY_A: &str = "kvr_team-a-e2e-key-0001";
@@ -68,10 +68,6 @@ const PROVIDER_KEY: &str = "sk-fake-provider-0001";
 const LATE_SECRET: &str = "created-later";
 /// A JWKS Secret whose content is not a JWKS.
 const BAD_JWKS_SECRET: &str = "bad-jwks";
-
-fn repo_path(rel: &str) -> String {
-    format!("{}/../{rel}", env!("CARGO_MANIFEST_DIR"))
-}
 
 // ------------------------------------------------------------------ fake provider
 
@@ -224,7 +220,7 @@ struct Plane {
     http: reqwest::Client,
     /// Where the fake kubelet keeps each pod's logs (`<ns>_<pod>/<container>.log`).
     pods_dir: std::path::PathBuf,
-    _hub: FakeHub,
+    _hub: kvroute_router::fake_hub::FakeHub,
 }
 
 fn resource(kind: &str) -> ApiResource {
@@ -510,23 +506,7 @@ async fn plane(prefix: &str, scenario: Scenario) -> anyhow::Result<Plane> {
         apply(&client, &ns, obj).await?;
     }
 
-    let hub = FakeHub::start(FakeHubConfig {
-        files: repo_path("testdata/tokenizers/qwen3").into(),
-        public: None,
-        gated: Vec::new(),
-    })
-    .await?;
-    let hf_home = cluster.dir().join(format!("hf-{ns}"));
-    std::fs::create_dir_all(&hf_home)?;
-    let mut opts = kubelet_options(cluster, &ns);
-    opts.env
-        .push(("HF_ENDPOINT".to_string(), hub.endpoint.clone()));
-    opts.rewrites.push((
-        IMAGE_TOKENIZERS.to_string(),
-        repo_path("testdata/tokenizers"),
-    ));
-    opts.rewrites
-        .push((HF_HOME.to_string(), hf_home.display().to_string()));
+    let (hub, opts) = router_pod_options(cluster, &ns, HF_HOME).await?;
     let kubelet = FakeKubelet::start(client.clone(), opts).await?;
     // Its Lease in the test's namespace: the tests of this file run at once, one operator
     // each.

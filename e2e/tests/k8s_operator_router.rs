@@ -23,24 +23,19 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kvroute_crds::workerset::InferenceWorkerSet;
-use kvroute_e2e::harness::{Cluster, FakeKubelet, OperatorProcess, RunningPod, kubelet_options};
+use kvroute_e2e::harness::{
+    Cluster, FakeKubelet, IMAGE_TOKENIZERS, OperatorProcess, RunningPod, router_pod_options,
+};
 use kvroute_e2e::procs::wait_for;
-use kvroute_router::fake_hub::{FakeHub, FakeHubConfig};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
 const SET: &str = "qwen";
 const SERVED: &str = "qwen3-mock";
 const ENGINE_PORT: u16 = 8000;
-/// Where the images keep the Qwen3 tokenizer (bundle/images/mock-vllm.Dockerfile).
-const IMAGE_TOKENIZERS: &str = "/opt/kvroute/tokenizers";
 /// Prefix groups per burst and requests per group.
 const GROUPS: usize = 12;
 const PER_GROUP: usize = 4;
-
-fn repo_path(rel: &str) -> String {
-    format!("{}/../{rel}", env!("CARGO_MANIFEST_DIR"))
-}
 
 /// A chat request whose system prompt is shared by its group (~1,000 tokens).
 fn chat(arm: &str, group: usize, i: usize) -> Value {
@@ -130,26 +125,8 @@ async fn the_operators_router_routes_cache_aware_and_survives_a_rollout() -> any
     let cluster = Cluster::shared().await?;
     let client = cluster.client().await?;
     let ns = cluster.namespace(&client, "oprouter").await?;
-    let hub = FakeHub::start(FakeHubConfig {
-        files: repo_path("testdata/tokenizers/qwen3").into(),
-        public: None,
-        gated: Vec::new(),
-    })
-    .await?;
-    let hf_home = cluster.dir().join(format!("hf-{ns}"));
-    std::fs::create_dir_all(&hf_home)?;
-    let mut opts = kubelet_options(cluster, &ns);
-    opts.env
-        .push(("HF_ENDPOINT".to_string(), hub.endpoint.clone()));
-    // Paths inside the images, mapped to the checkout and a scratch cache.
-    opts.rewrites.push((
-        IMAGE_TOKENIZERS.to_string(),
-        repo_path("testdata/tokenizers"),
-    ));
-    opts.rewrites.push((
-        kvroute_operator::desired::router::HF_HOME.to_string(),
-        hf_home.display().to_string(),
-    ));
+    let (_hub, opts) =
+        router_pod_options(cluster, &ns, kvroute_operator::desired::router::HF_HOME).await?;
     let kubelet = FakeKubelet::start(client.clone(), opts).await?;
     let _operator = OperatorProcess::start(
         cluster,

@@ -26,7 +26,10 @@ use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kvroute_crds::workerset::InferenceWorkerSet;
-use kvroute_e2e::harness::{Cluster, ClusterOptions, FakeKubelet, OperatorProcess, install_crds};
+use kvroute_e2e::harness::{
+    Cluster, ClusterOptions, FakeKubelet, IMAGE_TOKENIZERS, OperatorProcess, install_crds,
+    repo_path, router_pod_options,
+};
 use kvroute_e2e::procs::wait_for;
 use kvroute_operator::bundle::{DEPLOY_NAMESPACE, OPERATOR_NAME};
 use kvroute_operator::desired::router::{
@@ -36,17 +39,11 @@ use kvroute_operator::permissions::{
     LEASE_NAME, NOT_EXERCISED, OPERATOR_NAMESPACE_RULES, OPERATOR_RULES, ROUTER_NAME, ROUTER_RULES,
     Rule, allows, grants,
 };
-use kvroute_router::fake_hub::{FakeHub, FakeHubConfig};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
 const TEAM: &str = "team-audit";
 const SERVED: &str = "qwen3-mock";
-const IMAGE_TOKENIZERS: &str = "/opt/kvroute/tokenizers";
-
-fn repo_path(rel: &str) -> String {
-    format!("{}/../{rel}", env!("CARGO_MANIFEST_DIR"))
-}
 
 fn user(sa: &str) -> String {
     format!("system:serviceaccount:{DEPLOY_NAMESPACE}:{sa}")
@@ -310,25 +307,9 @@ async fn operator_and_router_use_exactly_the_generated_rbac() -> anyhow::Result<
     install_crds(&admin).await?;
     install_rbac(&admin).await?;
 
-    let hub = FakeHub::start(FakeHubConfig {
-        files: repo_path("testdata/tokenizers/qwen3").into(),
-        public: None,
-        gated: Vec::new(),
-    })
-    .await?;
-    let hf_home = cluster.dir().join("hf-audit");
-    std::fs::create_dir_all(&hf_home)?;
-    let mut opts = kvroute_e2e::harness::kubelet_options(&cluster, DEPLOY_NAMESPACE);
+    let (_hub, mut opts) = router_pod_options(&cluster, DEPLOY_NAMESPACE, HF_HOME).await?;
     opts.namespace = None;
     opts.service_accounts = Some(cluster.service_account_auth());
-    opts.env
-        .push(("HF_ENDPOINT".to_string(), hub.endpoint.clone()));
-    opts.rewrites.push((
-        IMAGE_TOKENIZERS.to_string(),
-        repo_path("testdata/tokenizers"),
-    ));
-    opts.rewrites
-        .push((HF_HOME.to_string(), hf_home.display().to_string()));
     let kubelet = FakeKubelet::start(admin.clone(), opts).await?;
 
     // The operator, as its service account, watching every namespace (the deploy/ default).

@@ -57,6 +57,7 @@ pub async fn serve(
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
+    peer_name: Option<String>,
     close: CancellationToken,
 ) -> anyhow::Result<()> {
     let authenticated = tls.is_some();
@@ -74,7 +75,11 @@ pub async fn serve(
                 .tls(authenticated)
                 .into_server(),
         )
-        .add_service(PeersService::new(state.clone(), authenticated, own).into_server());
+        .add_service(
+            PeersService::new(state.clone(), authenticated, own)
+                .peer_name(peer_name)
+                .into_server(),
+        );
     let auth = &state.metrics().auth;
     match &tls {
         None => {

@@ -661,6 +661,9 @@ pub struct Server {
     epp: Option<epp::EppListener>,
     /// The peer exchange's dialer side (`--peers` / `--peer-service`), if on.
     peers: Option<PeerSetup>,
+    /// `--peer-tls-server-name`: peers are verified by it when dialled, and accepted when
+    /// their certificate is valid for it (whether or not this replica dials any).
+    peer_name: Option<String>,
     grace: Duration,
 }
 
@@ -752,6 +755,8 @@ impl Server {
         }
         let epp_tls_default = grpc_tls_dir.clone();
         let peers = peer_setup(&peer, grpc_tls_dir.as_deref(), tls_reload_interval_ms)?;
+        let peer_name =
+            (!peer.peer_tls_server_name.is_empty()).then(|| peer.peer_tls_server_name.clone());
         let grpc_tls = grpc_tls_dir
             .map(|dir| {
                 grpc::GrpcTls::load(dir, Duration::from_millis(tls_reload_interval_ms.max(10)))
@@ -932,6 +937,7 @@ impl Server {
             providers,
             epp,
             peers,
+            peer_name,
             grace: secs("shutdown-grace-s", shutdown_grace_s)?,
         })
     }
@@ -975,6 +981,7 @@ impl Server {
             providers,
             epp,
             peers,
+            peer_name,
             grace,
         } = self;
         let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
@@ -1005,6 +1012,7 @@ impl Server {
             state.clone(),
             pool.clone(),
             health_service,
+            peer_name,
             close.clone(),
         );
         tasks.spawn(

@@ -102,6 +102,11 @@ impl Drop for Router {
 
 impl Router {
     async fn start(tls_dir: &Path) -> Router {
+        Router::start_with(tls_dir, kvroute_router::peer::PeerArgs::default()).await
+    }
+
+    /// A router with the peer exchange's settings `peer`.
+    async fn start_with(tls_dir: &Path, peer: kvroute_router::peer::PeerArgs) -> Router {
         let config = tempfile::tempdir().expect("tempdir");
         let path = config.path().join("router.yaml");
         std::fs::write(&path, CONFIG).expect("write config");
@@ -115,6 +120,7 @@ impl Router {
             // Must not let an authenticated caller register ids discovery does not list.
             route_unlisted: true,
             seed: Some(7),
+            peer,
             ..Args::default()
         };
         let server = Server::bind(args).await.expect("bind router");
@@ -661,4 +667,44 @@ async fn pick_ids_are_bound_to_the_picker() {
         assert!(m.lines().any(|l| l == line), "no `{line}` in\n{m}");
     }
     r.shutdown().await;
+}
+
+/// The operator gives every router replica one certificate for the router's Services (DNS
+/// names) whose URI SANs name the pools served: none here. Replicas share placements by that
+/// name; a router certificate for another name is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_holding_the_routers_service_name_share_and_others_do_not() {
+    const NAME: &str = "kvroute-router-ingest.ml.svc";
+    let ca = TestCa::new("peer CA");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = |n: &str| tmp.path().join(n);
+    let ours = ca.leaf(None, &[NAME, "kvroute-router.ml.svc"]);
+    write_dir(&dir("b"), &ours, &[&ca]);
+    write_dir(&dir("a"), &ours, &[&ca]);
+    let theirs = ca.leaf(None, &["kvroute-router-ingest.other.svc"]);
+    write_dir(&dir("c"), &theirs, &[&ca]);
+    let peer = |to: Vec<String>, name: &str| kvroute_router::peer::PeerArgs {
+        peers: to,
+        peer_tls_server_name: name.to_string(),
+        peer_resolve_interval_s: 0.2,
+        ..Default::default()
+    };
+    // b only listens (its name set); a and c dial it.
+    let b = Router::start_with(&dir("b"), peer(Vec::new(), NAME)).await;
+    let b_grpc = b.addrs.grpc.to_string();
+    let a = Router::start_with(&dir("a"), peer(vec![b_grpc.clone()], NAME)).await;
+    a.wait_metric("kvroute_router_peer_streams{direction=\"out\"} 1")
+        .await;
+    b.wait_metric("kvroute_router_peer_streams{direction=\"in\"} 1")
+        .await;
+    // c verifies b by the right name, but its own certificate is another Service's: b
+    // refuses the stream (no kvroute identity, not valid for b's name).
+    let c = Router::start_with(&dir("c"), peer(vec![b_grpc], NAME)).await;
+    b.wait_metric("kvroute_router_peer_refused_total{reason=\"unauthenticated\"} 1")
+        .await;
+    b.wait_metric("kvroute_router_peer_streams{direction=\"in\"} 1")
+        .await;
+    c.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
 }

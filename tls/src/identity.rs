@@ -161,9 +161,56 @@ impl fmt::Display for Identity {
     }
 }
 
+/// Whether a (leaf) certificate is valid for the DNS name `name` (its DNS SANs, wildcards as
+/// TLS clients match them). False for a certificate that cannot be parsed or a `name` that
+/// is not a DNS name.
+pub fn cert_valid_for_dns_name(der: &CertificateDer<'_>, name: &str) -> bool {
+    let Ok(cert) = webpki::EndEntityCert::try_from(der) else {
+        return false;
+    };
+    let Ok(name) = rustls_pki_types::ServerName::try_from(name) else {
+        return false;
+    };
+    cert.verify_is_valid_for_subject_name(&name).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_certificate_is_valid_only_for_its_dns_names() {
+        use rustls_pki_types::pem::PemObject;
+        let ca = crate::testpki::TestCa::new("names");
+        let leaf = ca.leaf(None, &["kvroute-router-ingest.ml.svc", "*.peers.ml"]);
+        let der = CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).expect("pem");
+        assert!(cert_valid_for_dns_name(
+            &der,
+            "kvroute-router-ingest.ml.svc"
+        ));
+        assert!(cert_valid_for_dns_name(&der, "a.peers.ml"));
+        assert!(!cert_valid_for_dns_name(
+            &der,
+            "kvroute-router-ingest.other.svc"
+        ));
+        assert!(!cert_valid_for_dns_name(&der, "not a name"));
+        let uri_only = ca.leaf(
+            Some(&Identity::WorkerSet {
+                namespace: "ml".into(),
+                name: "qwen".into(),
+            }),
+            &[],
+        );
+        let der = CertificateDer::from_pem_slice(uri_only.cert_pem.as_bytes()).expect("pem");
+        assert!(!cert_valid_for_dns_name(
+            &der,
+            "kvroute-router-ingest.ml.svc"
+        ));
+        assert!(!cert_valid_for_dns_name(
+            &CertificateDer::from(vec![1, 2, 3]),
+            "x.y"
+        ));
+    }
 
     #[test]
     fn parses_the_three_shapes_and_round_trips() {

@@ -22,7 +22,7 @@ pub mod reload;
 #[cfg(any(test, feature = "test-pki"))]
 pub mod testpki;
 
-pub use identity::{Identity, IdentityError, TRUST_DOMAIN};
+pub use identity::{Identity, IdentityError, TRUST_DOMAIN, cert_valid_for_dns_name};
 pub use material::{CA_FILE, CERT_FILE, KEY_FILE, Material, TlsError};
 pub use net::{ClientTls, HandshakeFailure, tls_incoming};
 pub use reload::{Watched, WatchedClient, WatchedServer};

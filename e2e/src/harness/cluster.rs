@@ -8,6 +8,8 @@
 //! Cluster::shared() -> one instance per test binary (OnceCell); a watchdog started by
 //!                      k8s-up.sh kills it, and every process group registered with its
 //!                      Reaper, when the test binary exits
+//! cluster.restart_api_server(down) -> SIGTERM kube-apiserver, wait `down`, start it again
+//!                      with the same flags (etcd keeps the state); for a cluster of its own
 //! ```
 
 use std::io::Write;
@@ -219,6 +221,63 @@ impl Cluster {
     /// The API server's HTTPS port on 127.0.0.1.
     pub fn api_port(&self) -> u16 {
         self.api_port
+    }
+
+    /// Stops kube-apiserver (SIGTERM; SIGKILL after 30 s), leaves it down for `down`, then
+    /// starts it again with the same flags (`apiserver.sh`, written by k8s-up.sh) and waits
+    /// until it answers. etcd and the controller-manager keep running, as when a control
+    /// plane node's API server restarts. Returns how long the API server was unreachable.
+    pub async fn restart_api_server(&self, down: Duration) -> anyhow::Result<Duration> {
+        let pids_file = self.dir.join("pids");
+        let pids = std::fs::read_to_string(&pids_file)?;
+        let mut lines: Vec<String> = pids.lines().map(str::to_string).collect();
+        let old = lines
+            .get(1)
+            .and_then(|l| l.trim().parse::<u32>().ok())
+            .context("no kube-apiserver pid on line 2 of pids")?;
+        let stopped_at = std::time::Instant::now();
+        procs::signal(old, "TERM");
+        let gone = || !Path::new(&format!("/proc/{old}")).exists();
+        let term_deadline = stopped_at + Duration::from_secs(30);
+        while !gone() && std::time::Instant::now() < term_deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if !gone() {
+            procs::signal(old, "KILL");
+        }
+        tokio::time::sleep(down).await;
+        // Not waited for: it runs until the cluster stops (tokio reaps it once it exits).
+        let child = tokio::process::Command::new("bash")
+            .arg(self.dir.join("apiserver.sh"))
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .context("start kube-apiserver again")?;
+        let pid = child
+            .id()
+            .context("the restarted kube-apiserver has no pid")?;
+        // Its own process group: registered so the test binary's watchdog and Drop kill it.
+        self.reaper().register(pid);
+        lines[1] = pid.to_string();
+        std::fs::write(&pids_file, lines.join("\n") + "\n")?;
+        let client = self.client().await?;
+        procs::wait_for(
+            "the restarted kube-apiserver answers",
+            Duration::from_secs(60),
+            || {
+                let api: Api<Namespace> = Api::all(client.clone());
+                async move {
+                    Ok(api
+                        .list(&kube::api::ListParams::default().limit(1))
+                        .await
+                        .ok()
+                        .map(|_| ()))
+                }
+            },
+        )
+        .await
+        .with_context(|| self.log_tail("kube-apiserver", 20))?;
+        Ok(stopped_at.elapsed())
     }
 
     /// Registers process groups to kill when the test binary exits.

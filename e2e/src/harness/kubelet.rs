@@ -5,7 +5,9 @@
 //! watch Pods (namespace, label selector) --new pod--> allocate 127.A.B.C, plan (podspec.rs),
 //!     bind to the fake Node, spawn `kvroute <subcommand>` per container, status Running
 //! tick (200 ms): readiness probes, restart exited containers (backoff), patch status on change
-//! pod terminating / deleted: stop its processes, confirm the deletion (grace 0)
+//! pod terminating: as a kubelet, in a task of its own: each container's preStop httpGet,
+//!     then SIGTERM, SIGKILL once the pod's deletion grace has passed, then confirm the
+//!     deletion (grace 0); pod deleted outright: stop its processes
 //! Secret volumes (volumes.rs): written under the pod's directory before it starts (kubelet's
 //!     `..data` layout), each mount root in args/env rewritten to a local directory linking
 //!     them, re-synced from the API every second (a changed Secret swaps `..data` at once)
@@ -14,6 +16,15 @@
 //! Pods it cannot run (a real vLLM image, an unknown container) stay Pending with a
 //! `PodScheduled=False` condition that says why; a container that exits is reported waiting in
 //! `CrashLoopBackOff` with the tail of its log and restarted with backoff.
+//!
+//! Cluster DNS ([`KubeletOptions::cluster_dns`]): there is no DNS server here, so the kubelet
+//! plays the part of cluster DNS for headless Services the way a kubelet already manages each
+//! pod's `/etc/hosts`. It keeps one hosts file with `<svc>.<ns>.svc` (and `.cluster.local`)
+//! naming every address of the Service's Endpoints (as kube-dns answers for a headless
+//! Service), re-read from the API every [`DNS_SYNC_TICKS`] ticks, and runs every container in
+//! a user and mount namespace of its own (`unshare -rm`) where that file is bind-mounted over
+//! `/etc/hosts`. glibc reads `/etc/hosts` on every lookup, so a process that re-resolves (the
+//! sidecar's `--router-dns`, the router's `--peer-service`) follows pods as they come and go.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
@@ -30,7 +41,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use super::cluster::Reaper;
-use super::podspec::{self, ContainerPlan, KeyRef, PodFacts, PodPlan, Program, Readiness};
+use super::podspec::{self, ContainerPlan, KeyRef, PodFacts, PodPlan, PreStop, Program, Readiness};
 use super::volumes::{self, SecretVolume};
 use crate::procs::{self, Child, SpawnOptions};
 
@@ -40,6 +51,12 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(800);
 /// Ticks between two syncs of the Secret volumes (kubelet syncs about once a minute; tests
 /// want rotations to show within seconds).
 const VOLUME_SYNC_TICKS: u64 = 5;
+/// Ticks between two rewrites of the cluster-DNS hosts file.
+pub const DNS_SYNC_TICKS: u64 = 2;
+/// Deletion grace when a pod has none (Kubernetes' default `terminationGracePeriodSeconds`).
+const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// Time SIGTERM gets when the preStop hooks used up the grace (a kubelet gives 2 s too).
+const MIN_TERM_GRACE: Duration = Duration::from_secs(2);
 
 /// What the fake kubelet watches and how it starts processes.
 #[derive(Clone, Debug)]
@@ -64,6 +81,9 @@ pub struct KubeletOptions {
     /// when the pod sets `automountServiceAccountToken: false`, a `KUBECONFIG` that does not
     /// exist. `None`: every process gets the `KUBECONFIG` of [`KubeletOptions::env`].
     pub service_accounts: Option<ServiceAccountAuth>,
+    /// Resolve headless Services' names for the pods (see the module's "Cluster DNS"). Needs
+    /// unprivileged user namespaces (`unshare -rm`).
+    pub cluster_dns: bool,
 }
 
 /// Where the API server is, for the kubeconfigs of [`KubeletOptions::service_accounts`].
@@ -100,8 +120,14 @@ impl FakeKubelet {
     /// Creates the fake Node and starts watching Pods.
     pub async fn start(client: kube::Client, opts: KubeletOptions) -> anyhow::Result<Self> {
         ensure_node(&client, &opts.node_name).await?;
+        let hosts = if opts.cluster_dns {
+            Some(dns::prepare(&opts.log_dir, &opts.node_name).await?)
+        } else {
+            None
+        };
         let state = Arc::new(State {
             pods: Mutex::new(HashMap::new()),
+            terminating: Mutex::new(std::collections::HashSet::new()),
             problems: Mutex::new(BTreeMap::new()),
             journal: Mutex::new(std::collections::VecDeque::new()),
             rewrites: Mutex::new(opts.rewrites.clone()),
@@ -111,8 +137,10 @@ impl FakeKubelet {
             opts,
             state: Arc::clone(&state),
             probe: reqwest::Client::builder().timeout(PROBE_TIMEOUT).build()?,
+            hooks: reqwest::Client::new(),
             pending: HashMap::new(),
             ticks: 0,
+            hosts,
         };
         let shared = Arc::clone(&state);
         let task = tokio::spawn(async move {
@@ -194,6 +222,8 @@ impl Drop for FakeKubelet {
 
 struct State {
     pods: Mutex<HashMap<String, PodRun>>,
+    /// Pods (uids) whose termination task runs: their later watch events change nothing.
+    terminating: Mutex<std::collections::HashSet<String>>,
     /// Why pods could not start (namespace/name -> last error), for failure messages.
     problems: Mutex<BTreeMap<String, String>>,
     /// The last events the kubelet handled, for failure messages.
@@ -257,6 +287,56 @@ impl PodRun {
         }
     }
 
+    /// A kubelet's pod termination: the preStop hooks (concurrently), then SIGTERM to every
+    /// container and SIGKILL to those still running when `grace` (counted from the start) is
+    /// over. Returns what happened, for the journal.
+    async fn terminate(self, grace: Duration, hooks: &reqwest::Client) -> String {
+        let deadline = Instant::now() + grace;
+        let ip = self.ip;
+        let calls = self
+            .containers
+            .iter()
+            .filter(|c| c.child.is_some())
+            .filter_map(|c| {
+                let hook = c.plan.pre_stop.clone()?;
+                let name = c.plan.name.clone();
+                Some(async move {
+                    match hook {
+                        PreStop::Http { port, path } => {
+                            let url = format!("http://{ip}:{port}{path}");
+                            let answer =
+                                tokio::time::timeout_at(deadline.into(), hooks.get(&url).send())
+                                    .await;
+                            match answer {
+                                Ok(Ok(r)) => {
+                                    format!("{name}: preStop {path} {}", r.status().as_u16())
+                                }
+                                Ok(Err(e)) => format!("{name}: preStop {path} failed: {e}"),
+                                Err(_) => format!("{name}: preStop {path} ran past the grace"),
+                            }
+                        }
+                        PreStop::Unsupported(kind) => format!("{name}: preStop {kind} skipped"),
+                    }
+                })
+            });
+        let mut notes = futures::future::join_all(calls).await;
+        let term = deadline
+            .saturating_duration_since(Instant::now())
+            .max(MIN_TERM_GRACE);
+        let started = Instant::now();
+        let stops = self
+            .containers
+            .into_iter()
+            .filter_map(|c| c.child)
+            .map(|child| child.stop(term));
+        futures::future::join_all(stops).await;
+        notes.push(format!(
+            "stopped {:.1} s after SIGTERM",
+            started.elapsed().as_secs_f64()
+        ));
+        notes.join("; ")
+    }
+
     /// The Pod status for what runs now.
     fn status(&mut self) -> serde_json::Value {
         let ready = self.ready();
@@ -318,6 +398,10 @@ struct Kubelet {
     opts: KubeletOptions,
     state: Arc<State>,
     probe: reqwest::Client,
+    /// The client of preStop hooks (no timeout of its own: the pod's grace bounds them).
+    hooks: reqwest::Client,
+    /// The cluster-DNS hosts file, when [`KubeletOptions::cluster_dns`].
+    hosts: Option<PathBuf>,
     /// Pods that could not start yet (a missing Secret key, no free address): retried.
     pending: HashMap<String, (Pod, Instant)>,
     /// Ticks so far (Secret volumes sync every [`VOLUME_SYNC_TICKS`]).
@@ -369,7 +453,12 @@ impl Kubelet {
         if pod.metadata.deletion_timestamp.is_some() {
             self.pending.remove(&uid);
             if ours || node.as_deref() == Some(self.opts.node_name.as_str()) {
-                self.terminate(&ns, &name, &uid).await;
+                let grace = pod
+                    .metadata
+                    .deletion_grace_period_seconds
+                    .and_then(|s| u64::try_from(s).ok())
+                    .map_or(DEFAULT_GRACE, Duration::from_secs);
+                self.terminate(&ns, &name, &uid, grace);
             }
             return;
         }
@@ -397,26 +486,44 @@ impl Kubelet {
         }
     }
 
-    /// Stops the pod's processes and confirms the deletion as a kubelet does.
-    async fn terminate(&mut self, ns: &str, name: &str, uid: &str) {
+    /// Terminates the pod as a kubelet does ([`PodRun::terminate`]) in a task of its own, so
+    /// other pods keep being served meanwhile, then confirms the deletion. Once per pod.
+    fn terminate(&mut self, ns: &str, name: &str, uid: &str, grace: Duration) {
+        if !lock(&self.state.terminating).insert(uid.to_string()) {
+            return;
+        }
         let run = lock(&self.state.pods).remove(uid);
-        if let Some(run) = run {
-            run.stop(Duration::from_secs(1)).await;
-        }
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let dp = DeleteParams {
-            grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions {
-                uid: Some(uid.to_string()),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        if let Err(e) = api.delete(name, &dp).await
-            && !is_gone(&e)
-        {
-            tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "fake kubelet: confirming deletion failed");
-        }
+        let (client, state, hooks) = (
+            self.client.clone(),
+            Arc::clone(&self.state),
+            self.hooks.clone(),
+        );
+        let (ns, name, uid) = (ns.to_string(), name.to_string(), uid.to_string());
+        state.note(format!(
+            "pod {ns}/{name}: terminating (grace {} s)",
+            grace.as_secs()
+        ));
+        tokio::spawn(async move {
+            if let Some(run) = run {
+                let what = run.terminate(grace, &hooks).await;
+                state.note(format!("pod {ns}/{name}: {what}"));
+            }
+            let api: Api<Pod> = Api::namespaced(client, &ns);
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            if let Err(e) = api.delete(&name, &dp).await
+                && !is_gone(&e)
+            {
+                tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "fake kubelet: confirming deletion failed");
+            }
+            lock(&state.terminating).remove(&uid);
+        });
     }
 
     async fn start_pod(&mut self, pod: &Pod) -> anyhow::Result<()> {
@@ -573,11 +680,16 @@ impl Kubelet {
             log: Some(run.log.clone()),
         };
         let label = format!("{ns}/{pod}/{}", run.plan.name);
-        let spawned = match &run.plan.program {
-            Program::Kvroute(sub) => procs::spawn_kvroute(&label, sub, &run.plan.args, &opts),
-            Program::Exec(program) => {
-                procs::spawn(&label, Path::new(program), &run.plan.args, &opts)
-            }
+        let spawned = match &self.hosts {
+            None => match &run.plan.program {
+                Program::Kvroute(sub) => procs::spawn_kvroute(&label, sub, &run.plan.args, &opts),
+                Program::Exec(program) => {
+                    procs::spawn(&label, Path::new(program), &run.plan.args, &opts)
+                }
+            },
+            Some(hosts) => dns::command(hosts, &run.plan.program, &run.plan.args).and_then(
+                |(program, args)| procs::spawn(&label, Path::new(&program), &args, &opts),
+            ),
         };
         match spawned {
             Ok(child) => {
@@ -721,6 +833,13 @@ impl Kubelet {
         self.ticks = self.ticks.wrapping_add(1);
         if self.ticks.is_multiple_of(VOLUME_SYNC_TICKS) {
             self.sync_volumes().await;
+        }
+        if let Some(hosts) = &self.hosts
+            && self.ticks.is_multiple_of(DNS_SYNC_TICKS)
+            && let Err(e) = dns::sync(&self.client, self.opts.namespace.as_deref(), hosts).await
+        {
+            // Like cluster DNS during an API outage: the last answers stay.
+            tracing::debug!(error = %format!("{e:#}"), "fake kubelet: cluster DNS not synced");
         }
         // Retry pods that could not start.
         let due: Vec<String> = self
@@ -912,4 +1031,142 @@ async fn ensure_node(client: &kube::Client, name: &str) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("report fake node {name} ready"))?;
     Ok(())
+}
+
+/// The kubelet's stand-in for cluster DNS (see the module's "Cluster DNS").
+mod dns {
+    use std::path::{Path, PathBuf};
+
+    use anyhow::Context;
+    use k8s_openapi::api::core::v1::Service;
+    use kube::api::{Api, ListParams};
+
+    use super::Program;
+    use crate::harness::endpoints::{endpoint_slices, ready_addresses};
+    use crate::procs;
+
+    /// Creates the hosts file (a copy of this machine's `/etc/hosts`, so `localhost` still
+    /// resolves) and checks that a process can see it as its `/etc/hosts`.
+    pub(super) async fn prepare(dir: &Path, node: &str) -> anyhow::Result<PathBuf> {
+        std::fs::create_dir_all(dir)?;
+        let hosts = dir.join(format!("hosts-{node}"));
+        std::fs::write(&hosts, base())?;
+        let out = tokio::process::Command::new("unshare")
+            .args(["-rm", "sh", "-c", MOUNT_AND_EXEC])
+            .arg(&hosts)
+            .args(["true"])
+            .output()
+            .await
+            .context("run unshare (util-linux) for the fake cluster DNS")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "the fake cluster DNS needs unprivileged user namespaces (`unshare -rm`): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(hosts)
+    }
+
+    /// Bind-mounts `$0` over `/etc/hosts`, then becomes the container's process (same pid).
+    const MOUNT_AND_EXEC: &str = r#"mount --bind "$0" /etc/hosts && exec "$@""#;
+
+    fn base() -> String {
+        let mut s = std::fs::read_to_string("/etc/hosts")
+            .unwrap_or_else(|_| "127.0.0.1 localhost\n".into());
+        if !s.ends_with('\n') {
+            s.push('\n');
+        }
+        s + "# fake cluster DNS (kvroute e2e kubelet)\n"
+    }
+
+    /// The program and arguments that run `program args` with the hosts file as `/etc/hosts`.
+    pub(super) fn command(
+        hosts: &Path,
+        program: &Program,
+        args: &[String],
+    ) -> anyhow::Result<(String, Vec<String>)> {
+        let mut full = vec![
+            "-rm".to_string(),
+            "sh".to_string(),
+            "-c".to_string(),
+            MOUNT_AND_EXEC.to_string(),
+            hosts.display().to_string(),
+        ];
+        match program {
+            Program::Kvroute(sub) => {
+                full.push(procs::kvroute_exe()?.display().to_string());
+                full.push(sub.clone());
+            }
+            Program::Exec(p) => full.push(p.clone()),
+        }
+        full.extend(args.iter().cloned());
+        Ok(("unshare".to_string(), full))
+    }
+
+    /// Rewrites the hosts file from the headless Services' EndpointSlices (in place, so the
+    /// bind mounts see it, and only when it changed).
+    pub(super) async fn sync(
+        client: &kube::Client,
+        namespace: Option<&str>,
+        hosts: &Path,
+    ) -> anyhow::Result<()> {
+        let services: Api<Service> = match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let services = services.list(&ListParams::default()).await?.items;
+        let slices = endpoint_slices(client, namespace).await?;
+        let text = base() + &records(&services, &slices);
+        if std::fs::read_to_string(hosts).ok().as_deref() != Some(text.as_str()) {
+            std::fs::write(hosts, text)?;
+        }
+        Ok(())
+    }
+
+    /// `/etc/hosts` lines for every headless Service: each ready address (all of them when the
+    /// Service publishes not-ready addresses, which the slice controller then marks ready),
+    /// under `<svc>.<ns>.svc` and `<svc>.<ns>.svc.cluster.local`.
+    pub(super) fn records(services: &[Service], slices: &[serde_json::Value]) -> String {
+        let mut out = String::new();
+        for svc in services {
+            let (Some(name), Some(ns)) = (&svc.metadata.name, &svc.metadata.namespace) else {
+                continue;
+            };
+            let headless = svc.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None");
+            if !headless {
+                continue;
+            }
+            for ip in ready_addresses(slices, ns, name) {
+                out += &format!("{ip} {name}.{ns}.svc {name}.{ns}.svc.cluster.local\n");
+            }
+        }
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn only_headless_services_get_records_one_line_per_address() {
+            let services: Vec<Service> = serde_json::from_value(serde_json::json!([
+                {"metadata": {"name": "ingest", "namespace": "a"}, "spec": {"clusterIP": "None"}},
+                {"metadata": {"name": "web", "namespace": "a"}, "spec": {"clusterIP": "10.0.0.9"}},
+            ]))
+            .expect("services");
+            let slice = |svc: &str, ips: &[&str]| {
+                serde_json::json!({"metadata": {"namespace": "a",
+                    "labels": {"kubernetes.io/service-name": svc}},
+                    "endpoints": ips.iter().map(|ip| serde_json::json!({"addresses": [ip]})).collect::<Vec<_>>()})
+            };
+            let endpoints = vec![
+                slice("ingest", &["127.9.0.3", "127.9.0.2"]),
+                slice("web", &["127.9.0.5"]),
+            ];
+            assert_eq!(
+                records(&services, &endpoints),
+                "127.9.0.2 ingest.a.svc ingest.a.svc.cluster.local\n\
+                 127.9.0.3 ingest.a.svc ingest.a.svc.cluster.local\n"
+            );
+        }
+    }
 }

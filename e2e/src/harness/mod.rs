@@ -33,6 +33,7 @@
 //! panics), and the shared cluster's watchdog kills what remains when the test binary exits.
 
 mod cluster;
+pub mod endpoints;
 mod kubelet;
 mod operator;
 pub mod podspec;
@@ -46,6 +47,45 @@ pub use cluster::{
 };
 pub use kubelet::{FakeKubelet, KubeletOptions, RunningPod, ServiceAccountAuth};
 pub use operator::{OperatorProcess, shared_operator};
+
+/// Where the images keep the Qwen3 tokenizer (bundle/images/mock-vllm.Dockerfile).
+pub const IMAGE_TOKENIZERS: &str = "/opt/kvroute/tokenizers";
+
+/// `rel` in this repository's checkout.
+pub fn repo_path(rel: &str) -> String {
+    format!("{}/../{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Kubelet options for running the operator's router and mock workers in `namespace`: the
+/// router downloads its tokenizer from a local stand-in for the Hugging Face Hub (returned;
+/// it serves `testdata/tokenizers/qwen3` while it lives), its Hub cache `hf_home` (the
+/// image's path, `kvroute_operator::desired::router::HF_HOME`) is a scratch directory, and
+/// the images' [`IMAGE_TOKENIZERS`] is the checkout's `testdata/tokenizers`.
+pub async fn router_pod_options(
+    cluster: &Cluster,
+    namespace: &str,
+    hf_home: &str,
+) -> anyhow::Result<(kvroute_router::fake_hub::FakeHub, KubeletOptions)> {
+    use kvroute_router::fake_hub::{FakeHub, FakeHubConfig};
+    let hub = FakeHub::start(FakeHubConfig {
+        files: repo_path("testdata/tokenizers/qwen3").into(),
+        public: None,
+        gated: Vec::new(),
+    })
+    .await?;
+    let cache = cluster.dir().join(format!("hf-{namespace}"));
+    std::fs::create_dir_all(&cache)?;
+    let mut opts = kubelet_options(cluster, namespace);
+    opts.env
+        .push(("HF_ENDPOINT".to_string(), hub.endpoint.clone()));
+    opts.rewrites.push((
+        IMAGE_TOKENIZERS.to_string(),
+        repo_path("testdata/tokenizers"),
+    ));
+    opts.rewrites
+        .push((hf_home.to_string(), cache.display().to_string()));
+    Ok((hub, opts))
+}
 
 /// Options for a fake kubelet serving one namespace of `cluster`.
 pub fn kubelet_options(cluster: &Cluster, namespace: &str) -> KubeletOptions {
@@ -67,6 +107,7 @@ pub fn kubelet_options(cluster: &Cluster, namespace: &str) -> KubeletOptions {
         rewrites: Vec::new(),
         reaper: Some(cluster.reaper()),
         service_accounts: None,
+        cluster_dns: false,
     }
 }
 

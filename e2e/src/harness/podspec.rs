@@ -6,6 +6,7 @@
 //!   -> per container: kvroute subcommand, args, env (downward API substituted, $(VAR)
 //!      expanded, wildcard/loopback hosts rewritten to the pod's own address, test rewrites)
 //!   -> readiness check (httpGet / tcpSocket probe, or "running")
+//!   -> preStop hook (httpGet only: the images are distroless, an exec hook has no shell)
 //! ```
 //!
 //! Every pod gets its own loopback address, so the container ports of the spec are kept as they
@@ -93,6 +94,22 @@ pub struct ContainerPlan {
     pub env: Vec<(String, String)>,
     /// Readiness rule.
     pub readiness: Readiness,
+    /// The preStop hook, run before SIGTERM when the pod terminates.
+    pub pre_stop: Option<PreStop>,
+}
+
+/// A container's preStop hook, as the fake kubelet runs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PreStop {
+    /// `GET http://<podIP>:<port><path>`; the kubelet waits for the answer (within the grace).
+    Http {
+        /// Resolved port number.
+        port: u16,
+        /// Request path.
+        path: String,
+    },
+    /// A hook the fake kubelet cannot run (`exec`): noted, then skipped.
+    Unsupported(String),
 }
 
 /// The whole pod as local processes.
@@ -222,6 +239,7 @@ pub fn plan_pod(
             .map(|(k, v)| (k, rewrite(&rewrite_hosts(&v, facts.ip), rewrites)))
             .collect();
         let readiness = readiness(c, c.readiness_probe.as_ref())?;
+        let pre_stop = pre_stop(c)?;
         ports.extend(
             c.ports
                 .iter()
@@ -239,6 +257,7 @@ pub fn plan_pod(
             args,
             env,
             readiness,
+            pre_stop,
         });
     }
     ports.sort_unstable();
@@ -522,6 +541,25 @@ fn readiness(c: &Container, probe: Option<&Probe>) -> Result<Readiness, PlanErro
     Ok(Readiness::Running)
 }
 
+fn pre_stop(c: &Container) -> Result<Option<PreStop>, PlanError> {
+    let Some(hook) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) else {
+        return Ok(None);
+    };
+    if let Some(h) = &hook.http_get {
+        let port = resolve_port(c, &h.port)?;
+        let path = h.path.clone().unwrap_or_else(|| "/".into());
+        return Ok(Some(PreStop::Http { port, path }));
+    }
+    let kind = if hook.exec.is_some() {
+        "exec"
+    } else if hook.tcp_socket.is_some() {
+        "tcpSocket"
+    } else {
+        "empty"
+    };
+    Ok(Some(PreStop::Unsupported(kind.to_string())))
+}
+
 fn resolve_port(c: &Container, port: &IntOrString) -> Result<u16, PlanError> {
     let unknown = |p: String| PlanError::UnknownPort {
         container: c.name.clone(),
@@ -569,9 +607,11 @@ mod tests {
                 {"name": "engine", "image": "ghcr.io/kvroute/mock-vllm:0.1",
                  "args": ["--host", "0.0.0.0", "--port", "8000", "--kv-events-endpoint", "tcp://*:5557"],
                  "ports": [{"name": "http", "containerPort": 8000}, {"containerPort": 5557}],
-                 "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}}},
+                 "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
+                 "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": "http"}}}},
                 {"name": "sidecar", "image": "ghcr.io/kvroute/kvroute:0.1",
                  "command": ["/usr/local/bin/kvroute", "sidecar"],
+                 "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
                  "args": ["--worker-id", "$(POD_NAME)", "--vllm-url", "http://localhost:8000", "--router", "kvroute-router.team-a.svc:9000"],
                  "env": [
                     {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -641,6 +681,14 @@ mod tests {
         assert_eq!(env["ADDR"], "127.0.0.7:8000");
         assert_eq!(env["TOKEN"], "t0k");
         assert_eq!(sidecar.readiness, Readiness::Running);
+        assert_eq!(
+            engine.pre_stop,
+            Some(PreStop::Http {
+                port: 8000,
+                path: "/drain".into()
+            })
+        );
+        assert_eq!(sidecar.pre_stop, Some(PreStop::Unsupported("exec".into())));
         assert_eq!(plan.ports, [5557, 8000]);
     }
 

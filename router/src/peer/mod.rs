@@ -12,8 +12,10 @@
 //! ```
 //!
 //! A replica that dials itself (its own address behind the Service) is told so
-//! (`FAILED_PRECONDITION`) and does not dial that address again. Under mTLS only a router
-//! identity of the same namespace and pool as this replica's certificate may share.
+//! (`FAILED_PRECONDITION`) and does not dial that address again. Under mTLS a peer may share
+//! when its certificate is valid for `--peer-tls-server-name` (what the operator's replicas
+//! have in common), or names a router identity of the same namespace and pool as this
+//! replica's certificate.
 
 pub mod wire;
 
@@ -96,6 +98,9 @@ pub struct PeersService {
     tls: bool,
     /// This replica's own identity (its certificate's), when it has one.
     own: Option<Identity>,
+    /// The DNS name every replica's certificate is valid for (`--peer-tls-server-name`, the
+    /// name the dialer verifies peers by), when set.
+    peer_name: Option<String>,
     limits: WireLimits,
 }
 
@@ -107,8 +112,34 @@ impl PeersService {
             state,
             tls,
             own,
+            peer_name: None,
             limits: WireLimits::default(),
         }
+    }
+
+    /// Also accepts a caller whose certificate is valid for `name` (`--peer-tls-server-name`):
+    /// the operator gives every replica one certificate for the router's Services, whose URI
+    /// SANs name the pools served (none, or several), so that name, not a single router
+    /// identity, is what replicas have in common.
+    pub fn peer_name(mut self, name: Option<String>) -> Self {
+        self.peer_name = name.filter(|n| !n.is_empty());
+        self
+    }
+
+    /// Is the caller's (verified) leaf certificate valid for [`Self::peer_name`]?
+    fn named_peer<T>(&self, request: &Request<T>) -> bool {
+        let Some(name) = self.peer_name.as_deref() else {
+            return false;
+        };
+        if !self.tls {
+            return false;
+        }
+        request
+            .extensions()
+            .get::<tonic::transport::server::TlsConnectInfo<tonic::transport::server::TcpConnectInfo>>()
+            .and_then(|info| info.peer_certs())
+            .and_then(|certs| certs.first().cloned())
+            .is_some_and(|leaf| kvroute_tls::cert_valid_for_dns_name(&leaf, name))
     }
 
     /// The tonic server.
@@ -162,11 +193,13 @@ impl Peers for PeersService {
         &self,
         request: Request<Streaming<PeerUpdate>>,
     ) -> Result<Response<PeerShareEnd>, Status> {
-        let caller = Caller::of(&request, self.tls).map_err(|e| {
-            self.refuse("unauthenticated");
-            e.status()
-        })?;
-        self.authorize(&caller)?;
+        if !self.named_peer(&request) {
+            let caller = Caller::of(&request, self.tls).map_err(|e| {
+                self.refuse("unauthenticated");
+                e.status()
+            })?;
+            self.authorize(&caller)?;
+        }
         let mut stream = request.into_inner();
         let m = self.state.metrics().clone();
         let mut replica: Option<String> = None;
