@@ -40,6 +40,19 @@ pub const WORKER_HEADER: &str = "x-kvroute-worker";
 /// Response header with the predicted TTFT of the chosen worker, in milliseconds.
 pub const PREDICTED_TTFT_HEADER: &str = "x-kvroute-predicted-ttft-ms";
 
+/// Keeps `guard` alive until `resp`'s body has been sent or dropped (the client went away).
+/// A provider's streamed answer holds its tenant's concurrency slot and the matched rule's
+/// permit (in `guard`, the request's tenant tap) for as long as a local stream does, not
+/// only until the provider's response head arrived.
+fn hold_until_body_ends<G: Send + 'static>(resp: Response, guard: G) -> Response {
+    let (parts, body) = resp.into_parts();
+    let body = body.into_data_stream().map(move |chunk| {
+        let _held = &guard;
+        chunk
+    });
+    Response::from_parts(parts, Body::from_stream(body))
+}
+
 /// Shared by every handler.
 #[derive(Clone)]
 pub(crate) struct Gateway {
@@ -451,7 +464,8 @@ async fn openai_request(
         Routed::Local(sent) => *sent,
         Routed::Provider(resp, class) => {
             tap.routed(class.as_deref());
-            return Ok(resp);
+            tap.rule_permit = permit;
+            return Ok(hold_until_body_ends(resp, tap));
         }
     };
     tap.routed(sent.assignment.picked().policy.class.as_deref());
@@ -531,7 +545,8 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
         Routed::Local(sent) => *sent,
         Routed::Provider(resp, class) => {
             tap.routed(class.as_deref());
-            return Ok(resp);
+            tap.rule_permit = permit;
+            return Ok(hold_until_body_ends(resp, tap));
         }
     };
     tap.routed(sent.assignment.picked().policy.class.as_deref());
@@ -820,4 +835,57 @@ fn relay<K: Sink>(
         }
     };
     Relayed { stream, headers }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    struct Flag(Arc<AtomicBool>);
+
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_provider_answer_holds_its_guard_until_the_body_is_done_or_dropped() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(2);
+        let upstream = Response::new(Body::from_stream(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ));
+        let released = Arc::new(AtomicBool::new(false));
+        let resp = hold_until_body_ends(upstream, Flag(Arc::clone(&released)));
+        assert!(
+            !released.load(Ordering::SeqCst),
+            "held once the head is out"
+        );
+        tx.send(Ok(Bytes::from_static(b"data: 1\n\n")))
+            .await
+            .expect("send");
+        let mut body = resp.into_body().into_data_stream();
+        let first = body.next().await.expect("a chunk").expect("no error");
+        assert_eq!(&first[..], b"data: 1\n\n");
+        assert!(!released.load(Ordering::SeqCst), "held while streaming");
+        drop(tx);
+        assert!(body.next().await.is_none());
+        drop(body);
+        assert!(
+            released.load(Ordering::SeqCst),
+            "released once the body is done"
+        );
+
+        // A client that goes away mid-stream releases it too.
+        let (_tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(1);
+        let upstream = Response::new(Body::from_stream(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ));
+        let released = Arc::new(AtomicBool::new(false));
+        let resp = hold_until_body_ends(upstream, Flag(Arc::clone(&released)));
+        drop(resp);
+        assert!(released.load(Ordering::SeqCst));
+    }
 }
