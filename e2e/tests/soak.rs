@@ -50,7 +50,10 @@ async fn soak_for(default_minutes: u64) -> anyhow::Result<()> {
     };
     let out = std::env::var("KVROUTE_SOAK_REPORT")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/soak")));
+        .unwrap_or_else(|_| {
+            let e2e = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+            e2e.parent().unwrap_or(e2e).join("target/soak")
+        });
     std::fs::create_dir_all(&out)?;
     let json = out.join(format!("soak-{minutes}m.json"));
     let md = out.join(format!("soak-{minutes}m.md"));
