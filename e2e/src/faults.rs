@@ -47,7 +47,7 @@ use crate::local::{DeployConfig, Deployment, Topology};
 use crate::procs;
 
 /// Served model name of the suite's workers.
-const MODEL: &str = "faults";
+pub const MODEL: &str = "faults";
 /// Tokens per KV block (the L40S profile's, as `local.rs` configures the sidecars).
 const BLOCK: usize = 16;
 /// Shared prefixes in the workload.
@@ -366,7 +366,7 @@ fn prefix(seed: u64, p: usize) -> Vec<u32> {
 
 /// The prompts the cache views are compared on: each shared prefix plus one token (so the
 /// prefix's blocks are all full blocks of the prompt, for the router and for vLLM alike).
-fn probes(seed: u64) -> Vec<Vec<u32>> {
+pub fn probes(seed: u64) -> Vec<Vec<u32>> {
     (0..PREFIXES)
         .map(|p| {
             let mut v = prefix(seed, p);
@@ -377,7 +377,7 @@ fn probes(seed: u64) -> Vec<Vec<u32>> {
 }
 
 /// Sends one request and classifies how it ended.
-async fn send(
+pub async fn send(
     client: &reqwest::Client,
     gateway: &str,
     prompt: &[u32],
@@ -507,7 +507,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Polls each replica's `/readyz?model=` every 100 ms until `stop`, as a Kubernetes Service
 /// follows its endpoints' readiness: the load sends only to replicas that answered ready last.
-fn watch_readiness(admins: Vec<String>, stop: Arc<AtomicBool>) -> Arc<Vec<AtomicBool>> {
+pub fn watch_readiness(admins: Vec<String>, stop: Arc<AtomicBool>) -> Arc<Vec<AtomicBool>> {
     let ready: Arc<Vec<AtomicBool>> =
         Arc::new(admins.iter().map(|_| AtomicBool::new(true)).collect());
     let flags = ready.clone();
@@ -531,9 +531,12 @@ fn watch_readiness(admins: Vec<String>, stop: Arc<AtomicBool>) -> Arc<Vec<Atomic
     ready
 }
 
-/// Open-loop load: request `i` at `i / rate` after `t0`, until `stop`, to replica `i mod n`
-/// or, when that one is not ready, the next ready one; every record comes back when the task
-/// ends.
+/// One request of a load plan: when to send it (after the load began) and what: (prompt
+/// token ids, max_tokens, stream).
+pub type Planned = (Duration, Vec<u32>, u32, bool);
+
+/// Open-loop load: request `i` at `i / rate` after `t0` ([`request`]), until `stop`
+/// ([`start_load_with`]).
 fn start_load(
     cfg: &SuiteConfig,
     gateways: Vec<String>,
@@ -541,7 +544,30 @@ fn start_load(
     t0: Instant,
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<Vec<RequestRecord>> {
-    let (seed, rate, deadline) = (cfg.seed, cfg.rate, cfg.request_deadline);
+    let (seed, rate) = (cfg.seed, cfg.rate);
+    let plan = move |i: u64| {
+        let (_, prompt, max_tokens, stream) = request(seed, i);
+        (
+            Duration::from_secs_f64(i as f64 / rate),
+            prompt,
+            max_tokens,
+            stream,
+        )
+    };
+    start_load_with(plan, cfg.request_deadline, gateways, ready, t0, stop)
+}
+
+/// Open-loop load: request `i` as `plan(i)` says (send offsets must not decrease), until
+/// `stop`, to replica `i mod n` or, when that one is not ready, the next ready one; a request
+/// not done within `deadline` is lost; every record comes back when the task ends.
+pub fn start_load_with(
+    plan: impl Fn(u64) -> Planned + Send + 'static,
+    deadline: Duration,
+    gateways: Vec<String>,
+    ready: Arc<Vec<AtomicBool>>,
+    t0: Instant,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<RequestRecord>> {
     tokio::spawn(async move {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(0)
@@ -550,12 +576,12 @@ fn start_load(
         let mut tasks = Vec::new();
         let mut i = 0u64;
         while !stop.load(Ordering::Relaxed) {
-            let at = t0 + Duration::from_secs_f64(i as f64 / rate);
+            let (offset, prompt, max_tokens, stream) = plan(i);
+            let at = t0 + offset;
             tokio::time::sleep_until(at.into()).await;
             if stop.load(Ordering::Relaxed) {
                 break;
             }
-            let (_, prompt, max_tokens, stream) = request(seed, i);
             let n = gateways.len();
             let first = (i as usize) % n;
             let r = (0..n)
@@ -564,7 +590,7 @@ fn start_load(
                 .unwrap_or(first);
             let gw = gateways[r].clone();
             let client = client.clone();
-            let sent_s = at.duration_since(t0).as_secs_f64();
+            let sent_s = offset.as_secs_f64();
             tasks.push(tokio::spawn(async move {
                 let (outcome, prompt_tokens, cached_tokens) =
                     send(&client, &gw, &prompt, max_tokens, stream, deadline).await;
@@ -590,7 +616,8 @@ fn start_load(
     })
 }
 
-async fn get_json(client: &reqwest::Client, url: &str) -> anyhow::Result<Value> {
+/// GETs `url` and parses its JSON body (an error status is an error).
+pub async fn get_json(client: &reqwest::Client, url: &str) -> anyhow::Result<Value> {
     Ok(client
         .get(url)
         .send()
@@ -611,8 +638,8 @@ async fn post_json(client: &reqwest::Client, url: &str, body: &Value) -> anyhow:
         .await?)
 }
 
-/// The live replicas' admin URLs.
-fn live_admins(d: &Deployment, down_router: Option<usize>) -> Vec<String> {
+/// The live replicas' admin URLs (`down_router` left out).
+pub fn live_admins(d: &Deployment, down_router: Option<usize>) -> Vec<String> {
     d.router_admins
         .iter()
         .enumerate()
@@ -692,7 +719,7 @@ async fn worker_mismatch(
 }
 
 /// [`worker_mismatch`] for every worker: `None` when every view agrees.
-async fn cache_mismatch(
+pub async fn cache_mismatch(
     client: &reqwest::Client,
     d: &Deployment,
     admins: &[String],
@@ -707,7 +734,7 @@ async fn cache_mismatch(
 }
 
 /// `None` when every replica and worker is idle, else what is not.
-async fn unsettled(
+pub async fn unsettled(
     client: &reqwest::Client,
     d: &Deployment,
     admins: &[String],
@@ -755,7 +782,7 @@ async fn unsettled(
 }
 
 /// Sum of a sidecar counter over every sidecar's `/metrics` (unreachable ones count 0).
-async fn sidecar_sum(client: &reqwest::Client, d: &Deployment, name: &str) -> f64 {
+pub async fn sidecar_sum(client: &reqwest::Client, d: &Deployment, name: &str) -> f64 {
     let mut sum = 0.0;
     for url in &d.sidecar_admin_urls {
         let Ok(resp) = client.get(format!("{url}/metrics")).send().await else {
@@ -829,12 +856,14 @@ async fn observe(client: &reqwest::Client, admins: &[String]) -> String {
 }
 
 /// Injects `fault` and ends it (a killed process is running again when this returns); returns
-/// what the replicas reported just before the fault ended ([`observe`]).
-async fn inject(
+/// what the replicas reported just before the fault ended ([`observe`]). A worker or sidecar
+/// fault hits worker `target`, or the busiest worker when `None`.
+pub async fn inject(
     cfg: &SuiteConfig,
     d: &mut Deployment,
     client: &reqwest::Client,
     fault: Fault,
+    target: Option<usize>,
 ) -> anyhow::Result<String> {
     let last_router = d.router_admins.len() - 1;
     let admins = if fault == Fault::RouterKilled {
@@ -849,14 +878,20 @@ async fn inject(
             seen = observe(client, &admins).await;
         }
         Fault::WorkerKilled => {
-            let w = busiest_worker(client, d).await;
+            let w = match target {
+                Some(w) => w,
+                None => busiest_worker(client, d).await,
+            };
             d.kill_worker(w).await;
             tokio::time::sleep(cfg.hold).await;
             seen = observe(client, &admins).await;
             d.start_worker(w).await?;
         }
         Fault::VllmRestarted => {
-            let w = busiest_worker(client, d).await;
+            let w = match target {
+                Some(w) => w,
+                None => busiest_worker(client, d).await,
+            };
             d.signal_worker(w, "HUP")?;
             let url = format!("{}/server_info", d.worker_urls[w]);
             procs::wait_for("the engine restarted", Duration::from_secs(30), || {
@@ -883,7 +918,10 @@ async fn inject(
             seen = observe(client, &admins).await;
         }
         Fault::SidecarRestarted => {
-            let w = busiest_worker(client, d).await;
+            let w = match target {
+                Some(w) => w,
+                None => busiest_worker(client, d).await,
+            };
             d.kill_sidecar(w).await;
             tokio::time::sleep(cfg.hold).await;
             seen = observe(client, &admins).await;
@@ -962,7 +1000,7 @@ async fn run(
 
     tokio::time::sleep_until((t0 + cfg.warmup).into()).await;
     let fault_start_s = t0.elapsed().as_secs_f64();
-    let during = inject(cfg, &mut d, &client, fault).await?;
+    let during = inject(cfg, &mut d, &client, fault, None).await?;
     let fault_end = Instant::now();
     let fault_end_s = t0.elapsed().as_secs_f64();
 
@@ -1005,32 +1043,11 @@ async fn run(
     let load_len = load_end.duration_since(t0).as_secs_f64();
 
     // (b) once the load stopped.
-    let mut settled_s = None;
-    let mut left = None;
-    while load_end.elapsed() < SETTLE_DEADLINE {
-        match unsettled(&client, &d, &admins).await {
-            Ok(None) => {
-                settled_s = Some(load_end.elapsed().as_secs_f64());
-                break;
-            }
-            Ok(Some(m)) => left = Some(m),
-            Err(e) => left = Some(format!("{e:#}")),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (settled_s, left) = wait_settled(&client, &d, &admins).await;
     // (c) with the load stopped.
-    let mut agree = false;
-    let idle = Instant::now();
-    while idle.elapsed() < Duration::from_secs(20) {
-        match cache_mismatch(&client, &d, &admins, &probes).await {
-            Ok(None) => {
-                agree = true;
-                break;
-            }
-            Ok(Some(m)) => mismatch = Some(m),
-            Err(e) => mismatch = Some(format!("{e:#}")),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let (agree, left_mismatch) = wait_views_agree(&client, &d, &admins, &probes).await;
+    if left_mismatch.is_some() {
+        mismatch = left_mismatch;
     }
     let sidecar_gaps = sidecar_sum(&client, &d, "kvroute_sidecar_seq_gaps_total").await;
     let sidecar_replays = sidecar_sum(&client, &d, "kvroute_sidecar_replays_total").await;
@@ -1038,10 +1055,83 @@ async fn run(
     // Killed at once (dropping kills every process group): nothing is measured any more.
     drop(d);
 
+    let (counts, lost_examples, error_examples) = tally(&records);
+    let (hit_rate_after, after_requests) =
+        hit_rate(&records, fault_end_s, fault_end_s + cfg.after.as_secs_f64());
+    let report = FaultReport {
+        fault,
+        counts,
+        lost_examples,
+        error_examples,
+        fault_start_s,
+        fault_end_s,
+        cache_converged_s: converged,
+        cache_mismatch: mismatch,
+        cache_trace: trace,
+        cache_agree_settled: agree,
+        settled_s,
+        unsettled: if settled_s.is_none() { left } else { None },
+        hit_rate_after,
+        after_requests,
+        sidecar_gaps,
+        sidecar_replays,
+        sidecar_resyncs,
+        baseline_hit_rate: None,
+        during,
+        deploy_s,
+    };
+    Ok((report, records, load_len))
+}
+
+/// Polls, from when the load stopped, until every replica's and worker's in-flight, assignment
+/// and placement counts are 0 ([`unsettled`]) or [`SETTLE_DEADLINE`] passes: (seconds it
+/// took, or `None`; what was left last).
+pub async fn wait_settled(
+    client: &reqwest::Client,
+    d: &Deployment,
+    admins: &[String],
+) -> (Option<f64>, Option<String>) {
+    let load_end = Instant::now();
+    let mut left = None;
+    while load_end.elapsed() < SETTLE_DEADLINE {
+        match unsettled(client, d, admins).await {
+            Ok(None) => return (Some(load_end.elapsed().as_secs_f64()), left),
+            Ok(Some(m)) => left = Some(m),
+            Err(e) => left = Some(format!("{e:#}")),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (None, left)
+}
+
+/// Polls (up to 20 s, load stopped) until every replica's view of every worker's cache equals
+/// the worker's own ([`cache_mismatch`]): (agreed, the last disagreement seen).
+pub async fn wait_views_agree(
+    client: &reqwest::Client,
+    d: &Deployment,
+    admins: &[String],
+    probes: &[Vec<u32>],
+) -> (bool, Option<String>) {
+    let idle = Instant::now();
+    let mut mismatch = None;
+    while idle.elapsed() < Duration::from_secs(20) {
+        match cache_mismatch(client, d, admins, probes).await {
+            Ok(None) => return (true, mismatch),
+            Ok(Some(m)) => mismatch = Some(m),
+            Err(e) => mismatch = Some(format!("{e:#}")),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (false, mismatch)
+}
+
+/// Counts the records by outcome: (counts, up to 5 lost requests described, up to 5 distinct
+/// error messages).
+pub fn tally(records: &[RequestRecord]) -> (Counts, Vec<String>, Vec<String>) {
     let mut counts = Counts::default();
     let mut lost_examples = Vec::new();
     let mut error_examples: Vec<String> = Vec::new();
-    for r in &records {
+    for r in records {
         counts.sent += 1;
         let err = match &r.outcome {
             Outcome::Ok => {
@@ -1080,31 +1170,7 @@ async fn run(
             error_examples.push(e);
         }
     }
-    let (hit_rate_after, after_requests) =
-        hit_rate(&records, fault_end_s, fault_end_s + cfg.after.as_secs_f64());
-    let report = FaultReport {
-        fault,
-        counts,
-        lost_examples,
-        error_examples,
-        fault_start_s,
-        fault_end_s,
-        cache_converged_s: converged,
-        cache_mismatch: mismatch,
-        cache_trace: trace,
-        cache_agree_settled: agree,
-        settled_s,
-        unsettled: if settled_s.is_none() { left } else { None },
-        hit_rate_after,
-        after_requests,
-        sidecar_gaps,
-        sidecar_replays,
-        sidecar_resyncs,
-        baseline_hit_rate: None,
-        during,
-        deploy_s,
-    };
-    Ok((report, records, load_len))
+    (counts, lost_examples, error_examples)
 }
 
 /// Cached over prompt tokens of the requests sent in `[from, to)` seconds that reported

@@ -1,6 +1,6 @@
 //! kvroute's end-to-end pieces: process management for local deployments, the Kubernetes e2e
 //! harness (real API server, a fake kubelet running mock workers as local processes), the
-//! one-command demo, the routing benchmark, and a black-box conformance suite for Gateway API
+//! one-command demo, the routing benchmark, the seeded fault suite and the soak, and a black-box conformance suite for Gateway API
 //! Inference Extension endpoint pickers ([`epp_conformance`]).
 
 pub mod bench;
@@ -11,3 +11,4 @@ pub mod faults;
 pub mod harness;
 pub mod local;
 pub mod procs;
+pub mod soak;

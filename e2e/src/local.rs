@@ -398,6 +398,16 @@ impl Deployment {
         &self.proxies
     }
 
+    /// The OS process id of router replica `r`, while it runs.
+    pub fn router_pid(&self, r: usize) -> Option<u32> {
+        self.routers.get(r)?.as_ref()?.id()
+    }
+
+    /// The OS process id of sidecar `i`, while it runs.
+    pub fn sidecar_pid(&self, i: usize) -> Option<u32> {
+        self.sidecars.get(i)?.as_ref()?.id()
+    }
+
     /// Kills worker `i` (SIGKILL to its process group) and waits for it to exit.
     pub async fn kill_worker(&mut self, i: usize) {
         if let Some(c) = self.workers.get_mut(i).and_then(Option::take) {

@@ -117,6 +117,12 @@ pub struct RouterMetrics {
     pub peer_placements_skipped: IntCounterVec,
     /// Peer placements held now (set at scrape time).
     pub peer_placements: IntGauge,
+    /// Tasks alive on the router's main tokio runtime (set when [`RouterMetrics::encode`]
+    /// runs).
+    pub runtime_alive_tasks: IntGauge,
+    /// The runtime the metrics were registered on (the router's main one: `/metrics` is served
+    /// from the admin port's own runtime, whose tasks are not the ones that could leak).
+    runtime: Option<tokio::runtime::Handle>,
     /// Authentication: refused streams and calls, TLS handshakes and reloads.
     pub auth: crate::auth::AuthMetrics,
     /// InferencePolicy reloads, verdicts, rejections and SLO shedding.
@@ -332,6 +338,11 @@ impl RouterMetrics {
                 "kvroute_router_peer_placements",
                 "Other replicas' outstanding placements this replica counts (set at scrape time).",
             )?,
+            runtime_alive_tasks: IntGauge::new(
+                "kvroute_router_runtime_alive_tasks",
+                "Tasks alive on the router's main tokio runtime (set at scrape time).",
+            )?,
+            runtime: tokio::runtime::Handle::try_current().ok(),
             auth: crate::auth::AuthMetrics::register(registry)?,
             policy: crate::state::PolicyMetrics::register(registry)?,
             limit_hits: counter_vec(
@@ -397,6 +408,7 @@ impl RouterMetrics {
         registry.register(Box::new(m.peer_refused.clone()))?;
         registry.register(Box::new(m.peer_placements_skipped.clone()))?;
         registry.register(Box::new(m.peer_placements.clone()))?;
+        registry.register(Box::new(m.runtime_alive_tasks.clone()))?;
         Ok(m)
     }
 
@@ -426,8 +438,19 @@ impl RouterMetrics {
         &self.registry
     }
 
-    /// Renders every metric of the registry in the Prometheus text format.
+    /// Renders every metric of the registry in the Prometheus text format; the alive-task
+    /// gauge is read now from the runtime the metrics were registered on (registered outside
+    /// one: the caller's runtime, if any; else the gauge keeps its last value).
     pub fn encode(&self) -> String {
+        let rt = self
+            .runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        if let Some(rt) = rt {
+            let n = rt.metrics().num_alive_tasks();
+            self.runtime_alive_tasks
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
         let mut buf = Vec::new();
         // Encoding into a Vec cannot fail on I/O; a malformed family is skipped by the encoder.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
@@ -484,6 +507,42 @@ mod doc_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn alive_tasks_gauge_counts_the_registering_runtime_from_any_thread() {
+        let m = RouterMetrics::register(&Registry::new()).expect("register");
+        let gauge = |text: &str| -> i64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix("kvroute_router_runtime_alive_tasks "))
+                .and_then(|v| v.parse().ok())
+                .expect("the gauge is exported")
+        };
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let held: Vec<_> = (0..5)
+            .map(|_| {
+                let mut rx = rx.clone();
+                tokio::spawn(async move {
+                    let _ = rx.wait_for(|go| *go).await;
+                })
+            })
+            .collect();
+        // Scraped from another thread with a runtime of its own, as the admin port is.
+        let other = m.clone();
+        let text = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move { other.encode() })
+        })
+        .join()
+        .expect("scrape thread");
+        assert!(gauge(&text) >= 5, "{text}");
+        tx.send_replace(true);
+        for h in held {
+            h.await.expect("task");
+        }
+        assert!(gauge(&m.encode()) < 5);
+    }
 
     #[test]
     fn registers_and_encodes_with_router_prefix() {

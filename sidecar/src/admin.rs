@@ -49,6 +49,7 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
     s.metrics
         .lora_adapters
         .set(i64::try_from(s.hub.adapters().len()).unwrap_or(i64::MAX));
+    s.metrics.refresh_runtime();
     let mut buf = Vec::new();
     match TextEncoder::new().encode(&s.registry.gather(), &mut buf) {
         Ok(()) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], buf).into_response(),

@@ -72,6 +72,9 @@ pub struct SidecarMetrics {
     pub lora_dropped: IntCounter,
     /// LoRA adapters the worker serves (set at scrape time).
     pub lora_adapters: IntGauge,
+    /// Tasks alive on the sidecar's tokio runtime (set by
+    /// [`SidecarMetrics::refresh_runtime`] at scrape time).
+    pub runtime_alive_tasks: IntGauge,
 }
 
 impl SidecarMetrics {
@@ -148,6 +151,10 @@ impl SidecarMetrics {
                 "lora_adapters",
                 "LoRA adapters the worker serves, as the sidecar sees them",
             )?,
+            runtime_alive_tasks: g(
+                "runtime_alive_tasks",
+                "Tasks alive on the sidecar's tokio runtime (set at scrape time)",
+            )?,
             admin_refused: c(
                 "admin_refused_total",
                 "Calls to /debug/resident refused: not from loopback",
@@ -221,5 +228,42 @@ impl SidecarMetrics {
                 &["outcome"],
             )?,
         })
+    }
+
+    /// Sets the runtime gauges from the tokio runtime this is called on (a no-op outside
+    /// one): called when `/metrics` is scraped.
+    pub fn refresh_runtime(&self) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let n = rt.metrics().num_alive_tasks();
+            self.runtime_alive_tasks
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn alive_tasks_gauge_follows_the_runtime() {
+        let m = SidecarMetrics::register(&Registry::new()).expect("register");
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let held: Vec<_> = (0..4)
+            .map(|_| {
+                let mut rx = rx.clone();
+                tokio::spawn(async move {
+                    let _ = rx.wait_for(|go| *go).await;
+                })
+            })
+            .collect();
+        m.refresh_runtime();
+        assert!(m.runtime_alive_tasks.get() >= 4);
+        tx.send_replace(true);
+        for h in held {
+            h.await.expect("task");
+        }
+        m.refresh_runtime();
+        assert!(m.runtime_alive_tasks.get() < 4);
     }
 }
