@@ -236,30 +236,37 @@ fn workload(
     }
 }
 
-/// Runs `f(thread index)` on `threads` threads started together; returns the wall seconds
-/// from the common start to the last one's end. One thread runs on the caller's.
+/// Runs `f(thread index)` on `threads` threads released together; returns the wall seconds
+/// from the first one's start to the last one's end (each thread reads the clock itself: on
+/// a loaded machine the caller may not run again until they are done). One thread runs on
+/// the caller's.
 fn timed_on_threads(threads: usize, f: impl Fn(usize) + Sync) -> f64 {
     if threads == 1 {
         let t = Instant::now();
         f(0);
         return t.elapsed().as_secs_f64();
     }
-    let start = Barrier::new(threads + 1);
-    std::thread::scope(|s| {
-        for i in 0..threads {
-            let (start, f) = (&start, &f);
-            s.spawn(move || {
-                start.wait();
-                f(i);
-            });
-        }
-        start.wait();
-        let t = Instant::now();
-        // the scope joins every thread before returning
-        t
-    })
-    .elapsed()
-    .as_secs_f64()
+    let start = Barrier::new(threads);
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let (start, f) = (&start, &f);
+                s.spawn(move || {
+                    start.wait();
+                    let t0 = Instant::now();
+                    f(i);
+                    (t0, Instant::now())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a timed thread panicked"))
+            .collect()
+    });
+    let first = spans.iter().map(|s| s.0).min().expect("threads >= 2");
+    let last = spans.iter().map(|s| s.1).max().expect("threads >= 2");
+    (last - first).as_secs_f64()
 }
 
 /// Waits for a future on this thread (the thread-pool indexer's flush answers on a oneshot
