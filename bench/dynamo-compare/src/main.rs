@@ -928,6 +928,7 @@ fn markdown(results: &[(&Scenario, u64, Vec<Figures>, Vec<Ratios>)], reps: usize
         today(),
         machine()
     );
+    md.push_str(&summary(results));
     for (s, block_events, figs, rs) in results {
         let _ = writeln!(
             md,
@@ -972,6 +973,64 @@ fn markdown(results: &[(&Scenario, u64, Vec<Figures>, Vec<Ratios>)], reps: usize
                 ratio_cell(&r.ingest),
                 ratio_cell(&r.memory)
             );
+        }
+        md.push('\n');
+    }
+    md
+}
+
+/// The ratios of every scenario in one table, and every figure where kvroute is behind.
+fn summary(results: &[(&Scenario, u64, Vec<Figures>, Vec<Ratios>)]) -> String {
+    let mut md = String::from(
+        "## Summary: kvroute / best Dynamo index at the same thread count\n\n\
+         | scenario | threads | lookups, full query | lookups, quarter query | ingest | memory |\n\
+         |---|---:|---|---|---|---|\n",
+    );
+    let mut behind = Vec::new();
+    for (s, _, _, rs) in results {
+        for r in rs {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} |",
+                s.label,
+                r.threads,
+                ratio_cell(&r.lookups[0]),
+                ratio_cell(&r.lookups[1]),
+                ratio_cell(&r.ingest),
+                ratio_cell(&r.memory)
+            );
+            let q = [s.query_len, s.query_len / 4];
+            for (i, l) in r.lookups.iter().enumerate() {
+                if l.0 < 1.0 {
+                    behind.push(format!(
+                        "{}, {} thread(s), {}-block lookups: {}",
+                        s.label,
+                        r.threads,
+                        q[i],
+                        ratio_cell(l)
+                    ));
+                }
+            }
+            if r.ingest.0 < 1.0 {
+                behind.push(format!(
+                    "{}, {} thread(s), ingest: {}",
+                    s.label,
+                    r.threads,
+                    ratio_cell(&r.ingest)
+                ));
+            }
+            if r.memory.0 > 1.0 {
+                behind.push(format!("{}, memory: {}", s.label, ratio_cell(&r.memory)));
+            }
+        }
+    }
+    md.push_str("\nWhere kvroute is behind the best Dynamo index (lookups or ingest below 1x, memory above 1x): ");
+    if behind.is_empty() {
+        md.push_str("nowhere in this run.\n\n");
+    } else {
+        md.push('\n');
+        for b in behind {
+            let _ = writeln!(md, "- {b}");
         }
         md.push('\n');
     }
