@@ -31,7 +31,7 @@
 //! query concurrently; kvroute through the lock, the FlashIndexer backends the way Dynamo's
 //! indexer service reads them (`backend().find_matches(&hashes, false)`, inline on the
 //! caller's thread, no lock); the RadixTree through `find_matches`, which takes its sequence
-//! by value (a clone per lookup). Wall-clock timing, best of `DC_REPS` (default 5), the
+//! by value (a clone per lookup). Wall-clock timing, best of `DC_REPS` (default 7), the
 //! contenders measured alternately so that load from other processes hits all alike.
 //! Before timing, every contender's answer (matching workers and their matched blocks) is
 //! checked against kvroute's: the program stops if any differs.
@@ -607,7 +607,7 @@ fn reps() -> usize {
         .ok()
         .and_then(|s| s.parse().ok())
         .filter(|&n| n > 0)
-        .unwrap_or(5)
+        .unwrap_or(7)
 }
 
 /// Target wall time of one timed batch of lookups.
