@@ -35,7 +35,10 @@
 //! contenders measured alternately so that load from other processes hits all alike.
 //! Before timing, every contender's answer (matching workers and their matched blocks) is
 //! checked against kvroute's: the program stops if any differs.
-#![allow(unsafe_code)] // the counting global allocator
+// the counting global allocator
+#![allow(unsafe_code)]
+// a benchmark reads the clock (the repository's clippy.toml forbids that for routing/ only)
+#![allow(clippy::disallowed_methods)]
 
 #[path = "../../../router/src/routing/index.rs"]
 #[allow(dead_code)]
