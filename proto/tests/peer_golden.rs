@@ -2,8 +2,10 @@
 //! fixture was written by hand (a small Python protobuf writer), so this checks prost's
 //! encoding against an independent one; unknown fields (a newer peer) are skipped.
 
+mod support;
 use kvroute_proto::v1::{PeerPlacement, PeerShareEnd, PeerUpdate};
 use prost::Message as _;
+use support::{assert_golden, unhex};
 
 const FIXTURE: &str = include_str!("golden/peer_update.hex");
 
@@ -37,32 +39,9 @@ fn update() -> PeerUpdate {
     }
 }
 
-fn unhex(text: &str) -> Vec<u8> {
-    let digits: Vec<u8> = text
-        .lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .flat_map(str::bytes)
-        .filter(u8::is_ascii_hexdigit)
-        .collect();
-    digits
-        .chunks(2)
-        .map(|p| {
-            u8::from_str_radix(std::str::from_utf8(p).expect("hex fixture is ASCII"), 16)
-                .expect("hex digits")
-        })
-        .collect()
-}
-
 #[test]
 fn peer_update_matches_the_golden_bytes() {
-    let golden = unhex(FIXTURE);
-    let bytes = update().encode_to_vec();
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(
-        bytes, golden,
-        "encoding drifted from the fixture; now:\n{hex}"
-    );
-    assert_eq!(PeerUpdate::decode(golden.as_slice()).unwrap(), update());
+    assert_golden(&update(), &unhex(FIXTURE));
 }
 
 #[test]

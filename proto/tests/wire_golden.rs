@@ -2,8 +2,10 @@
 //! `gpus` field: a router built before it still reads `gpu`, and a sample from a sidecar built
 //! before it decodes with no `gpus`.
 
+mod support;
 use kvroute_proto::v1::{GpuStats, LoadSample};
 use prost::Message as _;
+use support::{assert_golden, unhex};
 
 const FIXTURE: &str = include_str!("golden/load_sample_gpus.hex");
 
@@ -42,32 +44,9 @@ fn sample() -> LoadSample {
     }
 }
 
-fn unhex(text: &str) -> Vec<u8> {
-    let digits: Vec<u8> = text
-        .lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .flat_map(str::bytes)
-        .filter(u8::is_ascii_hexdigit)
-        .collect();
-    digits
-        .chunks(2)
-        .map(|p| {
-            u8::from_str_radix(std::str::from_utf8(p).expect("hex fixture is ASCII"), 16)
-                .expect("hex digits")
-        })
-        .collect()
-}
-
 #[test]
 fn load_sample_with_gpus_matches_the_golden_bytes() {
-    let golden = unhex(FIXTURE);
-    let bytes = sample().encode_to_vec();
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(
-        bytes, golden,
-        "encoding drifted from the fixture; now:\n{hex}"
-    );
-    assert_eq!(LoadSample::decode(golden.as_slice()).unwrap(), sample());
+    assert_golden(&sample(), &unhex(FIXTURE));
 }
 
 /// `LoadSample` as routers before `gpus` knew it (fields 1 to 7).
@@ -159,17 +138,7 @@ fn lora_sample() -> LoadSample {
 
 #[test]
 fn load_sample_with_lora_adapters_matches_the_golden_bytes() {
-    let golden = unhex(LORA_FIXTURE);
-    let bytes = lora_sample().encode_to_vec();
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(
-        bytes, golden,
-        "encoding drifted from the fixture; now:\n{hex}"
-    );
-    assert_eq!(
-        LoadSample::decode(golden.as_slice()).unwrap(),
-        lora_sample()
-    );
+    assert_golden(&lora_sample(), &unhex(LORA_FIXTURE));
 }
 
 #[test]

@@ -231,19 +231,7 @@ impl Cluster {
             for r in 0..wave {
                 let mut tokens = prefix.clone();
                 tokens.extend((0..suffix_tokens as u32).map(|t| 60_000 + ((i as u32) << 10) + t));
-                let input = PickInput {
-                    model: MODEL,
-                    prompt: Prompt::Tokens(&tokens),
-                    cache_salt: None,
-                    lora: None,
-                    headers: None,
-                    resolved: None,
-                    exclude: &[],
-                    max_tokens: Some(128),
-                    tenant: None,
-                    labels: &[],
-                    seed: None,
-                };
+                let input = token_input(&tokens, 128);
                 let started = Instant::now();
                 let picked = self.states[r].pick(&input, Instant::now());
                 out.pick_time += started.elapsed();
@@ -335,19 +323,7 @@ impl Cluster {
                             }
                         })
                         .collect();
-                    let input = PickInput {
-                        model: MODEL,
-                        prompt: Prompt::Tokens(&tokens),
-                        cache_salt: None,
-                        lora: None,
-                        headers: None,
-                        resolved: None,
-                        exclude: &[],
-                        max_tokens: Some(64),
-                        tenant: None,
-                        labels: &[],
-                        seed: None,
-                    };
+                    let input = token_input(&tokens, 64);
                     let t = Instant::now();
                     let picked = state.pick(&input, t);
                     times.push(t.elapsed());
@@ -383,5 +359,22 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+/// A pick of `model` [`MODEL`] for a prompt given as token ids.
+fn token_input(tokens: &[u32], max_tokens: u32) -> PickInput<'_> {
+    PickInput {
+        model: MODEL,
+        prompt: Prompt::Tokens(tokens),
+        cache_salt: None,
+        lora: None,
+        headers: None,
+        resolved: None,
+        exclude: &[],
+        max_tokens: Some(max_tokens),
+        tenant: None,
+        labels: &[],
+        seed: None,
     }
 }
