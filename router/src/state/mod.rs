@@ -13,7 +13,8 @@
 //! discovery --set_catalog--------------+
 //! ingest ----sidecar_* (snapshot/delta/load/closed)
 //!                                      v
-//!                    RouterState { RwLock<Inner{ core, catalog, sidecars }> , metrics }
+//!     RouterState { Arc<Inner { core: Mutex<Core> (routing core: index, workers, policy),
+//!                               catalog: RwLock, sidecars: RwLock, metrics, .. }> }
 //!                                      ^
 //! gateway / Picker --pick / first_token / done / abort ; admin --explain / workers
 //! ```
