@@ -26,7 +26,7 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
   if command -v systemctl >/dev/null; then $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
 fi
-prometheus --version 2>&1 | head -1
+prometheus --version 2>&1 | sed -n 1p   # sed reads all: no SIGPIPE under pipefail
 
 if [ -x "$K8S_BIN/kube-apiserver" ] && [ -x "$K8S_BIN/kube-controller-manager" ]; then
   echo "k8s e2e binaries present in $K8S_BIN"
@@ -43,4 +43,4 @@ else
 fi
 bash "$HERE/install-helm.sh"   # helm for the chart test (operator/tests/helm.rs)
 "$K8S_BIN/kube-apiserver" --version
-etcd --version | head -1
+etcd --version | sed -n 1p
