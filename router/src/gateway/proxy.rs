@@ -297,6 +297,15 @@ impl Gateway {
                         "could not connect to the worker".into(),
                     ));
                 }
+                Err(SendError::Reset) => {
+                    // Nothing of an answer reached us: another worker may serve it.
+                    tracing::debug!(worker = %assignment.picked().worker, "worker closed the connection before answering; trying another");
+                    exclude.push(assignment.picked().worker.clone());
+                    assignment.failed(FailureKind::Connect);
+                    last_failure = Some(GatewayError::Upstream(
+                        "the worker closed the connection before answering".into(),
+                    ));
+                }
                 Err(SendError::Timeout) => {
                     assignment.failed(FailureKind::Timeout);
                     return Err(GatewayError::UpstreamTimeout);
