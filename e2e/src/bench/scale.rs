@@ -397,6 +397,9 @@ enum Phase {
     Loading,
     /// Deltas, loads and picks, measured.
     Steady,
+    /// Picks stop (the picker finishes the one in flight); streams stay open, quiet, so no
+    /// pick races its workers' streams closing.
+    Stopping,
     /// Stop sending; close.
     Done,
 }
@@ -651,7 +654,7 @@ async fn picker(
     }
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     let mut n = 0u64;
-    while *phase.borrow() != Phase::Done {
+    while !matches!(*phase.borrow(), Phase::Stopping | Phase::Done) {
         tokio::select! {
             _ = phase.changed() => continue,
             _ = tick.tick() => {}
@@ -699,7 +702,10 @@ async fn picker(
                     })
                     .await;
             }
-            Err(_) => f.errors += 1,
+            Err(status) => {
+                eprintln!("scale: pick on replica {r} failed: {status}");
+                f.errors += 1;
+            }
         }
     }
     figures
@@ -833,11 +839,12 @@ async fn run_one(
         .iter()
         .map(|r| proc_figures(r.child.id()))
         .collect();
-    phase_tx.send_replace(Phase::Done);
+    phase_tx.send_replace(Phase::Stopping);
     let picks = picker
         .await
         .context("picker thread")?
         .context("picker runtime")?;
+    phase_tx.send_replace(Phase::Done);
     let mut decisions = Vec::new();
     for r in &replicas {
         decisions.push(decision_quantiles(&r.admin).await);
