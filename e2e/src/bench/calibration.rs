@@ -135,6 +135,7 @@ mod tests {
             predicted_ttfts: Vec::new(),
             scores: Vec::new(),
             candidates: None,
+            first_token: None,
         }
     }
 

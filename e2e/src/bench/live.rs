@@ -408,6 +408,7 @@ fn to_run_result(mut m: Vec<Measured>, speedup: f64) -> RunResult {
             predicted_ttfts: Vec::new(),
             scores: Vec::new(),
             candidates: None,
+            first_token: None,
         })
         .collect();
     RunResult {

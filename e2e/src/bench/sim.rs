@@ -113,6 +113,10 @@ pub struct RequestRecord {
     /// With `SimConfig::diagnose`: the decision record's candidates.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub candidates: Option<serde_json::Value>,
+    /// With `SimConfig::diagnose`: the prompt's first token id (in the shared-prefix workload
+    /// it tells the prefix apart).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_token: Option<u32>,
 }
 
 /// The outcome of one run.
@@ -673,6 +677,11 @@ impl Sim<'_> {
             predicted_ttfts: l.diag.predicted_ttfts,
             scores: l.diag.scores,
             candidates: l.diag.candidates,
+            first_token: if self.cfg.diagnose {
+                l.prompt.first().copied()
+            } else {
+                None
+            },
         });
         self.last_finish = self.last_finish.max(self.now);
         // The next turn's history: this prompt and the model's reply.

@@ -338,6 +338,21 @@ pub struct PredictedTtftConfig {
     /// dead one fails its readiness probe and leaves the pool). Not added when every
     /// candidate is degraded. 0 disables it.
     pub gpu_degraded_penalty_s: f64,
+    /// Token load among near-ties: only near-ties whose outstanding prompt tokens
+    /// (`Candidate::active_tokens`, this replica's and its peers') are within this fraction of
+    /// the request's prompt of the least are drawn from. A prompt no worker caches is a
+    /// near-tie everywhere, so this places new prefixes where the least prompt work is
+    /// outstanding, and prefixes spread over workers in proportion to their traffic, as
+    /// llm-d's token-load scorer spreads them. Weighting the draw by requests alone let a worker
+    /// take a fourth 39k-token prefix while another held one, and its cache then thrashed:
+    /// on the kinference scenario (seeds 939238175-179, kvroute alone, concurrency 8) the
+    /// shared-prefix TTFT p90 was 0.29, 2.05, 3.48, 4.21 and 5.45 s without this and 0.24,
+    /// 0.24, 0.35, 0.29 and 0.36 s at 0.5 (0 gave the same); independent prompts' p90 went
+    /// from 9.05, 9.64, 9.26, 7.20, 10.00 to 7.08, 7.64, 7.04, 9.13, 9.13 s; multi-turn's
+    /// stayed at 1.84-1.85 s (bench/README.md, "Token load among near-ties"). Some slack
+    /// keeps a draw among workers that are equal, so replicas do not all pick the same one.
+    /// Negative disables it.
+    pub tie_token_slack: f64,
 }
 
 impl Default for PredictedTtftConfig {
@@ -350,6 +365,7 @@ impl Default for PredictedTtftConfig {
             kv_balance: 0.0,
             block_balance: 0.0,
             gpu_degraded_penalty_s: 1.0,
+            tie_token_slack: 0.5,
         }
     }
 }
@@ -470,12 +486,21 @@ impl Policy for PredictedTtft {
             return None;
         }
         let margin = self.cfg.tie_margin_s.max(self.cfg.tie_margin_rel * best);
-        let near: Vec<(usize, f64)> = scores
+        let mut near: Vec<(usize, f64)> = scores
             .iter()
             .enumerate()
             .filter(|(_, s)| **s <= best + margin)
             .map(|(i, _)| (i, 1.0 / (1.0 + ctx.candidates[i].load())))
             .collect();
+        if self.cfg.tie_token_slack >= 0.0 {
+            let least = near
+                .iter()
+                .map(|&(i, _)| ctx.candidates[i].active_tokens)
+                .min()
+                .unwrap_or(0);
+            let slack = (self.cfg.tie_token_slack * ctx.prompt_tokens as f64) as u64;
+            near.retain(|&(i, _)| ctx.candidates[i].active_tokens <= least.saturating_add(slack));
+        }
         let (pick, reason) = if near.len() == 1 {
             (near[0].0, Reason::LowestPredictedTtft)
         } else {
@@ -593,6 +618,58 @@ mod tests {
             .count();
         // weights 1 : 1/10 -> ~91%
         assert!(idle > 850 && idle < 960, "{idle}");
+    }
+
+    #[test]
+    fn near_ties_go_to_the_least_outstanding_prompt_tokens() {
+        // A 40k-token prompt nobody caches: a near-tie on all three workers. Worker 0 has
+        // fewer requests but more outstanding prompt tokens (two long prefixes' requests).
+        let with = |w: u32, waiting: u32, active: u64| Candidate {
+            active_tokens: active,
+            ..cand(w, 6.9, waiting)
+        };
+        let ctx = ChoiceContext {
+            prompt_tokens: 40_000,
+            degraded: false,
+            candidates: vec![with(0, 1, 80_000), with(1, 3, 30_000), with(2, 3, 45_000)],
+        };
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 7);
+        let mut picked = [0usize; 3];
+        for _ in 0..300 {
+            let d = p.choose(&ctx, 0.0).expect("decision");
+            picked[d.chosen.0 as usize] += 1;
+        }
+        // Within half a prompt (20k tokens) of the least (30k): workers 1 and 2, drawn.
+        assert_eq!(picked[0], 0, "{picked:?}");
+        assert!(picked[1] > 100 && picked[2] > 100, "{picked:?}");
+        // Disabled: the draw weighs requests only, and worker 0 (fewest) is favoured.
+        let off = PredictedTtftConfig {
+            tie_token_slack: -1.0,
+            ..PredictedTtftConfig::default()
+        };
+        let mut p = PredictedTtft::new(off, 7);
+        let mut picked = [0usize; 3];
+        for _ in 0..300 {
+            let d = p.choose(&ctx, 0.0).expect("decision");
+            picked[d.chosen.0 as usize] += 1;
+        }
+        assert!(picked[0] > picked[1] && picked[0] > picked[2], "{picked:?}");
+        // Outside the margin the prediction decides, whatever the token load.
+        let ctx = ChoiceContext {
+            prompt_tokens: 40_000,
+            degraded: false,
+            candidates: vec![
+                Candidate {
+                    predicted_ttft: 0.2,
+                    ..with(0, 1, 80_000)
+                },
+                with(1, 3, 30_000),
+            ],
+        };
+        let d = PredictedTtft::new(PredictedTtftConfig::default(), 7)
+            .choose(&ctx, 0.0)
+            .expect("decision");
+        assert_eq!(d.chosen, WorkerId(0));
     }
 
     #[test]
