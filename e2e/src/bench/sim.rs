@@ -677,11 +677,11 @@ impl Sim<'_> {
             predicted_ttfts: l.diag.predicted_ttfts,
             scores: l.diag.scores,
             candidates: l.diag.candidates,
-            first_token: if self.cfg.diagnose {
-                l.prompt.first().copied()
-            } else {
-                None
-            },
+            first_token: self
+                .cfg
+                .diagnose
+                .then(|| l.prompt.first().copied())
+                .flatten(),
         });
         self.last_finish = self.last_finish.max(self.now);
         // The next turn's history: this prompt and the model's reply.

@@ -633,12 +633,17 @@ mod tests {
             degraded: false,
             candidates: vec![with(0, 1, 80_000), with(1, 3, 30_000), with(2, 3, 45_000)],
         };
-        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 7);
-        let mut picked = [0usize; 3];
-        for _ in 0..300 {
-            let d = p.choose(&ctx, 0.0).expect("decision");
-            picked[d.chosen.0 as usize] += 1;
-        }
+        // How often each worker is picked in 300 choices.
+        let tally = |cfg: PredictedTtftConfig| {
+            let mut p = PredictedTtft::new(cfg, 7);
+            let mut picked = [0usize; 3];
+            for _ in 0..300 {
+                let d = p.choose(&ctx, 0.0).expect("decision");
+                picked[d.chosen.0 as usize] += 1;
+            }
+            picked
+        };
+        let picked = tally(PredictedTtftConfig::default());
         // Within half a prompt (20k tokens) of the least (30k): workers 1 and 2, drawn.
         assert_eq!(picked[0], 0, "{picked:?}");
         assert!(picked[1] > 100 && picked[2] > 100, "{picked:?}");
@@ -647,12 +652,7 @@ mod tests {
             tie_token_slack: -1.0,
             ..PredictedTtftConfig::default()
         };
-        let mut p = PredictedTtft::new(off, 7);
-        let mut picked = [0usize; 3];
-        for _ in 0..300 {
-            let d = p.choose(&ctx, 0.0).expect("decision");
-            picked[d.chosen.0 as usize] += 1;
-        }
+        let picked = tally(off);
         assert!(picked[0] > picked[1] && picked[0] > picked[2], "{picked:?}");
         // Outside the margin the prediction decides, whatever the token load.
         let ctx = ChoiceContext {
