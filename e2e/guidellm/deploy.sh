@@ -4,7 +4,8 @@
 #   start_kvroute POLICY N     `kvroute router --policy POLICY` (gateway :$GW_PORT) + N sidecars
 #   start_workers N            N x `kvroute mock-vllm` (L40S profile, clock x $SPEEDUP); with
 #                              KV_EVENTS=1 (default) they publish to the sidecars, which must
-#                              be started first (they bind the sockets)
+#                              be started first (they bind the sockets); with KV_BIND=1 the
+#                              workers bind them instead (for subscribers that connect)
 #   wait_routable N            until the router lists N routable workers
 #   stop_all                   stops everything this shell started
 # Worker i: HTTP 127.0.0.1:$((WORKER_BASE+i)), KV events PUB $((PUB_BASE+i)), replay $((REPLAY_BASE+i)).
@@ -43,15 +44,22 @@ worker_urls() { # N -> space-separated base URLs
 # serve /health, /server_info (model_path = the local tokenizer dir, so that sglang-router
 # loads it instead of downloading one), /model_info, /get_load, /reset_prefix_cache.
 start_workers() {
-  local n=$1 i
+  local n=$1 i profiles
+  # PROFILE may list several (comma-separated): worker i runs entry i % count.
+  IFS=, read -r -a profiles <<<"$PROFILE"
   for ((i = 0; i < n; i++)); do
     local events=() spec
-    spec=$(printf '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:%d","replay_endpoint":"tcp://127.0.0.1:%d","topic":""}' \
-      $((PUB_BASE + i)) $((REPLAY_BASE + i)))
+    # KV_BIND=1: the worker binds its PUB and replay sockets (vLLM's behaviour for `tcp://*:N`)
+    # for subscribers that connect, such as vllm-router's kv_aware policy; otherwise it
+    # connects to the sidecar, which binds.
+    local host=127.0.0.1
+    if [ "${KV_BIND:-0}" = 1 ]; then host='*'; fi
+    spec=$(printf '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://%s:%d","replay_endpoint":"tcp://%s:%d","topic":""}' \
+      "$host" $((PUB_BASE + i)) "$host" $((REPLAY_BASE + i)))
     if [ "${KV_EVENTS:-1}" = 1 ]; then events=(--kv-events-config "$spec"); fi
     RUST_LOG=warn "$KVROUTE" mock-vllm --host 127.0.0.1 --port $((WORKER_BASE + i)) \
       --model "$TOKENIZER" --served-model-name "$MODEL" --tokenizer "$TOKENIZER" \
-      --profile "$PROFILE" --speedup "$SPEEDUP" --seed "$i" --enable-prompt-tokens-details \
+      --profile "${profiles[$((i % ${#profiles[@]}))]}" --speedup "$SPEEDUP" --seed "$i" --enable-prompt-tokens-details \
       "${events[@]}" >"$LOGS/worker-$i.log" 2>&1 &
     PIDS+=($!)
   done

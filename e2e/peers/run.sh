@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# sglang-router 0.3.2 and vllm-router 0.1.17 (published wheels, cache_aware policy) against
+# sglang-router 0.3.2 and vllm-router 0.1.17 (published wheels: cache_aware, and vllm-router's
+# kv_aware where it comes up) against
 # live mock workers, measured by kvroute's own load generator next to kvroute's policies on
 # the same workload, in one table (not CI).
 #   e2e/peers/run.sh                        # --quick shared-prefix
@@ -19,6 +20,7 @@ BENCH_ARGS=${BENCH_ARGS:---quick --workload shared-prefix}
 BENCH_EXE=${BENCH_EXE:-}
 SGLANG_PORT=${SGLANG_PORT:-30000}
 VLLM_ROUTER_PORT=${VLLM_ROUTER_PORT:-30010}
+VLLM_KV_PORT=${VLLM_KV_PORT:-30020}
 source "$ROOT/e2e/guidellm/deploy.sh"
 mkdir -p "$OUT"
 
@@ -31,8 +33,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 trap stop_all EXIT
 
 # The peers' workers: same binary, profile and speed-up as the ones `kvroute bench` starts for
-# its own policies (no sidecars: these routers do not read KV events).
-KV_EVENTS=0 start_workers "$WORKERS"
+# its own policies, no sidecars; they bind their KV-event sockets for vllm-router's kv_aware.
+KV_BIND=1 start_workers "$WORKERS"
 read -r -a urls <<<"$(worker_urls "$WORKERS")"
 "$VENV/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port "$SGLANG_PORT" \
   --worker-urls "${urls[@]}" --policy cache_aware \
@@ -42,14 +44,32 @@ PIDS+=($!)
   --worker-urls "${urls[@]}" --policy cache_aware \
   --prometheus-port 29010 >"$LOGS/vllm-router.log" 2>&1 &
 PIDS+=($!)
+# vllm-router's kv_aware policy reads the workers' KV events (ZMQ, as from vLLM); where it
+# does not come up, its row is left out and the log says why.
+kv_sources=()
+for ((i = 0; i < WORKERS; i++)); do
+  kv_sources+=(--kv-event-source "${urls[$i]}=tcp://127.0.0.1:$((PUB_BASE + i))"
+    --kv-event-replay-source "${urls[$i]}=tcp://127.0.0.1:$((REPLAY_BASE + i))")
+done
+"$VENV/bin/vllm-router" --host 127.0.0.1 --port "$VLLM_KV_PORT" \
+  --worker-urls "${urls[@]}" --policy kv_aware "${kv_sources[@]}" --kv-event-block-size 16 \
+  --kv-event-model "$TOKENIZER" \
+  --prometheus-port 29020 >"$LOGS/vllm-router-kv.log" 2>&1 &
+PIDS+=($!)
 wait_url "http://127.0.0.1:$SGLANG_PORT/health" 120
 wait_url "http://127.0.0.1:$VLLM_ROUTER_PORT/health" 120
+externals="sglang-router-cache-aware=http://127.0.0.1:$SGLANG_PORT,vllm-router-cache-aware=http://127.0.0.1:$VLLM_ROUTER_PORT"
+if wait_url "http://127.0.0.1:$VLLM_KV_PORT/health" 60; then
+  externals+=",vllm-router-kv-aware=http://127.0.0.1:$VLLM_KV_PORT"
+else
+  echo "vllm-router kv_aware did not come up; its row is left out (log: $LOGS/vllm-router-kv.log)" >&2
+fi
 
 # kvroute's policies run on fresh deployments of their own; the peers on the workers above,
 # whose caches the bench resets before each run. Prompts go as text (the workload's token ids
 # decoded): sglang-router rejects token-id prompts; every row gets the same text.
 KVROUTE_EXE=$KVROUTE KVROUTE_BENCH_SPEEDUP=$SPEEDUP KVROUTE_BENCH_PROMPT=text \
-KVROUTE_BENCH_EXTERNAL_ROUTERS="sglang-router-cache-aware=http://127.0.0.1:$SGLANG_PORT,vllm-router-cache-aware=http://127.0.0.1:$VLLM_ROUTER_PORT" \
+KVROUTE_BENCH_EXTERNAL_ROUTERS="$externals" \
 KVROUTE_BENCH_EXTERNAL_WORKERS="$(echo "${urls[*]}" | tr ' ' ',')" \
   "${BENCH_EXE:-$KVROUTE}" bench --mode live --workers "$WORKERS" --policies "$POLICIES" $BENCH_ARGS \
   --json "$OUT/peers.json" --markdown "$OUT/peers.md" --svg-dir "$OUT/svg"

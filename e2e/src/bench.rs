@@ -129,7 +129,8 @@ pub struct BenchArgs {
     /// Sidecar load-scrape interval, ms.
     #[arg(long, env = "KVROUTE_BENCH_SCRAPE_MS", default_value_t = 250.0)]
     pub scrape_interval_ms: f64,
-    /// Worker profile: a built-in name or a JSON file.
+    /// Worker profile: a built-in name or a JSON file, or a comma-separated list of them
+    /// (worker i runs entry i mod the list's length: a heterogeneous pool).
     #[arg(
         long,
         env = "KVROUTE_BENCH_PROFILE",
@@ -161,6 +162,8 @@ pub struct BenchArgs {
     /// Sim: write every headline request (worker, TTFT, prediction, and the TTFT it would have
     /// had on each worker) to DIR/<workload>-<policy>.jsonl and print each policy's regret
     /// against the per-request best worker. Slower: every request is simulated on every worker.
+    /// Live: the headline run's requests as the client saw them (worker and prediction from the
+    /// router's routing headers, when it sends them; no per-worker counterfactuals).
     #[arg(long, env = "KVROUTE_BENCH_RECORDS")]
     pub records: Option<PathBuf>,
     /// Live: clock speed-up of the mock workers (figures stay in simulated seconds).
@@ -349,7 +352,7 @@ pub fn selection(args: &BenchArgs) -> anyhow::Result<(Vec<WorkloadSpec>, Vec<Str
             .split(',')
             .map(|w| {
                 WorkloadKind::parse(w.trim()).with_context(|| {
-                    format!("unknown workload {w:?}: expected shared-prefix, multi-turn, independent, mixed or all")
+                    format!("unknown workload {w:?}: expected shared-prefix, multi-turn, independent, mixed, hot-prefix, burst or all")
                 })
             })
             .collect::<anyhow::Result<_>>()?

@@ -12,10 +12,15 @@
 //!   --> SuiteResult (one workload) --> table (stdout), TTFT CDF (--chart), figures (--json)
 //! ```
 //!
-//! With the default flags it measures what
+//! The defaults are Buoyant's published shared-prefix set-up in miniature (the `kinference`
+//! scenario of `kvroute bench --mode sim`, bench/README.md): 3 workers with the
+//! `l40s-27b-fp8` profile (~150k KV tokens each), 9 prefixes of 38,912 tokens (about 3 fit on
+//! a worker, so random routing keeps evicting what the next request needs), a 1,024-token
+//! question, 128 output tokens, 8 clients, 96 requests. They measure what
 //! `kvroute bench --mode live --workload shared-prefix --policies random,kvroute --workers 3
-//! --sessions 96 --concurrency 8 --concurrency-sweep '' --prefixes 8 --prefix-tokens 2000
-//! --question-tokens 16 --output-tokens 64 --max-output-tokens 128 --seed 7` measures.
+//! --profile l40s-27b-fp8 --sessions 96 --concurrency 8 --concurrency-sweep '' --prefixes 9
+//! --prefix-tokens 38912 --question-tokens 1024 --output-tokens 128 --max-output-tokens 128
+//! --seed 7` measures.
 //! Times are reported in simulated seconds: the mock workers run their clock `--speedup`
 //! times faster than the wall clock, so wall-clock measurements are multiplied back.
 
@@ -46,13 +51,16 @@ pub struct DemoArgs {
     #[arg(long, env = "KVROUTE_DEMO_CONCURRENCY", default_value_t = 8)]
     pub concurrency: usize,
     /// Distinct shared system prompts.
-    #[arg(long, env = "KVROUTE_DEMO_PREFIXES", default_value_t = 8)]
+    #[arg(long, env = "KVROUTE_DEMO_PREFIXES", default_value_t = 9)]
     pub prefixes: usize,
     /// Length of each shared system prompt, in tokens.
-    #[arg(long, env = "KVROUTE_DEMO_PREFIX_TOKENS", default_value_t = 2000)]
+    #[arg(long, env = "KVROUTE_DEMO_PREFIX_TOKENS", default_value_t = 38_912)]
     pub prefix_tokens: usize,
+    /// Tokens of each request's own question after the shared system prompt.
+    #[arg(long, env = "KVROUTE_DEMO_QUESTION_TOKENS", default_value_t = 1_024)]
+    pub question_tokens: usize,
     /// Fewest output tokens per request.
-    #[arg(long, env = "KVROUTE_DEMO_MIN_OUTPUT_TOKENS", default_value_t = 64)]
+    #[arg(long, env = "KVROUTE_DEMO_MIN_OUTPUT_TOKENS", default_value_t = 128)]
     pub min_output_tokens: u32,
     /// Most output tokens per request.
     #[arg(long, env = "KVROUTE_DEMO_MAX_OUTPUT_TOKENS", default_value_t = 128)]
@@ -61,11 +69,7 @@ pub struct DemoArgs {
     #[arg(long, env = "KVROUTE_DEMO_SEED", default_value_t = 7)]
     pub seed: u64,
     /// Mock worker timing profile (built-in name or file).
-    #[arg(
-        long,
-        env = "KVROUTE_DEMO_PROFILE",
-        default_value = "l40s-qwen3-32b-fp8"
-    )]
+    #[arg(long, env = "KVROUTE_DEMO_PROFILE", default_value = "l40s-27b-fp8")]
     pub profile: String,
     /// Tokenizer directory shared by the workers and the router.
     #[arg(long, env = "KVROUTE_DEMO_TOKENIZER", default_value = live::DEFAULT_TOKENIZER)]
@@ -96,9 +100,6 @@ pub struct DemoArgs {
     pub no_progress: bool,
 }
 
-/// Tokens of each request's own question after the shared system prompt.
-const QUESTION_TOKENS: usize = 16;
-
 /// The live benchmark run the demo is: one shared-prefix workload, the demo's policies, the
 /// headline run only (no concurrency sweep), and no file outputs of the benchmark's own.
 pub fn preset(args: &DemoArgs) -> BenchArgs {
@@ -118,7 +119,7 @@ pub fn preset(args: &DemoArgs) -> BenchArgs {
         sessions: Some(args.requests),
         prefixes: Some(args.prefixes),
         prefix_tokens: Some(args.prefix_tokens),
-        question_tokens: Some(QUESTION_TOKENS),
+        question_tokens: Some(args.question_tokens),
         output_tokens: Some(args.min_output_tokens),
         max_output_tokens: Some(args.max_output_tokens),
         turns: None,
@@ -216,6 +217,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         concurrency,
         prefixes,
         prefix_tokens,
+        question_tokens,
         min_output_tokens: _,
         max_output_tokens: _,
         seed: _,
@@ -233,7 +235,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let live = LiveConfig::from_args(&bench)?;
     println!(
         "kvroute demo: {workers} mock workers (profile {profile}, clock x{speedup}), {requests} requests per \
-         policy sharing {prefixes} system prompts of {prefix_tokens} tokens, {concurrency} in flight"
+         policy sharing {prefixes} system prompts of {prefix_tokens} tokens (+ a {question_tokens}-token question), \
+         {concurrency} in flight"
     );
     let progress = if no_progress {
         indicatif::ProgressBar::hidden()
@@ -287,6 +290,19 @@ mod tests {
 
     #[test]
     fn preset_is_one_shared_prefix_workload_with_the_demo_flags() {
+        // The defaults: the kinference scenario's shared-prefix workload in miniature.
+        let defaults = Cli::parse_from(["demo"]).args;
+        let s = &selection(&preset(&defaults)).expect("valid preset").0[0];
+        assert_eq!(
+            (
+                s.prefixes,
+                s.prefix_tokens,
+                s.question_tokens,
+                s.output_tokens
+            ),
+            (9, 38_912, 1_024, 128)
+        );
+        assert_eq!(defaults.profile, "l40s-27b-fp8");
         let demo = Cli::parse_from([
             "demo",
             "--requests",
@@ -295,6 +311,8 @@ mod tests {
             "3",
             "--prefix-tokens",
             "100",
+            "--question-tokens",
+            "7",
             "--min-output-tokens",
             "5",
             "--max-output-tokens",
@@ -310,7 +328,10 @@ mod tests {
         assert_eq!(specs.len(), 1);
         let s = &specs[0];
         assert_eq!(s.kind, WorkloadKind::SharedPrefix);
-        assert_eq!((s.sessions, s.prefixes, s.prefix_tokens), (12, 3, 100));
+        assert_eq!(
+            (s.sessions, s.prefixes, s.prefix_tokens, s.question_tokens),
+            (12, 3, 100, 7)
+        );
         assert_eq!((s.output_tokens, s.max_output_tokens), (5, Some(9)));
         assert!(bench.concurrency_sweep.is_empty(), "headline run only");
         let live = LiveConfig::from_args(&bench).expect("live config");

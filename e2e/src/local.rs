@@ -98,7 +98,8 @@ pub struct DeployConfig<'a> {
     pub workers: usize,
     /// Clock speed-up of the mock workers.
     pub speedup: f64,
-    /// Mock worker profile (built-in name or file).
+    /// Mock worker profile (built-in name or file), or a comma-separated list that worker i
+    /// takes entry `i % len` of (a heterogeneous pool, as `kvroute bench --mode sim` reads it).
     pub profile: &'a str,
     /// Tokenizer directory for the workers and the router.
     pub tokenizer: &'a Path,
@@ -305,7 +306,17 @@ impl Deployment {
 
         let mut workers = Vec::new();
         let mut worker_args = Vec::new();
+        let profiles: Vec<&str> = cfg
+            .profile
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .collect();
         for (i, (port, pub_port, replay_port)) in ports.iter().enumerate() {
+            let profile = profiles
+                .get(i % profiles.len().max(1))
+                .copied()
+                .unwrap_or(cfg.profile);
             let events = json!({"enable_kv_cache_events": true, "publisher": "zmq",
                 "endpoint": format!("tcp://127.0.0.1:{pub_port}"),
                 "replay_endpoint": format!("tcp://127.0.0.1:{replay_port}"), "topic": ""});
@@ -321,7 +332,7 @@ impl Deployment {
                 "--tokenizer".into(),
                 tokenizer.clone(),
                 "--profile".into(),
-                cfg.profile.into(),
+                profile.into(),
                 "--speedup".into(),
                 cfg.speedup.to_string(),
                 "--seed".into(),

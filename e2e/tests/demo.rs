@@ -20,6 +20,7 @@ async fn small_demo_serves_every_request_with_both_policies() {
         concurrency: 2,
         prefixes: 2,
         prefix_tokens: 200,
+        question_tokens: 16,
         min_output_tokens: 4,
         max_output_tokens: 8,
         seed: 1,

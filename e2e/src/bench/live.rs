@@ -179,6 +179,8 @@ struct Measured {
     worker: Option<usize>,
     predicted_ms: Option<f64>,
     generated: Vec<u32>,
+    /// The prompt's first token id (tells the shared-prefix workload's prefixes apart).
+    first_token: Option<u32>,
 }
 
 async fn send_turn(
@@ -247,6 +249,7 @@ async fn send_turn(
         worker,
         predicted_ms,
         generated,
+        first_token: None,
     })
 }
 
@@ -303,6 +306,7 @@ impl LoadGen {
             self.progress.inc(1);
             match sent {
                 Ok(mut m) => {
+                    m.first_token = prompt.first().copied();
                     prompt.append(&mut m.generated);
                     history = prompt;
                     self.sink.lock().await.measured.push(m);
@@ -408,7 +412,7 @@ fn to_run_result(mut m: Vec<Measured>, speedup: f64) -> RunResult {
             predicted_ttfts: Vec::new(),
             scores: Vec::new(),
             candidates: None,
-            first_token: None,
+            first_token: x.first_token,
         })
         .collect();
     RunResult {
@@ -467,6 +471,8 @@ struct RunPlan<'a> {
     workers: usize,
     text: Option<Arc<Tokenizer>>,
     progress: &'a ProgressBar,
+    /// `--records`: the headline run's requests go to `<dir>/<workload>-<policy>.jsonl`.
+    records: Option<(&'a std::path::Path, &'a str)>,
 }
 
 async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<PolicyResult> {
@@ -474,6 +480,9 @@ async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<Poli
     plan.progress
         .set_message(format!("{}: replaying", target.name));
     let (headline, errors) = replay(target, plan, plan.sessions.clone(), plan.headline).await;
+    if let Some((dir, workload)) = plan.records {
+        super::write_records(dir, workload, target.name, &headline)?;
+    }
     let mut failed = errors.len();
     for e in errors.iter().take(3) {
         plan.progress.suspend(|| eprintln!("{}: {e}", target.name));
@@ -582,6 +591,9 @@ pub async fn run_live_with(
     } else {
         None
     };
+    if let Some(dir) = &args.records {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
     let mut workloads = Vec::new();
     for spec in specs {
         let sessions = Arc::new(workload::generate(&spec, args.seed()));
@@ -594,6 +606,7 @@ pub async fn run_live_with(
             workers: args.workers,
             text: text.clone(),
             progress,
+            records: args.records.as_deref().map(|dir| (dir, spec.kind.name())),
         };
         let mut results = Vec::new();
         for policy in &policies {
@@ -743,6 +756,7 @@ mod tests {
             worker: Some(0),
             predicted_ms: Some(250.0),
             generated: Vec::new(),
+            first_token: Some(start as u32),
         };
         let r = to_run_result(vec![m(2.0, 0.1, 3.0), m(1.0, 0.2, 1.5)], 10.0);
         assert_eq!(r.records.len(), 2);
@@ -751,5 +765,7 @@ mod tests {
         assert!((r.makespan - 20.0).abs() < 1e-9);
         // The router's prediction is wall time too: 250 ms at x10 is 2.5 simulated s.
         assert!((r.records[0].predicted_ttft - 2.5).abs() < 1e-9);
+        // Records keep the prompt's first token (which prefix, in shared-prefix workloads).
+        assert_eq!(r.records[0].first_token, Some(1));
     }
 }

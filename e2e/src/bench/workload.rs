@@ -28,7 +28,18 @@ pub enum WorkloadKind {
     Independent,
     /// Several tenants, each with its own salt and system prompt, mixing the three above.
     Mixed,
+    /// Shared prefixes of very unequal popularity: [`HOT_SHARE`] of the requests use the first
+    /// prefix, the rest spread evenly over the others. Following the cache alone piles the hot
+    /// prefix's traffic onto the one worker that holds it.
+    HotPrefix,
+    /// Bursts of one new prefix: consecutive requests, `sessions / prefixes` at a time, share
+    /// a prefix no earlier request used, so a burst arrives together before any worker holds
+    /// it, and then all of it matches the one worker that took the first request.
+    Burst,
 }
+
+/// `hot-prefix`: the share of requests that use the hot prefix.
+pub const HOT_SHARE: f64 = 0.6;
 
 impl WorkloadKind {
     /// Every kind, in report order.
@@ -39,6 +50,10 @@ impl WorkloadKind {
         WorkloadKind::Mixed,
     ];
 
+    /// Workloads where following the cache and balancing the queue disagree; run by name
+    /// (`--workload hot-prefix,burst`), not part of `all` (the default suite).
+    pub const DISAGREE: [WorkloadKind; 2] = [WorkloadKind::HotPrefix, WorkloadKind::Burst];
+
     /// The kind's command-line and report name.
     pub fn name(self) -> &'static str {
         match self {
@@ -46,12 +61,17 @@ impl WorkloadKind {
             WorkloadKind::MultiTurn => "multi-turn",
             WorkloadKind::Independent => "independent",
             WorkloadKind::Mixed => "mixed",
+            WorkloadKind::HotPrefix => "hot-prefix",
+            WorkloadKind::Burst => "burst",
         }
     }
 
     /// The kind named `s`, if any.
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.name() == s)
+        Self::ALL
+            .into_iter()
+            .chain(Self::DISAGREE)
+            .find(|k| k.name() == s)
     }
 }
 
@@ -120,6 +140,13 @@ impl WorkloadSpec {
                 turns: 4,
                 ..base
             },
+            // One prefix takes 60% of the requests, 15 others share the rest.
+            WorkloadKind::HotPrefix => WorkloadSpec {
+                prefixes: 16,
+                ..base
+            },
+            // 32 bursts of 12 requests, each burst on a new prefix.
+            WorkloadKind::Burst => base,
         }
     }
 
@@ -189,6 +216,37 @@ pub fn generate(spec: &WorkloadSpec, seed: u64) -> Vec<Session> {
                 .map(|_| {
                     let p = &prefixes[rng.random_range(0..prefixes.len())];
                     let mut t = p.clone();
+                    t.extend(tokens(&mut rng, spec.question_tokens));
+                    single(t, output_len(&mut rng, spec), None, 0)
+                })
+                .collect()
+        }
+        WorkloadKind::HotPrefix => {
+            let prefixes: Vec<Vec<u32>> = (0..spec.prefixes.max(1))
+                .map(|_| tokens(&mut rng, spec.prefix_tokens))
+                .collect();
+            (0..spec.sessions)
+                .map(|_| {
+                    let i = if prefixes.len() == 1 || rng.random_bool(HOT_SHARE) {
+                        0
+                    } else {
+                        rng.random_range(1..prefixes.len())
+                    };
+                    let mut t = prefixes[i].clone();
+                    t.extend(tokens(&mut rng, spec.question_tokens));
+                    single(t, output_len(&mut rng, spec), None, 0)
+                })
+                .collect()
+        }
+        WorkloadKind::Burst => {
+            let burst = spec.sessions.div_ceil(spec.prefixes.max(1)).max(1);
+            let mut prefix = Vec::new();
+            (0..spec.sessions)
+                .map(|i| {
+                    if i % burst == 0 {
+                        prefix = tokens(&mut rng, spec.prefix_tokens);
+                    }
+                    let mut t = prefix.clone();
                     t.extend(tokens(&mut rng, spec.question_tokens));
                     single(t, output_len(&mut rng, spec), None, 0)
                 })
@@ -281,7 +339,7 @@ mod tests {
 
     #[test]
     fn generators_are_seeded_and_shaped() {
-        for kind in WorkloadKind::ALL {
+        for kind in WorkloadKind::ALL.into_iter().chain(WorkloadKind::DISAGREE) {
             let spec = WorkloadSpec::default_for(kind).quick();
             let a = generate(&spec, 7);
             let b = generate(&spec, 7);
@@ -307,6 +365,54 @@ mod tests {
         assert_eq!(
             sessions[0].turns[0].new_tokens.len(),
             spec.prefix_tokens + spec.question_tokens
+        );
+    }
+
+    /// The first `prefix_tokens` of each request, counted per distinct prefix, in order of
+    /// first use.
+    fn prefix_counts(sessions: &[Session], prefix_tokens: usize) -> Vec<(Vec<u32>, usize)> {
+        let mut counts: Vec<(Vec<u32>, usize)> = Vec::new();
+        for s in sessions {
+            let p = &s.turns[0].new_tokens[..prefix_tokens];
+            match counts.iter_mut().find(|(q, _)| q == p) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((p.to_vec(), 1)),
+            }
+        }
+        counts
+    }
+
+    #[test]
+    fn one_hot_prefix_takes_most_requests() {
+        let spec = WorkloadSpec::default_for(WorkloadKind::HotPrefix);
+        let sessions = generate(&spec, 5);
+        let counts = prefix_counts(&sessions, spec.prefix_tokens);
+        let hot = counts.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        let share = hot as f64 / sessions.len() as f64;
+        // 384 draws at 0.6: the share lies within 0.5..0.7 (five standard deviations).
+        assert!((0.5..0.7).contains(&share), "{share}");
+        assert!(counts.len() > spec.prefixes / 2, "{}", counts.len());
+        assert!(counts.iter().filter(|(_, n)| *n == hot).count() == 1);
+    }
+
+    #[test]
+    fn bursts_use_each_prefix_in_one_run_of_requests() {
+        let spec = WorkloadSpec::default_for(WorkloadKind::Burst);
+        let sessions = generate(&spec, 5);
+        let counts = prefix_counts(&sessions, spec.prefix_tokens);
+        assert_eq!(counts.len(), spec.prefixes);
+        assert!(counts.iter().all(|(_, n)| *n == 12), "{counts:?}");
+        // Consecutive: request i uses burst i / 12's prefix.
+        for (i, s) in sessions.iter().enumerate() {
+            assert_eq!(
+                s.turns[0].new_tokens[..spec.prefix_tokens],
+                counts[i / 12].0[..]
+            );
+        }
+        assert_eq!(
+            WorkloadKind::parse("burst"),
+            Some(WorkloadKind::Burst),
+            "selectable by name"
         );
     }
 

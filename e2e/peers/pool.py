@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Pools several `e2e/peers/run.sh` outputs (peers.json, one per seed) into one table.
+
+    e2e/peers/pool.py OUT/s*/peers.json > pooled.md
+
+For each workload and policy: TTFT p50 / p90 and throughput at each concurrency level of the
+sweep (the same requests for every policy of a run), as the median over the runs with
+[min-max]; then, per workload and level, whether kvroute is at least as good as the best real
+peer router (rows whose name ends in `-router-...`) on the median of each figure.
+"""
+import json
+import statistics
+import sys
+
+PEER_MARK = "-router-"
+
+
+def fmt(xs, digits):
+    med = statistics.median(xs)
+    return f"{med:.{digits}f} [{min(xs):.{digits}f}-{max(xs):.{digits}f}]"
+
+
+def main(paths):
+    if not paths:
+        sys.exit("usage: pool.py RUN/peers.json...")
+    runs = [json.load(open(p)) for p in paths]
+    seeds = [r["config"]["seed"] for r in runs]
+    speedups = sorted({r["config"]["profile"] for r in runs})
+    print(f"{len(runs)} runs, seeds {', '.join(map(str, seeds))}; {'; '.join(speedups)}.")
+    print("Median over the runs [min-max]; times in simulated seconds; throughput in requests/min.\n")
+    workloads = []
+    for r in runs:
+        for w in r["workloads"]:
+            if w not in workloads:
+                workloads.append(w)
+    for w in workloads:
+        # (policy, level) -> figure -> [values over runs]
+        cells = {}
+        policies, levels = [], []
+        for r in runs:
+            for policy, res in r["workloads"].get(w, {}).items():
+                if policy not in policies:
+                    policies.append(policy)
+                for pt in res.get("sweep", []):
+                    c = pt["concurrency"]
+                    if c not in levels:
+                        levels.append(c)
+                    d = cells.setdefault((policy, c), {"p50": [], "p90": [], "rpm": [], "n": []})
+                    d["p50"].append(pt["ttft_p50_s"])
+                    d["p90"].append(pt["ttft_p90_s"])
+                    d["rpm"].append(pt["throughput_rpm"])
+                    d["n"].append(pt["requests"])
+        levels.sort()
+        print(f"### {w}\n")
+        print("| policy | concurrency | runs | requests per run | TTFT p50 (s) | TTFT p90 (s) | throughput (req/min) |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for c in levels:
+            for p in policies:
+                d = cells.get((p, c))
+                if not d:
+                    continue
+                print(f"| {p} | {c} | {len(d['n'])} | {statistics.median(d['n']):.0f} | {fmt(d['p50'], 3)} | "
+                      f"{fmt(d['p90'], 3)} | {fmt(d['rpm'], 1)} |")
+        print()
+        peers = [p for p in policies if PEER_MARK in p]
+        if "kvroute" in policies and peers:
+            print("| concurrency | figure | kvroute | best real peer | kvroute at least as good |")
+            print("|---:|---|---:|---|---|")
+            for c in levels:
+                k = cells.get(("kvroute", c))
+                if not k:
+                    continue
+                for fig, better_low in (("p50", True), ("p90", True), ("rpm", False)):
+                    vals = {p: statistics.median(cells[(p, c)][fig]) for p in peers if (p, c) in cells}
+                    if not vals:
+                        continue
+                    best = (min if better_low else max)(vals, key=vals.get)
+                    kv = statistics.median(k[fig])
+                    ok = kv <= vals[best] if better_low else kv >= vals[best]
+                    name = {"p50": "TTFT p50", "p90": "TTFT p90", "rpm": "throughput"}[fig]
+                    print(f"| {c} | {name} | {kv:.3f} | {best} {vals[best]:.3f} | {'yes' if ok else '**no**'} |")
+            print()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
