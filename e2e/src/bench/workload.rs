@@ -209,22 +209,16 @@ pub fn generate(spec: &WorkloadSpec, seed: u64) -> Vec<Session> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x776f_726b_6c6f_6164);
     match spec.kind {
         WorkloadKind::SharedPrefix => {
-            let prefixes: Vec<Vec<u32>> = (0..spec.prefixes.max(1))
-                .map(|_| tokens(&mut rng, spec.prefix_tokens))
-                .collect();
+            let prefixes = prefixes(&mut rng, spec);
             (0..spec.sessions)
                 .map(|_| {
-                    let p = &prefixes[rng.random_range(0..prefixes.len())];
-                    let mut t = p.clone();
-                    t.extend(tokens(&mut rng, spec.question_tokens));
-                    single(t, output_len(&mut rng, spec), None, 0)
+                    let i = rng.random_range(0..prefixes.len());
+                    question_after(&mut rng, spec, &prefixes[i])
                 })
                 .collect()
         }
         WorkloadKind::HotPrefix => {
-            let prefixes: Vec<Vec<u32>> = (0..spec.prefixes.max(1))
-                .map(|_| tokens(&mut rng, spec.prefix_tokens))
-                .collect();
+            let prefixes = prefixes(&mut rng, spec);
             (0..spec.sessions)
                 .map(|_| {
                     let i = if prefixes.len() == 1 || rng.random_bool(HOT_SHARE) {
@@ -232,9 +226,7 @@ pub fn generate(spec: &WorkloadSpec, seed: u64) -> Vec<Session> {
                     } else {
                         rng.random_range(1..prefixes.len())
                     };
-                    let mut t = prefixes[i].clone();
-                    t.extend(tokens(&mut rng, spec.question_tokens));
-                    single(t, output_len(&mut rng, spec), None, 0)
+                    question_after(&mut rng, spec, &prefixes[i])
                 })
                 .collect()
         }
@@ -246,9 +238,7 @@ pub fn generate(spec: &WorkloadSpec, seed: u64) -> Vec<Session> {
                     if i % burst == 0 {
                         prefix = tokens(&mut rng, spec.prefix_tokens);
                     }
-                    let mut t = prefix.clone();
-                    t.extend(tokens(&mut rng, spec.question_tokens));
-                    single(t, output_len(&mut rng, spec), None, 0)
+                    question_after(&mut rng, spec, &prefix)
                 })
                 .collect()
         }
@@ -293,6 +283,20 @@ pub fn generate(spec: &WorkloadSpec, seed: u64) -> Vec<Session> {
                 .collect()
         }
     }
+}
+
+/// `spec.prefixes` (at least one) prefixes of `spec.prefix_tokens` each.
+fn prefixes(rng: &mut ChaCha8Rng, spec: &WorkloadSpec) -> Vec<Vec<u32>> {
+    (0..spec.prefixes.max(1))
+        .map(|_| tokens(rng, spec.prefix_tokens))
+        .collect()
+}
+
+/// A single-turn session: `prefix` followed by a fresh question of `spec.question_tokens`.
+fn question_after(rng: &mut ChaCha8Rng, spec: &WorkloadSpec, prefix: &[u32]) -> Session {
+    let mut t = prefix.to_vec();
+    t.extend(tokens(rng, spec.question_tokens));
+    single(t, output_len(rng, spec), None, 0)
 }
 
 fn single(t: Vec<u32>, max_tokens: u32, cache_salt: Option<String>, tenant: usize) -> Session {
