@@ -283,8 +283,16 @@ async fn operator_ca_issues_mounts_and_rotates_key_pairs() -> anyhow::Result<()>
         mounted_at(&volumes, &c, tls::GATEWAY_TLS_DIR).map(|(s, _)| s),
         Some("gw-tls".to_string())
     );
+    // The worker Deployment is reconciled separately from the router's: wait for it.
+    let (volumes, sidecar) = wait_for("the worker sidecar mounts the mTLS pair", WAIT, || async {
+        let Some(d) = deployments.get_opt("qwen").await? else {
+            return Ok(None);
+        };
+        let (v, c) = pod_parts(&d, "sidecar")?;
+        Ok(flag(&c, "--router-tls-dir").is_some().then_some((v, c)))
+    })
+    .await?;
     let worker = deployments.get("qwen").await?;
-    let (volumes, sidecar) = pod_parts(&worker, "sidecar")?;
     assert_eq!(
         flag(&sidecar, "--router-tls-dir").as_deref(),
         Some(tls::TLS_DIR)
