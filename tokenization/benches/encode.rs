@@ -4,7 +4,8 @@
 //!
 //! Cases: an ~8k-token multi-turn Qwen3 chat (render + encode with a warm segment cache, with
 //! no cache, with a new final message each time, and render / encode alone), the same text as
-//! a completions prompt, and the small reference chat.
+//! a completions prompt, its messages' text as one completions prompt with a new question
+//! appended each time (`completion_8k/new_suffix`), and the small reference chat.
 //!
 //! Cold encoding (a prompt never seen before): `cold/*` start every iteration with empty
 //! segment and word caches, on the synthetic chat and on a chat of varied text (this crate's
@@ -264,6 +265,28 @@ fn bench(c: &mut Criterion) {
     let completion = PromptInput::Text(prompt.clone());
     c.bench_function("completion_8k/encode", |b| {
         b.iter(|| t.encode_prompt(black_box(&completion), true))
+    });
+    // A completions prompt: the same ~8k-token text, then a new question each time (what a
+    // shared-prefix workload sends as one piece, which the whole-piece cache never matches).
+    let plain = chat
+        .messages
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n\n");
+    let mut asked = 0u64;
+    c.bench_function("completion_8k/new_suffix", |b| {
+        b.iter_batched(
+            || {
+                asked += 1;
+                PromptInput::Text(format!(
+                    "{plain}\nQuestion {asked}: which worker holds the longest cached prefix, \
+                     and how long will its prefill take given the queue?"
+                ))
+            },
+            |p| t.encode_prompt(&p, true),
+            criterion::BatchSize::SmallInput,
+        )
     });
     let small = ChatRequest::new(vec![
         json!({"role": "system", "content": "You are a helpful assistant."}),

@@ -176,6 +176,13 @@ impl FastBpe {
         }
     }
 
+    /// Whether this is the byte-level BPE behind one of our split patterns, for which
+    /// [`crate::segments::cut_points`] is exact (not the SentencePiece style, whose words
+    /// carry the space before them differently).
+    pub(crate) fn is_byte_level(&self) -> bool {
+        matches!(self, FastBpe::Byte(_))
+    }
+
     /// Appends the ids of `piece` (text that contains no added token) to `out`.
     pub(crate) fn encode_piece(
         &self,

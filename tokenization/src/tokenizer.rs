@@ -41,7 +41,8 @@ pub struct Tokenizer {
     post_processor_adds_nothing: bool,
 }
 
-/// Default size of the per-tokenizer segment cache (text + ids of recently seen messages).
+/// Default size of the per-tokenizer segment cache (ids of recently seen messages, and of
+/// chunks of long texts; see `segments.rs`).
 pub const DEFAULT_SEGMENT_CACHE_BYTES: usize = 32 << 20;
 
 struct LoadedTemplate {

@@ -397,3 +397,71 @@ fn repository_files_match_tokenizers() {
         }
     }
 }
+
+/// Long pieces are cached in chunks (byte-level families): texts that share a long beginning
+/// and then differ, ending at every few hundred bytes (so some end right at, before and after
+/// a chunk's cut), encoded with the cache warm from the ones before, give the pipeline's ids;
+/// and the shared chunks are found again, not re-encoded.
+#[test]
+fn long_texts_sharing_a_beginning_match_tokenizers_through_the_chunk_cache() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let text = match std::fs::read_to_string(root.join("src/chat.rs")) {
+        Ok(s) => s,
+        Err(e) => panic!("src/chat.rs: {e}"),
+    };
+    // Source text (code, prose, indentation), then generated text (every fragment above:
+    // whitespace runs, digits, contractions, other scripts), about 9,000 bytes each.
+    let generated_text = generated(0x5eed_1234_abcd_0002, 400).concat();
+    for base in [
+        text.chars().take(9_000).collect::<String>(),
+        generated_text.chars().take(9_000).collect::<String>(),
+        // Dense whitespace runs: a cut inside one would change the split.
+        (0..250)
+            .map(|i| {
+                format!(
+                    "alpha{}beta{}gamma\n{}delta epsilon {i} ",
+                    " ".repeat(1 + i % 3),
+                    " ".repeat(2 + i % 4),
+                    " ".repeat(i % 5)
+                )
+            })
+            .collect::<String>(),
+    ] {
+        shares_chunks_and_matches(&base);
+    }
+}
+
+fn shares_chunks_and_matches(base: &str) {
+    let bounds: Vec<usize> = (1000..base.len())
+        .step_by(401)
+        .filter(|&n| base.is_char_boundary(n))
+        .collect();
+    for family in FAST_FAMILIES {
+        // The default segment cache (the shared `fast_families` have none).
+        let t = match Tokenizer::from_dir(&testdata(&format!("tokenizers/{family}"))) {
+            Ok(t) => t,
+            Err(e) => panic!("{family}: {e}"),
+        };
+        assert_same(family, &t, base);
+        for &n in &bounds {
+            let prefix = base.get(..n).unwrap_or_default();
+            assert_same(family, &t, prefix);
+            assert_same(
+                family,
+                &t,
+                &format!("{prefix} and then a new question {n}?"),
+            );
+        }
+        let before = t.segment_cache_stats();
+        assert_same(family, &t, &format!("{base} and one more question"));
+        let after = t.segment_cache_stats();
+        if family != "gemma3" {
+            // 9,000 characters are several chunks, all but the last found again.
+            assert!(
+                after.hits - before.hits >= 3,
+                "{family}: {} chunks found again",
+                after.hits - before.hits
+            );
+        }
+    }
+}

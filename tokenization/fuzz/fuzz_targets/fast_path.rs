@@ -4,7 +4,10 @@
 //! Input: a first byte picking the mode (its low bit) and the tokenizer family (Qwen3,
 //! Llama 3, gpt-oss, Mistral Nemo, Gemma 3, DeepSeek-V3), then either UTF-8 text (lossy) or bytes
 //! that each pick a fragment (added tokens, contractions, Unicode classes, letter case, marks,
-//! whitespace mixes), so the fuzzer reaches the interesting boundaries quickly.
+//! whitespace mixes), so the fuzzer reaches the interesting boundaries quickly. When
+//! `mode / 12` is odd, the tokenizer keeps its default segment cache, so a long text goes
+//! through the chunk cache: it is encoded twice (the second time from cached chunks), then its
+//! first half (the same first chunks, a different end); chunks from earlier inputs stay cached.
 #![no_main]
 
 use kvroute_tokenization::Tokenizer;
@@ -35,6 +38,20 @@ fn tokenizer(family: usize) -> &'static Tokenizer {
     })
 }
 
+/// The same tokenizers with their default segment cache (chunked caching of long pieces).
+fn cached(family: usize) -> &'static Tokenizer {
+    static T: [OnceLock<Tokenizer>; 6] = [const { OnceLock::new() }; 6];
+    let name = FAMILIES[family % FAMILIES.len()];
+    T[family % FAMILIES.len()].get_or_init(|| {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/tokenizers")
+            .join(name);
+        Tokenizer::from_dir(&dir).expect("tokenizer")
+    })
+}
+
+const FAMILY_COUNT: u8 = 6;
+
 const FRAGMENTS: &[&str] = &[
     "a", "Z", "hello", " world", "'", "'s", "'S", "'ll", "'LL", "'re", "'Ve", "'d", "'m", "'t",
     "'\u{17f}", "0", "12", "\u{b2}", "\u{663}", "\u{2166}", ".", "...", "!", " (", ")", "-", "_",
@@ -56,6 +73,7 @@ fuzz_target!(
     init: {
         for family in 0..FAMILIES.len() {
             tokenizer(family);
+            cached(family);
         }
     },
     |data: &[u8]| {
@@ -69,7 +87,25 @@ fuzz_target!(
                 .map(|&b| FRAGMENTS[usize::from(b) % FRAGMENTS.len()])
                 .collect()
         };
-        let t = tokenizer(usize::from(mode / 2));
+        let family = usize::from(mode / 2);
+        if (mode / (2 * FAMILY_COUNT)) % 2 == 1 {
+            let t = cached(family);
+            let truth = t.encode_text_uncached(&text, false).expect("tokenizers");
+            for pass in 0..2 {
+                let ours = t.encode_text(&text, false).expect("fast path");
+                assert_eq!(ours, truth, "ids differ (pass {pass}) for {text:?}");
+            }
+            let mut half = text.len() / 2;
+            while !text.is_char_boundary(half) {
+                half -= 1;
+            }
+            let head = &text[..half];
+            let truth = t.encode_text_uncached(head, false).expect("tokenizers");
+            let ours = t.encode_text(head, false).expect("fast path");
+            assert_eq!(ours, truth, "ids differ for the first half of {text:?}");
+            return;
+        }
+        let t = tokenizer(family);
         let truth = t.encode_text_uncached(&text, false).expect("tokenizers");
         let ours = t.encode_text(&text, false).expect("fast path");
         assert_eq!(ours, truth, "ids differ for {text:?}");
