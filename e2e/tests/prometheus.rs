@@ -440,6 +440,15 @@ async fn evaluate(prom: &Prom, d: &Deployment, started: Instant) -> anyhow::Resu
         )
         .await?;
     }
+    // KV events travel engine -> ZeroMQ -> sidecar on their own schedule (the subscriber
+    // may connect after the first wave): wait until some sidecar's counter has two samples
+    // in the rate window, as the panel's rate() needs.
+    wait_scraped(
+        prom,
+        "max(count_over_time(kvroute_sidecar_kv_events_total[1m]))",
+        2.0,
+    )
+    .await?;
     // Every target scraped once more after the last wave.
     let after = prom.scalar("time()").await?;
     let expr = format!("min(timestamp(up)) > bool {after}");
