@@ -45,7 +45,9 @@ python3 - "$OUT" "$RATE" <<'PY'
 import json, sys
 out, rate = sys.argv[1], float(sys.argv[2])
 bench = json.load(open(f"{out}/bench.json"))
-requests = sum(p.get("requests", 0) for w in bench["workloads"].values() for p in w.values())
+# Every request the router routed: the headline run's and each sweep level's.
+requests = sum(p.get("requests", 0) + sum(pt.get("requests", 0) for pt in p.get("sweep", []))
+               for w in bench["workloads"].values() for p in w.values())
 # First matching rule wins: start-up first, then the decision, then the relay.
 rules = [
     ("start-up: tokenizer load", ("Tokenizers::load", "Tokenizer::from_files",
