@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# GuideLLM 0.8.1 through the kvroute gateway over live mock workers (not CI).
+# GuideLLM 0.8.1 through the kvroute gateway over live mock workers (not CI), and through
+# the real peer routers over the same workers.
 #   e2e/guidellm/run.sh                    # policies random and kvroute
 #   POLICIES="random kvroute max-prefix" STREAMS=8 DURATION=30 e2e/guidellm/run.sh
+#   PEERS="sglang-router vllm-router" e2e/guidellm/run.sh
+#     also sglang-router 0.3.2 and vllm-router 0.1.17 (cache_aware; installed into
+#     e2e/peers/.venv as e2e/peers/run.sh does), each over fresh mock workers
 # Needs: python3 with venv, curl, a built `kvroute` (cargo build -p kvroute-cli).
 # Writes $OUT/guidellm-<policy>.json (GuideLLM's own report) and $OUT/summary.md.
 set -euo pipefail
@@ -13,6 +17,9 @@ WORKERS=${WORKERS:-3}
 POLICIES=${POLICIES:-random kvroute}
 STREAMS=${STREAMS:-8}
 DURATION=${DURATION:-30}
+PEERS=${PEERS:-}
+PEER_VENV=${PEER_VENV:-$ROOT/e2e/peers/.venv}
+PEER_PORT=${PEER_PORT:-30000}
 # GuideLLM synthetic shared-prefix data (token counts in the Qwen3 tokenizer).
 DATA=${DATA:-kind=synthetic_text,prompt_tokens=128,output_tokens=32,prefix_tokens=256,prefix_count=4}
 source "$HERE/deploy.sh"
@@ -22,26 +29,56 @@ if [ ! -x "$VENV/bin/guidellm" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet guidellm==0.8.1   # ~2.5 min, ~5.9 GB (CUDA torch; runs on CPU)
 fi
+if [ -n "$PEERS" ] && [ ! -x "$PEER_VENV/bin/vllm-router" ]; then
+  python3 -m venv "$PEER_VENV"
+  "$PEER_VENV/bin/pip" install --quiet sglang-router==0.3.2 vllm-router==0.1.17
+fi
 [ -x "$KVROUTE" ] || { echo "build kvroute first: cargo build -p kvroute-cli" >&2; exit 1; }
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 trap stop_all EXIT
+
+guidellm_run() { # NAME URL
+  # validate_backend=false: GuideLLM probes GET /health on the target; the kvroute gateway
+  # answers health on its admin port (/healthz), not on the OpenAI port.
+  "$VENV/bin/guidellm" run \
+    --backend "kind=openai_http,target=$2,model=$MODEL,validate_backend=false" \
+    --tokenizer "kind=huggingface_auto,model=$TOKENIZER" \
+    --data "$DATA" \
+    --profile "kind=concurrent,streams=$STREAMS" \
+    --constraint "kind=max_duration,seconds=$DURATION" \
+    --output "kind=json,path=$OUT/guidellm-$1.json" --output kind=console \
+    --disable-progress
+}
 
 for policy in $POLICIES; do
   echo "== $policy: $WORKERS mock workers (x$SPEEDUP), sidecars, router; logs in $LOGS"
   start_kvroute "$policy" "$WORKERS"
   start_workers "$WORKERS"
   wait_routable "$WORKERS"
-  # validate_backend=false: GuideLLM probes GET /health on the target; the kvroute gateway
-  # answers health on its admin port (/healthz), not on the OpenAI port.
-  "$VENV/bin/guidellm" run \
-    --backend "kind=openai_http,target=http://127.0.0.1:$GW_PORT,model=$MODEL,validate_backend=false" \
-    --tokenizer "kind=huggingface_auto,model=$TOKENIZER" \
-    --data "$DATA" \
-    --profile "kind=concurrent,streams=$STREAMS" \
-    --constraint "kind=max_duration,seconds=$DURATION" \
-    --output "kind=json,path=$OUT/guidellm-$policy.json" --output kind=console \
-    --disable-progress
+  guidellm_run "$policy" "http://127.0.0.1:$GW_PORT"
   stop_all   # fresh workers per policy: caches start cold
+done
+
+for peer in $PEERS; do
+  echo "== $peer (cache_aware): $WORKERS mock workers (x$SPEEDUP); logs in $LOGS"
+  # The same workers as kvroute's, without sidecars (nothing reads their KV events).
+  KV_EVENTS=0 start_workers "$WORKERS"
+  read -r -a urls <<<"$(worker_urls "$WORKERS")"
+  case $peer in
+    sglang-router)
+      "$PEER_VENV/bin/python" -m sglang_router.launch_router --host 127.0.0.1 \
+        --port "$PEER_PORT" --worker-urls "${urls[@]}" --policy cache_aware \
+        --prometheus-host 127.0.0.1 --prometheus-port 29000 >"$LOGS/$peer.log" 2>&1 & ;;
+    vllm-router)
+      "$PEER_VENV/bin/vllm-router" --host 127.0.0.1 --port "$PEER_PORT" \
+        --worker-urls "${urls[@]}" --policy cache_aware \
+        --prometheus-port 29010 >"$LOGS/$peer.log" 2>&1 & ;;
+    *) echo "unknown peer $peer (sglang-router, vllm-router)" >&2; exit 2 ;;
+  esac
+  PIDS+=($!)
+  wait_url "http://127.0.0.1:$PEER_PORT/health" 120
+  guidellm_run "$peer-cache-aware" "http://127.0.0.1:$PEER_PORT"
+  stop_all
 done
 
 "$VENV/bin/python" "$HERE/summary.py" --speedup "$SPEEDUP" "$OUT"/guidellm-*.json | tee "$OUT/summary.md"
