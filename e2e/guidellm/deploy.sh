@@ -108,6 +108,26 @@ wait_routable() {
   done
 }
 
+# A real peer router in cache_aware mode over URL..., from the venv PEER_VENV (sglang-router
+# 0.3.2 and vllm-router 0.1.17 installed), serving PORT and its Prometheus metrics on PROM.
+# Logs in $LOGS/NAME.log; add to PIDS.
+start_peer() { # sglang-router|vllm-router PORT PROM LOG_NAME URL...
+  local peer=$1 port=$2 prom=$3 name=$4
+  shift 4
+  case $peer in
+    sglang-router)
+      "$PEER_VENV/bin/python" -m sglang_router.launch_router --host 127.0.0.1 \
+        --port "$port" --worker-urls "$@" --policy cache_aware \
+        --prometheus-host 127.0.0.1 --prometheus-port "$prom" >"$LOGS/$name.log" 2>&1 & ;;
+    vllm-router)
+      "$PEER_VENV/bin/vllm-router" --host 127.0.0.1 --port "$port" \
+        --worker-urls "$@" --policy cache_aware \
+        --prometheus-port "$prom" >"$LOGS/$name.log" 2>&1 & ;;
+    *) echo "unknown peer $peer (sglang-router, vllm-router)" >&2; return 2 ;;
+  esac
+  PIDS+=($!)
+}
+
 stop_all() {
   local p
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done

@@ -65,17 +65,11 @@ for peer in $PEERS; do
   KV_EVENTS=0 start_workers "$WORKERS"
   read -r -a urls <<<"$(worker_urls "$WORKERS")"
   case $peer in
-    sglang-router)
-      "$PEER_VENV/bin/python" -m sglang_router.launch_router --host 127.0.0.1 \
-        --port "$PEER_PORT" --worker-urls "${urls[@]}" --policy cache_aware \
-        --prometheus-host 127.0.0.1 --prometheus-port 29000 >"$LOGS/$peer.log" 2>&1 & ;;
-    vllm-router)
-      "$PEER_VENV/bin/vllm-router" --host 127.0.0.1 --port "$PEER_PORT" \
-        --worker-urls "${urls[@]}" --policy cache_aware \
-        --prometheus-port 29010 >"$LOGS/$peer.log" 2>&1 & ;;
+    sglang-router) prom=29000 ;;
+    vllm-router) prom=29010 ;;
     *) echo "unknown peer $peer (sglang-router, vllm-router)" >&2; exit 2 ;;
   esac
-  PIDS+=($!)
+  start_peer "$peer" "$PEER_PORT" "$prom" "$peer" "${urls[@]}"
   wait_url "http://127.0.0.1:$PEER_PORT/health" 120
   guidellm_run "$peer-cache-aware" "http://127.0.0.1:$PEER_PORT"
   stop_all

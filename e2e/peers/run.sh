@@ -36,14 +36,9 @@ trap stop_all EXIT
 # its own policies, no sidecars; they bind their KV-event sockets for vllm-router's kv_aware.
 KV_BIND=1 start_workers "$WORKERS"
 read -r -a urls <<<"$(worker_urls "$WORKERS")"
-"$VENV/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port "$SGLANG_PORT" \
-  --worker-urls "${urls[@]}" --policy cache_aware \
-  --prometheus-host 127.0.0.1 --prometheus-port 29000 >"$LOGS/sglang-router.log" 2>&1 &
-PIDS+=($!)
-"$VENV/bin/vllm-router" --host 127.0.0.1 --port "$VLLM_ROUTER_PORT" \
-  --worker-urls "${urls[@]}" --policy cache_aware \
-  --prometheus-port 29010 >"$LOGS/vllm-router.log" 2>&1 &
-PIDS+=($!)
+PEER_VENV=$VENV
+start_peer sglang-router "$SGLANG_PORT" 29000 sglang-router "${urls[@]}"
+start_peer vllm-router "$VLLM_ROUTER_PORT" 29010 vllm-router "${urls[@]}"
 # vllm-router's kv_aware policy reads the workers' KV events (ZMQ, as from vLLM); where it
 # does not come up, its row is left out and the log says why.
 kv_sources=()

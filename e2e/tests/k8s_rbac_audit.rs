@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -32,9 +33,7 @@ use kvroute_e2e::harness::{
 };
 use kvroute_e2e::procs::wait_for;
 use kvroute_operator::bundle::{DEPLOY_NAMESPACE, OPERATOR_NAME};
-use kvroute_operator::desired::router::{
-    ADMIN_PORT, HF_HOME, HTTP_PORT, INGEST_PORT, INGEST_SERVICE,
-};
+use kvroute_operator::desired::router::{ADMIN_PORT, HF_HOME, HTTP_PORT};
 use kvroute_operator::permissions::{
     LEASE_NAME, NOT_EXERCISED, OPERATOR_NAMESPACE_RULES, OPERATOR_RULES, ROUTER_NAME, ROUTER_RULES,
     Rule, allows, grants,
@@ -44,6 +43,8 @@ use serde_json::{Value, json};
 const WAIT: Duration = Duration::from_secs(120);
 const TEAM: &str = "team-audit";
 const SERVED: &str = "qwen3-mock";
+/// The Secret the GatewayBackend names; the operator mounts it into the router pods.
+const BACKEND_SECRET: &str = "openai-credentials";
 
 fn user(sa: &str) -> String {
     format!("system:serviceaccount:{DEPLOY_NAMESPACE}:{sa}")
@@ -212,7 +213,7 @@ async fn workload(admin: &kube::Client) -> anyhow::Result<()> {
         .await?;
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "openai-credentials"},
+        "metadata": {"name": BACKEND_SECRET},
         "stringData": {"apiKey": "sk-test"},
     }))?;
     // In the router's namespace: the router mounts it from there, and the operator looks it
@@ -244,7 +245,7 @@ async fn workload(admin: &kube::Client) -> anyhow::Result<()> {
         json!({"apiVersion": "kvroute.dev/v1alpha1", "kind": "GatewayBackend",
                "metadata": {"name": "openai"},
                "spec": {"url": "https://api.openai.com",
-                        "auth": {"secretRef": {"name": "openai-credentials", "key": "apiKey"}, "type": "bearer"}}}),
+                        "auth": {"secretRef": {"name": BACKEND_SECRET, "key": "apiKey"}, "type": "bearer"}}}),
     ];
     for doc in docs {
         let kind = doc["kind"].as_str().unwrap_or_default().to_string();
@@ -310,6 +311,10 @@ async fn operator_and_router_use_exactly_the_generated_rbac() -> anyhow::Result<
     let (_hub, mut opts) = router_pod_options(&cluster, DEPLOY_NAMESPACE, HF_HOME).await?;
     opts.namespace = None;
     opts.service_accounts = Some(cluster.service_account_auth());
+    // Sidecars resolve the headless ingest Service as in a cluster, so they follow the router
+    // pod when the operator rolls it (mounting the GatewayBackend's Secret changes its
+    // template after the workload appears).
+    opts.cluster_dns = true;
     let kubelet = FakeKubelet::start(admin.clone(), opts).await?;
 
     // The operator, as its service account, watching every namespace (the deploy/ default).
@@ -324,29 +329,54 @@ async fn operator_and_router_use_exactly_the_generated_rbac() -> anyhow::Result<
         &["--router-replicas=1".to_string()],
     )
     .await?;
-
-    let router = wait_for("the operator's router pod runs", WAIT, || async {
-        Ok(kubelet
-            .running()
-            .into_iter()
-            .find(|p| p.name.starts_with(ROUTER_NAME)))
-    })
-    .await
-    .with_context(|| {
-        format!(
-            "kubelet problems: {:?}\noperator log:\n{}",
-            kubelet.problems(),
-            operator.log()
-        )
-    })?;
-    kubelet.rewrite(
-        format!("{INGEST_SERVICE}.{DEPLOY_NAMESPACE}.svc:{INGEST_PORT}"),
-        format!("{}:{INGEST_PORT}", router.ip),
-    );
     workload(&admin).await?;
 
     // The router, as its service account, discovers the worker, which streams to it; the
-    // worker pod runs without any token.
+    // worker pod runs without any token. Its Deployment is followed until the template that
+    // mounts the GatewayBackend's Secret has rolled out: a pod of an earlier template may be
+    // replaced before it ever turns ready.
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), DEPLOY_NAMESPACE);
+    wait_for(
+        "the router Deployment mounts the backend Secret and has rolled out",
+        WAIT,
+        || async {
+            let Some(d) = deployments.get_opt(ROUTER_NAME).await? else {
+                return Ok(None);
+            };
+            let mounts = d
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.spec.as_ref())
+                .and_then(|p| p.volumes.as_ref())
+                .is_some_and(|vs| {
+                    vs.iter().any(|v| {
+                        v.secret.as_ref().and_then(|s| s.secret_name.as_deref())
+                            == Some(BACKEND_SECRET)
+                    })
+                });
+            let st = d.status.unwrap_or_default();
+            let rolled_out = d.metadata.generation.is_some()
+                && st.observed_generation == d.metadata.generation
+                && st.replicas == Some(1)
+                && st.updated_replicas == Some(1)
+                && st.available_replicas == Some(1);
+            Ok((mounts && rolled_out).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "kubelet problems: {:?}\nkubelet journal (last 30): {:#?}\noperator log:\n{}",
+            kubelet.problems(),
+            kubelet.journal().iter().rev().take(30).collect::<Vec<_>>(),
+            operator.log()
+        )
+    })?;
+    let router = kubelet
+        .running()
+        .into_iter()
+        .find(|p| p.name.starts_with(ROUTER_NAME) && p.ready)
+        .context("the rolled-out router pod is not running in the kubelet")?;
     let http = reqwest::Client::new();
     let admin_url = format!("http://{}:{ADMIN_PORT}", router.ip);
     wait_for("the router is ready with its tokenizer", WAIT, || async {

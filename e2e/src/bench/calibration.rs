@@ -94,9 +94,9 @@ pub fn evaluate(records: &[RequestRecord]) -> PredictionQuality {
     // Adaptive level: alpha, and the bounded requests whose first token is still to come
     // (first token time, above their bound), applied in first-token order.
     let mut alpha = 1.0 - TARGET_COVERAGE;
+    // Kept sorted latest first, so the next first token to come is the last element.
     let mut waiting: Vec<(f64, bool)> = Vec::new();
     for (i, r) in rs.iter().enumerate() {
-        waiting.sort_by(|a, b| b.0.total_cmp(&a.0));
         while waiting.last().is_some_and(|w| w.0 <= r.arrival) {
             if let Some((_, missed)) = waiting.pop() {
                 let miss = if missed { 1.0 } else { 0.0 };
@@ -106,14 +106,19 @@ pub fn evaluate(records: &[RequestRecord]) -> PredictionQuality {
         let known = seen.partition_point(|s| s.0 <= r.arrival);
         let recent = &seen[known.saturating_sub(WINDOW)..known];
         let bounds = if recent.len() >= MIN_CALIBRATION {
-            let split = conformal_quantile(recent.iter().map(|s| s.1), TARGET_COVERAGE);
-            let adaptive = adaptive_quantile(recent.iter().map(|s| s.1), 1.0 - alpha);
+            // One sorted window serves both quantiles.
+            let window = sorted_finite(recent.iter().map(|s| s.1));
+            let split = split_rank(&window, TARGET_COVERAGE);
+            let adaptive = adaptive_rank(&window, 1.0 - alpha);
             split.map(|q| (r.predicted_ttft * q, r.predicted_ttft * adaptive))
         } else {
             None
         };
         if let Some((_, bound)) = bounds {
-            waiting.push((r.arrival + r.ttft, r.ttft > bound));
+            let first_token = r.arrival + r.ttft;
+            // After every later or equal one: equal times come due in arrival order.
+            let at = waiting.partition_point(|w| w.0.total_cmp(&first_token).is_ge());
+            waiting.insert(at, (first_token, r.ttft > bound));
         }
         if i < warmup {
             continue;
@@ -157,24 +162,38 @@ pub fn evaluate(records: &[RequestRecord]) -> PredictionQuality {
 /// `ceil(level (n + 1))`, clamped to the scores (from the smallest to the largest, so the
 /// bound is never infinite; NaN without scores).
 pub fn adaptive_quantile(scores: impl Iterator<Item = f64>, level: f64) -> f64 {
-    let mut v: Vec<f64> = scores.filter(|x| x.is_finite()).collect();
-    v.sort_by(f64::total_cmp);
-    let rank = (level.max(0.0) * (v.len() + 1) as f64).ceil() as usize;
-    v.get(rank.clamp(1, v.len().max(1)) - 1)
-        .copied()
-        .unwrap_or(f64::NAN)
+    adaptive_rank(&sorted_finite(scores), level)
 }
 
 /// Split conformal: the `ceil(level (n + 1))`-th smallest of `n` scores (None with fewer
 /// than [`MIN_CALIBRATION`] or when that rank is past `n`).
 pub fn conformal_quantile(scores: impl Iterator<Item = f64>, level: f64) -> Option<f64> {
+    split_rank(&sorted_finite(scores), level)
+}
+
+/// The finite `scores`, ascending.
+fn sorted_finite(scores: impl Iterator<Item = f64>) -> Vec<f64> {
     let mut v: Vec<f64> = scores.filter(|x| x.is_finite()).collect();
-    if v.len() < MIN_CALIBRATION {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// [`adaptive_quantile`] of scores already sorted by [`sorted_finite`].
+fn adaptive_rank(sorted: &[f64], level: f64) -> f64 {
+    let rank = (level.max(0.0) * (sorted.len() + 1) as f64).ceil() as usize;
+    sorted
+        .get(rank.clamp(1, sorted.len().max(1)) - 1)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
+/// [`conformal_quantile`] of scores already sorted by [`sorted_finite`].
+fn split_rank(sorted: &[f64], level: f64) -> Option<f64> {
+    if sorted.len() < MIN_CALIBRATION {
         return None;
     }
-    v.sort_by(f64::total_cmp);
-    let rank = (level * (v.len() + 1) as f64).ceil() as usize;
-    v.get(rank.checked_sub(1)?).copied()
+    let rank = (level * (sorted.len() + 1) as f64).ceil() as usize;
+    sorted.get(rank.checked_sub(1)?).copied()
 }
 
 #[cfg(test)]
