@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use anyhow::Context as _;
+use axum::serve::ListenerExt as _;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -359,6 +360,14 @@ pub async fn start(args: Args) -> anyhow::Result<RunningServer> {
     let (drain, mut draining) = tokio::sync::watch::channel(false);
     let http = match tls {
         None => tokio::spawn(async move {
+            // vLLM's server (uvicorn on uvloop or asyncio) sets TCP_NODELAY on every
+            // connection; without it a streamed token written right after the previous one
+            // waits for the client's delayed ACK (Nagle), tens of milliseconds.
+            let listener = listener.tap_io(|tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "TCP_NODELAY not set");
+                }
+            });
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move {
                     let _ = draining.wait_for(|d| *d).await;

@@ -51,6 +51,8 @@ pub async fn serve(
             _ = draining.wait_for(|d| *d) => return Ok(()),
             accepted = listener.accept() => accepted?,
         };
+        // As vLLM's server does (see the plain-HTTP listener in lib.rs).
+        let _ = tcp.set_nodelay(true);
         let (acceptor, app) = (acceptor.clone(), app.clone());
         tokio::spawn(async move {
             // A client that does not trust the certificate just ends its connection.

@@ -15,6 +15,7 @@ use anyhow::Context;
 use kvroute_tls::WatchedServer;
 use kvroute_tls::reload::ReloadOutcome;
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
@@ -117,8 +118,18 @@ pub(crate) async fn serve_routes(
         reload_every,
     }) = tls
     else {
+        // TCP_NODELAY as on the TLS path (kvroute_tls sets it): a Pick answer's frames go
+        // out at once instead of waiting for the caller's delayed ACK.
+        let incoming = TcpListenerStream::new(listener).map(|conn| {
+            if let Ok(tcp) = &conn
+                && let Err(e) = tcp.set_nodelay(true)
+            {
+                tracing::debug!(error = %e, "TCP_NODELAY not set");
+            }
+            conn
+        });
         return routes
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), close.cancelled_owned())
+            .serve_with_incoming_shutdown(incoming, close.cancelled_owned())
             .await
             .context(what);
     };
