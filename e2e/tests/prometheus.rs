@@ -449,6 +449,12 @@ async fn evaluate(prom: &Prom, d: &Deployment, started: Instant) -> anyhow::Resu
         2.0,
     )
     .await?;
+    // That wait can take most of a minute on a loaded machine, long enough for the samples
+    // from before the second wave to leave the rate window: one more wave, scraped, puts a
+    // change of every counter and histogram (and fresh KV events) back inside it.
+    decisions += wave(&d.gateway, 2).await?;
+    wait_scraped(prom, "sum(kvroute_router_requests_total)", decisions as f64).await?;
+    wait_scraped(prom, "sum(kvroute_router_pick_errors_total)", 3.0).await?;
     // Every target scraped once more after the last wave.
     let after = prom.scalar("time()").await?;
     let expr = format!("min(timestamp(up)) > bool {after}");
