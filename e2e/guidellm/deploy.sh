@@ -108,21 +108,30 @@ wait_routable() {
   done
 }
 
-# A real peer router in cache_aware mode over URL..., from the venv PEER_VENV (sglang-router
-# 0.3.2 and vllm-router 0.1.17 installed), serving PORT and its Prometheus metrics on PROM.
-# Logs in $LOGS/NAME.log; add to PIDS.
-start_peer() { # sglang-router|vllm-router PORT PROM LOG_NAME URL...
-  local peer=$1 port=$2 prom=$3 name=$4
-  shift 4
+# The peer routers' venv PEER_VENV: sglang-router 0.3.2 and vllm-router 0.1.17, installed on
+# first use.
+ensure_peer_venv() {
+  if [ ! -x "$PEER_VENV/bin/vllm-router" ]; then
+    python3 -m venv "$PEER_VENV"
+    "$PEER_VENV/bin/pip" install --quiet sglang-router==0.3.2 vllm-router==0.1.17
+  fi
+}
+
+# A real peer router in cache_aware mode over URL..., from PEER_VENV, serving PORT; its
+# Prometheus metrics on 29000 (sglang-router) or 29010 (vllm-router). Logs in $LOGS/NAME.log;
+# adds to PIDS.
+start_peer() { # sglang-router|vllm-router PORT URL...
+  local peer=$1 port=$2
+  shift 2
   case $peer in
     sglang-router)
       "$PEER_VENV/bin/python" -m sglang_router.launch_router --host 127.0.0.1 \
         --port "$port" --worker-urls "$@" --policy cache_aware \
-        --prometheus-host 127.0.0.1 --prometheus-port "$prom" >"$LOGS/$name.log" 2>&1 & ;;
+        --prometheus-host 127.0.0.1 --prometheus-port 29000 >"$LOGS/$peer.log" 2>&1 & ;;
     vllm-router)
       "$PEER_VENV/bin/vllm-router" --host 127.0.0.1 --port "$port" \
         --worker-urls "$@" --policy cache_aware \
-        --prometheus-port "$prom" >"$LOGS/$name.log" 2>&1 & ;;
+        --prometheus-port 29010 >"$LOGS/$peer.log" 2>&1 & ;;
     *) echo "unknown peer $peer (sglang-router, vllm-router)" >&2; return 2 ;;
   esac
   PIDS+=($!)

@@ -29,10 +29,7 @@ if [ ! -x "$VENV/bin/guidellm" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet guidellm==0.8.1   # ~2.5 min, ~5.9 GB (CUDA torch; runs on CPU)
 fi
-if [ -n "$PEERS" ] && [ ! -x "$PEER_VENV/bin/vllm-router" ]; then
-  python3 -m venv "$PEER_VENV"
-  "$PEER_VENV/bin/pip" install --quiet sglang-router==0.3.2 vllm-router==0.1.17
-fi
+if [ -n "$PEERS" ]; then ensure_peer_venv; fi
 [ -x "$KVROUTE" ] || { echo "build kvroute first: cargo build -p kvroute-cli" >&2; exit 1; }
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 trap stop_all EXIT
@@ -64,12 +61,7 @@ for peer in $PEERS; do
   # The same workers as kvroute's, without sidecars (nothing reads their KV events).
   KV_EVENTS=0 start_workers "$WORKERS"
   read -r -a urls <<<"$(worker_urls "$WORKERS")"
-  case $peer in
-    sglang-router) prom=29000 ;;
-    vllm-router) prom=29010 ;;
-    *) echo "unknown peer $peer (sglang-router, vllm-router)" >&2; exit 2 ;;
-  esac
-  start_peer "$peer" "$PEER_PORT" "$prom" "$peer" "${urls[@]}"
+  start_peer "$peer" "$PEER_PORT" "${urls[@]}" || exit 2
   wait_url "http://127.0.0.1:$PEER_PORT/health" 120
   guidellm_run "$peer-cache-aware" "http://127.0.0.1:$PEER_PORT"
   stop_all

@@ -24,10 +24,8 @@ VLLM_KV_PORT=${VLLM_KV_PORT:-30020}
 source "$ROOT/e2e/guidellm/deploy.sh"
 mkdir -p "$OUT"
 
-if [ ! -x "$VENV/bin/vllm-router" ]; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet sglang-router==0.3.2 vllm-router==0.1.17
-fi
+PEER_VENV=$VENV
+ensure_peer_venv
 [ -x "$KVROUTE" ] || { echo "build kvroute first: cargo build -p kvroute-cli" >&2; exit 1; }
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 trap stop_all EXIT
@@ -36,9 +34,8 @@ trap stop_all EXIT
 # its own policies, no sidecars; they bind their KV-event sockets for vllm-router's kv_aware.
 KV_BIND=1 start_workers "$WORKERS"
 read -r -a urls <<<"$(worker_urls "$WORKERS")"
-PEER_VENV=$VENV
-start_peer sglang-router "$SGLANG_PORT" 29000 sglang-router "${urls[@]}"
-start_peer vllm-router "$VLLM_ROUTER_PORT" 29010 vllm-router "${urls[@]}"
+start_peer sglang-router "$SGLANG_PORT" "${urls[@]}"
+start_peer vllm-router "$VLLM_ROUTER_PORT" "${urls[@]}"
 # vllm-router's kv_aware policy reads the workers' KV events (ZMQ, as from vLLM); where it
 # does not come up, its row is left out and the log says why.
 kv_sources=()
