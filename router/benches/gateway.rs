@@ -88,6 +88,7 @@ impl Dispatch for OneWorker {
             address: self.url.trim_start_matches("http://").to_string(),
             backend_model: "m".into(),
             predicted_ttft_s: 0.01,
+            ttft_p90_bound_s: f64::NAN,
             reason: "lowest_predicted_ttft",
             degraded: false,
             fallbacks: Vec::new(),

@@ -48,6 +48,9 @@ pub struct RouterMetrics {
     pub predicted_ttft: HistogramVec,
     /// |observed - predicted| TTFT, by model and worker.
     pub ttft_prediction_error: HistogramVec,
+    /// First tokens by how they compared with the p90 bound published with their prediction
+    /// (`covered`, `missed`, `unbounded`), by model.
+    pub ttft_bound: IntCounterVec,
     /// Prompt tokens reported by workers, `kind` = cached | uncached, by model.
     pub prompt_tokens: IntCounterVec,
     /// Decisions made on load alone, by model and reason (no-tokenizer, tokenization-failed).
@@ -177,6 +180,11 @@ impl RouterMetrics {
                 "Absolute difference between observed and predicted time to first token.",
                 &["model", "worker"],
                 ERROR_BUCKETS,
+            )?,
+            ttft_bound: counter_vec(
+                "kvroute_router_ttft_bound_total",
+                "First tokens by outcome against the calibrated p90 TTFT bound published with the decision: covered, missed or unbounded (no bound yet).",
+                &["model", "outcome"],
             )?,
             prompt_tokens: counter_vec(
                 "kvroute_router_prompt_tokens_total",
@@ -374,6 +382,7 @@ impl RouterMetrics {
         registry.register(Box::new(m.e2e.clone()))?;
         registry.register(Box::new(m.predicted_ttft.clone()))?;
         registry.register(Box::new(m.ttft_prediction_error.clone()))?;
+        registry.register(Box::new(m.ttft_bound.clone()))?;
         registry.register(Box::new(m.prompt_tokens.clone()))?;
         registry.register(Box::new(m.degraded_decisions.clone()))?;
         registry.register(Box::new(m.tokenization_failures.clone()))?;

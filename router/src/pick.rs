@@ -400,6 +400,11 @@ impl Picker for PickerService {
             },
             reason: a.reason.to_string(),
             degraded: a.degraded,
+            ttft_p90_bound_seconds: if a.ttft_p90_bound_s.is_finite() {
+                a.ttft_p90_bound_s
+            } else {
+                0.0
+            },
         }))
     }
 

@@ -19,7 +19,7 @@ use kvroute_router::gateway::AdmissionConfig;
 use kvroute_router::gateway::openai::Usage;
 use kvroute_router::gateway::{
     Dispatch, GatewayConfig, GatewayRequest, PREDICTED_TTFT_HEADER, PickError, Picked, Resolved,
-    WORKER_HEADER, router_with,
+    TTFT_BOUND_HEADER, WORKER_HEADER, router_with,
 };
 use kvroute_router::listener::{ListenerConfig, ListenerMetrics, Refusal};
 use kvroute_router::routing::AssignmentId;
@@ -247,6 +247,7 @@ impl Dispatch for FakeRouter {
             address: url.trim_start_matches("http://").to_string(),
             backend_model: request.resolved.backend_model.clone(),
             predicted_ttft_s: 0.0425,
+            ttft_p90_bound_s: 0.0625,
             reason: "lowest_predicted_ttft",
             degraded: false,
             fallbacks: Vec::new(),
@@ -345,6 +346,7 @@ async fn streaming_passes_chunks_through_before_the_worker_finishes() {
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()[WORKER_HEADER], "w0");
     assert_eq!(resp.headers()[PREDICTED_TTFT_HEADER], "42.500");
+    assert_eq!(resp.headers()[TTFT_BOUND_HEADER], "62.500");
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut stream = resp.bytes_stream();
     let mut buf = String::new();
@@ -873,6 +875,7 @@ async fn routing_headers_are_off_by_default() {
     assert_eq!(resp.status(), 200);
     assert!(resp.headers().get(WORKER_HEADER).is_none());
     assert!(resp.headers().get(PREDICTED_TTFT_HEADER).is_none());
+    assert!(resp.headers().get(TTFT_BOUND_HEADER).is_none());
 }
 
 fn anthropic_body() -> Value {

@@ -244,6 +244,7 @@ impl Dispatch for Local {
             address: self.worker.clone(),
             backend_model: "local-llm".into(),
             predicted_ttft_s: self.ttft_s,
+            ttft_p90_bound_s: f64::NAN,
             reason: "lowest_predicted_ttft",
             degraded: false,
             fallbacks: Vec::new(),

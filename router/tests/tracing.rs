@@ -141,6 +141,7 @@ impl Dispatch for OneWorker {
             address: self.address.clone(),
             backend_model: request.resolved.backend_model.clone(),
             predicted_ttft_s: 0.0425,
+            ttft_p90_bound_s: f64::NAN,
             reason: "lowest_predicted_ttft",
             degraded: false,
             policy: Default::default(),

@@ -43,7 +43,7 @@ pub use admission::AdmissionConfig;
 pub use dispatch::{AssignmentGuard, Dispatch, GatewayRequest, PickError, Picked, Resolved};
 pub use error::GatewayError;
 pub use overflow::OverflowPlan;
-pub use proxy::{PREDICTED_TTFT_HEADER, WORKER_HEADER};
+pub use proxy::{PREDICTED_TTFT_HEADER, TTFT_BOUND_HEADER, WORKER_HEADER};
 pub use tenancy::DEFAULT_CLASS;
 pub use upstream::UpstreamConfig;
 

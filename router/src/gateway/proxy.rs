@@ -39,6 +39,9 @@ use crate::state::max_tokens_of;
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
 /// Response header with the predicted TTFT of the chosen worker, in milliseconds.
 pub const PREDICTED_TTFT_HEADER: &str = "x-kvroute-predicted-ttft-ms";
+/// Response header with the calibrated p90 upper bound on that TTFT, in milliseconds
+/// (absent until the router has seen enough first tokens to calibrate it).
+pub const TTFT_BOUND_HEADER: &str = "x-kvroute-ttft-p90-bound-ms";
 
 /// Keeps `guard` alive until `resp`'s body has been sent or dropped (the client went away).
 /// A provider's streamed answer holds its tenant's concurrency slot and the matched rule's
@@ -593,10 +596,12 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
     Ok(resp)
 }
 
-/// `x-kvroute-worker` and `x-kvroute-predicted-ttft-ms` of a decision (none unless exposed).
+/// `x-kvroute-worker`, `x-kvroute-predicted-ttft-ms` and `x-kvroute-ttft-p90-bound-ms` of a
+/// decision (none unless exposed).
 struct DecisionHeaders {
     worker: Option<HeaderValue>,
     predicted: Option<HeaderValue>,
+    bound: Option<HeaderValue>,
 }
 
 impl DecisionHeaders {
@@ -605,17 +610,19 @@ impl DecisionHeaders {
             return Self {
                 worker: None,
                 predicted: None,
+                bound: None,
             };
         }
         let p = a.picked();
-        let predicted = p
-            .predicted_ttft_s
-            .is_finite()
-            .then(|| HeaderValue::from_str(&format!("{:.3}", p.predicted_ttft_s * 1000.0)).ok())
-            .flatten();
+        let ms = |s: f64| {
+            s.is_finite()
+                .then(|| HeaderValue::from_str(&format!("{:.3}", s * 1000.0)).ok())
+                .flatten()
+        };
         Self {
             worker: HeaderValue::from_str(&p.worker).ok(),
-            predicted,
+            predicted: ms(p.predicted_ttft_s),
+            bound: ms(p.ttft_p90_bound_s),
         }
     }
 
@@ -625,6 +632,9 @@ impl DecisionHeaders {
         }
         if let Some(v) = self.predicted {
             resp.headers_mut().insert(PREDICTED_TTFT_HEADER, v);
+        }
+        if let Some(v) = self.bound {
+            resp.headers_mut().insert(TTFT_BOUND_HEADER, v);
         }
     }
 }

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use super::bound::BoundOutcome;
 use super::workers::WorkerId;
 
 /// Handle of one assignment.
@@ -57,6 +58,8 @@ pub struct Assignment {
     pub queue_tokens: f64,
     /// TTFT predicted when assigned (seconds; NaN when the policy made no prediction).
     pub predicted_ttft: f64,
+    /// The p90 upper bound published with that prediction (seconds; NaN for none).
+    pub ttft_bound: f64,
     /// When it was assigned (seconds, caller's clock).
     pub assigned_at: f64,
     /// Current state.
@@ -83,6 +86,8 @@ pub struct NewAssignment {
     pub queue_tokens: f64,
     /// Predicted TTFT (seconds; NaN for none).
     pub predicted_ttft: f64,
+    /// Its p90 upper bound (seconds; NaN for none; set by the core when it assigns).
+    pub ttft_bound: f64,
     /// Output tokens expected.
     pub output_tokens: u64,
     /// KV tokens it takes beyond blocks in use.
@@ -96,6 +101,9 @@ pub struct FirstToken {
     pub assignment: Assignment,
     /// Observed TTFT (seconds).
     pub observed_ttft: f64,
+    /// Whether the TTFT was within the bound published with the prediction (set by the
+    /// core; `Unbounded` from [`Assignments::first_token`]).
+    pub bound: BoundOutcome,
 }
 
 /// The router's outstanding work on one worker.
@@ -157,6 +165,7 @@ impl Assignments {
                 uncached_tokens: a.uncached_tokens,
                 queue_tokens: a.queue_tokens,
                 predicted_ttft: a.predicted_ttft,
+                ttft_bound: a.ttft_bound,
                 assigned_at: now,
                 state: AssignmentState::WaitingFirstToken,
                 first_token_at: None,
@@ -201,6 +210,7 @@ impl Assignments {
         Some(FirstToken {
             assignment: snapshot,
             observed_ttft: observed,
+            bound: BoundOutcome::Unbounded,
         })
     }
 
@@ -303,6 +313,7 @@ mod tests {
             uncached_tokens: uncached,
             queue_tokens: 0.0,
             predicted_ttft: 0.1,
+            ttft_bound: f64::NAN,
             output_tokens: 100,
             kv_need_tokens: uncached,
         }

@@ -269,6 +269,7 @@ impl Decision {
                 .round() as u64,
             queue_tokens: c.map_or(0.0, |c| c.queue_tokens),
             predicted_ttft: self.predicted_ttft(),
+            ttft_bound: f64::NAN,
             output_tokens: 0,
             kv_need_tokens: c.map_or(self.prompt_tokens as u64, |c| c.kv_need_tokens),
         }

@@ -24,6 +24,7 @@ use serde::Serialize;
 
 use super::admission::KvReleases;
 use super::assign::{Assignment, AssignmentId, Assignments, FirstToken, WorkerInflight};
+use super::bound::{BoundConfig, TtftBound};
 use super::choose::{Decision, Policy};
 use super::gpu::GpuStatus;
 use super::index::KvIndex;
@@ -74,6 +75,8 @@ pub struct CoreConfig {
     pub outlier: OutlierConfig,
     /// The other router replicas' placements (active-active replicas).
     pub peers: PeerConfig,
+    /// The p90 upper bound published with each prediction ([`TtftBound`]).
+    pub bound: BoundConfig,
 }
 
 impl Default for CoreConfig {
@@ -92,6 +95,7 @@ impl Default for CoreConfig {
             pending_max_blocks: 1 << 20,
             outlier: OutlierConfig::default(),
             peers: PeerConfig::default(),
+            bound: BoundConfig::default(),
         }
     }
 }
@@ -136,6 +140,8 @@ pub struct RoutingCore {
     admitted_saturated: HashMap<AssignmentId, (f64, f64)>,
     /// The other replicas' outstanding placements.
     pub(super) peers: PeerShare,
+    /// The p90 bound on predictions, calibrated on this router's first tokens.
+    bound: TtftBound,
 }
 
 /// What a store did: blocks new to the worker, and blocks refused at a cap.
@@ -219,6 +225,7 @@ impl RoutingCore {
             pending: Overlay::default(),
             admitted_saturated: HashMap::new(),
             peers: PeerShare::new(cfg.peers),
+            bound: TtftBound::new(cfg.bound),
             cfg,
         }
     }
@@ -563,6 +570,7 @@ impl RoutingCore {
     /// Records that the request of `plan` was sent to `decision`'s chosen worker.
     pub fn assign(&mut self, plan: &Plan, decision: &Decision, now: f64) -> AssignmentId {
         let mut a = decision.new_assignment();
+        a.ttft_bound = self.bound.bound(a.predicted_ttft);
         a.output_tokens = match plan.max_tokens {
             Some(m) => u64::from(m)
                 .min(self.mean_output.ceil().max(1.0) as u64 * 4)
@@ -632,7 +640,7 @@ impl RoutingCore {
         now: f64,
         observed_ttft: Option<f64>,
     ) -> Option<FirstToken> {
-        let ft = self.assignments.first_token(id, now, observed_ttft)?;
+        let mut ft = self.assignments.first_token(id, now, observed_ttft)?;
         self.pending.settle(id, now, self.cfg.pending_grace_s);
         let a = &ft.assignment;
         if let Some((queued, base)) = self.admitted_saturated.remove(&id) {
@@ -652,7 +660,16 @@ impl RoutingCore {
                 ft.observed_ttft,
             );
         }
+        ft.bound = self
+            .bound
+            .observe(a.predicted_ttft, a.ttft_bound, ft.observed_ttft);
         Some(ft)
+    }
+
+    /// The p90 upper bound this router would publish now for a prediction of `predicted`
+    /// seconds (NaN: none yet, or no prediction).
+    pub fn ttft_bound(&self, predicted: f64) -> f64 {
+        self.bound.bound(predicted)
     }
 
     /// Releases a completed assignment (once).

@@ -33,6 +33,11 @@
 //! - Prediction: `ttft = (queue_tokens + uncached) / rate + overhead`; `queue_tokens` is the
 //!   larger of the router's own not-yet-first-tokened uncached tokens on the worker and its
 //!   reported waiting requests times the mean uncached tokens routed so far.
+//! - p90 bound ([`TtftBound`], `bound.rs`): each assignment with a prediction also gets a
+//!   bound, the prediction times a quantile of the last 200 observed / predicted ratios at a
+//!   level adaptive conformal inference steers by the misses seen at first tokens; none until
+//!   20 first tokens were seen (`RoutingCore::ttft_bound`, `Assignment::ttft_bound`,
+//!   `FirstToken::bound`).
 //! - Admission wait: on a saturated worker (fresh report, `waiting > 0`, KV usage at or above
 //!   `saturated_kv_usage`) new requests also wait for KV space; the prediction adds a learned
 //!   wait per queued request times the requests queued (`Candidate.admission_wait`), learned
@@ -70,6 +75,7 @@
 mod admission;
 mod assign;
 mod baselines;
+mod bound;
 mod choose;
 mod core;
 mod gpu;
@@ -91,6 +97,7 @@ pub use baselines::{
     ApproxTree, DynamoCost, DynamoCostConfig, LlmdDefault, LlmdDefaultWeights, LlmdSticky,
     LlmdStickyConfig, SglangCacheAware, SglangCacheAwareConfig,
 };
+pub use bound::{BoundConfig, BoundOutcome, TtftBound};
 pub use choose::{
     Candidate, CandidateReport, ChoiceContext, Decision, Policy, PredictedTtft,
     PredictedTtftConfig, Reason,

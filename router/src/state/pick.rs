@@ -151,6 +151,9 @@ pub struct Picked {
     pub backend_model: String,
     /// Predicted TTFT, seconds (NaN when the policy predicts nothing).
     pub predicted_ttft_s: f64,
+    /// The calibrated p90 upper bound on that TTFT, seconds (NaN: no prediction, or too few
+    /// first tokens seen yet; `routing::TtftBound`).
+    pub ttft_p90_bound_s: f64,
     /// Why it was chosen (metric label form).
     pub reason: &'static str,
     /// Scored on load alone.
@@ -213,6 +216,9 @@ pub struct DecisionRecord {
     pub prompt_tokens: usize,
     /// Predicted TTFT of the chosen worker, seconds.
     pub predicted_ttft_s: f64,
+    /// The calibrated p90 upper bound the router would publish with it, seconds (NaN: none
+    /// yet).
+    pub ttft_p90_bound_s: f64,
     /// Every candidate with its figures (after policy restrictions).
     pub candidates: Vec<CandidateRecord>,
     /// Allowed workers that were no candidate because passive health ejected them (or that
@@ -411,6 +417,9 @@ struct Decided {
     labels: Vec<String>,
     /// Allowed workers passive health ejected.
     ejected: Vec<EjectedWorker>,
+    /// The p90 bound on the chosen worker's predicted TTFT (the assignment's, when one was
+    /// made).
+    ttft_bound: f64,
 }
 
 impl Decided {
@@ -478,6 +487,7 @@ impl RouterState {
                     address,
                     backend_model: d.resolved.backend_model,
                     predicted_ttft_s,
+                    ttft_p90_bound_s: d.ttft_bound,
                     reason: d.decision.reason.as_str(),
                     degraded: d.decision.degraded,
                     fallbacks,
@@ -554,6 +564,7 @@ impl RouterState {
             degraded_reason: d.degraded_reason.map(str::to_string),
             prompt_tokens: d.decision.prompt_tokens,
             predicted_ttft_s: d.decision.predicted_ttft(),
+            ttft_p90_bound_s: d.ttft_bound,
             candidates,
             ejected,
             tenant: input.tenant.map(str::to_string),
@@ -751,8 +762,13 @@ impl RouterState {
             .policy
             .choose_prompt(&plan.context, prompt, t)
             .ok_or_else(|| PickError::NoReadyWorker(input.model.into()))?;
+        let mut ttft_bound = core.routing.ttft_bound(decision.predicted_ttft());
         let id = if assign {
             let aid = core.routing.assign(&plan, &decision, t);
+            ttft_bound = core
+                .routing
+                .assignment(aid)
+                .map_or(f64::NAN, |a| a.ttft_bound);
             let worker = names
                 .iter()
                 .find(|c| c.2 == decision.chosen)
@@ -790,6 +806,7 @@ impl RouterState {
             hooks,
             labels: labels.all.iter().map(|l| l.to_string()).collect(),
             ejected: plan.ejected,
+            ttft_bound,
         };
         Ok((decided, id))
     }
@@ -1018,6 +1035,9 @@ impl RouterState {
                 m.ttft_prediction_error
                     .with_label_values(&[&model, &worker])
                     .observe((ft.observed_ttft - predicted).abs());
+                m.ttft_bound
+                    .with_label_values(&[&model, ft.bound.as_str()])
+                    .inc();
             }
         }
         true

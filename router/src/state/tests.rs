@@ -448,3 +448,41 @@ fn inference_pool_workers_route_without_a_sidecar_until_one_reports_them() {
     assert_eq!(s.maintain(t0 + Duration::from_secs(6)).1, 2);
     assert!(s.workers_report(t0).workers.is_empty());
 }
+
+#[test]
+fn a_calibrated_p90_bound_is_published_after_twenty_first_tokens() {
+    let s = state(true);
+    report(&s, 1, "w", "m");
+    let tokens: Vec<u32> = (0..64).collect();
+    let explain = |s: &RouterState| {
+        s.explain(&input("m", &tokens), Instant::now())
+            .expect("explain")
+            .ttft_p90_bound_s
+    };
+    for i in 0..20 {
+        let a = s.pick(&input("m", &tokens), Instant::now()).expect("pick");
+        assert!(a.predicted_ttft_s > 0.0, "{a:?}");
+        assert!(
+            a.ttft_p90_bound_s.is_nan(),
+            "no bound before 20 first tokens ({i})"
+        );
+        // Every first token takes twice its prediction.
+        assert!(s.first_token(a.assignment, Some(2.0 * a.predicted_ttft_s), Instant::now()));
+        assert!(s.done(a.assignment, Usage::default()));
+    }
+    assert!(explain(&s).is_finite());
+    let a = s.pick(&input("m", &tokens), Instant::now()).expect("pick");
+    // The scores are all 2: the bound is twice the prediction.
+    assert!(
+        (a.ttft_p90_bound_s - 2.0 * a.predicted_ttft_s).abs() < 1e-9,
+        "{a:?}"
+    );
+    assert!(s.first_token(a.assignment, Some(1.5 * a.predicted_ttft_s), Instant::now()));
+    let text = s.metrics().encode();
+    for line in [
+        "kvroute_router_ttft_bound_total{model=\"m\",outcome=\"unbounded\"} 20",
+        "kvroute_router_ttft_bound_total{model=\"m\",outcome=\"covered\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+}
