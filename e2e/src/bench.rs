@@ -282,6 +282,11 @@ pub struct PolicyResult {
     /// Sim: the headline run's distance to its per-request TTFT floors (`floor.rs`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub floor: Option<floor::FloorSummary>,
+    /// kvroute's headline run's prediction truth (`calibration.rs`): median error after
+    /// warm-up and the adaptive p90 bound's coverage. None for every other policy (the
+    /// router predicts for their choices too, but the figures are kvroute's claim).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<calibration::PredictionQuality>,
 }
 
 /// The seed of runs that were given none and draw none (live, attack, tests).
@@ -466,6 +471,8 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
                 &sessions,
                 SimPolicy::for_profile(name, args.seed(), &args.profile)?,
             )?;
+            // Where each pooled run's records end (each run's clock starts at 0).
+            let mut run_ends = vec![headline.records.len()];
             for (seed, s) in &more {
                 let cfg = SimConfig {
                     seed: *seed,
@@ -475,7 +482,19 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
                 headline.records.extend(r.records);
                 headline.rejected += r.rejected;
                 headline.makespan += r.makespan;
+                run_ends.push(headline.records.len());
             }
+            let runs: Vec<&[sim::RequestRecord]> = run_ends
+                .iter()
+                .scan(0, |start, &end| {
+                    let run = &headline.records[*start..end];
+                    *start = end;
+                    Some(run)
+                })
+                .collect();
+            let prediction = (name == "kvroute")
+                .then(|| calibration::evaluate_predicted(&runs))
+                .flatten();
             if let Some(dir) = &args.records {
                 write_records(dir, spec.kind.name(), name, &headline)?;
             }
@@ -514,6 +533,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
                 peak_goodput_interactive_rpm: peak_goodput(&points, true),
                 ttfts: headline.records.iter().map(|r| r.ttft).collect(),
                 floor: Some(floor::summarize(&headline)),
+                prediction,
                 summary,
                 sweep: points,
             });

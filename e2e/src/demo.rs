@@ -361,6 +361,7 @@ mod tests {
             sweep: Vec::new(),
             ttfts: Vec::new(),
             floor: None,
+            prediction: None,
         }
     }
 

@@ -66,11 +66,83 @@ pub struct PredictionQuality {
     pub split_bound_coverage: f64,
     /// Median split bound / observed TTFT.
     pub split_bound_ratio: f64,
+    /// Requests after the warm-up that carried the router's own published bound
+    /// (`RequestRecord::published_bound`).
+    pub published_bounded: usize,
+    /// Share of those whose TTFT was at most it.
+    pub published_bound_coverage: f64,
 }
 
 /// The figures of `records` (any order; those without a finite positive prediction are left
 /// out). NaN figures when no request qualifies.
 pub fn evaluate(records: &[RequestRecord]) -> PredictionQuality {
+    evaluate_runs(&[records])
+}
+
+/// The figures of several independent runs pooled (each its own warm-up and bound, as each
+/// starts a fresh router): e.g. the headline runs of `--repeats`, whose arrival clocks all
+/// start at 0. None when no request of any run carries a prediction (policies that predict
+/// nothing).
+pub fn evaluate_predicted(runs: &[&[RequestRecord]]) -> Option<PredictionQuality> {
+    runs.iter()
+        .flat_map(|r| r.iter())
+        .any(|r| r.predicted_ttft.is_finite())
+        .then(|| evaluate_runs(runs))
+}
+
+/// Per-request outcomes after the warm-up, gathered over runs.
+#[derive(Default)]
+struct Tally {
+    warmup: usize,
+    errs: Vec<f64>,
+    bias: Vec<f64>,
+    ratios: Vec<f64>,
+    split_ratios: Vec<f64>,
+    bounded: usize,
+    covered: usize,
+    split_covered: usize,
+    published: usize,
+    published_covered: usize,
+}
+
+fn evaluate_runs(runs: &[&[RequestRecord]]) -> PredictionQuality {
+    let mut t = Tally::default();
+    for records in runs {
+        tally(records, &mut t);
+    }
+    let share = |n: usize| {
+        if t.bounded == 0 {
+            f64::NAN
+        } else {
+            n as f64 / t.bounded as f64
+        }
+    };
+    PredictionQuality {
+        requests: t.errs.len(),
+        warmup: t.warmup,
+        median_rel_error: quantile(&t.errs, 0.5),
+        mean_rel_error: if t.errs.is_empty() {
+            f64::NAN
+        } else {
+            t.errs.iter().sum::<f64>() / t.errs.len() as f64
+        },
+        median_rel_bias: quantile(&t.bias, 0.5),
+        bounded: t.bounded,
+        p90_bound_coverage: share(t.covered),
+        median_bound_ratio: quantile(&t.ratios, 0.5),
+        split_bound_coverage: share(t.split_covered),
+        split_bound_ratio: quantile(&t.split_ratios, 0.5),
+        published_bounded: t.published,
+        published_bound_coverage: if t.published == 0 {
+            f64::NAN
+        } else {
+            t.published_covered as f64 / t.published as f64
+        },
+    }
+}
+
+/// Adds one run's requests to `t`.
+fn tally(records: &[RequestRecord], t: &mut Tally) {
     let mut rs: Vec<&RequestRecord> = records
         .iter()
         .filter(|r| {
@@ -82,15 +154,13 @@ pub fn evaluate(records: &[RequestRecord]) -> PredictionQuality {
         .collect();
     rs.sort_by(|a, b| a.arrival.total_cmp(&b.arrival));
     let warmup = (rs.len() / 10).max(20).min(rs.len());
+    t.warmup += warmup;
     // (first token time, score), sorted by first token time.
     let mut seen: Vec<(f64, f64)> = rs
         .iter()
         .map(|r| (r.arrival + r.ttft, r.ttft / r.predicted_ttft))
         .collect();
     seen.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let (mut errs, mut bias) = (Vec::new(), Vec::new());
-    let (mut ratios, mut split_ratios) = (Vec::new(), Vec::new());
-    let (mut bounded, mut covered, mut split_covered) = (0usize, 0usize, 0usize);
     // Adaptive level: alpha, and the bounded requests whose first token is still to come
     // (first token time, above their bound), applied in first-token order.
     let mut alpha = 1.0 - TARGET_COVERAGE;
@@ -123,38 +193,19 @@ pub fn evaluate(records: &[RequestRecord]) -> PredictionQuality {
         if i < warmup {
             continue;
         }
-        errs.push((r.predicted_ttft - r.ttft).abs() / r.ttft);
-        bias.push((r.ttft - r.predicted_ttft) / r.ttft);
+        if r.published_bound.is_finite() {
+            t.published += 1;
+            t.published_covered += usize::from(r.ttft <= r.published_bound);
+        }
+        t.errs.push((r.predicted_ttft - r.ttft).abs() / r.ttft);
+        t.bias.push((r.ttft - r.predicted_ttft) / r.ttft);
         if let Some((split, bound)) = bounds {
-            bounded += 1;
-            covered += usize::from(r.ttft <= bound);
-            split_covered += usize::from(r.ttft <= split);
-            ratios.push(bound / r.ttft);
-            split_ratios.push(split / r.ttft);
+            t.bounded += 1;
+            t.covered += usize::from(r.ttft <= bound);
+            t.split_covered += usize::from(r.ttft <= split);
+            t.ratios.push(bound / r.ttft);
+            t.split_ratios.push(split / r.ttft);
         }
-    }
-    let share = |n: usize| {
-        if bounded == 0 {
-            f64::NAN
-        } else {
-            n as f64 / bounded as f64
-        }
-    };
-    PredictionQuality {
-        requests: errs.len(),
-        warmup,
-        median_rel_error: quantile(&errs, 0.5),
-        mean_rel_error: if errs.is_empty() {
-            f64::NAN
-        } else {
-            errs.iter().sum::<f64>() / errs.len() as f64
-        },
-        median_rel_bias: quantile(&bias, 0.5),
-        bounded,
-        p90_bound_coverage: share(covered),
-        median_bound_ratio: quantile(&ratios, 0.5),
-        split_bound_coverage: share(split_covered),
-        split_bound_ratio: quantile(&split_ratios, 0.5),
     }
 }
 
@@ -209,6 +260,7 @@ mod tests {
             prompt_tokens: 100,
             cached_tokens: 0,
             predicted_ttft: predicted,
+            published_bound: f64::NAN,
             floor_ttft: f64::NAN,
             true_ttfts: Vec::new(),
             predicted_ttfts: Vec::new(),
@@ -292,5 +344,38 @@ mod tests {
         assert_eq!(q.bounded, 0);
         assert!(q.p90_bound_coverage.is_nan());
         assert!((q.median_rel_error - 0.99).abs() < 1e-9);
+    }
+
+    #[test]
+    fn pooled_runs_each_skip_their_own_warm_up() {
+        // Two runs whose clocks both start at 0: 50 exact predictions, then 50 requests
+        // whose TTFT is twice the prediction. Interleaved by arrival as one run, the second
+        // run's first requests would calibrate on the first run's first tokens.
+        let exact: Vec<_> = (0..50).map(|i| rec(i as f64, 1.0, 1.0)).collect();
+        let slow: Vec<_> = (0..50).map(|i| rec(i as f64, 1.0, 2.0)).collect();
+        let q = evaluate_predicted(&[&exact, &slow]).expect("predicted");
+        assert_eq!(q.warmup, 40, "20 per run");
+        assert_eq!(q.requests, 60);
+        // Half the errors are 0, half are 0.5.
+        assert!((q.mean_rel_error - 0.25).abs() < 1e-9, "{q:?}");
+        // Each run's bound is its own: its predictions are off by one constant ratio.
+        assert!((q.p90_bound_coverage - 1.0).abs() < 1e-9, "{q:?}");
+        assert!((q.median_bound_ratio - 1.0).abs() < 1e-9, "{q:?}");
+        let none: Vec<_> = (0..30).map(|i| rec(i as f64, f64::NAN, 1.0)).collect();
+        assert!(evaluate_predicted(&[&none]).is_none());
+    }
+
+    #[test]
+    fn the_routers_published_bound_is_checked_after_the_warm_up() {
+        // 100 requests bounded by the router at 1.5 s; every fourth took 2 s.
+        let rs: Vec<_> = (0..100)
+            .map(|i| RequestRecord {
+                published_bound: 1.5,
+                ..rec(i as f64, 1.0, if i % 4 == 0 { 2.0 } else { 1.0 })
+            })
+            .collect();
+        let q = evaluate(&rs);
+        assert_eq!(q.published_bounded, 80);
+        assert!((q.published_bound_coverage - 0.75).abs() < 1e-9, "{q:?}");
     }
 }

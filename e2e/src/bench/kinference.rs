@@ -26,9 +26,8 @@ use serde_json::{Value, json};
 
 use super::calibration::{self, PredictionQuality};
 use super::report::{self, num};
-use super::sim::{self, Arrivals, SimConfig, SimPolicy};
-use super::workload::{self, WorkloadKind, WorkloadSpec};
-use super::{BenchArgs, PolicyResult, SuiteResult, WorkloadResult, run_sim, selection};
+use super::workload::{WorkloadKind, WorkloadSpec};
+use super::{BenchArgs, PolicyResult, SuiteResult, WorkloadResult, run_sim};
 
 /// One workload of a scenario and the load it runs at.
 #[derive(Clone, Debug, Serialize)]
@@ -294,12 +293,14 @@ pub fn run_seed(sc: &Scenario, seed: u64, args: &BenchArgs) -> anyhow::Result<Se
     for w in &sc.workloads {
         let a = sc.bench_args(w, seed, args);
         let r = run_sim(&a)?;
-        let has_kvroute = r
+        // kvroute's headline run, as `run_sim` measured it.
+        let kvroute = r
             .workloads
             .iter()
-            .any(|wr| wr.policies.iter().any(|p| p.policy == "kvroute"));
-        if has_kvroute {
-            prediction.push((w.spec.kind.name().to_string(), predict_quality(&a)?));
+            .flat_map(|wr| wr.policies.iter())
+            .find(|p| p.policy == "kvroute");
+        if let Some(q) = kvroute.and_then(|p| p.prediction.clone()) {
+            prediction.push((w.spec.kind.name().to_string(), q));
         }
         match &mut suite {
             None => suite = Some(r),
@@ -313,28 +314,6 @@ pub fn run_seed(sc: &Scenario, seed: u64, args: &BenchArgs) -> anyhow::Result<Se
         suite,
         prediction,
     })
-}
-
-/// kvroute's headline run of `a` again (the same deterministic run `run_sim` made), keeping
-/// every request's prediction.
-fn predict_quality(a: &BenchArgs) -> anyhow::Result<PredictionQuality> {
-    let (specs, _) = selection(a)?;
-    let spec = specs.first().context("no workload")?;
-    let sessions = workload::generate(spec, a.seed());
-    let cfg = SimConfig {
-        workers: a.workers,
-        profile: a.profile.clone(),
-        report_delay_s: a.report_delay_ms / 1e3,
-        scrape_interval_s: (a.scrape_interval_ms / 1e3).max(1e-3),
-        arrivals: Arrivals::Closed {
-            users: a.concurrency.max(1),
-        },
-        seed: a.seed(),
-        diagnose: false,
-        generic_prior: true,
-    };
-    let r = sim::run(&cfg, &sessions, SimPolicy::by_name("kvroute", a.seed())?)?;
-    Ok(calibration::evaluate(&r.records))
 }
 
 /// `kvroute bench --mode sim --scenario NAME`: runs it for `--seeds` seeds from `--seed` and
@@ -443,18 +422,13 @@ pub fn to_json(sc: &Scenario, runs: &[SeedRun]) -> Value {
     let prediction: Vec<Value> = runs
         .iter()
         .map(|r| {
-            json!({"seed": r.seed, "kvroute": r.prediction.iter().map(|(w, q)| json!({
-                "workload": w,
-                "requests": q.requests, "warmup": q.warmup,
-                "median_rel_error": num(q.median_rel_error),
-                "mean_rel_error": num(q.mean_rel_error),
-                "median_rel_bias": num(q.median_rel_bias),
-                "bounded": q.bounded,
-                "p90_bound_coverage": num(q.p90_bound_coverage),
-                "median_bound_ratio": num(q.median_bound_ratio),
-                "split_bound_coverage": num(q.split_bound_coverage),
-                "split_bound_ratio": num(q.split_bound_ratio),
-            })).collect::<Vec<_>>()})
+            json!({"seed": r.seed, "kvroute": r.prediction.iter().map(|(w, q)| {
+                let mut v = report::prediction_json(q);
+                if let Value::Object(m) = &mut v {
+                    m.insert("workload".into(), json!(w));
+                }
+                v
+            }).collect::<Vec<_>>()})
         })
         .collect();
     if let Value::Object(m) = &mut out {
@@ -644,6 +618,7 @@ pub fn markdown(sc: &Scenario, runs: &[SeedRun]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::selection;
     use clap::Parser;
 
     #[derive(Parser)]
@@ -710,5 +685,17 @@ mod tests {
         );
         let md = markdown(&sc, &runs);
         assert!(md.contains("published Kinference") && md.contains("spread over 2 seeds"));
+        // The suite's own report carries kvroute's prediction truth, and only kvroute's.
+        let suite = report::json(&runs[0].suite);
+        for w in ["shared-prefix", "multi-turn", "independent"] {
+            let q = &suite["workloads"][w]["kvroute"]["prediction"];
+            // --quick runs are all warm-up (fewer than 20 requests).
+            assert!(q["warmup"].as_u64() > Some(0), "{w}: {q}");
+            assert!(q["requests"].as_u64().is_some(), "{w}: {q}");
+            assert!(suite["workloads"][w]["random"]["prediction"].is_null());
+        }
+        let table = report::markdown(&runs[0].suite);
+        assert!(table.contains("### prediction truth"), "{table}");
+        assert!(table.contains("| shared-prefix | kvroute |"), "{table}");
     }
 }

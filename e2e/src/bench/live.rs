@@ -178,6 +178,8 @@ struct Measured {
     cached_tokens: usize,
     worker: Option<usize>,
     predicted_ms: Option<f64>,
+    /// The router's published p90 bound on it (`x-kvroute-ttft-p90-bound-ms`).
+    bound_ms: Option<f64>,
     generated: Vec<u32>,
     /// The prompt's first token id (tells the shared-prefix workload's prefixes apart).
     first_token: Option<u32>,
@@ -192,7 +194,7 @@ async fn send_turn(
 ) -> anyhow::Result<Measured> {
     use kvroute_router::gateway::openai::{StreamItem, inspect_chunk};
     use kvroute_router::gateway::sse::SseParser;
-    use kvroute_router::gateway::{PREDICTED_TTFT_HEADER, WORKER_HEADER};
+    use kvroute_router::gateway::{PREDICTED_TTFT_HEADER, TTFT_BOUND_HEADER, WORKER_HEADER};
     let start = t0.elapsed().as_secs_f64();
     let resp = client.post(url).json(body).send().await.context("send")?;
     let status = resp.status();
@@ -204,6 +206,7 @@ async fn send_turn(
     };
     let worker = header(WORKER_HEADER).and_then(|w| worker_index(&w, worker_ids));
     let predicted_ms = header(PREDICTED_TTFT_HEADER).and_then(|p| p.parse::<f64>().ok());
+    let bound_ms = header(TTFT_BOUND_HEADER).and_then(|p| p.parse::<f64>().ok());
     if !status.is_success() {
         let text = resp.text().await.unwrap_or_default();
         bail!(
@@ -248,6 +251,7 @@ async fn send_turn(
         cached_tokens: usize::try_from(usage.cached_tokens).unwrap_or(usize::MAX),
         worker,
         predicted_ms,
+        bound_ms,
         generated,
         first_token: None,
     })
@@ -407,6 +411,7 @@ fn to_run_result(mut m: Vec<Measured>, speedup: f64) -> RunResult {
             cached_tokens: x.cached_tokens,
             // The router predicts in wall-clock time, like every other figure it sees.
             predicted_ttft: x.predicted_ms.map_or(f64::NAN, |p| p / 1e3 * speedup),
+            published_bound: x.bound_ms.map_or(f64::NAN, |p| p / 1e3 * speedup),
             floor_ttft: f64::NAN,
             true_ttfts: Vec::new(),
             predicted_ttfts: Vec::new(),
@@ -504,6 +509,9 @@ async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<Poli
         peak_goodput_interactive_rpm: peak_goodput(&points, true),
         ttfts: headline.records.iter().map(|r| r.ttft).collect(),
         floor: None,
+        prediction: (target.name == "kvroute")
+            .then(|| super::calibration::evaluate_predicted(&[&headline.records]))
+            .flatten(),
         summary,
         sweep: points,
     })
@@ -755,6 +763,7 @@ mod tests {
             cached_tokens: 5,
             worker: Some(0),
             predicted_ms: Some(250.0),
+            bound_ms: Some(400.0),
             generated: Vec::new(),
             first_token: Some(start as u32),
         };
@@ -765,6 +774,7 @@ mod tests {
         assert!((r.makespan - 20.0).abs() < 1e-9);
         // The router's prediction is wall time too: 250 ms at x10 is 2.5 simulated s.
         assert!((r.records[0].predicted_ttft - 2.5).abs() < 1e-9);
+        assert!((r.records[0].published_bound - 4.0).abs() < 1e-9);
         // Records keep the prompt's first token (which prefix, in shared-prefix workloads).
         assert_eq!(r.records[0].first_token, Some(1));
     }

@@ -99,6 +99,9 @@ pub struct RequestRecord {
     pub cached_tokens: usize,
     /// Predicted TTFT of the chosen worker (NaN for greedy-clairvoyant / policies without one).
     pub predicted_ttft: f64,
+    /// The p90 upper bound the router published with that prediction (its
+    /// `routing::TtftBound`; NaN when it had none yet).
+    pub published_bound: f64,
     /// The request's TTFT floor: on an idle worker already caching the longest prefix any
     /// earlier request made (`floor.rs`), seconds.
     pub floor_ttft: f64,
@@ -243,6 +246,7 @@ struct Live {
     prompt: Vec<u32>,
     generated: Vec<u32>,
     predicted_ttft: f64,
+    published_bound: f64,
     floor_ttft: f64,
     diag: Diag,
 }
@@ -505,6 +509,9 @@ impl Sim<'_> {
         }
         let (worker, assignment, predicted) =
             self.route(&prompt, salt.as_deref(), turn.max_tokens, id, &mut diag);
+        let published_bound = assignment
+            .and_then(|a| self.core.assignment(a))
+            .map_or(f64::NAN, |a| a.ttft_bound);
         let req = EngineRequest {
             id,
             prompt: prompt.clone(),
@@ -535,6 +542,7 @@ impl Sim<'_> {
                 prompt,
                 generated: Vec::new(),
                 predicted_ttft: predicted,
+                published_bound,
                 floor_ttft,
                 diag,
             },
@@ -672,6 +680,7 @@ impl Sim<'_> {
             prompt_tokens: l.prompt.len(),
             cached_tokens,
             predicted_ttft: l.predicted_ttft,
+            published_bound: l.published_bound,
             floor_ttft: l.floor_ttft,
             true_ttfts: l.diag.true_ttfts,
             predicted_ttfts: l.diag.predicted_ttfts,
