@@ -60,6 +60,13 @@ fn quick_sim_writes_every_policy_and_workload() {
                 "{workload}/{policy}"
             );
             assert!(served > 0, "{workload}/{policy} served nothing");
+            // Prediction truth is kvroute's figure: present for it only.
+            assert_eq!(
+                p["prediction"].is_object(),
+                policy == "kvroute",
+                "{workload}/{policy}: {}",
+                p["prediction"]
+            );
             // The per-request floor is a floor: no request beats it.
             assert_eq!(p["below_floor"].as_u64(), Some(0), "{workload}/{policy}");
             for key in ["ttft_over_floor_p50", "ttft_over_floor_p90"] {
