@@ -154,8 +154,9 @@ pub fn render(rec: &Value) -> String {
     let _ = writeln!(out, "reason:     {}", s(rec, "reason"));
     let _ = writeln!(
         out,
-        "predicted:  {} ms TTFT",
-        ms(f(rec, "predicted_ttft_s"))
+        "predicted:  {} ms TTFT (p90 bound {} ms)",
+        ms(f(rec, "predicted_ttft_s")),
+        ms(f(rec, "ttft_p90_bound_s"))
     );
     let _ = writeln!(out, "prompt:     {} tokens", s(rec, "prompt_tokens"));
     if let Some(a) = rec.get("alias").filter(|a| !a.is_null()) {
@@ -318,7 +319,7 @@ mod tests {
         let rec = serde_json::json!({
             "model": "chat", "backend_model": "qwen3", "policy": "kvroute", "chosen": "ns/a",
             "address": "10.0.0.1:8000", "reason": "lowest_predicted_ttft", "degraded": false,
-            "prompt_tokens": 512, "predicted_ttft_s": 0.0123,
+            "prompt_tokens": 512, "predicted_ttft_s": 0.0123, "ttft_p90_bound_s": 0.0201,
             "candidates": [
                 {"worker": "ns/a", "cached_blocks": 32, "prompt_blocks": 32, "waiting": 0, "running": 1,
                  "inflight": 0, "queue_tokens": 0.0, "predicted_ttft": 0.0123, "score": 0.0123, "stale": false},
@@ -328,7 +329,10 @@ mod tests {
         });
         let text = render(&rec);
         assert!(text.contains("chosen:     ns/a (10.0.0.1:8000)"), "{text}");
-        assert!(text.contains("predicted:  12.3 ms TTFT"), "{text}");
+        assert!(
+            text.contains("predicted:  12.3 ms TTFT (p90 bound 20.1 ms)"),
+            "{text}"
+        );
         let row = |w: &str| {
             text.lines()
                 .find(|l| l.trim_start_matches(['*', ' ']).starts_with(w))
