@@ -471,30 +471,22 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
                 &sessions,
                 SimPolicy::for_profile(name, args.seed(), &args.profile)?,
             )?;
-            // Where each pooled run's records end (each run's clock starts at 0).
-            let mut run_ends = vec![headline.records.len()];
+            // Each repeat is a fresh router whose clock starts at 0: its predictions are
+            // tallied on their own before its records join the headline's.
+            let mut truth = calibration::PredictionTally::default();
+            truth.add_run(&headline.records);
             for (seed, s) in &more {
                 let cfg = SimConfig {
                     seed: *seed,
                     ..headline_cfg.clone()
                 };
                 let r = sim::run(&cfg, s, SimPolicy::for_profile(name, *seed, &args.profile)?)?;
+                truth.add_run(&r.records);
                 headline.records.extend(r.records);
                 headline.rejected += r.rejected;
                 headline.makespan += r.makespan;
-                run_ends.push(headline.records.len());
             }
-            let runs: Vec<&[sim::RequestRecord]> = run_ends
-                .iter()
-                .scan(0, |start, &end| {
-                    let run = &headline.records[*start..end];
-                    *start = end;
-                    Some(run)
-                })
-                .collect();
-            let prediction = (name == "kvroute")
-                .then(|| calibration::evaluate_predicted(&runs))
-                .flatten();
+            let prediction = (name == "kvroute").then(|| truth.quality()).flatten();
             if let Some(dir) = &args.records {
                 write_records(dir, spec.kind.name(), name, &headline)?;
             }

@@ -1,46 +1,38 @@
-//! How true the router's TTFT predictions are, and a p90 upper bound calibrated online.
+//! How true the router's TTFT predictions are, and the coverage of a p90 upper bound
+//! calibrated online.
 //!
 //! ```text
-//! headline run's requests (arrival, predicted TTFT of the chosen worker, observed TTFT)
+//! one run's requests (arrival, predicted TTFT of the chosen worker, observed TTFT)
 //!   sort by arrival; skip the warm-up
 //!   error:  median |predicted - observed| / observed
-//!   bound:  for request i, the scores s_j = observed_j / predicted_j of the last WINDOW
-//!           requests whose first token came before i arrived;
-//!           split:    bound_i = predicted_i * the ceil(0.9 (n + 1))-th smallest s_j
-//!           adaptive: the same at level 1 - alpha_i (rank clamped to the scores), where
-//!                     alpha starts at 0.1 and, each time a bounded request's first token
-//!                     arrives, moves by GAMMA * (0.1 - [it was above its bound]), kept
-//!                     within 0..1
-//!   coverage: share of requests with observed <= bound (each kind)
+//!   bound:  replay the run through the router's own TtftBound (routing/bound.rs): at each
+//!           arrival, first every first token seen by then (in time order), then
+//!           adaptive: bound_i = TtftBound::bound(predicted_i)
+//!           split:    predicted_i * the ceil(0.9 (n + 1))-th smallest of the same window
+//!                     (a fixed level, for comparison)
+//!   coverage: share of requests with observed <= bound (each kind), and of those the router
+//!             published a bound for (RequestRecord::published_bound), observed <= it
 //! ```
 //!
 //! The bounds use only what a router could know when request i arrives (first tokens already
-//! seen), so their coverage is what a live router publishing them would get. The scores are
-//! ratios because a TTFT's error grows with the TTFT. Split conformal promises 90% coverage
-//! when scores are exchangeable; a run whose load drifts breaks that (the early, larger
-//! errors stay in the window while the predictor settles, so the bound comes out loose).
-//! Adaptive conformal inference (Gibbs and Candès, "Adaptive Conformal Inference Under
-//! Distribution Shift", NeurIPS 2021) steers the level by the misses it has seen: unclamped,
-//! over T bounded requests its miss rate is within (0.9 + GAMMA) / (GAMMA T) of 10% whatever
-//! the drift (about 5.5% for T = 346 and GAMMA = 0.05). Here the rank stays within the
-//! scores, so the bound is never infinite (with exact predictions it is the prediction), and
-//! that guarantee no longer holds as such: the measured coverage is what counts. GAMMA was
-//! fixed from that formula before any run, not tuned on one. The reported bound is
-//! the adaptive one; the split one's coverage is kept next to it.
+//! seen), so their coverage is what a live router publishing them would get; the published
+//! one is what it did get (in simulation the two differ only where first tokens fall on the
+//! same instant and the routing core applies them in another order). Split conformal promises
+//! 90% coverage when scores are exchangeable; a run whose load drifts breaks that (the early,
+//! larger errors stay in the window while the predictor settles, so the bound comes out
+//! loose). Adaptive conformal inference (Gibbs and Candès, "Adaptive Conformal Inference
+//! Under Distribution Shift", NeurIPS 2021) steers the level by the misses it has seen:
+//! unclamped, over T bounded requests its miss rate is within (0.9 + gamma) / (gamma T) of
+//! 10% whatever the drift (about 5.5% for T = 346 and gamma = 0.05). The rank stays within
+//! the scores, so the bound is never infinite (with exact predictions it is the prediction),
+//! and that guarantee no longer holds as such: the measured coverage is what counts. Gamma
+//! was fixed from that formula before any run, not tuned on one (`BoundConfig::default`).
 
+use kvroute_router::routing::{BoundConfig, TtftBound};
 use serde::Serialize;
 
 use super::sim::RequestRecord;
 use super::stats::quantile;
-
-/// Coverage the bound aims at.
-pub const TARGET_COVERAGE: f64 = 0.9;
-/// Recent residuals the bound is calibrated on.
-pub const WINDOW: usize = 200;
-/// Residuals needed before a bound is given.
-pub const MIN_CALIBRATION: usize = 20;
-/// Step of the adaptive level (adaptive conformal inference's gamma).
-pub const GAMMA: f64 = 0.05;
 
 /// Prediction figures of one policy's run.
 #[derive(Clone, Debug, Serialize)]
@@ -76,23 +68,27 @@ pub struct PredictionQuality {
 /// The figures of `records` (any order; those without a finite positive prediction are left
 /// out). NaN figures when no request qualifies.
 pub fn evaluate(records: &[RequestRecord]) -> PredictionQuality {
-    evaluate_runs(&[records])
+    let mut t = PredictionTally::default();
+    t.add_run(records);
+    t.figures()
 }
 
-/// The figures of several independent runs pooled (each its own warm-up and bound, as each
-/// starts a fresh router): e.g. the headline runs of `--repeats`, whose arrival clocks all
-/// start at 0. None when no request of any run carries a prediction (policies that predict
-/// nothing).
+/// The figures of several independent runs pooled (see [`PredictionTally`]). None when no
+/// request of any run carries a prediction (policies that predict nothing).
 pub fn evaluate_predicted(runs: &[&[RequestRecord]]) -> Option<PredictionQuality> {
-    runs.iter()
-        .flat_map(|r| r.iter())
-        .any(|r| r.predicted_ttft.is_finite())
-        .then(|| evaluate_runs(runs))
+    let mut t = PredictionTally::default();
+    for run in runs {
+        t.add_run(run);
+    }
+    t.quality()
 }
 
-/// Per-request outcomes after the warm-up, gathered over runs.
+/// Per-request outcomes after the warm-up, gathered over independent runs, each with its own
+/// warm-up and bound as each starts a fresh router (e.g. the headline runs of `--repeats`,
+/// whose arrival clocks all start at 0).
 #[derive(Default)]
-struct Tally {
+pub struct PredictionTally {
+    predicted: bool,
     warmup: usize,
     errs: Vec<f64>,
     bias: Vec<f64>,
@@ -105,144 +101,95 @@ struct Tally {
     published_covered: usize,
 }
 
-fn evaluate_runs(runs: &[&[RequestRecord]]) -> PredictionQuality {
-    let mut t = Tally::default();
-    for records in runs {
-        tally(records, &mut t);
-    }
-    let share = |n: usize| {
-        if t.bounded == 0 {
-            f64::NAN
-        } else {
-            n as f64 / t.bounded as f64
-        }
-    };
-    PredictionQuality {
-        requests: t.errs.len(),
-        warmup: t.warmup,
-        median_rel_error: quantile(&t.errs, 0.5),
-        mean_rel_error: if t.errs.is_empty() {
-            f64::NAN
-        } else {
-            t.errs.iter().sum::<f64>() / t.errs.len() as f64
-        },
-        median_rel_bias: quantile(&t.bias, 0.5),
-        bounded: t.bounded,
-        p90_bound_coverage: share(t.covered),
-        median_bound_ratio: quantile(&t.ratios, 0.5),
-        split_bound_coverage: share(t.split_covered),
-        split_bound_ratio: quantile(&t.split_ratios, 0.5),
-        published_bounded: t.published,
-        published_bound_coverage: if t.published == 0 {
-            f64::NAN
-        } else {
-            t.published_covered as f64 / t.published as f64
-        },
-    }
-}
-
-/// Adds one run's requests to `t`.
-fn tally(records: &[RequestRecord], t: &mut Tally) {
-    let mut rs: Vec<&RequestRecord> = records
-        .iter()
-        .filter(|r| {
-            r.predicted_ttft.is_finite()
-                && r.predicted_ttft > 0.0
-                && r.ttft.is_finite()
-                && r.ttft > 0.0
-        })
-        .collect();
-    rs.sort_by(|a, b| a.arrival.total_cmp(&b.arrival));
-    let warmup = (rs.len() / 10).max(20).min(rs.len());
-    t.warmup += warmup;
-    // (first token time, score), sorted by first token time.
-    let mut seen: Vec<(f64, f64)> = rs
-        .iter()
-        .map(|r| (r.arrival + r.ttft, r.ttft / r.predicted_ttft))
-        .collect();
-    seen.sort_by(|a, b| a.0.total_cmp(&b.0));
-    // Adaptive level: alpha, and the bounded requests whose first token is still to come
-    // (first token time, above their bound), applied in first-token order.
-    let mut alpha = 1.0 - TARGET_COVERAGE;
-    // Kept sorted latest first, so the next first token to come is the last element.
-    let mut waiting: Vec<(f64, bool)> = Vec::new();
-    for (i, r) in rs.iter().enumerate() {
-        while waiting.last().is_some_and(|w| w.0 <= r.arrival) {
-            if let Some((_, missed)) = waiting.pop() {
-                let miss = if missed { 1.0 } else { 0.0 };
-                alpha = (alpha + GAMMA * ((1.0 - TARGET_COVERAGE) - miss)).clamp(0.0, 1.0);
+impl PredictionTally {
+    /// Adds one run's requests (any order).
+    pub fn add_run(&mut self, records: &[RequestRecord]) {
+        self.predicted |= records.iter().any(|r| r.predicted_ttft.is_finite());
+        let mut rs: Vec<&RequestRecord> = records
+            .iter()
+            .filter(|r| {
+                r.predicted_ttft.is_finite()
+                    && r.predicted_ttft > 0.0
+                    && r.ttft.is_finite()
+                    && r.ttft > 0.0
+            })
+            .collect();
+        rs.sort_by(|a, b| a.arrival.total_cmp(&b.arrival));
+        let warmup = (rs.len() / 10).max(20).min(rs.len());
+        self.warmup += warmup;
+        let first_token = |r: &RequestRecord| r.arrival + r.ttft;
+        // Indices in first-token order; equal times in arrival order (stable sort).
+        let mut due: Vec<usize> = (0..rs.len()).collect();
+        due.sort_by(|&a, &b| first_token(rs[a]).total_cmp(&first_token(rs[b])));
+        let mut due = due.into_iter().peekable();
+        let mut online = TtftBound::new(BoundConfig::default());
+        let coverage = online.config().coverage;
+        // The bound each request was given at its arrival (NaN: none).
+        let mut given = vec![f64::NAN; rs.len()];
+        for (i, r) in rs.iter().enumerate() {
+            while let Some(j) = due.next_if(|&j| first_token(rs[j]) <= r.arrival) {
+                online.observe(rs[j].predicted_ttft, given[j], rs[j].ttft);
+            }
+            let bound = online.bound(r.predicted_ttft);
+            given[i] = bound;
+            if i < warmup {
+                continue;
+            }
+            if r.published_bound.is_finite() {
+                self.published += 1;
+                self.published_covered += usize::from(r.ttft <= r.published_bound);
+            }
+            self.errs.push((r.predicted_ttft - r.ttft).abs() / r.ttft);
+            self.bias.push((r.ttft - r.predicted_ttft) / r.ttft);
+            let split = split_rank(online.sorted_scores(), coverage);
+            if let (true, Some(q)) = (bound.is_finite(), split) {
+                let split = r.predicted_ttft * q;
+                self.bounded += 1;
+                self.covered += usize::from(r.ttft <= bound);
+                self.split_covered += usize::from(r.ttft <= split);
+                self.ratios.push(bound / r.ttft);
+                self.split_ratios.push(split / r.ttft);
             }
         }
-        let known = seen.partition_point(|s| s.0 <= r.arrival);
-        let recent = &seen[known.saturating_sub(WINDOW)..known];
-        let bounds = if recent.len() >= MIN_CALIBRATION {
-            // One sorted window serves both quantiles.
-            let window = sorted_finite(recent.iter().map(|s| s.1));
-            let split = split_rank(&window, TARGET_COVERAGE);
-            let adaptive = adaptive_rank(&window, 1.0 - alpha);
-            split.map(|q| (r.predicted_ttft * q, r.predicted_ttft * adaptive))
-        } else {
-            None
+    }
+
+    /// The pooled figures; None when no request carried a prediction.
+    pub fn quality(&self) -> Option<PredictionQuality> {
+        self.predicted.then(|| self.figures())
+    }
+
+    fn figures(&self) -> PredictionQuality {
+        let share = |n: usize, of: usize| {
+            if of == 0 {
+                f64::NAN
+            } else {
+                n as f64 / of as f64
+            }
         };
-        if let Some((_, bound)) = bounds {
-            let first_token = r.arrival + r.ttft;
-            // After every later or equal one: equal times come due in arrival order.
-            let at = waiting.partition_point(|w| w.0.total_cmp(&first_token).is_ge());
-            waiting.insert(at, (first_token, r.ttft > bound));
-        }
-        if i < warmup {
-            continue;
-        }
-        if r.published_bound.is_finite() {
-            t.published += 1;
-            t.published_covered += usize::from(r.ttft <= r.published_bound);
-        }
-        t.errs.push((r.predicted_ttft - r.ttft).abs() / r.ttft);
-        t.bias.push((r.ttft - r.predicted_ttft) / r.ttft);
-        if let Some((split, bound)) = bounds {
-            t.bounded += 1;
-            t.covered += usize::from(r.ttft <= bound);
-            t.split_covered += usize::from(r.ttft <= split);
-            t.ratios.push(bound / r.ttft);
-            t.split_ratios.push(split / r.ttft);
+        PredictionQuality {
+            requests: self.errs.len(),
+            warmup: self.warmup,
+            median_rel_error: quantile(&self.errs, 0.5),
+            mean_rel_error: if self.errs.is_empty() {
+                f64::NAN
+            } else {
+                self.errs.iter().sum::<f64>() / self.errs.len() as f64
+            },
+            median_rel_bias: quantile(&self.bias, 0.5),
+            bounded: self.bounded,
+            p90_bound_coverage: share(self.covered, self.bounded),
+            median_bound_ratio: quantile(&self.ratios, 0.5),
+            split_bound_coverage: share(self.split_covered, self.bounded),
+            split_bound_ratio: quantile(&self.split_ratios, 0.5),
+            published_bounded: self.published,
+            published_bound_coverage: share(self.published_covered, self.published),
         }
     }
 }
 
-/// The adaptive bound's quantile of `scores` at `level`: the split conformal rank
-/// `ceil(level (n + 1))`, clamped to the scores (from the smallest to the largest, so the
-/// bound is never infinite; NaN without scores).
-pub fn adaptive_quantile(scores: impl Iterator<Item = f64>, level: f64) -> f64 {
-    adaptive_rank(&sorted_finite(scores), level)
-}
-
-/// Split conformal: the `ceil(level (n + 1))`-th smallest of `n` scores (None with fewer
-/// than [`MIN_CALIBRATION`] or when that rank is past `n`).
-pub fn conformal_quantile(scores: impl Iterator<Item = f64>, level: f64) -> Option<f64> {
-    split_rank(&sorted_finite(scores), level)
-}
-
-/// The finite `scores`, ascending.
-fn sorted_finite(scores: impl Iterator<Item = f64>) -> Vec<f64> {
-    let mut v: Vec<f64> = scores.filter(|x| x.is_finite()).collect();
-    v.sort_by(f64::total_cmp);
-    v
-}
-
-/// [`adaptive_quantile`] of scores already sorted by [`sorted_finite`].
-fn adaptive_rank(sorted: &[f64], level: f64) -> f64 {
-    let rank = (level.max(0.0) * (sorted.len() + 1) as f64).ceil() as usize;
-    sorted
-        .get(rank.clamp(1, sorted.len().max(1)) - 1)
-        .copied()
-        .unwrap_or(f64::NAN)
-}
-
-/// [`conformal_quantile`] of scores already sorted by [`sorted_finite`].
+/// Split conformal: the `ceil(level (n + 1))`-th smallest of `n` ascending scores (None when
+/// that rank is past `n` or there are none).
 fn split_rank(sorted: &[f64], level: f64) -> Option<f64> {
-    if sorted.len() < MIN_CALIBRATION {
-        return None;
-    }
     let rank = (level * (sorted.len() + 1) as f64).ceil() as usize;
     sorted.get(rank.checked_sub(1)?).copied()
 }
@@ -271,13 +218,15 @@ mod tests {
     }
 
     #[test]
-    fn conformal_rank_is_the_split_conformal_one() {
-        let s = (1..=99).map(f64::from);
+    fn split_rank_is_the_split_conformal_one() {
+        let s: Vec<f64> = (1..=99).map(f64::from).collect();
         // ceil(0.9 * 100) = 90th smallest.
-        assert_eq!(conformal_quantile(s, 0.9), Some(90.0));
-        assert_eq!(conformal_quantile((1..=5).map(f64::from), 0.9), None);
+        assert_eq!(split_rank(&s, 0.9), Some(90.0));
+        // With 5 scores the rank is ceil(5.4) = 6: past them.
+        assert_eq!(split_rank(&s[..5], 0.9), None);
         // With 20 scores the rank is ceil(18.9) = 19.
-        assert_eq!(conformal_quantile((1..=20).map(f64::from), 0.9), Some(19.0));
+        assert_eq!(split_rank(&s[..20], 0.9), Some(19.0));
+        assert_eq!(split_rank(&[], 0.9), None);
     }
 
     #[test]
@@ -322,17 +271,6 @@ mod tests {
         assert!(q.split_bound_coverage > 0.95, "{q:?}");
         assert!((q.p90_bound_coverage - 0.9).abs() <= 0.03, "{q:?}");
         assert!(q.median_bound_ratio < q.split_bound_ratio, "{q:?}");
-    }
-
-    #[test]
-    fn adaptive_quantile_clamps_its_level() {
-        let s = || (1..=99).map(f64::from);
-        assert_eq!(adaptive_quantile(s(), 0.9), 90.0);
-        assert_eq!(adaptive_quantile(s(), 0.995), 99.0);
-        assert_eq!(adaptive_quantile(s(), 1.0), 99.0);
-        assert_eq!(adaptive_quantile(s(), 0.0), 1.0);
-        assert_eq!(adaptive_quantile(s(), -0.2), 1.0);
-        assert!(adaptive_quantile(std::iter::empty(), 0.9).is_nan());
     }
 
     #[test]

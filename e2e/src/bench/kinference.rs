@@ -21,10 +21,11 @@
 use std::fmt::Write as _;
 
 use anyhow::{Context, bail};
+use kvroute_router::routing::BoundConfig;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::calibration::{self, PredictionQuality};
+use super::calibration::PredictionQuality;
 use super::report::{self, num};
 use super::workload::{WorkloadKind, WorkloadSpec};
 use super::{BenchArgs, PolicyResult, SuiteResult, WorkloadResult, run_sim};
@@ -556,8 +557,8 @@ pub fn markdown(sc: &Scenario, runs: &[SeedRun]) -> String {
         let _ = writeln!(
             s,
             "### kvroute's TTFT predictions (headline runs, after warm-up)\n\nError: median |predicted - observed| / observed (target <= 10%). Bound: online p90 upper bound from the last {} ratios observed / predicted seen before each request arrived, at a level adapted to the misses seen so far (adaptive conformal inference, step {}; target coverage 90 ± 3%); next to it, the same at the fixed level 0.9 (split conformal).\n\n| seed | workload | requests | median error | error target met | p90 bound coverage | coverage target met | median bound / observed | split conformal coverage | median bias (obs - pred) / obs |\n|---|---|---:|---:|---|---:|---|---:|---:|---:|",
-            calibration::WINDOW,
-            calibration::GAMMA
+            BoundConfig::default().window,
+            BoundConfig::default().gamma
         );
         for r in runs {
             for (w, q) in &r.prediction {

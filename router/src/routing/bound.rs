@@ -16,7 +16,7 @@
 //! learning at first and load drifts. Adaptive conformal inference (Gibbs and Candès,
 //! "Adaptive Conformal Inference Under Distribution Shift", NeurIPS 2021) moves the level by
 //! the misses it sees, so the long-run miss rate stays near 10% whatever the drift. The
-//! benchmark computes the same bound from its records (`e2e/src/bench/calibration.rs`) and
+//! benchmark replays its records through this same type (`e2e/src/bench/calibration.rs`) and
 //! reports its coverage; the router publishes it with every decision that has a prediction
 //! (`x-kvroute-ttft-p90-bound-ms`, the Pick API's `ttft_p90_bound_seconds`).
 
@@ -150,6 +150,16 @@ impl TtftBound {
         self.sorted.insert(at, score);
     }
 
+    /// The scores held (observed / predicted of the last `window` first tokens), ascending.
+    pub fn sorted_scores(&self) -> &[f64] {
+        &self.sorted
+    }
+
+    /// The settings.
+    pub fn config(&self) -> BoundConfig {
+        self.cfg
+    }
+
     /// Scores held.
     pub fn len(&self) -> usize {
         self.sorted.len()
@@ -218,6 +228,32 @@ mod tests {
         assert_eq!(b.observe(1.0, 1.0, 0.5), BoundOutcome::Covered);
         assert!(b.alpha() > a1);
         assert!((b.alpha() - (a1 + 0.05 * 0.1)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_level_stays_within_the_scores() {
+        let mut b = TtftBound::new(BoundConfig::default());
+        for i in 1..=99u32 {
+            b.observe(1.0, f64::NAN, f64::from(i));
+        }
+        assert_eq!(b.bound(1.0), 90.0);
+        // Misses without end drive alpha to 0: the largest score, never infinity.
+        for _ in 0..200 {
+            b.observe(1.0, 1.0, 1e9);
+        }
+        assert_eq!(b.alpha(), 0.0);
+        assert_eq!(b.bound(1.0), *b.sorted_scores().last().expect("scores"));
+        // Covers without end drive it to 1: the smallest score.
+        let mut b = TtftBound::new(BoundConfig::default());
+        for i in 1..=99u32 {
+            b.observe(1.0, f64::NAN, f64::from(i));
+        }
+        for _ in 0..10_000 {
+            let s = b.sorted_scores()[50];
+            b.observe(1.0, 1e12, s);
+        }
+        assert_eq!(b.alpha(), 1.0);
+        assert_eq!(b.bound(1.0), b.sorted_scores()[0]);
     }
 
     #[test]
