@@ -55,6 +55,10 @@ rules = [
     ("decision: tokenize", ("RouterState>::tokenize",)),
     ("decision: other (plan, index, predict)", ("RouterState>::pick", "RouterState>::decide")),
     ("sidecar reports (gRPC ingest)", ("ingest", "tonic")),
+    # Within the HTTP part: JSON (the client's body decoded, each streamed chunk classified)
+    # and metrics (per-token inter-token latency among them).
+    ("HTTP: JSON (request decode, chunk classification)", ("serde_json", "inspect_chunk")),
+    ("metrics (prometheus)", ("prometheus",)),
     ("HTTP: client connection, upstream, SSE relay", ("hyper", "reqwest", "gateway::proxy")),
 ]
 counts = {}

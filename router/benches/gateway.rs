@@ -9,6 +9,9 @@
 //! The worker answers instantly, so the difference is what the gateway adds: body read and
 //! decode, the routing call (a trivial in-process `Dispatch`: the routing decision itself is
 //! measured by the `routing` bench), the upstream hop and the event-by-event relay.
+//! First, without the network: what classifying one worker chunk costs (the relay does it for
+//! every streamed token), the one-pass reading against the full JSON parse it replaced, over
+//! the captured vLLM stream (`testdata/vllm-capture`).
 //! Run: `cargo bench -p kvroute-router --bench gateway` (options after `--`:
 //! `--requests N` sequential TTFT samples per path, `--concurrency C`, `--seconds S` of the
 //! throughput phase, `--chunks K` content chunks per stream).
@@ -22,7 +25,7 @@ use axum::body::Body;
 use axum::response::Response;
 use axum::routing::post;
 use futures::StreamExt;
-use kvroute_router::gateway::openai::Usage;
+use kvroute_router::gateway::openai::{StreamItem, Usage, inspect_chunk, inspect_chunk_json};
 use kvroute_router::gateway::{
     Dispatch, GatewayConfig, GatewayRequest, PickError, Picked, Resolved, router_with,
 };
@@ -239,8 +242,49 @@ async fn throughput(
     )
 }
 
+/// ns per chunk of `f` over `chunks`, best of 5 rounds of `rounds` passes.
+fn per_chunk(chunks: &[String], rounds: usize, f: impl Fn(&str) -> bool) -> f64 {
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            let mut n = 0usize;
+            for _ in 0..rounds {
+                for c in chunks {
+                    n += usize::from(f(std::hint::black_box(c)));
+                }
+            }
+            std::hint::black_box(n);
+            t.elapsed().as_nanos() as f64 / (rounds * chunks.len()) as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn classify_phase() {
+    let capture = include_str!("../../testdata/vllm-capture/requests.jsonl");
+    let mut chunks = Vec::new();
+    for line in capture.lines() {
+        let r: serde_json::Value = serde_json::from_str(line).expect("capture line");
+        for l in r["response_sse_lines"].as_array().into_iter().flatten() {
+            if let Some(d) = l.as_str().and_then(|l| l.strip_prefix("data: ")) {
+                chunks.push(d.to_string());
+            }
+        }
+    }
+    let content = |i: StreamItem| matches!(i, StreamItem::Chunk { content: true, .. });
+    let one_pass = per_chunk(&chunks, 2000, |c| content(inspect_chunk(c)));
+    let full = per_chunk(&chunks, 2000, |c| content(inspect_chunk_json(c).0));
+    let bytes = chunks.iter().map(String::len).sum::<usize>() / chunks.len().max(1);
+    println!(
+        "chunk classification, {} captured vLLM stream events (mean {bytes} bytes)",
+        chunks.len()
+    );
+    println!("  one pass     {one_pass:.0} ns per chunk");
+    println!("  full parse   {full:.0} ns per chunk");
+}
+
 fn main() {
     let o = opts();
+    classify_phase();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -192,7 +192,7 @@ async fn send_turn(
     t0: Instant,
     worker_ids: &[String],
 ) -> anyhow::Result<Measured> {
-    use kvroute_router::gateway::openai::{StreamItem, inspect_chunk};
+    use kvroute_router::gateway::openai::{StreamItem, inspect_chunk_json};
     use kvroute_router::gateway::sse::SseParser;
     use kvroute_router::gateway::{PREDICTED_TTFT_HEADER, TTFT_BOUND_HEADER, WORKER_HEADER};
     let start = t0.elapsed().as_secs_f64();
@@ -224,12 +224,13 @@ async fn send_turn(
         let chunk = chunk.context("stream broke off")?;
         parser.push(&chunk, &mut events)?;
         for e in events.drain(..) {
-            if let StreamItem::Chunk {
-                content,
-                usage: u,
-                json,
-                ..
-            } = inspect_chunk(&e.data)
+            // The load generator reads the generated token ids, so it parses in full.
+            if let (
+                StreamItem::Chunk {
+                    content, usage: u, ..
+                },
+                Some(json),
+            ) = inspect_chunk_json(&e.data)
             {
                 if content && ttft.is_none() {
                     ttft = Some(t0.elapsed().as_secs_f64());

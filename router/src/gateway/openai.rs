@@ -4,8 +4,19 @@
 //! client bytes --decode_request()--> OpenAiRequest { model, stream, wants_usage, body }
 //!                                      --upstream_body(served)--> bytes for the worker
 //! worker SSE data --inspect_chunk()--> StreamItem { content?, usage?, usage-only? } | Done
+//!                 --inspect_chunk_json()--> the same and the chunk as JSON (translators)
 //! worker JSON     --usage_of()------->  Usage { prompt, completion, cached }
 //! ```
+//!
+//! `inspect_chunk` runs once per streamed token, so it does not build the chunk: one pass
+//! reads the few fields that matter (`choices[].text`, `choices[].delta.{content,
+//! reasoning_content, reasoning, tool_calls}`, `usage`) and skips the rest without
+//! allocating. A duplicate key counts once, the last, as in the full parse. Where that pass
+//! fails, the full parse decides. Every payload the full parse accepts is classified alike by
+//! both (the captured vLLM stream, unit tests, and the `sse_stream` fuzz target check it);
+//! only payloads it rejects may differ: the pass does not validate what it skips (a lone
+//! surrogate escape, a number out of range there), so such a chunk is metered where the full
+//! parse would call it `Other`. Either way the event is passed on untouched.
 //!
 //! Decoding is tolerant: only the fields the router needs are checked, and the body is kept
 //! as the client's JSON object (key order preserved), so every field the client sent reaches
@@ -200,7 +211,12 @@ pub struct Usage {
 
 /// Reads `v["usage"]`, if it is an object.
 pub fn usage_of(v: &Value) -> Option<Usage> {
-    let u = v.get("usage")?.as_object()?;
+    usage_fields(v.get("usage")?)
+}
+
+/// The counts of a `usage` value, if it is an object (missing or non-integer counts read 0).
+fn usage_fields(u: &Value) -> Option<Usage> {
+    let u = u.as_object()?;
     let num = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
     let cached = u
         .get("prompt_tokens_details")
@@ -215,7 +231,7 @@ pub fn usage_of(v: &Value) -> Option<Usage> {
 }
 
 /// What one `data:` payload of a worker's stream means to the router.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamItem {
     /// `data: [DONE]`.
     Done,
@@ -228,10 +244,8 @@ pub enum StreamItem {
         /// It is the extra usage chunk (`choices` empty, usage present) that
         /// `include_usage` adds.
         usage_only: bool,
-        /// The chunk itself.
-        json: Value,
     },
-    /// Not JSON: passed through untouched, ignored for measurement.
+    /// Not a JSON object: passed through untouched, ignored for measurement.
     Other,
 }
 
@@ -256,27 +270,310 @@ fn choice_has_content(choice: &Value) -> bool {
             .is_some_and(|a| !a.is_empty())
 }
 
-/// Classifies one SSE `data` payload from the worker.
+/// Classifies one SSE `data` payload from the worker without building it (see the module
+/// docs); the same answer as [`inspect_chunk_json`] wherever that one accepts the payload.
 pub fn inspect_chunk(data: &str) -> StreamItem {
     let trimmed = data.trim();
     if trimmed == "[DONE]" {
         return StreamItem::Done;
     }
-    let Ok(json) = serde_json::from_str::<Value>(trimmed) else {
+    if !trimmed.starts_with('{') {
         return StreamItem::Other;
+    }
+    view::classify(trimmed).unwrap_or_else(|| inspect_chunk_json(trimmed).0)
+}
+
+/// Classifies one SSE `data` payload from the worker and returns the chunk itself when it is
+/// a JSON object (for the translators that rewrite it).
+pub fn inspect_chunk_json(data: &str) -> (StreamItem, Option<Value>) {
+    let trimmed = data.trim();
+    if trimmed == "[DONE]" {
+        return (StreamItem::Done, None);
+    }
+    let Ok(json) = serde_json::from_str::<Value>(trimmed) else {
+        return (StreamItem::Other, None);
     };
     if !json.is_object() {
-        return StreamItem::Other;
+        return (StreamItem::Other, None);
     }
     let choices = json.get("choices").and_then(Value::as_array);
     let content = choices.is_some_and(|c| c.iter().any(choice_has_content));
     let usage = usage_of(&json);
     let usage_only = usage.is_some() && choices.is_none_or(Vec::is_empty);
-    StreamItem::Chunk {
+    let item = StreamItem::Chunk {
         content,
         usage,
         usage_only,
-        json,
+    };
+    (item, Some(json))
+}
+
+/// The one-pass reading behind [`inspect_chunk`]. Each object level reads the keys it knows
+/// (the last of duplicates) and skips every other value; a value of another type than the
+/// full parse's accessors expect reads as they do (`as_array`, `as_str`: absent).
+mod view {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::Deserialize;
+    use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde_json::Value;
+
+    use super::{StreamItem, usage_fields};
+
+    /// A visitor's answer for a scalar it does not read.
+    macro_rules! skip_scalars {
+        ($none:expr) => {
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok($none)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok($none)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok($none)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok($none)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok($none)
+            }
+        };
+    }
+
+    fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<usize, A::Error> {
+        let mut n = 0;
+        while seq.next_element::<IgnoredAny>()?.is_some() {
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The keys read at any level (a key read at one level is skipped at the others).
+    enum Key {
+        Choices,
+        Usage,
+        Text,
+        Delta,
+        Content,
+        ReasoningContent,
+        Reasoning,
+        ToolCalls,
+        Other,
+    }
+
+    impl<'de> Deserialize<'de> for Key {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl Visitor<'_> for V {
+                type Value = Key;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a key")
+                }
+                fn visit_str<E: de::Error>(self, v: &str) -> Result<Key, E> {
+                    Ok(match v {
+                        "choices" => Key::Choices,
+                        "usage" => Key::Usage,
+                        "text" => Key::Text,
+                        "delta" => Key::Delta,
+                        "content" => Key::Content,
+                        "reasoning_content" => Key::ReasoningContent,
+                        "reasoning" => Key::Reasoning,
+                        "tool_calls" => Key::ToolCalls,
+                        _ => Key::Other,
+                    })
+                }
+            }
+            d.deserialize_identifier(V)
+        }
+    }
+
+    /// A value read for its shape only.
+    #[derive(Clone, Copy, Default)]
+    struct Shape {
+        non_empty_str: bool,
+        non_empty_array: bool,
+    }
+
+    impl<'de> Deserialize<'de> for Shape {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Shape;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("any value")
+                }
+                skip_scalars!(Shape::default());
+                fn visit_str<E: de::Error>(self, v: &str) -> Result<Shape, E> {
+                    Ok(Shape {
+                        non_empty_str: !v.is_empty(),
+                        non_empty_array: false,
+                    })
+                }
+                fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Shape, A::Error> {
+                    Ok(Shape {
+                        non_empty_str: false,
+                        non_empty_array: drain_seq(seq)? > 0,
+                    })
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
+                    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                    Ok(Shape::default())
+                }
+            }
+            d.deserialize_any(V)
+        }
+    }
+
+    /// What the router reads of one object level.
+    trait ReadObject: Default {
+        fn read<'de, A: MapAccess<'de>>(map: A) -> Result<Self, A::Error>;
+    }
+
+    /// An object read by `T`; any other value is skipped and reads as `T::default()`.
+    struct ObjectOr<T>(T);
+
+    impl<'de, T: ReadObject> Deserialize<'de> for ObjectOr<T> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V<T>(PhantomData<T>);
+            impl<'de, T: ReadObject> Visitor<'de> for V<T> {
+                type Value = ObjectOr<T>;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("any value")
+                }
+                skip_scalars!(ObjectOr(T::default()));
+                fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                    Ok(ObjectOr(T::default()))
+                }
+                fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                    drain_seq(seq)?;
+                    Ok(ObjectOr(T::default()))
+                }
+                fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                    T::read(map).map(ObjectOr)
+                }
+            }
+            d.deserialize_any(V(PhantomData))
+        }
+    }
+
+    /// A chat `delta`: whether it carries output.
+    #[derive(Default)]
+    struct Delta(bool);
+
+    impl ReadObject for Delta {
+        fn read<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+            // content, reasoning_content, reasoning, tool_calls (last of duplicates).
+            let mut has = [false; 4];
+            while let Some(key) = map.next_key::<Key>()? {
+                let slot = match key {
+                    Key::Content => 0,
+                    Key::ReasoningContent => 1,
+                    Key::Reasoning => 2,
+                    Key::ToolCalls => 3,
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                        continue;
+                    }
+                };
+                let shape = map.next_value::<Shape>()?;
+                has[slot] = if slot == 3 {
+                    shape.non_empty_array
+                } else {
+                    shape.non_empty_str
+                };
+            }
+            Ok(Delta(has.contains(&true)))
+        }
+    }
+
+    /// One element of `choices`: whether it carries output.
+    #[derive(Default)]
+    struct Choice(bool);
+
+    impl ReadObject for Choice {
+        fn read<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+            let (mut text, mut delta) = (false, false);
+            while let Some(key) = map.next_key::<Key>()? {
+                match key {
+                    Key::Text => text = map.next_value::<Shape>()?.non_empty_str,
+                    Key::Delta => delta = map.next_value::<ObjectOr<Delta>>()?.0.0,
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(Choice(text || delta))
+        }
+    }
+
+    /// `choices`: `Some((elements, any carries output))` when it is an array.
+    struct Choices(Option<(usize, bool)>);
+
+    impl<'de> Deserialize<'de> for Choices {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Choices;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("any value")
+                }
+                skip_scalars!(Choices(None));
+                fn visit_str<E: de::Error>(self, _: &str) -> Result<Choices, E> {
+                    Ok(Choices(None))
+                }
+                fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
+                    let (mut n, mut content) = (0, false);
+                    while let Some(c) = seq.next_element::<ObjectOr<Choice>>()? {
+                        n += 1;
+                        content |= c.0.0;
+                    }
+                    Ok(Choices(Some((n, content))))
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Choices, A::Error> {
+                    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                    Ok(Choices(None))
+                }
+            }
+            d.deserialize_any(V)
+        }
+    }
+
+    /// A chunk as the router reads it.
+    #[derive(Default)]
+    struct Chunk {
+        choices: Option<(usize, bool)>,
+        /// `usage` in full (small, and only on the last chunk unless the client asked for
+        /// continuous usage).
+        usage: Option<Value>,
+    }
+
+    impl ReadObject for Chunk {
+        fn read<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+            let mut chunk = Chunk::default();
+            while let Some(key) = map.next_key::<Key>()? {
+                match key {
+                    Key::Choices => chunk.choices = map.next_value::<Choices>()?.0,
+                    Key::Usage => chunk.usage = Some(map.next_value::<Value>()?),
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(chunk)
+        }
+    }
+
+    /// `data` (a JSON object's text) classified; `None` where this reading fails.
+    pub(super) fn classify(data: &str) -> Option<StreamItem> {
+        let chunk = serde_json::from_str::<ObjectOr<Chunk>>(data).ok()?.0;
+        let usage = chunk.usage.as_ref().and_then(usage_fields);
+        Some(StreamItem::Chunk {
+            content: chunk.choices.is_some_and(|c| c.1),
+            usage,
+            usage_only: usage.is_some() && chunk.choices.is_none_or(|c| c.0 == 0),
+        })
     }
 }
 
@@ -417,5 +714,112 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+    /// Both classifiers on `data`: equal, and the full one's answer.
+    fn classify_alike(data: &str) -> StreamItem {
+        let (full, _) = inspect_chunk_json(data);
+        assert_eq!(inspect_chunk(data), full, "{data}");
+        full
+    }
+
+    #[test]
+    fn the_one_pass_reading_agrees_with_the_full_parse_on_captured_vllm_streams() {
+        let capture = include_str!("../../../testdata/vllm-capture/requests.jsonl");
+        let (mut events, mut content, mut usage) = (0, 0, 0);
+        for line in capture.lines() {
+            let r: Value = serde_json::from_str(line).expect("capture line");
+            for sse in r["response_sse_lines"].as_array().into_iter().flatten() {
+                let Some(data) = sse.as_str().and_then(|l| l.strip_prefix("data: ")) else {
+                    continue;
+                };
+                events += 1;
+                match classify_alike(data) {
+                    StreamItem::Chunk {
+                        content: c,
+                        usage: u,
+                        ..
+                    } => {
+                        content += usize::from(c);
+                        usage += usize::from(u.is_some());
+                    }
+                    StreamItem::Done | StreamItem::Other => {}
+                }
+            }
+        }
+        // The capture's streams: some content, some usage chunks.
+        assert!(
+            events > 20 && content > 10 && usage > 0,
+            "{events} {content} {usage}"
+        );
+    }
+
+    #[test]
+    fn the_one_pass_reading_agrees_on_odd_shapes() {
+        let cases = [
+            // Duplicate keys: the last counts, at every level.
+            r#"{"choices":[{"delta":{"content":"a"}}],"choices":[]}"#,
+            r#"{"choices":[],"choices":[{"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[{"text":"a","text":""}]}"#,
+            r#"{"choices":[{"delta":{"content":""},"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"x","content":null}}]}"#,
+            r#"{"usage":{"prompt_tokens":1},"usage":null,"choices":[]}"#,
+            r#"{"usage":null,"usage":{"prompt_tokens":1}}"#,
+            // Wrong types read as absent.
+            r#"{"choices":{"delta":{"content":"x"}}}"#,
+            r#"{"choices":"x","usage":{"completion_tokens":2}}"#,
+            r#"{"choices":[1,"a",null,[{"text":"x"}],{"text":5}]}"#,
+            r#"{"choices":[{"delta":"content"}]}"#,
+            r#"{"choices":[{"delta":{"content":["x"],"tool_calls":{"a":1}}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[ ]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{}]}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning":"r"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"r"}}]}"#,
+            r#"{"usage":{"prompt_tokens":-1,"completion_tokens":1.5,"prompt_tokens_details":{"cached_tokens":"3"}}}"#,
+            // Escapes in keys and values, and keys at the wrong level.
+            r#"{"ch\u006fices":[{"delta":{"c\u006fntent":"\n"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"\u0000"}}]}"#,
+            r#"{"choices":[{"delta":{"text":"x"},"content":"y","choices":[]}],"text":"z"}"#,
+            r#"{"usage":{},"choices":[]}"#,
+            r#" {"choices":[{"text":" the"}]} "#,
+            r#"{}"#,
+            // Not objects, or not JSON.
+            r#"[{"choices":[]}]"#,
+            r#""x""#,
+            r#"{"choices":[}"#,
+            r#"{"choices":[]} trailing"#,
+            r#"{"choices":[{"delta":{"content":"\ud800"}}]}"#,
+            "",
+            " [DONE] ",
+        ];
+        for data in cases {
+            classify_alike(data);
+        }
+        assert_eq!(
+            classify_alike(r#"{"choices":[],"choices":[{"delta":{"content":"a"}}]}"#),
+            StreamItem::Chunk {
+                content: true,
+                usage: None,
+                usage_only: false
+            }
+        );
+        assert_eq!(
+            classify_alike(r#"{"ch\u006fices":[{"delta":{"c\u006fntent":"\n"}}]}"#),
+            StreamItem::Chunk {
+                content: true,
+                usage: None,
+                usage_only: false
+            }
+        );
+    }
+
+    #[test]
+    fn payloads_only_the_full_parse_rejects_may_be_metered() {
+        // A lone surrogate in a skipped field: the one pass does not decode it.
+        let data = r#"{"id":"\ud800","choices":[{"delta":{"content":"x"}}]}"#;
+        assert_eq!(inspect_chunk_json(data).0, StreamItem::Other);
+        assert!(matches!(
+            inspect_chunk(data),
+            StreamItem::Chunk { content: true, .. }
+        ));
     }
 }

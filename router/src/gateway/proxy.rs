@@ -694,8 +694,18 @@ where
 
 /// Turns the worker's events into the client's bytes.
 trait Sink: Send + 'static {
-    /// One worker event (already classified); appends what the client gets to `out`.
-    fn event(&mut self, event: &SseEvent, item: &StreamItem, out: &mut BytesMut);
+    /// The sink rewrites chunks and needs each as JSON (the others get `None`, and the relay
+    /// classifies without building it).
+    const NEEDS_JSON: bool;
+    /// One worker event (already classified; `json`: the chunk, when `NEEDS_JSON`); appends
+    /// what the client gets to `out`.
+    fn event(
+        &mut self,
+        event: &SseEvent,
+        item: &StreamItem,
+        json: Option<&Value>,
+        out: &mut BytesMut,
+    );
     /// The worker's stream ended normally.
     fn end(&mut self, out: &mut BytesMut);
     /// The worker's stream broke.
@@ -707,7 +717,15 @@ struct OpenAiSink {
 }
 
 impl Sink for OpenAiSink {
-    fn event(&mut self, event: &SseEvent, item: &StreamItem, out: &mut BytesMut) {
+    const NEEDS_JSON: bool = false;
+
+    fn event(
+        &mut self,
+        event: &SseEvent,
+        item: &StreamItem,
+        _json: Option<&Value>,
+        out: &mut BytesMut,
+    ) {
         if let StreamItem::Chunk {
             usage_only: true, ..
         } = item
@@ -731,11 +749,19 @@ struct AnthropicSink {
 }
 
 impl Sink for AnthropicSink {
-    fn event(&mut self, _event: &SseEvent, item: &StreamItem, out: &mut BytesMut) {
-        let events = match item {
-            StreamItem::Chunk { json, .. } => self.translator.on_chunk(json),
-            StreamItem::Done => self.translator.finish(),
-            StreamItem::Other => Vec::new(),
+    const NEEDS_JSON: bool = true;
+
+    fn event(
+        &mut self,
+        _event: &SseEvent,
+        item: &StreamItem,
+        json: Option<&Value>,
+        out: &mut BytesMut,
+    ) {
+        let events = match (item, json) {
+            (StreamItem::Chunk { .. }, Some(json)) => self.translator.on_chunk(json),
+            (StreamItem::Done, _) => self.translator.finish(),
+            _ => Vec::new(),
         };
         for e in events {
             out.extend_from_slice(&e.encode());
@@ -813,7 +839,11 @@ fn relay<K: Sink>(
             }
             let now = Instant::now();
             for event in events.drain(..) {
-                let item = openai::inspect_chunk(&event.data);
+                let (item, json) = if K::NEEDS_JSON {
+                    openai::inspect_chunk_json(&event.data)
+                } else {
+                    (openai::inspect_chunk(&event.data), None)
+                };
                 match &item {
                     StreamItem::Chunk { content, usage, .. } => {
                         if *content && let Some(a) = assignment.as_mut() {
@@ -830,7 +860,7 @@ fn relay<K: Sink>(
                     }
                     StreamItem::Other => {}
                 }
-                sink.event(&event, &item, &mut out);
+                sink.event(&event, &item, json.as_ref(), &mut out);
             }
             if let Some((message, kind)) = broke {
                 tracing::debug!(message, "upstream stream failed");

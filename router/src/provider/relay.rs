@@ -282,26 +282,18 @@ impl Translate {
                 facts
             }
             Mode::AnthropicViaOpenAi { .. } => {
-                let item = openai::inspect_chunk(&event.data);
+                let (item, json) = openai::inspect_chunk_json(&event.data);
                 let mut facts = EventFacts::default();
-                let events = match (&item, self.translator.as_mut()) {
-                    (
-                        StreamItem::Chunk {
-                            json,
-                            content,
-                            usage,
-                            ..
-                        },
-                        Some(t),
-                    ) => {
+                let events = match (&item, json, self.translator.as_mut()) {
+                    (StreamItem::Chunk { content, usage, .. }, Some(json), Some(t)) => {
                         facts.token = *content;
                         facts.usage = usage.map(|u| TokenUsage {
                             prompt: u.prompt_tokens,
                             completion: u.completion_tokens,
                         });
-                        t.on_chunk(json)
+                        t.on_chunk(&json)
                     }
-                    (StreamItem::Done, Some(t)) => {
+                    (StreamItem::Done, _, Some(t)) => {
                         facts.done = true;
                         t.finish()
                     }

@@ -14,7 +14,8 @@
 //! ingest ----sidecar_* (snapshot/delta/load/closed)
 //!                                      v
 //!     RouterState { Arc<Inner { core: Mutex<Core> (routing core: index, workers, policy),
-//!                               catalog: RwLock, sidecars: RwLock, metrics, .. }> }
+//!                               catalog: RwLock, sidecars: RwLock, metrics,
+//!                               itl: Mutex (per-token metric handles), .. }> }
 //!                                      ^
 //! gateway / Picker --pick / first_token / done / abort ; admin --explain / workers
 //! ```
@@ -162,6 +163,10 @@ struct Inner {
     tokenizers: Tokenizers,
     epoch: Instant,
     core: Mutex<Core>,
+    /// The inter-token-latency histogram of each assignment past its first token, so the
+    /// relay's per-token observation never waits for the core (a routing decision). Entries
+    /// come and go under the core lock, with `Core::labels` (lock order: core, then this).
+    itl: Mutex<HashMap<AssignmentId, prometheus::Histogram>>,
     catalog: RwLock<Catalog>,
     sidecars: RwLock<HashMap<String, SidecarView>>,
     next_stream: AtomicU64,
@@ -239,6 +244,7 @@ impl RouterState {
             tokenizers,
             epoch: Instant::now(),
             core: Mutex::new(core),
+            itl: Mutex::new(HashMap::new()),
             catalog: RwLock::new(Catalog::default()),
             sidecars: RwLock::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
@@ -340,9 +346,11 @@ impl RouterState {
         let retired = {
             let mut core = self.0.core.lock();
             let retired = core.routing.retire_gone(t, grace, |k| listed.contains(k));
+            let mut itl = self.0.itl.lock();
             for r in &retired {
                 for (id, _) in &r.released {
                     core.labels.remove(id);
+                    itl.remove(id);
                     core.tickets.forget(*id);
                 }
             }

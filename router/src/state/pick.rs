@@ -1024,6 +1024,10 @@ impl RouterState {
         };
         self.publish(crate::peer::wire::PeerEvent::Started(aid.0));
         let labels = core.labels.get(&aid).cloned();
+        if let Some((model, worker)) = &labels {
+            let itl = self.0.metrics.itl.with_label_values(&[model, worker]);
+            self.0.itl.lock().insert(aid, itl);
+        }
         drop(core);
         if let Some((model, worker)) = labels {
             let m = &self.0.metrics;
@@ -1045,16 +1049,12 @@ impl RouterState {
 
     /// Observes one inter-token gap of an assignment (streaming data paths).
     pub fn observe_itl(&self, id: AssignmentId, seconds: f64) {
-        let labels = self.0.core.lock().labels.get(&id).cloned();
-        if let Some((model, worker)) = labels
-            && seconds.is_finite()
-            && seconds >= 0.0
-        {
-            self.0
-                .metrics
-                .itl
-                .with_label_values(&[&model, &worker])
-                .observe(seconds);
+        if !(seconds.is_finite() && seconds >= 0.0) {
+            return;
+        }
+        // Not the core lock: a token waits for no routing decision.
+        if let Some(h) = self.0.itl.lock().get(&id) {
+            h.observe(seconds);
         }
     }
 
@@ -1138,6 +1138,7 @@ impl RouterState {
         released?;
         self.publish(crate::peer::wire::PeerEvent::Ended(aid.0));
         let labels = core.labels.remove(&aid).unwrap_or_default();
+        self.0.itl.lock().remove(&aid);
         core.tickets.forget(aid);
         drop(core);
         let m = &self.0.metrics;
@@ -1179,8 +1180,10 @@ impl RouterState {
         let ttl = self.0.config.assignment_ttl.as_secs_f64();
         let mut core = self.0.core.lock();
         let gone = core.routing.expire(t, ttl);
+        let mut itl = self.0.itl.lock();
         for (id, _) in &gone {
             core.labels.remove(id);
+            itl.remove(id);
             core.tickets.forget(*id);
             self.publish(crate::peer::wire::PeerEvent::Ended(id.0));
         }

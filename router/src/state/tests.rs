@@ -486,3 +486,41 @@ fn a_calibrated_p90_bound_is_published_after_twenty_first_tokens() {
         assert!(text.contains(line), "{line} in {text}");
     }
 }
+
+#[test]
+fn inter_token_gaps_are_observed_from_the_first_token_until_release_or_expiry() {
+    let s = state(true);
+    report(&s, 1, "w", "m");
+    let now = Instant::now();
+    let pick = || s.pick(&input("m", &[1, 2, 3]), now).expect("pick");
+    let itl_count = |s: &RouterState| {
+        let text = s.metrics().encode();
+        text.lines()
+            .find(|l| l.starts_with("kvroute_router_itl_seconds_count{model=\"m\",worker=\"w\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let a = pick();
+    // Before its first token a gap means nothing.
+    s.observe_itl(a.assignment, 0.01);
+    assert_eq!(itl_count(&s), 0);
+    assert!(s.first_token(a.assignment, Some(0.1), now));
+    s.observe_itl(a.assignment, 0.01);
+    s.observe_itl(a.assignment, 0.02);
+    s.observe_itl(a.assignment, f64::NAN);
+    s.observe_itl(a.assignment, -1.0);
+    assert_eq!(itl_count(&s), 2);
+    assert!(s.done(a.assignment, Usage::default()));
+    s.observe_itl(a.assignment, 0.01);
+    assert_eq!(itl_count(&s), 2, "released: nothing more");
+    // An expired assignment keeps no handle either.
+    let b = pick();
+    assert!(s.first_token(b.assignment, Some(0.1), now));
+    assert_eq!(s.expire(now + Duration::from_secs(3600)), 1);
+    s.observe_itl(b.assignment, 0.01);
+    assert_eq!(itl_count(&s), 2);
+    assert!(
+        s.0.itl.lock().is_empty(),
+        "no handle outlives its assignment"
+    );
+}
