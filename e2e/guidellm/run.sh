@@ -3,6 +3,7 @@
 # the real peer routers over the same workers.
 #   e2e/guidellm/run.sh                    # policies random and kvroute
 #   POLICIES="random kvroute max-prefix" STREAMS=8 DURATION=30 e2e/guidellm/run.sh
+#   SEED=N: GuideLLM's data seed (its default is a fixed 42: every run the same prompts)
 #   PEERS="sglang-router vllm-router" e2e/guidellm/run.sh
 #     also sglang-router 0.3.2 and vllm-router 0.1.17 (cache_aware; installed into
 #     e2e/peers/.venv as e2e/peers/run.sh does), each over fresh mock workers
@@ -42,6 +43,7 @@ guidellm_run() { # NAME URL
     --tokenizer "kind=huggingface_auto,model=$TOKENIZER" \
     --data "$DATA" \
     --profile "kind=concurrent,streams=$STREAMS" \
+    ${SEED:+--seed "kind=static,value=$SEED"} \
     --constraint "kind=max_duration,seconds=$DURATION" \
     --output "kind=json,path=$OUT/guidellm-$1.json" --output kind=console \
     --disable-progress
