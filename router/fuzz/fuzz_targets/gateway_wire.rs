@@ -14,3 +14,12 @@ pub mod anthropic;
 #[path = "../../src/gateway/sse.rs"]
 #[allow(dead_code)]
 pub mod sse;
+
+// error.rs names the router's pick and tenant error types by crate path; in the fuzz build
+// they come from the router crate itself (already a dependency for ingest_session).
+pub mod state {
+    pub use kvroute_router::state::PickError;
+}
+pub mod tenant {
+    pub use kvroute_router::tenant::{AuthError, LimitExceeded};
+}
