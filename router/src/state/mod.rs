@@ -346,12 +346,9 @@ impl RouterState {
         let retired = {
             let mut core = self.0.core.lock();
             let retired = core.routing.retire_gone(t, grace, |k| listed.contains(k));
-            let mut itl = self.0.itl.lock();
             for r in &retired {
                 for (id, _) in &r.released {
-                    core.labels.remove(id);
-                    itl.remove(id);
-                    core.tickets.forget(*id);
+                    self.forget_assignment(&mut core, *id);
                 }
             }
             for r in &retired {

@@ -1137,9 +1137,7 @@ impl RouterState {
         };
         released?;
         self.publish(crate::peer::wire::PeerEvent::Ended(aid.0));
-        let labels = core.labels.remove(&aid).unwrap_or_default();
-        self.0.itl.lock().remove(&aid);
-        core.tickets.forget(aid);
+        let labels = self.forget_assignment(&mut core, aid).unwrap_or_default();
         drop(core);
         let m = &self.0.metrics;
         m.released.with_label_values(&[how.label()]).inc();
@@ -1174,17 +1172,27 @@ impl RouterState {
         Some(labels)
     }
 
+    /// Drops what the state keeps beside the routing core for an assignment that ended
+    /// (metric labels, ITL handle, decision id); returns its labels. Called with the core
+    /// locked (lock order: core, then itl).
+    pub(super) fn forget_assignment(
+        &self,
+        core: &mut super::Core,
+        id: AssignmentId,
+    ) -> Option<(String, String)> {
+        self.0.itl.lock().remove(&id);
+        core.tickets.forget(id);
+        core.labels.remove(&id)
+    }
+
     /// Releases every assignment older than the TTL; returns how many.
     pub fn expire(&self, now: Instant) -> usize {
         let t = self.secs(now);
         let ttl = self.0.config.assignment_ttl.as_secs_f64();
         let mut core = self.0.core.lock();
         let gone = core.routing.expire(t, ttl);
-        let mut itl = self.0.itl.lock();
         for (id, _) in &gone {
-            core.labels.remove(id);
-            itl.remove(id);
-            core.tickets.forget(*id);
+            self.forget_assignment(&mut core, *id);
             self.publish(crate::peer::wire::PeerEvent::Ended(id.0));
         }
         drop(core);
