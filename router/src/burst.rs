@@ -98,6 +98,19 @@ impl Cluster {
     /// `replicas` replicas over `workers` idle workers with empty caches, the peer exchange
     /// on when `exchange`. Returns once every replica's streams to the others are open.
     pub async fn start(replicas: usize, workers: usize, exchange: bool) -> anyhow::Result<Self> {
+        let window = RouterConfig::default().hot_prefix_window;
+        Self::start_with(replicas, workers, exchange, window).await
+    }
+
+    /// [`Self::start`] with kvroute's hot-prefix window set (0: the rule off). A burst of one
+    /// prefix is all of each replica's traffic, so the rule copies it to every worker; the
+    /// exchange test turns it off to see the placements the exchange alone makes.
+    pub async fn start_with(
+        replicas: usize,
+        workers: usize,
+        exchange: bool,
+        hot_prefix_window: u32,
+    ) -> anyhow::Result<Self> {
         let stop = CancellationToken::new();
         let ids: Vec<String> = (0..workers).map(|i| format!("w{i}")).collect();
         let mut states = Vec::new();
@@ -106,6 +119,7 @@ impl Cluster {
             let metrics = RouterMetrics::register(&prometheus::Registry::new())?;
             let cfg = RouterConfig {
                 seed: 1 + r as u64,
+                hot_prefix_window,
                 ..RouterConfig::default()
             };
             let state = RouterState::new(cfg, metrics)?;

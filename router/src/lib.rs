@@ -170,6 +170,12 @@ pub struct Args {
     /// Predictions within this many seconds of the best are near-ties (kvroute policy).
     #[arg(long, env = "KVROUTE_ROUTER_TIE_MARGIN", default_value_t = 0.02)]
     pub tie_margin: f64,
+    /// Hot prefixes (kvroute policy): the requests over which the share of each cached
+    /// prefix is counted; a prefix whose share times the candidates exceeds its holders gets
+    /// a copy on another worker (decision reason `hot_prefix_copy`; docs/DESIGN.md). 0 turns
+    /// it off.
+    #[arg(long, env = "KVROUTE_ROUTER_HOT_PREFIX_WINDOW", default_value_t = 64)]
+    pub hot_prefix_window: u32,
     /// Seed of the policy's random draws (default: random per process, so replicas differ).
     #[arg(long, env = "KVROUTE_ROUTER_SEED")]
     pub seed: Option<u64>,
@@ -450,6 +456,7 @@ impl Default for Args {
             tokenizer_retry_max_s: 300.0,
             policy: "kvroute".into(),
             tie_margin: 0.02,
+            hot_prefix_window: 64,
             seed: None,
             assignment_ttl_s: 600.0,
             stale_after_s: 10.0,
@@ -701,6 +708,7 @@ impl Server {
             tokenizer_retry_max_s,
             policy,
             tie_margin,
+            hot_prefix_window,
             seed,
             assignment_ttl_s,
             stale_after_s,
@@ -766,6 +774,7 @@ impl Server {
         let router_config = RouterConfig {
             policy,
             tie_margin_s: tie_margin,
+            hot_prefix_window,
             seed,
             assignment_ttl: secs("assignment-ttl-s", assignment_ttl_s)?,
             stale_after: secs("stale-after-s", stale_after_s)?,

@@ -79,6 +79,7 @@ mod tests {
             Reason::LlmdScore,
             Reason::StickyWarm,
             Reason::StickyReleased,
+            Reason::HotPrefixCopy,
         ];
         for r in &all {
             match r {
@@ -97,7 +98,8 @@ mod tests {
                 | Reason::LowMatch
                 | Reason::LlmdScore
                 | Reason::StickyWarm
-                | Reason::StickyReleased => {}
+                | Reason::StickyReleased
+                | Reason::HotPrefixCopy => {}
             }
         }
         all

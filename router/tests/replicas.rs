@@ -23,8 +23,10 @@ const SUFFIX: usize = 32;
 const HIT_RATE_BOUND: f64 = 0.01;
 const PLACEMENT_BOUND: usize = REQUESTS / 20;
 
+/// The hot-prefix rule off: a burst of one prefix is all of each replica's traffic, and the
+/// rule would copy it to every worker with or without the exchange (docs/replicas.md).
 async fn run(replicas: usize, exchange: bool) -> BurstOutcome {
-    let c = Cluster::start(replicas, WORKERS, exchange)
+    let c = Cluster::start_with(replicas, WORKERS, exchange, 0)
         .await
         .expect("cluster");
     c.burst(REQUESTS, PREFIX, SUFFIX, 7).await.expect("burst")

@@ -213,6 +213,7 @@ mod tests {
             predicted_ttfts: Vec::new(),
             scores: Vec::new(),
             candidates: None,
+            reason: None,
             first_token: None,
         }
     }

@@ -418,6 +418,7 @@ fn to_run_result(mut m: Vec<Measured>, speedup: f64) -> RunResult {
             predicted_ttfts: Vec::new(),
             scores: Vec::new(),
             candidates: None,
+            reason: None,
             first_token: x.first_token,
         })
         .collect();

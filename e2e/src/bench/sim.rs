@@ -116,6 +116,9 @@ pub struct RequestRecord {
     /// With `SimConfig::diagnose`: the decision record's candidates.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub candidates: Option<serde_json::Value>,
+    /// With `SimConfig::diagnose`: why the policy chose the worker (`Reason::as_str`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
     /// With `SimConfig::diagnose`: the prompt's first token id (in the shared-prefix workload
     /// it tells the prefix apart).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -258,6 +261,7 @@ struct Diag {
     predicted_ttfts: Vec<f64>,
     scores: Vec<f64>,
     candidates: Option<serde_json::Value>,
+    reason: Option<&'static str>,
 }
 
 /// Where a session stands: its next turn and its history so far.
@@ -588,6 +592,7 @@ impl Sim<'_> {
                     diag.predicted_ttfts = pred;
                     diag.scores = scores;
                     diag.candidates = serde_json::to_value(&decision.candidates).ok();
+                    diag.reason = Some(decision.reason.as_str());
                 }
                 let a = self.core.assign(&plan, &decision, self.now);
                 (worker, Some(a), predicted)
@@ -686,6 +691,7 @@ impl Sim<'_> {
             predicted_ttfts: l.diag.predicted_ttfts,
             scores: l.diag.scores,
             candidates: l.diag.candidates,
+            reason: l.diag.reason,
             first_token: self
                 .cfg
                 .diagnose

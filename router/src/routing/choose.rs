@@ -14,6 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::assign::NewAssignment;
+use super::hot::HotPrefixes;
 use super::workers::WorkerId;
 
 /// Everything a policy knows about one allowed worker for one request.
@@ -109,6 +110,13 @@ pub struct ChoiceContext {
     pub degraded: bool,
     /// The workers policy allows, in a stable order.
     pub candidates: Vec<Candidate>,
+    /// The hash of the deepest prompt block any candidate is expected to hold (the index's
+    /// match or the router's own pending placements): which cached prefix this request
+    /// would reuse. `None` when no candidate holds any of the prompt, or degraded. kvroute
+    /// counts requests per anchor to find hot prefixes (see
+    /// `PredictedTtftConfig::hot_prefix_window`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_anchor: Option<u64>,
 }
 
 /// Why a worker was chosen; `as_str` is the metric label.
@@ -148,6 +156,10 @@ pub enum Reason {
     /// llm-d sticky-until-saturated: no warm worker, or the warm ones saturated: least
     /// token load among all.
     StickyReleased,
+    /// kvroute: the prompt's cached prefix is hot (more traffic than its holders' share of
+    /// the pool): the worker not holding it that was predicted to answer soonest computes a
+    /// copy.
+    HotPrefixCopy,
 }
 
 impl Reason {
@@ -170,6 +182,7 @@ impl Reason {
             Reason::LlmdScore => "llm_d_score",
             Reason::StickyWarm => "sticky_warm",
             Reason::StickyReleased => "sticky_released",
+            Reason::HotPrefixCopy => "hot_prefix_copy",
         }
     }
 }
@@ -354,6 +367,21 @@ pub struct PredictedTtftConfig {
     /// keeps a draw among workers that are equal, so replicas do not all pick the same one.
     /// Negative disables it.
     pub tie_token_slack: f64,
+    /// Hot prefixes: the requests over which kvroute counts how often each cached prefix is
+    /// reused (`ChoiceContext::prefix_anchor`, decayed per request; `hot.rs`). When a
+    /// prefix's share of those requests times the number of candidates exceeds the number
+    /// of candidates holding it (60% of the traffic on one holder of three: 1.8 > 1), its
+    /// holders carry more than their share of the pool: this request goes to the worker not
+    /// holding it that is predicted to answer soonest (its recomputation of the prefix
+    /// included), which then holds a copy, and later requests spread over the holders by
+    /// their predictions. This is the one place kvroute knowingly takes a slower first token:
+    /// the holder may still answer this request sooner (its queue is short), but every
+    /// request of the prefix adds prefill chunks and a decode to the holder's batches, and
+    /// one recomputation spreads them. The share is of all requests this policy routes, so in
+    /// a router serving several pools a prefix hot within one of them looks less hot (no
+    /// copy is made, as without this rule). A burst of one new prefix shorter than about a
+    /// third of a window stays together. 0 disables it.
+    pub hot_prefix_window: u32,
 }
 
 impl Default for PredictedTtftConfig {
@@ -367,6 +395,7 @@ impl Default for PredictedTtftConfig {
             block_balance: 0.0,
             gpu_degraded_penalty_s: 1.0,
             tie_token_slack: 0.5,
+            hot_prefix_window: 64,
         }
     }
 }
@@ -382,6 +411,8 @@ impl Default for PredictedTtftConfig {
 pub struct PredictedTtft {
     cfg: PredictedTtftConfig,
     rng: ChaCha8Rng,
+    /// Decayed request counts per prefix anchor (`None`: the rule is off).
+    hot: Option<HotPrefixes>,
 }
 
 impl PredictedTtft {
@@ -390,6 +421,7 @@ impl PredictedTtft {
         Self {
             cfg,
             rng: ChaCha8Rng::seed_from_u64(seed),
+            hot: (cfg.hot_prefix_window > 0).then(|| HotPrefixes::new(cfg.hot_prefix_window)),
         }
     }
 }
@@ -445,12 +477,26 @@ impl Policy for PredictedTtft {
     }
 
     fn choose(&mut self, ctx: &ChoiceContext, _now: f64) -> Option<Decision> {
+        let saturated = |c: &Candidate| c.waiting > 0 && c.kv_usage >= self.cfg.saturated_kv_usage;
         let best_cached = ctx
             .candidates
             .iter()
-            .filter(|c| !(c.waiting > 0 && c.kv_usage >= self.cfg.saturated_kv_usage))
+            .filter(|c| !saturated(c))
             .map(|c| c.expected_cached_tokens)
             .fold(0.0, f64::max);
+        let holds = |c: &Candidate| c.expected_cached_tokens + c.block_size as f64 >= best_cached;
+        // Hot prefix: more traffic than its holders' share of the pool (see
+        // `hot_prefix_window`): a worker not holding it takes a copy.
+        let share = match self.hot.as_mut() {
+            Some(h) if !ctx.degraded => h.observe(ctx.prefix_anchor),
+            _ => 0.0,
+        };
+        let holders = ctx
+            .candidates
+            .iter()
+            .filter(|c| !saturated(c) && holds(c))
+            .count();
+        let hot = best_cached > 0.0 && share * ctx.candidates.len() as f64 > holders as f64;
         let least_active = ctx
             .candidates
             .iter()
@@ -482,6 +528,24 @@ impl Policy for PredictedTtft {
                 }
             })
             .collect();
+        // A hot prefix's copy: among the workers not holding it, the soonest predicted
+        // (near-ties drawn as below, so that replicas do not all copy to the same one).
+        let copy_scores: Option<Vec<f64>> = hot
+            .then(|| {
+                ctx.candidates
+                    .iter()
+                    .map(|c| {
+                        if !saturated(c) && !holds(c) && c.predicted_ttft.is_finite() {
+                            c.predicted_ttft
+                        } else {
+                            f64::MAX
+                        }
+                    })
+                    .collect::<Vec<f64>>()
+            })
+            .filter(|s| s.iter().any(|&x| x < f64::MAX));
+        let copy = copy_scores.is_some();
+        let scores = copy_scores.unwrap_or(scores);
         let best = scores.iter().copied().fold(f64::INFINITY, f64::min);
         if !best.is_finite() {
             return None;
@@ -507,6 +571,7 @@ impl Policy for PredictedTtft {
         } else {
             (weighted_draw(&mut self.rng, &near), Reason::TieBreak)
         };
+        let reason = if copy { Reason::HotPrefixCopy } else { reason };
         Some(Decision::from_ctx(self.name(), ctx, pick, reason, &scores))
     }
 }
@@ -565,6 +630,7 @@ mod tests {
         let ctx = ChoiceContext {
             prompt_tokens: 100,
             degraded: false,
+            prefix_anchor: None,
             candidates: vec![cand(0, 1.0, 0), cand(1, 0.3, 5), cand(2, 0.6, 0)],
         };
         let d = PredictedTtft::new(PredictedTtftConfig::default(), 1)
@@ -584,6 +650,7 @@ mod tests {
         let ctx = ChoiceContext {
             prompt_tokens: 100,
             degraded: false,
+            prefix_anchor: None,
             candidates: (0..4)
                 .map(|w| cand(w, 0.5 + f64::from(w) * 0.001, 0))
                 .collect(),
@@ -611,6 +678,7 @@ mod tests {
         let ctx = ChoiceContext {
             prompt_tokens: 100,
             degraded: false,
+            prefix_anchor: None,
             candidates: vec![cand(0, 0.5, 0), cand(1, 0.5, 9)],
         };
         let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 3);
@@ -632,6 +700,7 @@ mod tests {
         let ctx = ChoiceContext {
             prompt_tokens: 40_000,
             degraded: false,
+            prefix_anchor: None,
             candidates: vec![with(0, 1, 80_000), with(1, 3, 30_000), with(2, 3, 45_000)],
         };
         // How often each worker is picked in 300 choices.
@@ -659,6 +728,7 @@ mod tests {
         let ctx = ChoiceContext {
             prompt_tokens: 40_000,
             degraded: false,
+            prefix_anchor: None,
             candidates: vec![
                 Candidate {
                     predicted_ttft: 0.2,
@@ -678,6 +748,7 @@ mod tests {
         let mut ctx = ChoiceContext {
             prompt_tokens: 0,
             degraded: true,
+            prefix_anchor: None,
             candidates: vec![cand(0, 0.2, 0), cand(1, 0.9, 0)],
         };
         let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 0);
@@ -713,6 +784,7 @@ mod tests {
         let ctx = ChoiceContext {
             prompt_tokens: 2_304,
             degraded: false,
+            prefix_anchor: None,
             candidates: vec![warm.clone(), cold.clone()],
         };
         // Cold predicts slightly faster, but would recompute 2,048 tokens warm holds.
@@ -738,6 +810,7 @@ mod tests {
         let ctx = ChoiceContext {
             prompt_tokens: 2_304,
             degraded: false,
+            prefix_anchor: None,
             candidates: vec![
                 Candidate {
                     predicted_ttft: 3.0,
@@ -752,6 +825,7 @@ mod tests {
         let ctx = ChoiceContext {
             prompt_tokens: 2_304,
             degraded: false,
+            prefix_anchor: None,
             candidates: vec![
                 Candidate {
                     waiting: 2,
@@ -790,6 +864,7 @@ mod tests {
         let ctx = ChoiceContext {
             prompt_tokens: 2_304,
             degraded: false,
+            prefix_anchor: None,
             candidates: vec![busy, idle],
         };
         let on = PredictedTtftConfig {
@@ -837,6 +912,7 @@ mod tests {
         let ctx = ChoiceContext {
             prompt_tokens: 1_024,
             degraded: false,
+            prefix_anchor: None,
             candidates: vec![busy, idle],
         };
         let on = PredictedTtftConfig {
@@ -865,6 +941,7 @@ mod tests {
         let ctx = |a_degraded: bool, b_degraded: bool| ChoiceContext {
             prompt_tokens: 100,
             degraded: false,
+            prefix_anchor: None,
             candidates: vec![
                 Candidate {
                     gpu_degraded: a_degraded,
@@ -914,5 +991,113 @@ mod tests {
             ..ctx(false, false)
         };
         assert_eq!(p.choose(&c, 0.0).expect("decision").chosen, WorkerId(0));
+    }
+
+    /// Worker 0 holds the prompt's 2,048-token prefix and answers in 0.3 s; workers 1 and 2
+    /// would recompute it (1.0 and 0.9 s).
+    fn hot_ctx(anchor: u64) -> ChoiceContext {
+        let holder = Candidate {
+            block_size: 16,
+            expected_cached_tokens: 2048.0,
+            prefill_rate: 4000.0,
+            ..cand(0, 0.3, 0)
+        };
+        let cold = |w, ttft| Candidate {
+            block_size: 16,
+            prefill_rate: 4000.0,
+            ..cand(w, ttft, 0)
+        };
+        ChoiceContext {
+            prompt_tokens: 2176,
+            degraded: false,
+            prefix_anchor: Some(anchor),
+            candidates: vec![holder, cold(1, 1.0), cold(2, 0.9)],
+        }
+    }
+
+    #[test]
+    fn a_hot_prefix_gets_a_copy_on_the_soonest_other_worker() {
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        let ctx = hot_ctx(7);
+        // The first requests stay with the holder: a new router calls nothing hot before
+        // half a window of traffic.
+        for i in 0..10 {
+            let d = p.choose(&ctx, 0.0).expect("decision");
+            assert_eq!(d.chosen, WorkerId(0), "request {i}");
+        }
+        // Every request for one prefix: its share soon exceeds one holder's third.
+        let d = (0..40)
+            .map(|_| p.choose(&ctx, 0.0).expect("decision"))
+            .find(|d| d.reason == Reason::HotPrefixCopy)
+            .expect("a copy within 40 more requests");
+        assert_eq!(d.chosen, WorkerId(2), "the sooner of the two others");
+        assert_eq!(
+            serde_json::to_value(&d).expect("serializes")["reason"],
+            "hot_prefix_copy"
+        );
+        // Once the copy is placed (the pending overlay shows it), two holders of three carry
+        // a prefix with all the traffic: a third copy, once its share passes two thirds.
+        let mut two = hot_ctx(7);
+        two.candidates[2].expected_cached_tokens = 2048.0;
+        let d = (0..40)
+            .map(|_| p.choose(&two, 0.0).expect("decision"))
+            .find(|d| d.reason == Reason::HotPrefixCopy)
+            .expect("a third copy");
+        assert_eq!(d.chosen, WorkerId(1));
+        // Every worker holds it: no copy left to make; the soonest holder wins.
+        let mut all = two.clone();
+        all.candidates[1].expected_cached_tokens = 2048.0;
+        let d = p.choose(&all, 0.0).expect("decision");
+        assert_eq!(d.chosen, WorkerId(0));
+        assert_ne!(d.reason, Reason::HotPrefixCopy);
+    }
+
+    #[test]
+    fn prefixes_at_their_share_or_below_are_never_copied() {
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        // Eight prefixes in turn: 1/8 of the traffic each, one holder of three each.
+        for i in 0..400u64 {
+            let d = p.choose(&hot_ctx(i % 8), 0.0).expect("decision");
+            assert_eq!(d.chosen, WorkerId(0), "request {i}");
+        }
+        // One prefix with 60% of the traffic and two holders of three (1.8 < 2): no copy.
+        let mut two = hot_ctx(1);
+        two.candidates[2].expected_cached_tokens = 2048.0;
+        for i in 0..400u64 {
+            let mut c = if i % 5 < 3 {
+                two.clone()
+            } else {
+                hot_ctx(100 + i)
+            };
+            c.candidates[0].predicted_ttft = 0.3;
+            let d = p.choose(&c, 0.0).expect("decision");
+            assert_ne!(d.reason, Reason::HotPrefixCopy, "request {i}");
+        }
+        // Off: one prefix with all the traffic stays with its holder.
+        let mut off = PredictedTtft::new(
+            PredictedTtftConfig {
+                hot_prefix_window: 0,
+                ..PredictedTtftConfig::default()
+            },
+            1,
+        );
+        for _ in 0..200 {
+            let d = off.choose(&hot_ctx(7), 0.0).expect("decision");
+            assert_eq!(d.chosen, WorkerId(0));
+        }
+    }
+
+    #[test]
+    fn a_saturated_worker_gets_no_copy() {
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        let mut ctx = hot_ctx(7);
+        // Worker 2 is full and has requests waiting: the copy goes to worker 1.
+        ctx.candidates[2].kv_usage = 0.95;
+        ctx.candidates[2].waiting = 3;
+        let d = (0..60)
+            .map(|_| p.choose(&ctx, 0.0).expect("decision"))
+            .find(|d| d.reason == Reason::HotPrefixCopy)
+            .expect("a copy");
+        assert_eq!(d.chosen, WorkerId(1));
     }
 }

@@ -310,7 +310,10 @@ fn a_saturated_worker_learns_an_admission_wait_shown_in_the_prediction() {
     assert_eq!(c.admission_wait, 0.0);
     let base = core.predictor.predict(warm, w.queue_tokens, 0.0);
     assert!((w.predicted_ttft - base - w.admission_wait).abs() < 1e-9);
-    // The cold worker (4k tokens to recompute, ~0.9 s) now beats waiting for KV.
+    // The cold worker (4k tokens to recompute, ~0.9 s) now beats waiting for KV. (A fresh
+    // policy: the one above saw this prompt in all its 40 requests, a hot prefix it would
+    // copy anyway; see `hot_prefix_window`.)
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
     let (_, d) = core
         .decide(&mut p, &req(&tokens), &[warm, cold], 500.0)
         .expect("decision");

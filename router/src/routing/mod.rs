@@ -79,6 +79,7 @@ mod bound;
 mod choose;
 mod core;
 mod gpu;
+mod hot;
 mod index;
 mod outlier;
 mod overlay;
@@ -139,6 +140,7 @@ pub(crate) mod test_support {
         ChoiceContext {
             prompt_tokens: 1024,
             degraded: false,
+            prefix_anchor: None,
             candidates,
         }
     }

@@ -119,7 +119,7 @@ impl RoutingCore {
                 .find(|(b, _)| *b == bs)
                 .map(|(_, c)| c.as_slice())
         };
-        let candidates = live
+        let candidates: Vec<Candidate> = live
             .iter()
             .map(|&(w, slot)| {
                 let view = CacheView {
@@ -129,11 +129,13 @@ impl RoutingCore {
                 self.estimate(w, slot, prompt_tokens, &view, &releases, now)
             })
             .collect();
+        let prefix_anchor = prefix_anchor(&candidates, chain_of);
         Plan {
             context: ChoiceContext {
                 prompt_tokens,
                 degraded: req.tokens.is_none(),
                 candidates,
+                prefix_anchor,
             },
             chains,
             max_tokens: req.max_tokens,
@@ -273,4 +275,23 @@ impl RoutingCore {
             }
         }
     }
+}
+
+/// The hash of the deepest prompt block a candidate is expected to hold: the last of the
+/// leading blocks of the candidate with the most expected cached tokens (index or pending
+/// placements), at its block size. `None` when no candidate holds a block.
+fn prefix_anchor<'a>(
+    candidates: &[Candidate],
+    chain_of: impl Fn(usize) -> Option<&'a [BlockHash]>,
+) -> Option<u64> {
+    let best = candidates
+        .iter()
+        .filter(|c| c.expected_cached_tokens >= 1.0)
+        .max_by(|a, b| {
+            a.expected_cached_tokens
+                .total_cmp(&b.expected_cached_tokens)
+        })?;
+    let blocks = (best.expected_cached_tokens / best.block_size.max(1) as f64).floor() as usize;
+    let chain = chain_of(best.block_size)?;
+    chain.get(blocks.min(chain.len()).checked_sub(1)?).copied()
 }

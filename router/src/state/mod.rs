@@ -96,6 +96,8 @@ pub struct RouterConfig {
     pub policy: String,
     /// Near-tie margin of the kvroute policy, seconds.
     pub tie_margin_s: f64,
+    /// Hot-prefix window of the kvroute policy, requests (0: off).
+    pub hot_prefix_window: u32,
     /// Seed of the policy's RNG (give each replica its own).
     pub seed: u64,
     /// Assignments not released within this time expire.
@@ -130,6 +132,7 @@ impl Default for RouterConfig {
         Self {
             policy: "kvroute".into(),
             tie_margin_s: 0.02,
+            hot_prefix_window: PredictedTtftConfig::default().hot_prefix_window,
             seed: 0,
             assignment_ttl: Duration::from_secs(600),
             stale_after: Duration::from_secs(30),
@@ -214,6 +217,7 @@ impl RouterState {
         let policy: Box<dyn Policy> = if config.policy == "kvroute" {
             let cfg = PredictedTtftConfig {
                 tie_margin_s: config.tie_margin_s,
+                hot_prefix_window: config.hot_prefix_window,
                 ..PredictedTtftConfig::default()
             };
             Box::new(PredictedTtft::new(cfg, config.seed))

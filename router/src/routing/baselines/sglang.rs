@@ -195,6 +195,7 @@ mod tests {
         ChoiceContext {
             prompt_tokens: 100,
             degraded: false,
+            prefix_anchor: None,
             candidates: loads
                 .iter()
                 .enumerate()
