@@ -103,7 +103,7 @@ impl Cluster {
     }
 
     /// [`Self::start`] with kvroute's hot-prefix window set (0: the rule off). A burst of one
-    /// prefix is all of each replica's traffic, so the rule copies it to every worker; the
+    /// prefix is all of each replica's traffic, so the rule may copy it to other workers; the
     /// exchange test turns it off to see the placements the exchange alone makes.
     pub async fn start_with(
         replicas: usize,

@@ -47,6 +47,8 @@ pub struct Candidate {
     pub running: u32,
     /// KV cache usage 0..1, from its last load report.
     pub kv_usage: f32,
+    /// Its KV cache size in tokens, from its last load report (0: not reported).
+    pub kv_capacity_tokens: u64,
     /// The router's own assignments waiting for their first token (this replica's and, with
     /// the peer exchange, its peer replicas'; docs/replicas.md).
     pub inflight: u32,
@@ -382,6 +384,15 @@ pub struct PredictedTtftConfig {
     /// copy is made, as without this rule). A burst of one new prefix shorter than about a
     /// third of a window stays together. 0 disables it.
     pub hot_prefix_window: u32,
+    /// A hot prefix's copy may take at most this share of the copy worker's reported KV
+    /// cache (`Candidate::kv_capacity_tokens`; a worker reporting none gets no copy). A copy
+    /// evicts other prefixes: on the live shape in bench/README.md ("Where the cache and the
+    /// queue disagree"), workers of 26,000 KV tokens and 8,192-token prefixes, copies (31%
+    /// of a worker's KV) made the other prefixes thrash, and throughput fell (182.1 req/min
+    /// median over 3 seeds against 195.9 without copies); in the simulated shape, 16,384-token
+    /// copies are 11% of 150,000 and pay. This bound was set after those two runs, between
+    /// them; no other shape has been measured.
+    pub hot_prefix_max_kv_share: f64,
 }
 
 impl Default for PredictedTtftConfig {
@@ -396,6 +407,7 @@ impl Default for PredictedTtftConfig {
             gpu_degraded_penalty_s: 1.0,
             tie_token_slack: 0.5,
             hot_prefix_window: 64,
+            hot_prefix_max_kv_share: 0.125,
         }
     }
 }
@@ -535,7 +547,9 @@ impl Policy for PredictedTtft {
                 ctx.candidates
                     .iter()
                     .map(|c| {
-                        if !saturated(c) && !holds(c) && c.predicted_ttft.is_finite() {
+                        let fits = best_cached
+                            <= self.cfg.hot_prefix_max_kv_share * c.kv_capacity_tokens as f64;
+                        if fits && !saturated(c) && !holds(c) && c.predicted_ttft.is_finite() {
                             c.predicted_ttft
                         } else {
                             f64::MAX
@@ -1000,11 +1014,13 @@ mod tests {
             block_size: 16,
             expected_cached_tokens: 2048.0,
             prefill_rate: 4000.0,
+            kv_capacity_tokens: 100_000,
             ..cand(0, 0.3, 0)
         };
         let cold = |w, ttft| Candidate {
             block_size: 16,
             prefill_rate: 4000.0,
+            kv_capacity_tokens: 100_000,
             ..cand(w, ttft, 0)
         };
         ChoiceContext {
@@ -1085,6 +1101,24 @@ mod tests {
             let d = off.choose(&hot_ctx(7), 0.0).expect("decision");
             assert_eq!(d.chosen, WorkerId(0));
         }
+    }
+
+    #[test]
+    fn a_copy_must_fit_in_an_eighth_of_the_workers_kv() {
+        // Worker 2 holds 12,000 KV tokens: a 2,048-token copy would be 17% of it; worker 1
+        // does not report its size. No copy anywhere; the holder keeps the prefix.
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        let mut ctx = hot_ctx(7);
+        ctx.candidates[1].kv_capacity_tokens = 0;
+        ctx.candidates[2].kv_capacity_tokens = 12_000;
+        for i in 0..200 {
+            let d = p.choose(&ctx, 0.0).expect("decision");
+            assert_eq!(d.chosen, WorkerId(0), "request {i}");
+        }
+        // At 16,384 KV tokens the copy is exactly an eighth: allowed.
+        ctx.candidates[2].kv_capacity_tokens = 16_384;
+        let d = p.choose(&ctx, 0.0).expect("decision");
+        assert_eq!((d.chosen, d.reason), (WorkerId(2), Reason::HotPrefixCopy));
     }
 
     #[test]

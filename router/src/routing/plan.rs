@@ -221,6 +221,7 @@ impl RoutingCore {
             waiting: load.waiting,
             running: load.running,
             kv_usage: load.kv_usage,
+            kv_capacity_tokens: load.kv_capacity_tokens,
             inflight: own.waiting + peer_waiting,
             inflight_prefill_tokens: own.waiting_prefill_tokens
                 + peer.waiting_prefill_tokens.round() as u64,
