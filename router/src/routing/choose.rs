@@ -1031,21 +1031,30 @@ mod tests {
         }
     }
 
+    /// The first decision of `p` over `ctx` within `n` that makes a copy.
+    fn first_copy(p: &mut PredictedTtft, ctx: &ChoiceContext, n: usize) -> Option<Decision> {
+        (0..n)
+            .map(|_| p.choose(ctx, 0.0).expect("decision"))
+            .find(|d| d.reason == Reason::HotPrefixCopy)
+    }
+
+    /// `n` decisions of `p` over `ctx`, every one sent to the holder, worker 0.
+    fn stays_with_holder(p: &mut PredictedTtft, ctx: &ChoiceContext, n: usize) {
+        for i in 0..n {
+            let d = p.choose(ctx, 0.0).expect("decision");
+            assert_eq!(d.chosen, WorkerId(0), "request {i}");
+        }
+    }
+
     #[test]
     fn a_hot_prefix_gets_a_copy_on_the_soonest_other_worker() {
         let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
         let ctx = hot_ctx(7);
         // The first requests stay with the holder: a new router calls nothing hot before
         // half a window of traffic.
-        for i in 0..10 {
-            let d = p.choose(&ctx, 0.0).expect("decision");
-            assert_eq!(d.chosen, WorkerId(0), "request {i}");
-        }
+        stays_with_holder(&mut p, &ctx, 10);
         // Every request for one prefix: its share soon exceeds one holder's third.
-        let d = (0..40)
-            .map(|_| p.choose(&ctx, 0.0).expect("decision"))
-            .find(|d| d.reason == Reason::HotPrefixCopy)
-            .expect("a copy within 40 more requests");
+        let d = first_copy(&mut p, &ctx, 40).expect("a copy within 40 more requests");
         assert_eq!(d.chosen, WorkerId(2), "the sooner of the two others");
         assert_eq!(
             serde_json::to_value(&d).expect("serializes")["reason"],
@@ -1055,10 +1064,7 @@ mod tests {
         // a prefix with all the traffic: a third copy, once its share passes two thirds.
         let mut two = hot_ctx(7);
         two.candidates[2].expected_cached_tokens = 2048.0;
-        let d = (0..40)
-            .map(|_| p.choose(&two, 0.0).expect("decision"))
-            .find(|d| d.reason == Reason::HotPrefixCopy)
-            .expect("a third copy");
+        let d = first_copy(&mut p, &two, 40).expect("a third copy");
         assert_eq!(d.chosen, WorkerId(1));
         // Every worker holds it: no copy left to make; the soonest holder wins.
         let mut all = two.clone();
@@ -1073,8 +1079,7 @@ mod tests {
         let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
         // Eight prefixes in turn: 1/8 of the traffic each, one holder of three each.
         for i in 0..400u64 {
-            let d = p.choose(&hot_ctx(i % 8), 0.0).expect("decision");
-            assert_eq!(d.chosen, WorkerId(0), "request {i}");
+            stays_with_holder(&mut p, &hot_ctx(i % 8), 1);
         }
         // One prefix with 60% of the traffic and two holders of three (1.8 < 2): no copy.
         let mut two = hot_ctx(1);
@@ -1097,10 +1102,7 @@ mod tests {
             },
             1,
         );
-        for _ in 0..200 {
-            let d = off.choose(&hot_ctx(7), 0.0).expect("decision");
-            assert_eq!(d.chosen, WorkerId(0));
-        }
+        stays_with_holder(&mut off, &hot_ctx(7), 200);
     }
 
     #[test]
@@ -1111,10 +1113,7 @@ mod tests {
         let mut ctx = hot_ctx(7);
         ctx.candidates[1].kv_capacity_tokens = 0;
         ctx.candidates[2].kv_capacity_tokens = 12_000;
-        for i in 0..200 {
-            let d = p.choose(&ctx, 0.0).expect("decision");
-            assert_eq!(d.chosen, WorkerId(0), "request {i}");
-        }
+        stays_with_holder(&mut p, &ctx, 200);
         // At 16,384 KV tokens the copy is exactly an eighth: allowed.
         ctx.candidates[2].kv_capacity_tokens = 16_384;
         let d = p.choose(&ctx, 0.0).expect("decision");
@@ -1128,10 +1127,7 @@ mod tests {
         // Worker 2 is full and has requests waiting: the copy goes to worker 1.
         ctx.candidates[2].kv_usage = 0.95;
         ctx.candidates[2].waiting = 3;
-        let d = (0..60)
-            .map(|_| p.choose(&ctx, 0.0).expect("decision"))
-            .find(|d| d.reason == Reason::HotPrefixCopy)
-            .expect("a copy");
+        let d = first_copy(&mut p, &ctx, 60).expect("a copy");
         assert_eq!(d.chosen, WorkerId(1));
     }
 }
