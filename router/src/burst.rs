@@ -98,18 +98,29 @@ impl Cluster {
     /// `replicas` replicas over `workers` idle workers with empty caches, the peer exchange
     /// on when `exchange`. Returns once every replica's streams to the others are open.
     pub async fn start(replicas: usize, workers: usize, exchange: bool) -> anyhow::Result<Self> {
-        let window = RouterConfig::default().hot_prefix_window;
-        Self::start_with(replicas, workers, exchange, window).await
+        let d = RouterConfig::default();
+        Self::start_with(
+            replicas,
+            workers,
+            exchange,
+            d.hot_prefix_window,
+            d.queue_drain,
+        )
+        .await
     }
 
-    /// [`Self::start`] with kvroute's hot-prefix window set (0: the rule off). A burst of one
-    /// prefix is all of each replica's traffic, so the rule may copy it to other workers; the
-    /// exchange test turns it off to see the placements the exchange alone makes.
+    /// [`Self::start`] with kvroute's hot-prefix window set (0: the rule off) and the queue
+    /// drain on or off (`CoreConfig::queue_drain`). A burst of one prefix is all of each
+    /// replica's traffic, so the rule may copy it to other workers; and [`Self::burst`]
+    /// reports no first tokens, so with the drain on each replica's own placements would
+    /// leave its queues with the wall-clock time between waves. The exchange test turns both
+    /// off to see the placements the exchange alone makes, the same on every run.
     pub async fn start_with(
         replicas: usize,
         workers: usize,
         exchange: bool,
         hot_prefix_window: u32,
+        queue_drain: bool,
     ) -> anyhow::Result<Self> {
         let stop = CancellationToken::new();
         let ids: Vec<String> = (0..workers).map(|i| format!("w{i}")).collect();
@@ -120,6 +131,7 @@ impl Cluster {
             let cfg = RouterConfig {
                 seed: 1 + r as u64,
                 hot_prefix_window,
+                queue_drain,
                 ..RouterConfig::default()
             };
             let state = RouterState::new(cfg, metrics)?;

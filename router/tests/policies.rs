@@ -337,13 +337,16 @@ async fn a_route_rule_restricts_to_local_targets() {
         let p = pick(&r, "tiny", &local).await.expect("pick");
         assert_eq!(p.worker_id, "default/w-fast");
     }
-    // Without the header both WorkerSets take requests (the load of the picks above
-    // makes `other` the better choice).
-    let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..12 {
-        seen.insert(pick(&r, "tiny", &[]).await.expect("pick").worker_id);
-    }
-    assert!(seen.contains("default/w-other"), "{seen:?}");
+    // Without the header the rule does not apply: both WorkerSets are candidates.
+    let (status, body) = explain(&r, "tiny", &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["verdict"]["rule"], Value::Null);
+    let mut names: Vec<&str> = body["candidates"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|c| c["worker"].as_str()).collect())
+        .unwrap_or_default();
+    names.sort_unstable();
+    assert_eq!(names, ["default/w-fast", "default/w-other"], "{body}");
     let (status, body) = explain(&r, "tiny", &local).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["verdict"]["rule"], "keep-local");

@@ -24,9 +24,12 @@ const HIT_RATE_BOUND: f64 = 0.01;
 const PLACEMENT_BOUND: usize = REQUESTS / 20;
 
 /// The hot-prefix rule off: a burst of one prefix is all of each replica's traffic, and the
-/// rule would copy it to every worker with or without the exchange (docs/replicas.md).
+/// rule would copy it to every worker with or without the exchange (docs/replicas.md). The
+/// queue drain off: the burst reports no first tokens, so with it the replicas' own
+/// placements would count less with the wall-clock time each wave takes, and the no-exchange
+/// control would herd or not depending on the machine's speed.
 async fn run(replicas: usize, exchange: bool) -> BurstOutcome {
-    let c = Cluster::start_with(replicas, WORKERS, exchange, 0)
+    let c = Cluster::start_with(replicas, WORKERS, exchange, 0, false)
         .await
         .expect("cluster");
     c.burst(REQUESTS, PREFIX, SUFFIX, 7).await.expect("burst")

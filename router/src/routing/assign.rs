@@ -10,7 +10,7 @@
 //! Every assignment is released exactly once: `finish`, `abort` and `expire` return it the
 //! first time and `None` (or nothing) afterwards, and the per-worker totals move only then.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use serde::Serialize;
 
@@ -113,6 +113,12 @@ pub struct WorkerInflight {
     pub waiting: u32,
     /// Uncached prompt tokens of those (prefill work still ahead on the worker).
     pub waiting_prefill_tokens: u64,
+    /// Uncached prompt tokens of the oldest of them: the prompt the worker is prefilling now
+    /// (it takes waiting prompts in arrival order).
+    pub head_prefill_tokens: u64,
+    /// Since when (caller's clock) that oldest one has been at the head: its assignment to
+    /// a worker with none waiting, or the first token or release of the one before it.
+    pub head_since: f64,
     /// Assignments decoding.
     pub decoding: u32,
     /// Prompt tokens of every outstanding assignment (waiting and decoding): the KV
@@ -139,6 +145,8 @@ pub struct Assignments {
     next: u64,
     live: HashMap<AssignmentId, Assignment>,
     per_worker: Vec<WorkerInflight>,
+    /// Per worker, the assignments waiting for their first token, oldest first (ids grow).
+    waiting_order: Vec<BTreeSet<AssignmentId>>,
 }
 
 impl Assignments {
@@ -151,6 +159,7 @@ impl Assignments {
     pub fn assign(&mut self, a: NewAssignment, now: f64) -> AssignmentId {
         self.next += 1;
         let id = AssignmentId(self.next);
+        self.wait(a.worker, id, a.uncached_tokens, now);
         let w = self.slot(a.worker);
         w.waiting += 1;
         w.waiting_prefill_tokens += a.uncached_tokens;
@@ -174,6 +183,44 @@ impl Assignments {
             },
         );
         id
+    }
+
+    /// Queues `id` behind `w`'s waiting assignments; the head if none wait.
+    fn wait(&mut self, w: WorkerId, id: AssignmentId, uncached: u64, now: f64) {
+        let i = w.index();
+        if self.waiting_order.len() <= i {
+            self.waiting_order.resize_with(i + 1, BTreeSet::new);
+        }
+        let first = self.waiting_order[i].is_empty();
+        self.waiting_order[i].insert(id);
+        if first {
+            let s = self.slot(w);
+            s.head_prefill_tokens = uncached;
+            s.head_since = now;
+        }
+    }
+
+    /// Takes `id` out of `w`'s waiting assignments; when it was the head, the next oldest
+    /// becomes the head, at `now` if known (a release without a clock keeps the old head's
+    /// start: the next one may have been prefilled alongside).
+    fn unwait(&mut self, w: WorkerId, id: AssignmentId, now: Option<f64>) {
+        let Some(order) = self.waiting_order.get_mut(w.index()) else {
+            return;
+        };
+        let was_head = order.first() == Some(&id);
+        order.remove(&id);
+        if !was_head {
+            return;
+        }
+        let next = order
+            .first()
+            .and_then(|n| self.live.get(n))
+            .map_or(0, |a| a.uncached_tokens);
+        let s = self.slot(w);
+        s.head_prefill_tokens = next;
+        if let Some(now) = now {
+            s.head_since = now;
+        }
     }
 
     fn slot(&mut self, w: WorkerId) -> &mut WorkerInflight {
@@ -201,6 +248,7 @@ impl Assignments {
         a.first_token_at = Some(now);
         let observed = observed_ttft.unwrap_or(now - a.assigned_at);
         let snapshot = a.clone();
+        self.unwait(snapshot.worker, id, Some(now));
         let w = self.slot(snapshot.worker);
         w.waiting = w.waiting.saturating_sub(1);
         w.waiting_prefill_tokens = w
@@ -216,12 +264,12 @@ impl Assignments {
 
     /// Releases a completed assignment; `None` if unknown or already released.
     pub fn finish(&mut self, id: AssignmentId) -> Option<Assignment> {
-        self.release(id)
+        self.release(id, None)
     }
 
     /// Releases an aborted assignment; `None` if unknown or already released.
     pub fn abort(&mut self, id: AssignmentId) -> Option<Assignment> {
-        self.release(id)
+        self.release(id, None)
     }
 
     /// Releases every assignment older than `ttl` seconds (its completion was never
@@ -235,7 +283,7 @@ impl Assignments {
             .collect();
         let mut out: Vec<(AssignmentId, Assignment)> = old
             .into_iter()
-            .filter_map(|id| self.release(id).map(|a| (id, a)))
+            .filter_map(|id| self.release(id, Some(now)).map(|a| (id, a)))
             .collect();
         out.sort_by_key(|(id, _)| *id);
         out
@@ -251,14 +299,17 @@ impl Assignments {
             .collect();
         let mut out: Vec<(AssignmentId, Assignment)> = ids
             .into_iter()
-            .filter_map(|id| self.release(id).map(|a| (id, a)))
+            .filter_map(|id| self.release(id, None).map(|a| (id, a)))
             .collect();
         out.sort_by_key(|(id, _)| *id);
         out
     }
 
-    fn release(&mut self, id: AssignmentId) -> Option<Assignment> {
+    fn release(&mut self, id: AssignmentId, now: Option<f64>) -> Option<Assignment> {
         let a = self.live.remove(&id)?;
+        if a.state == AssignmentState::WaitingFirstToken {
+            self.unwait(a.worker, id, now);
+        }
         let w = self.slot(a.worker);
         match a.state {
             AssignmentState::WaitingFirstToken => {
@@ -370,6 +421,44 @@ mod tests {
             (0, 0, 0, 0)
         );
         assert!(a.is_empty());
+    }
+
+    #[test]
+    fn the_head_is_the_oldest_waiting_one_since_the_one_before_left() {
+        let mut a = Assignments::new();
+        let w = WorkerId(0);
+        let x = a.assign(new(0, 1_000, 600), 1.0);
+        let y = a.assign(new(0, 500, 500), 1.5);
+        let head = |a: &Assignments| {
+            let i = a.inflight(w);
+            (i.head_prefill_tokens, i.head_since)
+        };
+        assert_eq!(head(&a), (600, 1.0));
+        // A later one overtaking the head leaves the head where it is.
+        a.first_token(y, 2.0, None).expect("first token");
+        assert_eq!(head(&a), (600, 1.0));
+        let z = a.assign(new(0, 300, 300), 2.5);
+        a.first_token(x, 3.0, None).expect("first token");
+        assert_eq!(
+            head(&a),
+            (300, 3.0),
+            "the next oldest is the head from its first token"
+        );
+        // Released without a clock (abort): the next keeps the old start.
+        let v = a.assign(new(0, 200, 200), 3.5);
+        assert!(a.abort(z).is_some());
+        assert_eq!(head(&a), (200, 3.0));
+        // Expiry knows the time.
+        assert!(a.finish(x).is_some() && a.finish(y).is_some());
+        let u = a.assign(new(0, 100, 100), 100.0);
+        assert_eq!(a.expire(70.0, 60.0).len(), 1);
+        assert_eq!(head(&a), (100, 70.0));
+        assert!(a.finish(u).is_some());
+        assert_eq!(a.inflight(w).waiting, 0);
+        // Another worker's queue is its own.
+        a.assign(new(1, 50, 50), 80.0);
+        assert_eq!(head(&a).0, 0);
+        assert!(a.get(v).is_none());
     }
 
     #[test]

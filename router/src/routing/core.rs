@@ -77,6 +77,11 @@ pub struct CoreConfig {
     pub peers: PeerConfig,
     /// The p90 upper bound published with each prediction ([`TtftBound`]).
     pub bound: BoundConfig,
+    /// Count the oldest of the router's prompts waiting on a worker as prefilled since it
+    /// reached the head, at the worker's learned rate (`RoutingCore::plan`). Off: every
+    /// waiting prompt counts in full until its first token, which makes the queue depend on
+    /// the order of decisions only, not on the clock (tests that never report first tokens).
+    pub queue_drain: bool,
 }
 
 impl Default for CoreConfig {
@@ -96,6 +101,7 @@ impl Default for CoreConfig {
             outlier: OutlierConfig::default(),
             peers: PeerConfig::default(),
             bound: BoundConfig::default(),
+            queue_drain: true,
         }
     }
 }

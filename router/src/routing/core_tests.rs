@@ -103,6 +103,69 @@ fn own_assignments_count_as_queue_before_reports_catch_up() {
 }
 
 #[test]
+fn the_prompt_being_prefilled_leaves_the_queue_as_time_passes() {
+    let (mut core, warm, cold, tokens) = setup();
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let first: Vec<u32> = (10_000..18_000).collect();
+    let second: Vec<u32> = (20_000..22_000).collect();
+    for (prompt, at) in [(&first, 1.0), (&second, 1.5)] {
+        let mut plan = core.plan(&req(prompt), &[cold], at);
+        plan.context.candidates.truncate(1);
+        let d = p.choose(&plan.context, at).expect("decision");
+        core.assign(&plan, &d, at);
+    }
+    let w = core.assignments.inflight(cold);
+    assert_eq!(
+        (w.waiting_prefill_tokens, w.head_prefill_tokens),
+        (10_000, 8_000)
+    );
+    assert_eq!(
+        w.head_since, 1.0,
+        "the first prompt has been at the head since it came"
+    );
+    let rate = core.predictor.params(cold).0;
+    let queue = |core: &RoutingCore, now: f64| {
+        core.plan(&req(&tokens), &[warm, cold], now)
+            .context
+            .candidates
+            .iter()
+            .find(|c| c.worker == cold)
+            .map(|c| c.queue_tokens)
+            .expect("cold is a candidate")
+    };
+    assert_eq!(queue(&core, 1.0), 10_000.0);
+    // Half the first prompt done after 4,000 / rate seconds at the head.
+    let half = 1.0 + 4_000.0 / rate;
+    assert!(
+        (queue(&core, half) - 6_000.0).abs() < 1e-6,
+        "{}",
+        queue(&core, half)
+    );
+    // Only the head drains: long after, the second prompt is still ahead in full.
+    assert_eq!(queue(&core, 1_000.0), 2_000.0);
+    // The head's first token makes the second one the head, from then on.
+    let id = core
+        .assignments
+        .iter()
+        .find(|(_, a)| a.worker == cold && a.uncached_tokens == 8_000)
+        .map(|(id, _)| id)
+        .expect("first assignment");
+    core.assignments
+        .first_token(id, 3.0, None)
+        .expect("first token");
+    let w = core.assignments.inflight(cold);
+    assert_eq!(
+        (
+            w.waiting_prefill_tokens,
+            w.head_prefill_tokens,
+            w.head_since
+        ),
+        (2_000, 2_000, 3.0)
+    );
+    assert_eq!(queue(&core, 3.0), 2_000.0);
+}
+
+#[test]
 fn stale_workers_are_neither_warm_nor_empty() {
     let (mut core, warm, cold, tokens) = setup();
     // warm last reported at 0, cold reports at 11: past stale_after_s (10) for warm.

@@ -179,12 +179,22 @@ impl RoutingCore {
         };
         let expected_cached_tokens = indexed_tokens.max((pending_blocks * block_size) as f64);
 
-        // Queue: the router's own not-yet-started work, or the reported waiting requests.
-        let queue_tokens = (own.waiting_prefill_tokens as f64 + peer.waiting_prefill_tokens)
+        // Queue: the router's own work without a first token yet, less what the worker has
+        // prefilled of the oldest of it (the prompt it works on now) since it reached the head,
+        // at the learned rate: a first token shows only when a whole prompt is done, so
+        // without this a long prompt counts in full until its last chunk. Plus the other
+        // replicas' such work; or the reported waiting requests, if more.
+        let (prefill_rate, overhead) = self.predictor.params(w);
+        let drained = if self.cfg.queue_drain && own.waiting > 0 {
+            ((now - own.head_since).max(0.0) * prefill_rate).min(own.head_prefill_tokens as f64)
+        } else {
+            0.0
+        };
+        let queue_tokens = (own.waiting_prefill_tokens as f64 - drained
+            + peer.waiting_prefill_tokens)
             .max(f64::from(load.waiting) * self.mean_uncached);
         let peer_waiting = peer.waiting.round() as u32;
         let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
-        let (prefill_rate, overhead) = self.predictor.params(w);
         let mut predicted_ttft = self.predictor.predict(w, queue_tokens, uncached);
         if stale {
             predicted_ttft += self.cfg.stale_penalty_s;

@@ -98,6 +98,8 @@ pub struct RouterConfig {
     pub tie_margin_s: f64,
     /// Hot-prefix window of the kvroute policy, requests (0: off).
     pub hot_prefix_window: u32,
+    /// `CoreConfig::queue_drain` (on by default; tests turn it off).
+    pub queue_drain: bool,
     /// Seed of the policy's RNG (give each replica its own).
     pub seed: u64,
     /// Assignments not released within this time expire.
@@ -133,6 +135,7 @@ impl Default for RouterConfig {
             policy: "kvroute".into(),
             tie_margin_s: 0.02,
             hot_prefix_window: PredictedTtftConfig::default().hot_prefix_window,
+            queue_drain: true,
             seed: 0,
             assignment_ttl: Duration::from_secs(600),
             stale_after: Duration::from_secs(30),
@@ -230,6 +233,7 @@ impl RouterState {
             block_caps: config.limits.worker_blocks,
             outlier: config.outlier,
             peers: config.peers,
+            queue_drain: config.queue_drain,
             ..CoreConfig::default()
         };
         let core = Core {
