@@ -775,7 +775,7 @@ impl Server {
             policy,
             tie_margin_s: tie_margin,
             hot_prefix_window,
-            queue_drain: true,
+            queue_drain: routing::CoreConfig::default().queue_drain,
             seed,
             assignment_ttl: secs("assignment-ttl-s", assignment_ttl_s)?,
             stale_after: secs("stale-after-s", stale_after_s)?,

@@ -185,7 +185,8 @@ impl RoutingCore {
         // without this a long prompt counts in full until its last chunk. Plus the other
         // replicas' such work; or the reported waiting requests, if more.
         let (prefill_rate, overhead) = self.predictor.params(w);
-        let drained = if self.cfg.queue_drain && own.waiting > 0 {
+        // (No prompt waiting: the head's tokens are 0.)
+        let drained = if self.cfg.queue_drain {
             ((now - own.head_since).max(0.0) * prefill_rate).min(own.head_prefill_tokens as f64)
         } else {
             0.0

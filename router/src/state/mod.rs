@@ -135,7 +135,7 @@ impl Default for RouterConfig {
             policy: "kvroute".into(),
             tie_margin_s: 0.02,
             hot_prefix_window: PredictedTtftConfig::default().hot_prefix_window,
-            queue_drain: true,
+            queue_drain: CoreConfig::default().queue_drain,
             seed: 0,
             assignment_ttl: Duration::from_secs(600),
             stale_after: Duration::from_secs(30),
