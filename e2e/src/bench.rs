@@ -60,7 +60,8 @@ pub struct BenchArgs {
     /// or `scale` (simulated sidecars into 1 and R router replicas: memory, CPU, ingest lag).
     #[arg(long, env = "KVROUTE_BENCH_MODE", default_value = "sim")]
     pub mode: String,
-    /// shared-prefix, multi-turn, independent, mixed, or all.
+    /// shared-prefix, multi-turn, independent, mixed, hot-prefix, burst, long-short, or all
+    /// (the first four).
     #[arg(long, env = "KVROUTE_BENCH_WORKLOAD", default_value = "all")]
     pub workload: String,
     /// Comma-separated policies (default: all, see POLICIES).
@@ -357,7 +358,7 @@ pub fn selection(args: &BenchArgs) -> anyhow::Result<(Vec<WorkloadSpec>, Vec<Str
             .split(',')
             .map(|w| {
                 WorkloadKind::parse(w.trim()).with_context(|| {
-                    format!("unknown workload {w:?}: expected shared-prefix, multi-turn, independent, mixed, hot-prefix, burst or all")
+                    format!("unknown workload {w:?}: expected shared-prefix, multi-turn, independent, mixed, hot-prefix, burst, long-short or all")
                 })
             })
             .collect::<anyhow::Result<_>>()?

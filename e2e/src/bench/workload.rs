@@ -36,10 +36,21 @@ pub enum WorkloadKind {
     /// a prefix no earlier request used, so a burst arrives together before any worker holds
     /// it, and then all of it matches the one worker that took the first request.
     Burst,
+    /// Long prompts with short outputs and the reverse, over shared prefixes: half the
+    /// requests add `question_tokens` after their prefix and generate
+    /// `output_tokens / LONG_SHORT_RATIO`; the other half add `question_tokens /
+    /// LONG_SHORT_RATIO` and generate `output_tokens`. Counting requests says nothing about
+    /// which worker's queue is long: a worker decoding many long answers has many requests
+    /// and no prefill ahead of a new prompt, one with a few long prompts queued has few.
+    LongShort,
 }
 
 /// `hot-prefix`: the share of requests that use the hot prefix.
 pub const HOT_SHARE: f64 = 0.6;
+
+/// `long-short`: how much longer the long side of a request is than its short side (the
+/// question and the output).
+pub const LONG_SHORT_RATIO: usize = 16;
 
 impl WorkloadKind {
     /// Every kind, in report order.
@@ -52,7 +63,11 @@ impl WorkloadKind {
 
     /// Workloads where following the cache and balancing the queue disagree; run by name
     /// (`--workload hot-prefix,burst`), not part of `all` (the default suite).
-    pub const DISAGREE: [WorkloadKind; 2] = [WorkloadKind::HotPrefix, WorkloadKind::Burst];
+    pub const DISAGREE: [WorkloadKind; 3] = [
+        WorkloadKind::HotPrefix,
+        WorkloadKind::Burst,
+        WorkloadKind::LongShort,
+    ];
 
     /// The kind's command-line and report name.
     pub fn name(self) -> &'static str {
@@ -63,6 +78,7 @@ impl WorkloadKind {
             WorkloadKind::Mixed => "mixed",
             WorkloadKind::HotPrefix => "hot-prefix",
             WorkloadKind::Burst => "burst",
+            WorkloadKind::LongShort => "long-short",
         }
     }
 
@@ -147,6 +163,14 @@ impl WorkloadSpec {
             },
             // 32 bursts of 12 requests, each burst on a new prefix.
             WorkloadKind::Burst => base,
+            // 16 prefixes of 2,048 tokens; half the requests add 6,144 tokens and generate
+            // 64, half add 384 and generate 1,024.
+            WorkloadKind::LongShort => WorkloadSpec {
+                prefixes: 16,
+                question_tokens: 6_144,
+                output_tokens: 1_024,
+                ..base
+            },
         }
     }
 
@@ -239,6 +263,24 @@ pub fn generate(spec: &WorkloadSpec, seed: u64) -> Vec<Session> {
                         prefix = tokens(&mut rng, spec.prefix_tokens);
                     }
                     question_after(&mut rng, spec, &prefix)
+                })
+                .collect()
+        }
+        WorkloadKind::LongShort => {
+            let prefixes = prefixes(&mut rng, spec);
+            (0..spec.sessions)
+                .map(|_| {
+                    let prefix = &prefixes[rng.random_range(0..prefixes.len())];
+                    let long_prompt = rng.random_bool(0.5);
+                    let output = output_len(&mut rng, spec);
+                    let (question, output) = if long_prompt {
+                        (spec.question_tokens, output / LONG_SHORT_RATIO as u32)
+                    } else {
+                        (spec.question_tokens / LONG_SHORT_RATIO, output)
+                    };
+                    let mut t = prefix.clone();
+                    t.extend(tokens(&mut rng, question));
+                    single(t, output.max(1), None, 0)
                 })
                 .collect()
         }
@@ -417,6 +459,33 @@ mod tests {
             WorkloadKind::parse("burst"),
             Some(WorkloadKind::Burst),
             "selectable by name"
+        );
+    }
+
+    #[test]
+    fn long_short_requests_are_long_on_one_side_only() {
+        let spec = WorkloadSpec::default_for(WorkloadKind::LongShort);
+        let sessions = generate(&spec, 5);
+        let (mut long_in, mut long_out) = (0, 0);
+        for s in &sessions {
+            let t = &s.turns[0];
+            let question = t.new_tokens.len() - spec.prefix_tokens;
+            if question == 6_144 && t.max_tokens == 64 {
+                long_in += 1;
+            } else if question == 384 && t.max_tokens == 1_024 {
+                long_out += 1;
+            } else {
+                panic!("question {question}, output {}", t.max_tokens);
+            }
+        }
+        // 384 fair coin flips: each side lies within 142..242 (five standard deviations).
+        assert!((142..242).contains(&long_in), "{long_in}");
+        assert_eq!(long_in + long_out, sessions.len());
+        let counts = prefix_counts(&sessions, spec.prefix_tokens);
+        assert_eq!(counts.len(), spec.prefixes);
+        assert_eq!(
+            WorkloadKind::parse("long-short"),
+            Some(WorkloadKind::LongShort)
         );
     }
 
