@@ -62,7 +62,7 @@ impl WorkloadKind {
     ];
 
     /// Workloads where following the cache and balancing the queue disagree; run by name
-    /// (`--workload hot-prefix,burst`), not part of `all` (the default suite).
+    /// (`--workload hot-prefix,burst,long-short`), not part of `all` (the default suite).
     pub const DISAGREE: [WorkloadKind; 3] = [
         WorkloadKind::HotPrefix,
         WorkloadKind::Burst,
@@ -278,9 +278,7 @@ pub fn generate(spec: &WorkloadSpec, seed: u64) -> Vec<Session> {
                     } else {
                         (spec.question_tokens / LONG_SHORT_RATIO, output)
                     };
-                    let mut t = prefix.clone();
-                    t.extend(tokens(&mut rng, question));
-                    single(t, output.max(1), None, 0)
+                    single(after(&mut rng, prefix, question), output.max(1), None, 0)
                 })
                 .collect()
         }
@@ -336,9 +334,15 @@ fn prefixes(rng: &mut ChaCha8Rng, spec: &WorkloadSpec) -> Vec<Vec<u32>> {
 
 /// A single-turn session: `prefix` followed by a fresh question of `spec.question_tokens`.
 fn question_after(rng: &mut ChaCha8Rng, spec: &WorkloadSpec, prefix: &[u32]) -> Session {
-    let mut t = prefix.to_vec();
-    t.extend(tokens(rng, spec.question_tokens));
+    let t = after(rng, prefix, spec.question_tokens);
     single(t, output_len(rng, spec), None, 0)
+}
+
+/// `prefix` followed by `n` fresh tokens.
+fn after(rng: &mut ChaCha8Rng, prefix: &[u32], n: usize) -> Vec<u32> {
+    let mut t = prefix.to_vec();
+    t.extend(tokens(rng, n));
+    t
 }
 
 fn single(t: Vec<u32>, max_tokens: u32, cache_salt: Option<String>, tenant: usize) -> Session {
