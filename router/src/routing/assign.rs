@@ -119,6 +119,12 @@ pub struct WorkerInflight {
     /// Since when (caller's clock) that oldest one has been at the head: its assignment to
     /// a worker with none waiting, or the first token or release of the one before it.
     pub head_since: f64,
+    /// Tokens of the head already prefilled when it became the head: an engine with chunked
+    /// prefill fills each step's token budget from several waiting prompts, so the step that
+    /// finished the one before it computed a first chunk of this one too. Estimated at the
+    /// previous head's first token from the prefill rate (what it computed since it reached
+    /// the head beyond its own prompt); 0 when unknown.
+    pub head_done: f64,
     /// Assignments decoding.
     pub decoding: u32,
     /// Prompt tokens of every outstanding assignment (waiting and decoding): the KV
@@ -197,13 +203,15 @@ impl Assignments {
             let s = self.slot(w);
             s.head_prefill_tokens = uncached;
             s.head_since = now;
+            s.head_done = 0.0;
         }
     }
 
     /// Takes `id` out of `w`'s waiting assignments; when it was the head, the next oldest
     /// becomes the head, at `now` if known (a release without a clock keeps the old head's
-    /// start: the next one may have been prefilled alongside).
-    fn unwait(&mut self, w: WorkerId, id: AssignmentId, now: Option<f64>) {
+    /// start: the next one may have been prefilled alongside), with `done` of its tokens
+    /// already prefilled.
+    fn unwait(&mut self, w: WorkerId, id: AssignmentId, now: Option<f64>, done: f64) {
         let Some(order) = self.waiting_order.get_mut(w.index()) else {
             return;
         };
@@ -220,6 +228,7 @@ impl Assignments {
         s.head_prefill_tokens = next;
         if let Some(now) = now {
             s.head_since = now;
+            s.head_done = if next > 0 { done.max(0.0) } else { 0.0 };
         }
     }
 
@@ -232,13 +241,16 @@ impl Assignments {
     }
 
     /// Marks the first token. `observed_ttft` defaults to `now - assigned_at` (pass the data
-    /// path's own measurement when it has one). `None` when the id is unknown, released or
-    /// already past its first token.
+    /// path's own measurement when it has one). `prefill_rate` (tokens/s; 0 for unknown) is
+    /// the worker's: when this was the head, what the worker computed since it reached the
+    /// head beyond this prompt went into the next one, which starts as the head with that
+    /// much done. `None` when the id is unknown, released or already past its first token.
     pub fn first_token(
         &mut self,
         id: AssignmentId,
         now: f64,
         observed_ttft: Option<f64>,
+        prefill_rate: f64,
     ) -> Option<FirstToken> {
         let a = self.live.get_mut(&id)?;
         if a.state != AssignmentState::WaitingFirstToken {
@@ -248,7 +260,16 @@ impl Assignments {
         a.first_token_at = Some(now);
         let observed = observed_ttft.unwrap_or(now - a.assigned_at);
         let snapshot = a.clone();
-        self.unwait(snapshot.worker, id, Some(now));
+        let w = snapshot.worker;
+        let head = self.waiting_order.get(w.index()).and_then(|o| o.first()) == Some(&id);
+        let carry = match self.per_worker.get(w.index()) {
+            Some(s) if head && prefill_rate.is_finite() && prefill_rate > 0.0 => {
+                let computed = s.head_done + (now - s.head_since).max(0.0) * prefill_rate;
+                (computed - snapshot.uncached_tokens as f64).max(0.0)
+            }
+            _ => 0.0,
+        };
+        self.unwait(w, id, Some(now), carry);
         let w = self.slot(snapshot.worker);
         w.waiting = w.waiting.saturating_sub(1);
         w.waiting_prefill_tokens = w
@@ -308,7 +329,7 @@ impl Assignments {
     fn release(&mut self, id: AssignmentId, now: Option<f64>) -> Option<Assignment> {
         let a = self.live.remove(&id)?;
         if a.state == AssignmentState::WaitingFirstToken {
-            self.unwait(a.worker, id, now);
+            self.unwait(a.worker, id, now, 0.0);
         }
         let w = self.slot(a.worker);
         match a.state {
@@ -392,10 +413,10 @@ mod tests {
             "KV need plus expected output"
         );
 
-        let ft = a.first_token(x, 0.4, None).expect("first token");
+        let ft = a.first_token(x, 0.4, None, 0.0).expect("first token");
         assert!((ft.observed_ttft - 0.4).abs() < 1e-12);
         assert!(
-            a.first_token(x, 0.5, None).is_none(),
+            a.first_token(x, 0.5, None, 0.0).is_none(),
             "first token only once"
         );
         let w = a.inflight(WorkerId(1));
@@ -409,7 +430,7 @@ mod tests {
         assert!(a.abort(x).is_none());
         assert!(a.abort(y).is_some());
         assert!(a.finish(y).is_none());
-        assert!(a.first_token(y, 1.0, Some(0.2)).is_none());
+        assert!(a.first_token(y, 1.0, Some(0.2), 0.0).is_none());
         let w = a.inflight(WorkerId(1));
         assert_eq!(
             (
@@ -435,10 +456,10 @@ mod tests {
         };
         assert_eq!(head(&a), (600, 1.0));
         // A later one overtaking the head leaves the head where it is.
-        a.first_token(y, 2.0, None).expect("first token");
+        a.first_token(y, 2.0, None, 0.0).expect("first token");
         assert_eq!(head(&a), (600, 1.0));
         let z = a.assign(new(0, 300, 300), 2.5);
-        a.first_token(x, 3.0, None).expect("first token");
+        a.first_token(x, 3.0, None, 0.0).expect("first token");
         assert_eq!(
             head(&a),
             (300, 3.0),
@@ -459,6 +480,53 @@ mod tests {
         a.assign(new(1, 50, 50), 80.0);
         assert_eq!(head(&a).0, 0);
         assert!(a.get(v).is_none());
+    }
+
+    #[test]
+    fn the_next_head_starts_with_what_the_last_step_computed_of_it() {
+        // Chunked prefill: the step that finishes x (600 tokens) fills its budget with a
+        // first chunk of y. At 1,000 tokens/s, x at the head from 1.0 and done at 2.0 leaves
+        // 400 tokens of y computed.
+        let mut a = Assignments::new();
+        let w = WorkerId(0);
+        let x = a.assign(new(0, 600, 600), 1.0);
+        let y = a.assign(new(0, 500, 500), 1.5);
+        let z = a.assign(new(0, 300, 300), 1.6);
+        a.first_token(x, 2.0, None, 1_000.0).expect("first token");
+        let i = a.inflight(w);
+        assert_eq!((i.head_prefill_tokens, i.head_since), (500, 2.0));
+        assert!((i.head_done - 400.0).abs() < 1e-9, "{}", i.head_done);
+        // A first token earlier than the rate says carries nothing (never negative).
+        a.first_token(y, 2.05, None, 1_000.0).expect("first token");
+        let i = a.inflight(w);
+        assert_eq!((i.head_prefill_tokens, i.head_done), (300, 0.0));
+        // One that is not the head carries nothing either and leaves the head alone.
+        let v = a.assign(new(0, 200, 200), 2.2);
+        a.first_token(v, 2.3, None, 1_000.0).expect("first token");
+        let i = a.inflight(w);
+        assert_eq!(
+            (i.head_prefill_tokens, i.head_since, i.head_done),
+            (300, 2.05, 0.0)
+        );
+        // Unknown rate: nothing carried; an expired head's successor starts from nothing.
+        let u = a.assign(new(0, 100, 100), 2.4);
+        a.first_token(z, 9.0, None, f64::NAN).expect("first token");
+        assert_eq!(a.inflight(w).head_done, 0.0);
+        let t = a.assign(new(0, 50, 50), 100.0);
+        for done in [x, y, z, v] {
+            assert!(a.finish(done).is_some());
+        }
+        assert_eq!(a.expire(70.0, 60.0).len(), 1, "u expired");
+        let i = a.inflight(w);
+        assert_eq!(
+            (i.head_prefill_tokens, i.head_since, i.head_done),
+            (50, 70.0, 0.0)
+        );
+        assert!(a.get(u).is_none() && a.get(t).is_some());
+        // The last one leaving leaves no head.
+        a.first_token(t, 101.0, None, 1_000.0).expect("first token");
+        let i = a.inflight(w);
+        assert_eq!((i.head_prefill_tokens, i.head_done), (0, 0.0));
     }
 
     #[test]

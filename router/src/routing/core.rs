@@ -646,7 +646,11 @@ impl RoutingCore {
         now: f64,
         observed_ttft: Option<f64>,
     ) -> Option<FirstToken> {
-        let mut ft = self.assignments.first_token(id, now, observed_ttft)?;
+        let rate = self
+            .assignments
+            .get(id)
+            .map_or(0.0, |a| self.predictor.params(a.worker).0);
+        let mut ft = self.assignments.first_token(id, now, observed_ttft, rate)?;
         self.pending.settle(id, now, self.cfg.pending_grace_s);
         let a = &ft.assignment;
         if let Some((queued, base)) = self.admitted_saturated.remove(&id) {

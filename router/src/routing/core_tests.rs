@@ -102,18 +102,42 @@ fn own_assignments_count_as_queue_before_reports_catch_up() {
     assert_eq!(d.chosen, cold);
 }
 
-#[test]
-fn the_prompt_being_prefilled_leaves_the_queue_as_time_passes() {
-    let (mut core, warm, cold, tokens) = setup();
+/// Sends an 8,000-token prompt to `cold` at 1.0 and a 2,000-token one at 1.5.
+fn queue_two_prompts(core: &mut RoutingCore, cold: WorkerId) -> Vec<AssignmentId> {
     let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
     let first: Vec<u32> = (10_000..18_000).collect();
     let second: Vec<u32> = (20_000..22_000).collect();
+    let mut ids = Vec::new();
     for (prompt, at) in [(&first, 1.0), (&second, 1.5)] {
         let mut plan = core.plan(&req(prompt), &[cold], at);
         plan.context.candidates.truncate(1);
         let d = p.choose(&plan.context, at).expect("decision");
-        core.assign(&plan, &d, at);
+        ids.push(core.assign(&plan, &d, at));
     }
+    ids
+}
+
+/// The prefill tokens queued ahead on `cold` for `tokens` at `now`.
+fn queue_tokens(
+    core: &RoutingCore,
+    tokens: &[u32],
+    warm: WorkerId,
+    cold: WorkerId,
+    now: f64,
+) -> f64 {
+    core.plan(&req(tokens), &[warm, cold], now)
+        .context
+        .candidates
+        .iter()
+        .find(|c| c.worker == cold)
+        .map(|c| c.queue_tokens)
+        .expect("cold is a candidate")
+}
+
+#[test]
+fn the_prompt_being_prefilled_leaves_the_queue_as_time_passes() {
+    let (mut core, warm, cold, tokens) = setup();
+    queue_two_prompts(&mut core, cold);
     let w = core.assignments.inflight(cold);
     assert_eq!(
         (w.waiting_prefill_tokens, w.head_prefill_tokens),
@@ -124,15 +148,7 @@ fn the_prompt_being_prefilled_leaves_the_queue_as_time_passes() {
         "the first prompt has been at the head since it came"
     );
     let rate = core.predictor.params(cold).0;
-    let queue = |core: &RoutingCore, now: f64| {
-        core.plan(&req(&tokens), &[warm, cold], now)
-            .context
-            .candidates
-            .iter()
-            .find(|c| c.worker == cold)
-            .map(|c| c.queue_tokens)
-            .expect("cold is a candidate")
-    };
+    let queue = |core: &RoutingCore, now: f64| queue_tokens(core, &tokens, warm, cold, now);
     assert_eq!(queue(&core, 1.0), 10_000.0);
     // Half the first prompt done after 4,000 / rate seconds at the head.
     let half = 1.0 + 4_000.0 / rate;
@@ -151,7 +167,7 @@ fn the_prompt_being_prefilled_leaves_the_queue_as_time_passes() {
         .map(|(id, _)| id)
         .expect("first assignment");
     core.assignments
-        .first_token(id, 3.0, None)
+        .first_token(id, 3.0, None, 0.0)
         .expect("first token");
     let w = core.assignments.inflight(cold);
     assert_eq!(
@@ -163,6 +179,25 @@ fn the_prompt_being_prefilled_leaves_the_queue_as_time_passes() {
         (2_000, 2_000, 3.0)
     );
     assert_eq!(queue(&core, 3.0), 2_000.0);
+}
+
+#[test]
+fn the_step_that_finishes_a_prompt_counts_for_the_next_one() {
+    // The first token of an 8,000-token prompt that came after 9,000 tokens' worth of time
+    // at the head: the last step computed 1,000 tokens of the 2,000-token one behind it.
+    let (mut core, warm, cold, tokens) = setup();
+    let ids = queue_two_prompts(&mut core, cold);
+    let rate = core.predictor.params(cold).0;
+    let done = 1.0 + 9_000.0 / rate;
+    core.first_token(ids[0], done, None).expect("first token");
+    let queue = |core: &RoutingCore, now: f64| queue_tokens(core, &tokens, warm, cold, now);
+    // The model learned from that first token; the carry used the rate before it did.
+    let q = queue(&core, done);
+    assert!((q - 1_000.0).abs() < 1e-6, "{q}");
+    assert!(
+        queue(&core, done + 10.0) < 1e-6,
+        "drained to nothing, never below"
+    );
 }
 
 #[test]

@@ -180,14 +180,16 @@ impl RoutingCore {
         let expected_cached_tokens = indexed_tokens.max((pending_blocks * block_size) as f64);
 
         // Queue: the router's own work without a first token yet, less what the worker has
-        // prefilled of the oldest of it (the prompt it works on now) since it reached the head,
-        // at the learned rate: a first token shows only when a whole prompt is done, so
-        // without this a long prompt counts in full until its last chunk. Plus the other
-        // replicas' such work; or the reported waiting requests, if more.
+        // prefilled of the oldest of it (the prompt it works on now): what it had done when
+        // it reached the head (the step that finished the one before computed a first chunk
+        // of it too) plus the learned rate times the time since. A first token shows only when
+        // a whole prompt is done, so without this a long prompt counts in full until its last
+        // chunk. Plus the other replicas' such work; or the reported waiting requests, if more.
         let (prefill_rate, overhead) = self.predictor.params(w);
         // (No prompt waiting: the head's tokens are 0.)
         let drained = if self.cfg.queue_drain {
-            ((now - own.head_since).max(0.0) * prefill_rate).min(own.head_prefill_tokens as f64)
+            (own.head_done + (now - own.head_since).max(0.0) * prefill_rate)
+                .min(own.head_prefill_tokens as f64)
         } else {
             0.0
         };
