@@ -358,7 +358,10 @@ pub fn selection(args: &BenchArgs) -> anyhow::Result<(Vec<WorkloadSpec>, Vec<Str
             .split(',')
             .map(|w| {
                 WorkloadKind::parse(w.trim()).with_context(|| {
-                    format!("unknown workload {w:?}: expected shared-prefix, multi-turn, independent, mixed, hot-prefix, burst, long-short or all")
+                    format!(
+                        "unknown workload {w:?}: expected one of {}, or all",
+                        WorkloadKind::names()
+                    )
                 })
             })
             .collect::<anyhow::Result<_>>()?
@@ -617,4 +620,41 @@ pub fn write_outputs(result: &SuiteResult, args: &BenchArgs) -> anyhow::Result<(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Args, FromArgMatches};
+
+    #[test]
+    fn every_workload_is_named_in_the_help_and_the_error() {
+        let cmd = BenchArgs::augment_args(clap::Command::new("bench"));
+        let help = cmd
+            .get_arguments()
+            .find(|a| a.get_id() == "workload")
+            .and_then(|a| a.get_help())
+            .map(ToString::to_string)
+            .expect("--workload has help");
+        let names = WorkloadKind::names();
+        for kind in WorkloadKind::ALL.into_iter().chain(WorkloadKind::DISAGREE) {
+            assert!(
+                help.contains(kind.name()),
+                "--workload help lacks {}",
+                kind.name()
+            );
+            assert!(names.contains(kind.name()));
+        }
+        let mut args = BenchArgs::augment_args(clap::Command::new("bench"))
+            .try_get_matches_from(["bench", "--workload", "hot-prefix,nope"])
+            .and_then(|m| BenchArgs::from_arg_matches(&m))
+            .expect("flags parse");
+        let err = selection(&args).expect_err("unknown workload").to_string();
+        assert!(err.contains("\"nope\"") && err.contains(&names), "{err}");
+        args.workload = "long-short".into();
+        assert_eq!(
+            selection(&args).expect("known").0[0].kind,
+            WorkloadKind::LongShort
+        );
+    }
 }

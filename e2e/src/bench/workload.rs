@@ -82,6 +82,16 @@ impl WorkloadKind {
         }
     }
 
+    /// Every name [`WorkloadKind::parse`] accepts, comma-separated (for messages).
+    pub fn names() -> String {
+        Self::ALL
+            .into_iter()
+            .chain(Self::DISAGREE)
+            .map(Self::name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The kind named `s`, if any.
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL
