@@ -9,7 +9,9 @@
 //! request's own uncached tokens, so the model is linear in `x = queue + uncached` with two
 //! parameters, `theta = [seconds per 1,000 tokens, overhead seconds]`. They are fitted per
 //! worker by recursive least squares with a forgetting factor (old samples fade, so the model
-//! follows a worker whose speed changes), start from a configured prior (L40S: ~4,800
+//! follows a worker whose speed changes), each sample weighted by one over its prediction
+//! squared (so the fit minimises relative error: a 2 s first token counts no more than a
+//! 0.2 s one), start from a configured prior (L40S: ~4,800
 //! tokens/s, ~0.05 s) and are clamped to sane ranges after each update so one absurd sample
 //! cannot break routing. Time never enters: the caller passes the observed TTFT.
 
@@ -43,6 +45,9 @@ pub struct PredictorConfig {
     pub outlier_clip: f64,
     /// Smallest error bound of `outlier_clip` (seconds).
     pub outlier_floor_s: f64,
+    /// Each sample's weight in the fit is 1 / max(prediction, this)^2, so the fit minimises
+    /// the relative error rather than the error in seconds (0: unweighted, seconds).
+    pub relative_fit_floor_s: f64,
     /// Admission wait: weight of each new sample in the running mean of the seconds a
     /// request assigned to a saturated worker waited beyond the prefill model, per request
     /// queued at or ahead of it (0 disables learning it; then no wait is predicted).
@@ -71,6 +76,7 @@ impl Default for PredictorConfig {
             max_overhead: 1.0,
             outlier_clip: 1.0,
             outlier_floor_s: 0.1,
+            relative_fit_floor_s: 0.05,
             admission_learning: 0.1,
             max_admission_wait: 30.0,
             // ~50 ms per step from reading the weights, more with a batch and prefill chunks.
@@ -183,7 +189,25 @@ impl WorkerModel {
     }
 
     fn update(&mut self, cfg: &PredictorConfig, tokens: f64, ttft: f64) {
-        let x = [tokens / 1_000.0, 1.0];
+        let mut x = [tokens / 1_000.0, 1.0];
+        let predicted = x[0] * self.sec_per_ktok + x[1] * self.overhead;
+        // Huber-style: a sample far off the line (a first token delayed by something the model
+        // does not see, such as a wait for KV space or a preemption) moves the fit by at most
+        // `outlier_clip` times the prediction. Without the clip a run of such samples drives
+        // the fit to the degenerate "infinitely fast prefill, huge overhead", which predicts
+        // an idle worker as slow as a saturated one; no request is then sent there to correct
+        // it.
+        let bound = (cfg.outlier_clip * predicted.max(0.0)).max(cfg.outlier_floor_s);
+        let mut err = (ttft - predicted).clamp(-bound, bound);
+        // Relative fit: the same regression with the sample divided by the predicted TTFT.
+        // Unweighted, a few 2 s first tokens outweigh hundreds of 0.2 s ones, and the fitted
+        // overhead rises until every short prompt is predicted too slow; routing compares
+        // workers by ratio, so each sample's error counts relative to its size.
+        if cfg.relative_fit_floor_s > 0.0 {
+            let scale = predicted.max(cfg.relative_fit_floor_s);
+            x = [x[0] / scale, x[1] / scale];
+            err /= scale;
+        }
         let p = self.p;
         let px = [
             p[0][0] * x[0] + p[0][1] * x[1],
@@ -194,15 +218,6 @@ impl WorkerModel {
             return;
         }
         let k = [px[0] / denom, px[1] / denom];
-        let predicted = x[0] * self.sec_per_ktok + x[1] * self.overhead;
-        // Huber-style: a sample far off the line (a first token delayed by something the model
-        // does not see, such as a wait for KV space or a preemption) moves the fit by at most
-        // `outlier_clip` times the prediction. Without the clip a run of such samples drives
-        // the fit to the degenerate "infinitely fast prefill, huge overhead", which predicts
-        // an idle worker as slow as a saturated one; no request is then sent there to correct
-        // it.
-        let bound = (cfg.outlier_clip * predicted.max(0.0)).max(cfg.outlier_floor_s);
-        let err = (ttft - predicted).clamp(-bound, bound);
         self.sec_per_ktok += k[0] * err;
         self.overhead += k[1] * err;
         // P = (P - k x^T P) / lambda; x^T P = px^T because P is symmetric.
@@ -501,6 +516,43 @@ mod tests {
         let t = p.predict(w, 0.0, 2_000.0);
         let truth = 2_000.0 / 4_800.0 + 0.05;
         assert!((t - truth).abs() / truth < 0.2, "{t} vs {truth}");
+    }
+
+    #[test]
+    fn a_few_deep_queues_the_model_misjudges_do_not_skew_every_short_prompt() {
+        // A worker at 4,800 tokens/s and 0.05 s. Six in ten requests compute 200-400 tokens,
+        // three 1,500-2,500, and one waits behind 8,000-12,000 tokens and takes 60% longer
+        // than the line says (something the model does not see). Fitted in seconds, that one
+        // in ten pulls the line until the short prompts, most of the traffic, are off by far
+        // more than 10%; fitted on relative error they stay close.
+        let median_error = |cfg: PredictorConfig| {
+            let mut p = Predictor::new(cfg);
+            let w = WorkerId(0);
+            let mut s = 11;
+            let mut errors = Vec::new();
+            for i in 0..600 {
+                let (tokens, slow) = match i % 10 {
+                    0..=5 => (200.0 + (lcg(&mut s) * 200.0).floor(), 1.0),
+                    6..=8 => (1_500.0 + (lcg(&mut s) * 1_000.0).floor(), 1.0),
+                    _ => (8_000.0 + (lcg(&mut s) * 4_000.0).floor(), 1.6),
+                };
+                let observed = (tokens / 4_800.0 + 0.05) * slow;
+                let predicted = p.predict(w, 0.0, tokens);
+                if i >= 300 {
+                    errors.push((predicted - observed).abs() / observed);
+                }
+                p.observe(w, 0.0, tokens, predicted, observed);
+            }
+            errors.sort_by(f64::total_cmp);
+            errors[errors.len() / 2]
+        };
+        let relative = median_error(PredictorConfig::default());
+        let seconds = median_error(PredictorConfig {
+            relative_fit_floor_s: 0.0,
+            ..PredictorConfig::default()
+        });
+        assert!(relative < 0.06, "relative fit: {relative}");
+        assert!(seconds > 0.10, "fit in seconds: {seconds}");
     }
 
     #[test]
