@@ -277,6 +277,19 @@ impl Cluster {
         )
         .await
         .with_context(|| self.log_tail("kube-apiserver", 20))?;
+        // The core API answers before the custom resources do: a restarted API server serves
+        // each CRD's resources only once its CRD controller has loaded them, and until then a
+        // request for them is a 404. Wait until every CRD's resources list again.
+        procs::wait_for(
+            "the restarted kube-apiserver serves every custom resource",
+            Duration::from_secs(60),
+            || {
+                let client = client.clone();
+                async move { Ok(serves_every_crd(&client).await.then_some(())) }
+            },
+        )
+        .await
+        .with_context(|| self.log_tail("kube-apiserver", 20))?;
         Ok(stopped_at.elapsed())
     }
 
@@ -467,6 +480,37 @@ pub async fn service_account_token(
 /// Directory of the CRD YAML (`crds/` at the repository root).
 pub fn crds_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds")
+}
+
+/// True when every CustomResourceDefinition's resources can be listed (the first served
+/// version of each).
+async fn serves_every_crd(client: &kube::Client) -> bool {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let Ok(list) = crds.list(&kube::api::ListParams::default()).await else {
+        return false;
+    };
+    for crd in list.items {
+        let spec = &crd.spec;
+        let Some(version) = spec.versions.iter().find(|v| v.served) else {
+            continue;
+        };
+        let resource = kube::discovery::ApiResource {
+            group: spec.group.clone(),
+            version: version.name.clone(),
+            api_version: format!("{}/{}", spec.group, version.name),
+            kind: spec.names.kind.clone(),
+            plural: spec.names.plural.clone(),
+        };
+        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+        if api
+            .list(&kube::api::ListParams::default().limit(1))
+            .await
+            .is_err()
+        {
+            return false;
+        }
+    }
+    true
 }
 
 /// Applies every CustomResourceDefinition in `crds/*.yaml` and waits until each is established.
