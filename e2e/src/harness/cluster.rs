@@ -494,13 +494,8 @@ async fn serves_every_crd(client: &kube::Client) -> bool {
         let Some(version) = spec.versions.iter().find(|v| v.served) else {
             continue;
         };
-        let resource = kube::discovery::ApiResource {
-            group: spec.group.clone(),
-            version: version.name.clone(),
-            api_version: format!("{}/{}", spec.group, version.name),
-            kind: spec.names.kind.clone(),
-            plural: spec.names.plural.clone(),
-        };
+        let gvk = kube::api::GroupVersionKind::gvk(&spec.group, &version.name, &spec.names.kind);
+        let resource = kube::discovery::ApiResource::from_gvk_with_plural(&gvk, &spec.names.plural);
         let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
         if api
             .list(&kube::api::ListParams::default().limit(1))

@@ -143,6 +143,13 @@ impl WorkerInflight {
     pub fn outstanding(&self) -> u32 {
         self.waiting + self.decoding
     }
+
+    /// Tokens the worker has computed toward the head by `now` at `prefill_rate` tokens/s:
+    /// what was done when it became the head plus the rate times the time since. Not capped
+    /// at the head's own tokens: past them, the rest went into the next prompt.
+    pub fn head_computed(&self, now: f64, prefill_rate: f64) -> f64 {
+        self.head_done + (now - self.head_since).max(0.0) * prefill_rate
+    }
 }
 
 /// Outstanding assignments of every worker.
@@ -260,17 +267,20 @@ impl Assignments {
         a.first_token_at = Some(now);
         let observed = observed_ttft.unwrap_or(now - a.assigned_at);
         let snapshot = a.clone();
-        let w = snapshot.worker;
-        let head = self.waiting_order.get(w.index()).and_then(|o| o.first()) == Some(&id);
-        let carry = match self.per_worker.get(w.index()) {
+        let worker = snapshot.worker;
+        let head = self
+            .waiting_order
+            .get(worker.index())
+            .and_then(|o| o.first())
+            == Some(&id);
+        let carry = match self.per_worker.get(worker.index()) {
             Some(s) if head && prefill_rate.is_finite() && prefill_rate > 0.0 => {
-                let computed = s.head_done + (now - s.head_since).max(0.0) * prefill_rate;
-                (computed - snapshot.uncached_tokens as f64).max(0.0)
+                (s.head_computed(now, prefill_rate) - snapshot.uncached_tokens as f64).max(0.0)
             }
             _ => 0.0,
         };
-        self.unwait(w, id, Some(now), carry);
-        let w = self.slot(snapshot.worker);
+        self.unwait(worker, id, Some(now), carry);
+        let w = self.slot(worker);
         w.waiting = w.waiting.saturating_sub(1);
         w.waiting_prefill_tokens = w
             .waiting_prefill_tokens

@@ -188,7 +188,7 @@ impl RoutingCore {
         let (prefill_rate, overhead) = self.predictor.params(w);
         // (No prompt waiting: the head's tokens are 0.)
         let drained = if self.cfg.queue_drain {
-            (own.head_done + (now - own.head_since).max(0.0) * prefill_rate)
+            own.head_computed(now, prefill_rate)
                 .min(own.head_prefill_tokens as f64)
         } else {
             0.0
