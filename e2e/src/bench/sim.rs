@@ -279,11 +279,15 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
     }
     // The kinference scenarios start the router from a generic prior, not the simulated
     // GPU's (no home advantage); the default suite keeps the router's default prior.
-    let mut core = RoutingCore::new(if cfg.generic_prior {
+    let mut core_cfg = if cfg.generic_prior {
         super::profiles::sim_core_config()
     } else {
         CoreConfig::default()
-    });
+    };
+    // The eviction expectation is kvroute's model: it moves the uncached tokens every
+    // policy's bookkeeping records, and the baselines keep their own sources' view.
+    core_cfg.expect_evictions = matches!(&policy, SimPolicy::Router(p) if p.name() == "kvroute");
+    let mut core = RoutingCore::new(core_cfg);
     let mut workers = Vec::with_capacity(cfg.workers);
     for i in 0..cfg.workers {
         let profile = &pool[i % pool.len()];

@@ -82,6 +82,15 @@ pub struct CoreConfig {
     /// waiting prompt counts in full until its first token, which makes the queue depend on
     /// the order of decisions only, not on the clock (tests that never report first tokens).
     pub queue_drain: bool,
+    /// Expect evictions before admission: on a worker with a reported KV capacity, the
+    /// prompts queued ahead of a new one allocate their uncached tokens first, from the
+    /// blocks free longest (vLLM's LRU free queue). The new prompt's cached prefix counts
+    /// only as far as it is in use there or was released after the blocks those
+    /// allocations take (`Overlay::kept_leading`). Off: the index's prefix counts as it is.
+    /// It moves `Candidate::expected_cached_tokens`, hence the uncached tokens every
+    /// assignment records, so the router turns it on for the kvroute policy only (the
+    /// baselines keep their sources' view) and so does the benchmark.
+    pub expect_evictions: bool,
 }
 
 impl Default for CoreConfig {
@@ -102,6 +111,7 @@ impl Default for CoreConfig {
             peers: PeerConfig::default(),
             bound: BoundConfig::default(),
             queue_drain: true,
+            expect_evictions: true,
         }
     }
 }
@@ -316,6 +326,7 @@ impl RoutingCore {
             return 0;
         }
         self.workers.touch(w, now);
+        self.pending.evicted(w, blocks);
         self.index.apply_removed(w, blocks)
     }
 
@@ -325,6 +336,7 @@ impl RoutingCore {
             return;
         }
         self.workers.touch(w, now);
+        self.pending.cleared(w);
         self.index.clear(w);
     }
 
@@ -341,6 +353,7 @@ impl RoutingCore {
         slot.freed_since_report = 0;
         if sample.kv_capacity_tokens > 0 && slot.block_size > 0 {
             slot.capacity_blocks = sample.kv_capacity_tokens.div_ceil(slot.block_size as u64);
+            self.pending.trim_freed(w, slot.capacity_blocks);
         }
         let cap = caps.cap(slot.capacity_blocks);
         let truncated = slot.truncated;

@@ -806,3 +806,70 @@ fn assignment_outcomes_reach_the_worker_and_retirement_forgets_its_health() {
     assert_eq!(again, warm, "the id is reused");
     assert_eq!(core.ejected_workers(3.0), 0, "with a clean record");
 }
+
+#[test]
+fn a_prefix_released_long_ago_is_expected_evicted_by_the_queue_ahead() {
+    let mut core = RoutingCore::new(CoreConfig::default());
+    let w = core.snapshot("w", 16, 1, &[], 0.0);
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    // Two conversations ran and ended: `old` (64 blocks) first, then `recent` (900 blocks).
+    let old: Vec<u32> = (0..1_024).collect();
+    let recent: Vec<u32> = (100_000..114_400).collect();
+    for (t, at) in [(&old, 0.0), (&recent, 1.0)] {
+        let (plan, d) = core.decide(&mut p, &req(t), &[w], at).expect("decision");
+        let id = core.assign(&plan, &d, at);
+        core.first_token(id, at + 0.5, None);
+        core.stored(w, &chain(t, 16), at + 0.5);
+        core.finish(id);
+    }
+    // 1,000 blocks, all free (cached or empty): 36 the router knows nothing of.
+    core.load(
+        w,
+        LoadSample {
+            kv_capacity_tokens: 16_000,
+            ..LoadSample::default()
+        },
+        2.0,
+    );
+    let next_turn = |t: &[u32]| -> Vec<u32> { t.iter().copied().chain(500_000..500_064).collect() };
+    let cached = |core: &RoutingCore, t: &[u32]| {
+        core.plan(&req(&next_turn(t)), &[w], 3.0).context.candidates[0].expected_cached_tokens
+    };
+    // Nothing queued: both prefixes count.
+    assert_eq!(cached(&core, &old), 1_024.0);
+    assert_eq!(cached(&core, &recent), 14_400.0);
+    // 100 blocks queued ahead: 36 empty, then the 64 released first go.
+    let other: Vec<u32> = (900_000..901_600).collect();
+    let (plan, d) = core
+        .decide(&mut p, &req(&other), &[w], 3.0)
+        .expect("decision");
+    core.assign(&plan, &d, 3.0);
+    assert_eq!(cached(&core, &old), 0.0);
+    assert_eq!(cached(&core, &recent), 14_400.0);
+    // The worker reports the eviction: the index no longer has `old` either.
+    core.removed(w, &chain(&old, 16), 3.0);
+    assert_eq!(cached(&core, &old), 0.0);
+    // Off: the index's prefix counts as it is.
+    let mut off = RoutingCore::new(CoreConfig {
+        expect_evictions: false,
+        ..CoreConfig::default()
+    });
+    let w = off.snapshot("w", 16, 1, &[], 0.0);
+    off.stored(w, &chain(&old, 16), 0.0);
+    off.load(
+        w,
+        LoadSample {
+            kv_capacity_tokens: 16_000,
+            waiting: 4,
+            ..LoadSample::default()
+        },
+        2.0,
+    );
+    assert_eq!(
+        off.plan(&req(&next_turn(&old)), &[w], 3.0)
+            .context
+            .candidates[0]
+            .expected_cached_tokens,
+        1_024.0
+    );
+}

@@ -49,6 +49,13 @@
 //!   (in `expected_cached_tokens`, shown as `pending_blocks`; `cached_blocks` stays the
 //!   index's) until its first token plus `CoreConfig::pending_grace_s` (1 s): a burst sharing
 //!   a new prefix, routed before the first report lands, is not spread over every worker.
+//! - Evictions before admission (`CoreConfig::expect_evictions`, on): on a worker reporting
+//!   its KV capacity, the prompts queued ahead of a new one and the running requests' output
+//!   until it is admitted allocate from vLLM's free queue, oldest first: first the free
+//!   blocks the router knows nothing of, then the blocks its own finished requests released,
+//!   in release order (`Overlay::kept_leading`). The new prompt's cached prefix counts in
+//!   `expected_cached_tokens` only as far as it is in use there or released after the blocks
+//!   those allocations take.
 //! - kvroute's score = predicted TTFT + cache-affinity charge (`cache_affinity` x time to
 //!   recompute the leading tokens the best-cached non-saturated candidate holds) + KV-balance
 //!   charge (`kv_balance` x prefill time of the router's outstanding uncached tokens beyond

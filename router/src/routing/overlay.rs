@@ -5,9 +5,18 @@
 //! ```text
 //! assign --add--> per_worker[w]: block -> (holders, in_use, until) <--leading / in_use_leading-- plan
 //! first token --settle (kept `grace` s more)      end (finish / abort / expire) --> dropped
+//!                                                   \--> freed order (last in use -> free)
 //! ```
+//!
+//! The freed order mirrors the worker's queue of free blocks (vLLM's
+//! `FreeKVCacheBlockQueue`) for the blocks the router's own requests released: a block joins
+//! its tail when the last placement holding it ends (the deepest block of a chain first, as
+//! vLLM frees a request's blocks in reverse), leaves it when a placement holds it again or the
+//! worker reports it evicted. vLLM allocates from the head, so the blocks released longest ago
+//! are evicted first: [`Overlay::kept_leading`] says how much of a prompt's cached prefix
+//! survives a given number of allocations.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use kvroute_hash::BlockHash;
 
@@ -41,6 +50,46 @@ pub(super) struct Overlay {
     /// Per worker: distinct blocks with `in_use > 0` (what Dynamo's router calls the
     /// worker's active blocks: shared blocks of outstanding requests counted once).
     in_use_distinct: Vec<u64>,
+    /// Per worker: the blocks the router's placements released, in release order.
+    freed: Vec<FreedOrder>,
+}
+
+/// Most released blocks remembered per worker (the oldest are forgotten first) until it
+/// reports its KV capacity, which then bounds them (`Overlay::trim_freed`): bounds what a
+/// worker that never reports evictions can make the router hold.
+const MAX_FREED_PER_WORKER: usize = 1 << 16;
+
+/// One worker's released blocks in release order (oldest first).
+#[derive(Debug, Default)]
+struct FreedOrder {
+    next: u64,
+    by_hash: HashMap<BlockHash, u64>,
+    by_stamp: BTreeMap<u64, BlockHash>,
+}
+
+impl FreedOrder {
+    fn release(&mut self, h: BlockHash) {
+        self.take(h);
+        let stamp = self.next;
+        self.next += 1;
+        self.by_hash.insert(h, stamp);
+        self.by_stamp.insert(stamp, h);
+        self.trim(MAX_FREED_PER_WORKER);
+    }
+
+    fn trim(&mut self, max: usize) {
+        while self.by_stamp.len() > max
+            && let Some((_, old)) = self.by_stamp.pop_first()
+        {
+            self.by_hash.remove(&old);
+        }
+    }
+
+    fn take(&mut self, h: BlockHash) {
+        if let Some(stamp) = self.by_hash.remove(&h) {
+            self.by_stamp.remove(&stamp);
+        }
+    }
 }
 
 impl Overlay {
@@ -51,6 +100,13 @@ impl Overlay {
         }
         if self.in_use_distinct.len() <= i {
             self.in_use_distinct.resize(i + 1, 0);
+        }
+        if self.freed.len() <= i {
+            self.freed.resize_with(i + 1, FreedOrder::default);
+        }
+        let freed = &mut self.freed[i];
+        for &h in &chain {
+            freed.take(h);
         }
         let m = &mut self.per_worker[i];
         let mut newly_in_use = 0u64;
@@ -121,13 +177,18 @@ impl Overlay {
         self.blocks -= chain.len();
         if let Some(m) = self.per_worker.get_mut(w.index()) {
             let mut released = 0u64;
-            for h in chain {
+            // Deepest first: vLLM appends a finished request's blocks to the free queue in
+            // reverse, so its leading blocks are evicted last.
+            for &h in chain.iter().rev() {
                 if let Some(e) = m.get_mut(&h)
                     && e.in_use > 0
                 {
                     e.in_use -= 1;
                     if e.in_use == 0 {
                         released += 1;
+                        if let Some(f) = self.freed.get_mut(w.index()) {
+                            f.release(h);
+                        }
                     }
                 }
             }
@@ -159,6 +220,61 @@ impl Overlay {
             .count()
     }
 
+    /// Leading blocks of `chain` expected to stay on `w` (in use, or released too recently to
+    /// go) once `evict` of the released blocks the overlay remembers there, the oldest
+    /// first, are reallocated; with `evict` 0 the whole chain is kept. Blocks it does not remember count as older than all of them
+    /// (released before the router saw them, or by traffic it did not place), so any
+    /// eviction takes them. Costs O(`evict`) plus the kept blocks.
+    pub(super) fn kept_leading(&self, w: WorkerId, chain: &[BlockHash], evict: usize) -> usize {
+        let Some(k) = evict.checked_sub(1) else {
+            return chain.len();
+        };
+        let freed = self.freed.get(w.index());
+        // Released blocks at or below this stamp are gone.
+        let frontier = freed
+            .and_then(|f| f.by_stamp.keys().nth(k).copied())
+            .unwrap_or(u64::MAX);
+        let m = self.per_worker.get(w.index());
+        chain
+            .iter()
+            .take_while(|h| {
+                m.and_then(|m| m.get(h)).is_some_and(|e| e.in_use > 0)
+                    || freed
+                        .and_then(|f| f.by_hash.get(h))
+                        .is_some_and(|&s| s > frontier)
+            })
+            .count()
+    }
+
+    /// Released blocks the overlay remembers on `w` (see [`Overlay::kept_leading`]).
+    pub(super) fn freed_len(&self, w: WorkerId) -> usize {
+        self.freed.get(w.index()).map_or(0, |f| f.by_stamp.len())
+    }
+
+    /// `w` reported these blocks evicted: they are out of its free queue.
+    pub(super) fn evicted(&mut self, w: WorkerId, blocks: &[BlockHash]) {
+        if let Some(f) = self.freed.get_mut(w.index()) {
+            for &h in blocks {
+                f.take(h);
+            }
+        }
+    }
+
+    /// `w` holds at most `capacity_blocks` blocks: released blocks past that many are gone
+    /// (the oldest first).
+    pub(super) fn trim_freed(&mut self, w: WorkerId, capacity_blocks: u64) {
+        if let Some(f) = self.freed.get_mut(w.index()) {
+            f.trim(usize::try_from(capacity_blocks).unwrap_or(usize::MAX));
+        }
+    }
+
+    /// `w` dropped every block.
+    pub(super) fn cleared(&mut self, w: WorkerId) {
+        if let Some(f) = self.freed.get_mut(w.index()) {
+            *f = FreedOrder::default();
+        }
+    }
+
     /// Distinct blocks that outstanding placements on `w` reference.
     pub(super) fn in_use_distinct(&self, w: WorkerId) -> u64 {
         self.in_use_distinct.get(w.index()).copied().unwrap_or(0)
@@ -188,7 +304,79 @@ impl Overlay {
         if let Some(n) = self.in_use_distinct.get_mut(w.index()) {
             *n = 0;
         }
+        self.cleared(w);
         self.by_assignment.retain(|_, (aw, _, _)| *aw != w);
         self.blocks = self.by_assignment.values().map(|(_, c, _)| c.len()).sum();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u64) -> AssignmentId {
+        AssignmentId(n)
+    }
+
+    #[test]
+    fn released_blocks_go_oldest_first_and_deepest_first() {
+        let w = WorkerId(0);
+        let mut o = Overlay::default();
+        o.add(id(1), w, vec![1, 2, 3]);
+        o.add(id(2), w, vec![4, 5]);
+        assert_eq!(o.freed_len(w), 0);
+        // In use: nothing can go.
+        assert_eq!(o.kept_leading(w, &[1, 2, 3], 100), 3);
+        o.end(id(1), 1.0); // frees 3, 2, 1
+        o.end(id(2), 2.0); // then 5, 4
+        assert_eq!(o.freed_len(w), 5);
+        let a = [1, 2, 3];
+        let b = [4, 5];
+        let kept: Vec<usize> = (0..6).map(|e| o.kept_leading(w, &a, e)).collect();
+        assert_eq!(kept, [3, 2, 1, 0, 0, 0]);
+        let kept: Vec<usize> = (0..6).map(|e| o.kept_leading(w, &b, e)).collect();
+        assert_eq!(kept, [2, 2, 2, 2, 1, 0]);
+        // Blocks the overlay never saw are older than all it remembers.
+        assert_eq!(o.kept_leading(w, &[9, 1], 0), 2);
+        assert_eq!(o.kept_leading(w, &[9, 1], 1), 0);
+        // Held again: out of the free queue, kept whatever is evicted; released again: the
+        // newest.
+        o.add(id(3), w, vec![1, 7]);
+        assert_eq!(o.freed_len(w), 4);
+        assert_eq!(o.kept_leading(w, &a, 10), 1);
+        o.end(id(3), 3.0);
+        assert_eq!(o.kept_leading(w, &a, 3), 1, "3, 2 and 5 went; 1 is newer");
+        // Reported evicted: forgotten; cleared: all forgotten.
+        o.evicted(w, &[4, 5]);
+        assert_eq!(o.freed_len(w), 4);
+        assert_eq!(o.kept_leading(w, &b, 1), 0);
+        o.trim_freed(w, 2);
+        assert_eq!(o.freed_len(w), 2);
+        assert_eq!(o.kept_leading(w, &a, 0), 3);
+        assert_eq!(
+            o.kept_leading(w, &a, 1),
+            1,
+            "3 and 2 trimmed, 7 goes first, 1 stays"
+        );
+        assert_eq!(o.kept_leading(w, &[1, 7], 1), 1);
+        o.cleared(w);
+        assert_eq!(o.freed_len(w), 0);
+        assert_eq!(o.kept_leading(WorkerId(7), &a, 1), 0, "unknown worker");
+        assert_eq!(o.kept_leading(WorkerId(7), &a, 0), 3);
+    }
+
+    #[test]
+    fn a_block_shared_by_two_placements_is_released_with_the_last() {
+        let w = WorkerId(1);
+        let mut o = Overlay::default();
+        o.add(id(1), w, vec![1, 2]);
+        o.add(id(2), w, vec![1, 3]);
+        o.end(id(1), 1.0);
+        assert_eq!(o.freed_len(w), 1, "only 2: 1 is still held");
+        o.end(id(2), 2.0);
+        assert_eq!(o.freed_len(w), 3);
+        // Release order 2, 3, 1: one allocation takes 2.
+        assert_eq!(o.kept_leading(w, &[1, 3], 1), 2);
+        assert_eq!(o.kept_leading(w, &[1, 2], 1), 1);
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! RouteRequest --PromptHashes (per block size)--> index.match_prefix --> cached blocks
-//!                                    pending overlay --> placed blocks, blocks in use
+//!                                    pending overlay --> placed blocks, blocks in use,
+//!                                      released blocks in release order (evicted first)
 //!          load sample + own assignments --> queue      kv_releases --> admission wait
 //!                       estimate(worker) --> Candidate --> Plan { context, chains }
 //! ```
@@ -177,7 +178,7 @@ impl RoutingCore {
         } else {
             cached_tokens as f64
         };
-        let expected_cached_tokens = indexed_tokens.max((pending_blocks * block_size) as f64);
+        let mut expected_cached_tokens = indexed_tokens.max((pending_blocks * block_size) as f64);
 
         // Queue: the router's own work without a first token yet, less what the worker has
         // prefilled of the oldest of it (the prompt it works on now): what it had done when
@@ -197,11 +198,6 @@ impl RoutingCore {
             + peer.waiting_prefill_tokens)
             .max(f64::from(load.waiting) * self.mean_uncached);
         let peer_waiting = peer.waiting.round() as u32;
-        let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
-        let mut predicted_ttft = self.predictor.predict(w, queue_tokens, uncached);
-        if stale {
-            predicted_ttft += self.cfg.stale_penalty_s;
-        }
 
         // KV admission.
         let in_use_blocks = view.chain.map_or(0, |c| {
@@ -220,6 +216,45 @@ impl RoutingCore {
             releases,
             now,
         );
+
+        // Evictions before admission: until it is admitted, what is queued ahead allocates
+        // its uncached tokens and the running requests their output, from the free blocks
+        // the worker has held free longest: first those the router does not know of, then
+        // those its own requests released, oldest first.
+        if self.cfg.expect_evictions
+            && !stale
+            && load.kv_capacity_tokens > 0
+            && block_size > 0
+            && let Some(c) = view.chain
+        {
+            let capacity = load.kv_capacity_tokens as f64;
+            let used = (f64::from(load.kv_usage.clamp(0.0, 1.0)) * capacity
+                - slot.freed_since_report as f64)
+                .max(0.0);
+            let free_blocks = ((capacity - used) / block_size as f64).floor() as usize;
+            let unknown_free = free_blocks.saturating_sub(self.pending.freed_len(w));
+            let until_admitted = queue_tokens.max(0.0) / prefill_rate.max(1.0) + admission_wait;
+            let decoding = f64::from(
+                load.running
+                    .max(own.decoding + peer.decoding.round() as u32),
+            );
+            let growth = decoding * until_admitted / self.predictor.itl(w).max(1e-3);
+            let allocated = ((queue_tokens.max(0.0) + growth) / block_size as f64).ceil() as usize;
+            let evict = allocated.saturating_sub(unknown_free);
+            if evict > 0 {
+                let kept = self
+                    .pending
+                    .kept_leading(w, c, evict)
+                    .max(self.peers.in_use_leading(w, c));
+                expected_cached_tokens = expected_cached_tokens.min((kept * block_size) as f64);
+            }
+        }
+        let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
+        let mut predicted_ttft = self.predictor.predict(w, queue_tokens, uncached);
+        if stale {
+            predicted_ttft += self.cfg.stale_penalty_s;
+        }
+
         predicted_ttft += admission_wait;
         Candidate {
             worker: w,

@@ -234,6 +234,8 @@ impl RouterState {
             outlier: config.outlier,
             peers: config.peers,
             queue_drain: config.queue_drain,
+            // kvroute's model; the baseline policies keep their sources' view of the cache.
+            expect_evictions: config.policy == "kvroute",
             ..CoreConfig::default()
         };
         let core = Core {
