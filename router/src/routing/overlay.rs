@@ -222,9 +222,10 @@ impl Overlay {
 
     /// Leading blocks of `chain` expected to stay on `w` (in use, or released too recently to
     /// go) once `evict` of the released blocks the overlay remembers there, the oldest
-    /// first, are reallocated; with `evict` 0 the whole chain is kept. Blocks it does not remember count as older than all of them
-    /// (released before the router saw them, or by traffic it did not place), so any
-    /// eviction takes them. Costs O(`evict`) plus the kept blocks.
+    /// first, are reallocated; with `evict` 0 the whole chain is kept. Blocks it does not
+    /// remember count as older than all of them (released before the router saw them, or by
+    /// traffic it did not place), so any eviction takes them. Costs O(`evict`) plus the kept
+    /// blocks.
     pub(super) fn kept_leading(&self, w: WorkerId, chain: &[BlockHash], evict: usize) -> usize {
         let Some(k) = evict.checked_sub(1) else {
             return chain.len();
