@@ -227,11 +227,8 @@ impl RoutingCore {
             && block_size > 0
             && let Some(c) = view.chain
         {
-            let capacity = load.kv_capacity_tokens as f64;
-            let used = (f64::from(load.kv_usage.clamp(0.0, 1.0)) * capacity
-                - slot.freed_since_report as f64)
-                .max(0.0);
-            let free_blocks = ((capacity - used) / block_size as f64).floor() as usize;
+            let free = load.kv_capacity_tokens as f64 - kv_used_tokens(slot);
+            let free_blocks = (free / block_size as f64).floor() as usize;
             let unknown_free = free_blocks.saturating_sub(self.pending.freed_len(w));
             let until_admitted = queue_tokens.max(0.0) / prefill_rate.max(1.0) + admission_wait;
             let decoding = f64::from(
@@ -242,10 +239,7 @@ impl RoutingCore {
             let allocated = ((queue_tokens.max(0.0) + growth) / block_size as f64).ceil() as usize;
             let evict = allocated.saturating_sub(unknown_free);
             if evict > 0 {
-                let kept = self
-                    .pending
-                    .kept_leading(w, c, evict)
-                    .max(self.peers.in_use_leading(w, c));
+                let kept = self.pending.kept_leading(w, c, evict).max(in_use_blocks);
                 expected_cached_tokens = expected_cached_tokens.min((kept * block_size) as f64);
             }
         }
@@ -310,9 +304,7 @@ impl RoutingCore {
         if !stale && load.kv_capacity_tokens > 0 {
             let r = releases.get(w.index()).and_then(Option::as_ref);
             let unreported = r.map_or(0, |r| r.unreported_tokens) as f64;
-            let used = (f64::from(load.kv_usage.clamp(0.0, 1.0)) * load.kv_capacity_tokens as f64
-                - slot.freed_since_report as f64)
-                .max(0.0);
+            let used = kv_used_tokens(slot);
             let ahead = f64::from(load.waiting) * self.mean_kv_need;
             let deficit =
                 used + unreported + ahead + kv_need_tokens as f64 - load.kv_capacity_tokens as f64;
@@ -324,6 +316,15 @@ impl RoutingCore {
             }
         }
     }
+}
+
+/// KV tokens in use on a worker: its reported usage less what the router's requests freed
+/// since that report.
+fn kv_used_tokens(slot: &Worker) -> f64 {
+    let load = slot.load;
+    (f64::from(load.kv_usage.clamp(0.0, 1.0)) * load.kv_capacity_tokens as f64
+        - slot.freed_since_report as f64)
+        .max(0.0)
 }
 
 /// The hash of the deepest prompt block a candidate is expected to hold: the last of the
