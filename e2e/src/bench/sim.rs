@@ -286,7 +286,7 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
     };
     // The eviction expectation is kvroute's model: it moves the uncached tokens every
     // policy's bookkeeping records, and the baselines keep their own sources' view.
-    core_cfg.expect_evictions = matches!(&policy, SimPolicy::Router(p) if p.name() == "kvroute");
+    core_cfg.expect_evictions = matches!(&policy, SimPolicy::Router(p) if p.expects_evictions());
     let mut core = RoutingCore::new(core_cfg);
     let mut workers = Vec::with_capacity(cfg.workers);
     for i in 0..cfg.workers {

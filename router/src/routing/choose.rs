@@ -311,6 +311,16 @@ pub trait Policy: Send {
     ) -> Option<Decision> {
         self.choose(ctx, now)
     }
+
+    /// Whether the router should expect, for this policy, the prompts queued ahead of a
+    /// request to evict cached prefixes before it is admitted
+    /// (`CoreConfig::expect_evictions`). It changes the uncached tokens every assignment
+    /// records, from which the baselines take their token loads, so only a policy whose own
+    /// model this is says yes: kvroute. The baselines keep the view of the cache their
+    /// sources have.
+    fn expects_evictions(&self) -> bool {
+        false
+    }
 }
 
 /// Settings of kvroute's own rule.
@@ -342,12 +352,28 @@ pub struct PredictedTtftConfig {
     /// KV-block balance: the distinct KV blocks the router's outstanding requests would
     /// reference on a candidate once this request is there (`Candidate::active_blocks` plus
     /// the prompt's blocks not in use there yet: Dynamo's decode-load term) beyond the least
-    /// such candidate are charged as this fraction of their prefill time. Blocks shared by
-    /// outstanding requests count once, so prefixes may still gather on one worker while
-    /// distinct conversations spread. Off by default: in the simulated pool (seeds 42-45)
-    /// weight 1 brought multi-turn's p90 from 2.383 s to 2.173 s (Dynamo's: 2.165 s) but
-    /// shared-prefix's median from 0.144 s to 0.480 s. 0 disables it.
+    /// such candidate are charged as this many times their prefill time, on candidates where
+    /// those blocks exceed `block_balance_kv_share` of the reported KV capacity. Blocks shared
+    /// by outstanding requests count once, so prefixes may still gather on one worker while
+    /// distinct conversations spread. A worker whose outstanding requests fill its KV evicts
+    /// the prefixes it released, and its next requests wait for decodes to free blocks;
+    /// the charge moves work to where the blocks are before that. Measured in bench/README.md
+    /// ("KV-block balance near a full cache"). 0 disables it.
     pub block_balance: f64,
+    /// The share of a candidate's reported KV capacity its outstanding distinct blocks (with
+    /// this request's) must exceed before `block_balance` charges it; a candidate that
+    /// reports no capacity is not charged. 0 charges every candidate, whatever its capacity
+    /// (Dynamo charges decode blocks everywhere): ungated at weight 1, in the simulated pool
+    /// (seeds 42-45), multi-turn's p90 went from 2.383 s to 2.173 s but shared-prefix's median
+    /// from 0.144 s to 0.480 s, as prefixes were recomputed wherever suffixes piled up.
+    /// The blocks are the prompts' only (outputs are not hashed) and this replica's
+    /// placements only (`Candidate::active_blocks`): with several replicas each sees its own
+    /// share of a worker's blocks, so the gate opens later than the cache fills. A candidate
+    /// already holding more of the prompt than a hot prefix's copy may take
+    /// (`hot_prefix_max_kv_share` of its capacity) is not charged: moving the request would
+    /// recompute that prefix elsewhere, and on the live hot-prefix shape (8,192-token
+    /// prefixes, 26,000 KV tokens) the charge without this cost 4-10% of the throughput.
+    pub block_balance_kv_share: f64,
     /// Seconds added to the score of a candidate with a degraded GPU while at least one
     /// candidate is healthy: it loses ties and close calls, yet still takes work when the
     /// healthy workers are predicted this much slower (a throttled GPU is slow, not down; a
@@ -403,7 +429,8 @@ impl Default for PredictedTtftConfig {
             cache_affinity: 1.0,
             saturated_kv_usage: 0.9,
             kv_balance: 0.0,
-            block_balance: 0.0,
+            block_balance: 2.0,
+            block_balance_kv_share: 0.9,
             gpu_degraded_penalty_s: 1.0,
             tie_token_slack: 0.5,
             hot_prefix_window: 64,
@@ -472,11 +499,29 @@ impl PredictedTtft {
     }
 
     /// Seconds charged to `c` for the distinct blocks it would hold beyond the least
-    /// (`least_blocks`): `block_balance` times their prefill time at `c`'s rate.
+    /// (`least_blocks`): `block_balance` times their prefill time at `c`'s rate, when they
+    /// exceed `block_balance_kv_share` of its KV capacity.
     pub fn block_balance_penalty(&self, c: &Candidate, least_blocks: u64) -> f64 {
-        let extra =
-            Self::blocks_after(c).saturating_sub(least_blocks) as f64 * c.block_size.max(1) as f64;
+        let block_size = c.block_size.max(1) as f64;
+        let after = Self::blocks_after(c);
+        let extra = after.saturating_sub(least_blocks) as f64 * block_size;
         if self.cfg.block_balance <= 0.0 || extra <= 0.0 || c.prefill_rate <= 0.0 {
+            return 0.0;
+        }
+        // Holding more of the prompt than a copy may take: moving the request recomputes
+        // that prefix elsewhere, which evicts more than the charge saves.
+        // Only against a reported capacity: ungated with none reported, nothing is exempt.
+        if c.kv_capacity_tokens > 0
+            && c.expected_cached_tokens
+                > self.cfg.hot_prefix_max_kv_share * c.kv_capacity_tokens as f64
+        {
+            return 0.0;
+        }
+        let share = self.cfg.block_balance_kv_share;
+        if share > 0.0
+            && (c.kv_capacity_tokens == 0
+                || after as f64 * block_size <= share * c.kv_capacity_tokens as f64)
+        {
             return 0.0;
         }
         self.cfg.block_balance * extra / c.prefill_rate
@@ -486,6 +531,10 @@ impl PredictedTtft {
 impl Policy for PredictedTtft {
     fn name(&self) -> &'static str {
         "kvroute"
+    }
+
+    fn expects_evictions(&self) -> bool {
+        true
     }
 
     fn choose(&mut self, ctx: &ChoiceContext, _now: f64) -> Option<Decision> {
@@ -901,9 +950,10 @@ mod tests {
         assert_eq!(d.chosen, WorkerId(0));
     }
 
-    #[test]
-    fn block_balance_charges_distinct_blocks_beyond_the_least() {
-        // busy: 200 distinct active blocks, the 64-block prompt shares 60 of them: 204 after.
+    /// busy: 200 distinct active blocks, the 64-block prompt shares 60 of them: 204 after
+    /// (3,264 tokens), predicted 0.30 s; idle: nothing active, 64 after, predicted 0.50 s.
+    /// Both report `capacity` KV tokens.
+    fn busy_and_idle(capacity: u64) -> ChoiceContext {
         let busy = Candidate {
             worker: WorkerId(0),
             block_size: 16,
@@ -911,43 +961,80 @@ mod tests {
             active_blocks: 200,
             in_use_blocks: 60,
             prefill_rate: 4_000.0,
+            kv_capacity_tokens: capacity,
             predicted_ttft: 0.30,
             ..Candidate::default()
         };
-        // idle: nothing active, the prompt adds its 64 blocks.
         let idle = Candidate {
             worker: WorkerId(1),
-            block_size: 16,
-            prompt_blocks: 64,
-            prefill_rate: 4_000.0,
+            active_blocks: 0,
+            in_use_blocks: 0,
             predicted_ttft: 0.50,
-            ..Candidate::default()
+            ..busy.clone()
         };
-        let ctx = ChoiceContext {
+        ChoiceContext {
             prompt_tokens: 1_024,
             degraded: false,
             prefix_anchor: None,
             candidates: vec![busy, idle],
-        };
-        let on = PredictedTtftConfig {
-            block_balance: 0.5,
+        }
+    }
+
+    fn block_balance_cfg(weight: f64, kv_share: f64) -> PredictedTtftConfig {
+        PredictedTtftConfig {
+            block_balance: weight,
+            block_balance_kv_share: kv_share,
             cache_affinity: 0.0,
             ..PredictedTtftConfig::default()
-        };
-        let d = PredictedTtft::new(on, 1)
-            .choose(&ctx, 0.0)
-            .expect("decision");
+        }
+    }
+
+    fn decide(cfg: PredictedTtftConfig, ctx: &ChoiceContext) -> Decision {
+        PredictedTtft::new(cfg, 1)
+            .choose(ctx, 0.0)
+            .expect("decision")
+    }
+
+    #[test]
+    fn block_balance_charges_distinct_blocks_beyond_the_least() {
+        // Ungated (share 0): charged whatever the capacity, even none reported.
+        let ctx = busy_and_idle(0);
+        let d = decide(block_balance_cfg(0.5, 0.0), &ctx);
         // busy: 0.30 + 0.5 * (204 - 64) * 16 / 4,000 = 0.58 > idle 0.50.
         assert_eq!(d.chosen, WorkerId(1));
         assert!((d.candidates[0].score - 0.58).abs() < 1e-9);
-        let off = PredictedTtftConfig {
-            cache_affinity: 0.0,
-            ..PredictedTtftConfig::default()
-        };
-        let d = PredictedTtft::new(off, 1)
-            .choose(&ctx, 0.0)
-            .expect("decision");
+        let d = decide(block_balance_cfg(0.0, 0.0), &ctx);
         assert_eq!(d.chosen, WorkerId(0));
+        // Nor does a cached prefix exempt a candidate that reports no capacity to measure
+        // it against: busy holding 960 tokens of the prompt is still charged.
+        let mut ctx = busy_and_idle(0);
+        ctx.candidates[0].expected_cached_tokens = 960.0;
+        let d = decide(block_balance_cfg(0.5, 0.0), &ctx);
+        assert_eq!(d.chosen, WorkerId(1));
+        assert!((d.candidates[0].score - 0.58).abs() < 1e-9);
+    }
+
+    #[test]
+    fn block_balance_charges_only_a_candidate_near_a_full_cache() {
+        let cfg = block_balance_cfg(2.0, 0.9);
+        // 3,264 tokens fill 91% of 3,600: busy is charged 2 x (204 - 64) x 16 / 4,000 = 1.12.
+        let d = decide(cfg, &busy_and_idle(3_600));
+        assert_eq!(d.chosen, WorkerId(1));
+        assert!((d.candidates[0].score - (0.30 + 1.12)).abs() < 1e-9);
+        // 82% of 4,000: below the share, no charge.
+        let d = decide(cfg, &busy_and_idle(4_000));
+        assert_eq!(d.chosen, WorkerId(0));
+        assert!((d.candidates[0].score - 0.30).abs() < 1e-9);
+        // No reported capacity: no charge either.
+        let d = decide(cfg, &busy_and_idle(0));
+        assert_eq!(d.chosen, WorkerId(0));
+        // busy holds 960 tokens of the prompt, more than a copy may take (12.5% of 3,600 =
+        // 450): moving would recompute them elsewhere, so it is not charged.
+        let mut ctx = busy_and_idle(3_600);
+        ctx.candidates[0].expected_cached_tokens = 960.0;
+        let d = decide(cfg, &ctx);
+        assert_eq!(d.chosen, WorkerId(0));
+        assert!((d.candidates[0].score - 0.30).abs() < 1e-9);
     }
 
     #[test]

@@ -88,8 +88,8 @@ pub struct CoreConfig {
     /// only as far as it is in use there or was released after the blocks those
     /// allocations take (`Overlay::kept_leading`). Off: the index's prefix counts as it is.
     /// It moves `Candidate::expected_cached_tokens`, hence the uncached tokens every
-    /// assignment records, so the router turns it on for the kvroute policy only (the
-    /// baselines keep their sources' view) and so does the benchmark.
+    /// assignment records, so the router and the benchmark set it from the policy's
+    /// `Policy::expects_evictions` (kvroute's only; the baselines keep their sources' view).
     pub expect_evictions: bool,
 }
 

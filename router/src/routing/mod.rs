@@ -49,7 +49,8 @@
 //!   (in `expected_cached_tokens`, shown as `pending_blocks`; `cached_blocks` stays the
 //!   index's) until its first token plus `CoreConfig::pending_grace_s` (1 s): a burst sharing
 //!   a new prefix, routed before the first report lands, is not spread over every worker.
-//! - Evictions before admission (`CoreConfig::expect_evictions`, on): on a worker reporting
+//! - Evictions before admission (`CoreConfig::expect_evictions`, set from the policy's
+//!   `Policy::expects_evictions`: kvroute's only): on a worker reporting
 //!   its KV capacity, the prompts queued ahead of a new one and the running requests' output
 //!   until it is admitted allocate from vLLM's free queue, oldest first: first the free
 //!   blocks the router knows nothing of, then the blocks its own finished requests released,
@@ -59,7 +60,11 @@
 //! - kvroute's score = predicted TTFT + cache-affinity charge (`cache_affinity` x time to
 //!   recompute the leading tokens the best-cached non-saturated candidate holds) + KV-balance
 //!   charge (`kv_balance` x prefill time of the router's outstanding uncached tokens beyond
-//!   the least-occupied candidate's). Both are in each candidate's `score`.
+//!   the least-occupied candidate's; off) + KV-block charge (`block_balance`, 2 x prefill
+//!   time of the distinct blocks outstanding with this prompt beyond the least candidate's,
+//!   on a candidate where they exceed `block_balance_kv_share`, 90%, of its reported KV and
+//!   it does not hold more of the prompt than `hot_prefix_max_kv_share` of that KV).
+//!   All are in each candidate's `score`.
 //! - GPU degraded (`Candidate.gpu_degraded`, see `gpu.rs`: a GPU throttled by heat, power
 //!   brake or HW slowdown, a recent critical XID, uncorrected ECC): kvroute adds
 //!   `gpu_degraded_penalty_s` (1 s) to its score while some candidate is healthy, so it loses

@@ -293,6 +293,16 @@ mod tests {
     }
 
     #[test]
+    fn only_kvroute_expects_evictions() {
+        // The expectation moves the uncached tokens assignments record, from which the
+        // baselines take their loads: a baseline saying yes would no longer follow its source.
+        for name in POLICY_NAMES {
+            let p = policy_by_name(name, 1).expect("known");
+            assert_eq!(p.expects_evictions(), name == "kvroute", "{name}");
+        }
+    }
+
+    #[test]
     fn every_policy_returns_none_without_candidates() {
         for name in POLICY_NAMES {
             let mut p = policy_by_name(name, 1).expect("known");

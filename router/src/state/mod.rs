@@ -235,7 +235,7 @@ impl RouterState {
             peers: config.peers,
             queue_drain: config.queue_drain,
             // kvroute's model; the baseline policies keep their sources' view of the cache.
-            expect_evictions: config.policy == "kvroute",
+            expect_evictions: policy.expects_evictions(),
             ..CoreConfig::default()
         };
         let core = Core {
