@@ -492,6 +492,13 @@ impl PredictedTtft {
 }
 
 impl PredictedTtft {
+    /// The most tokens of a prefix a copy may take on `c` (`hot_prefix_max_kv_share` of its
+    /// reported KV); `None` when it reports no capacity, where no copy fits.
+    fn copy_max_tokens(&self, c: &Candidate) -> Option<f64> {
+        (c.kv_capacity_tokens > 0)
+            .then_some(self.cfg.hot_prefix_max_kv_share * c.kv_capacity_tokens as f64)
+    }
+
     /// Distinct KV blocks outstanding requests would reference on `c` with this request
     /// there (see `block_balance`).
     fn blocks_after(c: &Candidate) -> u64 {
@@ -509,11 +516,11 @@ impl PredictedTtft {
             return 0.0;
         }
         // Holding more of the prompt than a copy may take: moving the request recomputes
-        // that prefix elsewhere, which evicts more than the charge saves.
-        // Only against a reported capacity: ungated with none reported, nothing is exempt.
-        if c.kv_capacity_tokens > 0
-            && c.expected_cached_tokens
-                > self.cfg.hot_prefix_max_kv_share * c.kv_capacity_tokens as f64
+        // that prefix elsewhere, which evicts more than the charge saves. Only against a
+        // reported capacity: ungated with none reported, nothing is exempt.
+        if self
+            .copy_max_tokens(c)
+            .is_some_and(|max| c.expected_cached_tokens > max)
         {
             return 0.0;
         }
@@ -596,8 +603,9 @@ impl Policy for PredictedTtft {
                 ctx.candidates
                     .iter()
                     .map(|c| {
-                        let fits = best_cached
-                            <= self.cfg.hot_prefix_max_kv_share * c.kv_capacity_tokens as f64;
+                        let fits = self
+                            .copy_max_tokens(c)
+                            .is_some_and(|max| best_cached <= max);
                         if fits && !saturated(c) && !holds(c) && c.predicted_ttft.is_finite() {
                             c.predicted_ttft
                         } else {
