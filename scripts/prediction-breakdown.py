@@ -4,6 +4,7 @@
     kvroute bench --mode sim --seed 42 --repeats 1 --concurrency-sweep 32 \\
         --workload multi-turn --policies kvroute --records DIR
     scripts/prediction-breakdown.py DIR/multi-turn-kvroute.jsonl
+    scripts/prediction-breakdown.py DIR/multi-turn-kvroute.jsonl --fit-at 26.5
 
 Skips the first tenth of requests by arrival (the report's warm-up) and prints the median
 |predicted - observed| / observed TTFT of the chosen worker, split three ways:
@@ -11,6 +12,12 @@ Skips the first tenth of requests by arrival (the report's warm-up) and prints t
 - the router's committed KV on the chosen worker (its outstanding requests' KV need plus
   expected output, with this request's need) less the worker's reported KV capacity;
 - the observed TTFT.
+
+With `--fit-at T`: per worker, the first tokens it returned by simulated time T (x = queue
+plus uncached tokens the router saw, y = observed TTFT), their mix (x below or above 1,000
+tokens), and the prefill rate and overhead a batch least-squares fit of them gives, each
+sample weighted by one over its prediction squared as the router's own fit weighs it
+(`router/src/routing/predict.rs`). Set beside the rates the router had learned online.
 """
 
 import json
@@ -68,7 +75,58 @@ def main(path):
         line(f"observed TTFT in [{lo:g}, {hi:g}) s", [r for r in rows if lo <= r["ttft"] < hi])
 
 
+def fit_at(path, t):
+    with open(path) as f:
+        rows = [json.loads(l) for l in f if l.strip()]
+    rows.sort(key=lambda r: r["arrival"])
+    workers = sorted({r["worker"] for r in rows})
+    print(f"{path}: first tokens by {t:g} s\n")
+    print("| worker | samples | x < 1,000: n, TTFT p50 (s) | x >= 1,000: n, TTFT p50 (s) "
+          "| batch fit: rate (tok/s), overhead (s) | router's rate at the last decision before |")
+    print("|---|---:|---|---|---|---:|")
+    for w in workers:
+        samples = []
+        for r in rows:
+            if r["worker"] != w or r["arrival"] + r["ttft"] > t:
+                continue
+            c = chosen(r)
+            x = c["queue_tokens"] + max(0.0, r["prompt_tokens"] - c["expected_cached_tokens"])
+            samples.append((x / 1000.0, r["ttft"], r["predicted_ttft"]))
+        s00 = s01 = s11 = v0 = v1 = 0.0
+        for x, y, p in samples:
+            wt = 1.0 / max(p, 0.05) ** 2
+            s00 += wt * x * x
+            s01 += wt * x
+            s11 += wt
+            v0 += wt * x * y
+            v1 += wt * y
+        det = s00 * s11 - s01 * s01
+        fit = "-"
+        if det > 0:
+            a = (v0 * s11 - v1 * s01) / det
+            b = (s00 * v1 - s01 * v0) / det
+            if a > 0:
+                fit = f"{1000.0 / a:.0f}, {b:.3f}"
+
+        def mix(sel):
+            if not sel:
+                return "0"
+            return f"{len(sel)}, {statistics.median(s[1] for s in sel):.3f}"
+
+        before = [r for r in rows if r["arrival"] <= t]
+        learned = "-"
+        if before:
+            c = next((c for c in before[-1]["candidates"] if c["worker"] == w), None)
+            if c is not None:
+                learned = f"{c['prefill_rate']:.0f}"
+        print(f"| {w} | {len(samples)} | {mix([s for s in samples if s[0] < 1.0])} "
+              f"| {mix([s for s in samples if s[0] >= 1.0])} | {fit} | {learned} |")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) == 4 and sys.argv[2] == "--fit-at":
+        fit_at(sys.argv[1], float(sys.argv[3]))
+    elif len(sys.argv) == 2:
+        main(sys.argv[1])
+    else:
         sys.exit(__doc__)
-    main(sys.argv[1])
