@@ -13,6 +13,10 @@ Skips the first tenth of requests by arrival (the report's warm-up) and prints t
   expected output, with this request's need) less the worker's reported KV capacity;
 - the observed TTFT.
 
+It also counts, over every request and candidate, how often the candidate's distinct
+outstanding prompt blocks with this prompt exceeded 90% of its reported KV: where kvroute's
+KV-block charge (`block_balance_kv_share`) may apply.
+
 With `--fit-at T`: per worker, the first tokens it returned by simulated time T (x = queue
 plus uncached tokens the router saw, y = observed TTFT), their mix (x below or above 1,000
 tokens), and the prefill rate and overhead a batch least-squares fit of them gives, each
@@ -73,6 +77,26 @@ def main(path):
     edges = [0, 0.15, 0.3, 0.6, 2.0, float("inf")]
     for lo, hi in zip(edges, edges[1:]):
         line(f"observed TTFT in [{lo:g}, {hi:g}) s", [r for r in rows if lo <= r["ttft"] < hi])
+    gate(path)
+
+
+def gate(path):
+    with open(path) as f:
+        rows = [json.loads(l) for l in f if l.strip()]
+    seen = over = 0
+    top = 0.0
+    for r in rows:
+        for c in r["candidates"]:
+            cap = c["kv_capacity_tokens"]
+            if cap <= 0:
+                continue
+            seen += 1
+            blocks = c["active_blocks"] + max(0, c["prompt_blocks"] - c["in_use_blocks"])
+            share = blocks * c["block_size"] / cap
+            top = max(top, share)
+            over += share > 0.9
+    print(f"\nall {len(rows)} requests: {over} of {seen} candidate evaluations had distinct "
+          f"outstanding blocks above 90% of the reported KV (largest share {top:.2f})")
 
 
 def fit_at(path, t):
