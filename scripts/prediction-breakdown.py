@@ -34,7 +34,18 @@ def rel_error(r):
 
 
 def chosen(r):
-    return next(c for c in r["candidates"] if c["worker"] == r["worker"])
+    """The chosen worker's candidate, looked up once per record."""
+    if "_chosen" not in r:
+        r["_chosen"] = next(c for c in r["candidates"] if c["worker"] == r["worker"])
+    return r["_chosen"]
+
+
+def load(path):
+    """Every record of a --records file, by arrival."""
+    with open(path) as f:
+        rows = [json.loads(l) for l in f if l.strip()]
+    rows.sort(key=lambda r: r["arrival"])
+    return rows
 
 
 def line(label, rows):
@@ -48,21 +59,26 @@ def line(label, rows):
 
 
 def main(path):
-    with open(path) as f:
-        rows = [json.loads(l) for l in f if l.strip()]
-    rows.sort(key=lambda r: r["arrival"])
-    rows = [r for r in rows[len(rows) // 10 :] if r["ttft"] > 0 and r["predicted_ttft"] is not None]
+    everything = load(path)
+    rows = [
+        r
+        for r in everything[len(everything) // 10 :]
+        if r["ttft"] > 0 and r["predicted_ttft"] is not None
+    ]
     if not rows:
         sys.exit(f"{path}: no requests after warm-up")
     print(f"{path}: {len(rows)} requests after warm-up\n")
     print("| requests | n | median error | TTFT p50 (s) | TTFT p90 (s) |")
     print("|---|---:|---:|---:|---:|")
     line("all", rows)
-    expecting = [r for r in rows if chosen(r)["expected_cached_tokens"] >= 256]
-    evicted = [r for r in expecting if r["cached_tokens"] < chosen(r)["expected_cached_tokens"] - 256]
-    line("expected a cached prefix, found it", [r for r in expecting if r not in evicted])
-    line("expected a cached prefix, it was evicted", evicted)
-    line("expected none", [r for r in rows if r not in expecting])
+    for r in rows:
+        expected = chosen(r)["expected_cached_tokens"]
+        r["_expecting"] = expected >= 256
+        r["_evicted"] = r["_expecting"] and r["cached_tokens"] < expected - 256
+    found = [r for r in rows if r["_expecting"] and not r["_evicted"]]
+    line("expected a cached prefix, found it", found)
+    line("expected a cached prefix, it was evicted", [r for r in rows if r["_evicted"]])
+    line("expected none", [r for r in rows if not r["_expecting"]])
 
     def over(r):
         c = chosen(r)
@@ -72,17 +88,16 @@ def main(path):
         edges = [float("-inf"), -6000, -3000, 0, 3000, float("inf")]
         for lo, hi in zip(edges, edges[1:]):
             sel = [r for r in rows if lo <= over(r) < hi]
-            ev = sum(1 for r in sel if r in evicted)
+            ev = sum(1 for r in sel if r["_evicted"])
             line(f"committed KV - capacity in [{lo:g}, {hi:g}) tokens ({ev} evicted)", sel)
     edges = [0, 0.15, 0.3, 0.6, 2.0, float("inf")]
     for lo, hi in zip(edges, edges[1:]):
         line(f"observed TTFT in [{lo:g}, {hi:g}) s", [r for r in rows if lo <= r["ttft"] < hi])
-    gate(path)
+    gate(everything)
 
 
-def gate(path):
-    with open(path) as f:
-        rows = [json.loads(l) for l in f if l.strip()]
+def gate(rows):
+    """Candidate evaluations over the KV-block charge's 90% gate, over every record."""
     seen = over = 0
     top = 0.0
     for r in rows:
@@ -99,11 +114,36 @@ def gate(path):
           f"outstanding blocks above 90% of the reported KV (largest share {top:.2f})")
 
 
+def weighted_fit(samples):
+    """(rate tok/s, overhead s) of a least-squares line through (ktokens, ttft, predicted)
+    samples, each weighted by 1 / max(predicted, 0.05)^2 as predict.rs weighs them; None
+    when the fit is degenerate."""
+    s00 = s01 = s11 = v0 = v1 = 0.0
+    for x, y, p in samples:
+        wt = 1.0 / max(p, 0.05) ** 2
+        s00 += wt * x * x
+        s01 += wt * x
+        s11 += wt
+        v0 += wt * x * y
+        v1 += wt * y
+    det = s00 * s11 - s01 * s01
+    if det <= 0:
+        return None
+    a = (v0 * s11 - v1 * s01) / det
+    b = (s00 * v1 - s01 * v0) / det
+    return (1000.0 / a, b) if a > 0 else None
+
+
+def mix(samples):
+    if not samples:
+        return "0"
+    return f"{len(samples)}, {statistics.median(s[1] for s in samples):.3f}"
+
+
 def fit_at(path, t):
-    with open(path) as f:
-        rows = [json.loads(l) for l in f if l.strip()]
-    rows.sort(key=lambda r: r["arrival"])
+    rows = load(path)
     workers = sorted({r["worker"] for r in rows})
+    before = [r for r in rows if r["arrival"] <= t]
     print(f"{path}: first tokens by {t:g} s\n")
     print("| worker | samples | x < 1,000: n, TTFT p50 (s) | x >= 1,000: n, TTFT p50 (s) "
           "| batch fit: rate (tok/s), overhead (s) | router's rate at the last decision before |")
@@ -116,28 +156,8 @@ def fit_at(path, t):
             c = chosen(r)
             x = c["queue_tokens"] + max(0.0, r["prompt_tokens"] - c["expected_cached_tokens"])
             samples.append((x / 1000.0, r["ttft"], r["predicted_ttft"]))
-        s00 = s01 = s11 = v0 = v1 = 0.0
-        for x, y, p in samples:
-            wt = 1.0 / max(p, 0.05) ** 2
-            s00 += wt * x * x
-            s01 += wt * x
-            s11 += wt
-            v0 += wt * x * y
-            v1 += wt * y
-        det = s00 * s11 - s01 * s01
-        fit = "-"
-        if det > 0:
-            a = (v0 * s11 - v1 * s01) / det
-            b = (s00 * v1 - s01 * v0) / det
-            if a > 0:
-                fit = f"{1000.0 / a:.0f}, {b:.3f}"
-
-        def mix(sel):
-            if not sel:
-                return "0"
-            return f"{len(sel)}, {statistics.median(s[1] for s in sel):.3f}"
-
-        before = [r for r in rows if r["arrival"] <= t]
+        fitted = weighted_fit(samples)
+        fit = "-" if fitted is None else f"{fitted[0]:.0f}, {fitted[1]:.3f}"
         learned = "-"
         if before:
             c = next((c for c in before[-1]["candidates"] if c["worker"] == w), None)
