@@ -155,6 +155,11 @@ pub struct BenchArgs {
     /// scenarios always do.
     #[arg(long)]
     pub generic_prior: bool,
+    /// Sim: kvroute's overcommit margin (`CoreConfig::overcommit_margin_tokens`), in tokens,
+    /// or `off`. Default: the router's own (2,000). For measuring the rule against its
+    /// absence (bench/README.md, "Overcommitted workers").
+    #[arg(long, value_name = "TOKENS|off", value_parser = parse_overcommit_margin)]
+    pub overcommit_margin: Option<OvercommitMargin>,
     /// Sim: run each headline N times, with seeds seed, seed+1, ... (each its own workload
     /// draw and tie-break stream), and report the pooled requests. One run of a few hundred
     /// requests is chaotic: a different early choice changes which prefixes end up where.
@@ -253,6 +258,9 @@ pub struct SuiteConfig {
     pub quick: bool,
     /// Headline runs pooled per policy (seeds `seed..seed + repeats`).
     pub repeats: u64,
+    /// `--overcommit-margin`, when given (absent: the router's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overcommit_margin: Option<OvercommitMargin>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -300,8 +308,24 @@ impl BenchArgs {
     }
 }
 
+/// `--overcommit-margin`: a margin in tokens, or none (`off`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct OvercommitMargin(pub Option<u64>);
+
+fn parse_overcommit_margin(s: &str) -> Result<OvercommitMargin, String> {
+    if s == "off" {
+        return Ok(OvercommitMargin(None));
+    }
+    s.parse::<u64>()
+        .map(|t| OvercommitMargin(Some(t)))
+        .map_err(|_| format!("{s:?} is neither a token count nor \"off\""))
+}
+
 /// `kvroute bench`.
 pub async fn run(mut args: BenchArgs) -> anyhow::Result<()> {
+    if args.overcommit_margin.is_some() && args.mode != "sim" {
+        bail!("--overcommit-margin needs --mode sim (a live router takes the default)");
+    }
     if args.mode == "sim" && args.seed.is_none() {
         // Headline figures come from a seed nobody chose (none used while tuning).
         let seed = rand::random::<u32>() as u64;
@@ -448,6 +472,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
         seed: args.seed(),
         diagnose: false,
         generic_prior: args.generic_prior,
+        overcommit_margin: args.overcommit_margin,
     };
     if let Some(dir) = &args.records {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -552,6 +577,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             profile: args.profile.clone(),
             quick: args.quick,
             repeats: args.repeats,
+            overcommit_margin: args.overcommit_margin,
         },
         workloads,
     })
@@ -656,5 +682,34 @@ mod tests {
             selection(&args).expect("known").0[0].kind,
             WorkloadKind::LongShort
         );
+    }
+
+    #[test]
+    fn the_overcommit_margin_takes_tokens_or_off_and_only_in_simulation() {
+        let parse = |v: &str| {
+            BenchArgs::augment_args(clap::Command::new("bench"))
+                .try_get_matches_from(["bench", "--overcommit-margin", v])
+                .and_then(|m| BenchArgs::from_arg_matches(&m))
+                .map(|a| a.overcommit_margin)
+        };
+        assert_eq!(parse("off").expect("off"), Some(OvercommitMargin(None)));
+        assert_eq!(
+            parse("2000").expect("tokens"),
+            Some(OvercommitMargin(Some(2_000)))
+        );
+        let err = parse("lots").expect_err("not a number").to_string();
+        assert!(err.contains("neither a token count"), "{err}");
+        let mut args = BenchArgs::augment_args(clap::Command::new("bench"))
+            .try_get_matches_from(["bench", "--mode", "live", "--overcommit-margin", "0"])
+            .and_then(|m| BenchArgs::from_arg_matches(&m))
+            .expect("flags parse");
+        args.seed = Some(1);
+        let err = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(run(args))
+            .expect_err("live refuses it")
+            .to_string();
+        assert!(err.contains("needs --mode sim"), "{err}");
     }
 }

@@ -110,6 +110,7 @@ pub fn preset(args: &DemoArgs) -> BenchArgs {
         workers: args.workers,
         seed: Some(args.seed),
         generic_prior: false,
+        overcommit_margin: None,
         scenario: None,
         seeds: 1,
         concurrency: args.concurrency,

@@ -683,6 +683,7 @@ pub async fn run_live_with(
             profile: format!("{} (mock-vllm, speedup x{})", args.profile, live.speedup),
             quick: args.quick,
             repeats: 1,
+            overcommit_margin: None,
         },
         workloads,
     })

@@ -80,6 +80,8 @@ pub struct SimConfig {
     /// kinference scenarios) instead of the router's own default prior, which equals the
     /// built-in L40S profile (the default suite, whose committed figures were made with it).
     pub generic_prior: bool,
+    /// kvroute's overcommit margin, when not the router's default.
+    pub overcommit_margin: Option<super::OvercommitMargin>,
 }
 
 /// What happened to one request.
@@ -287,6 +289,9 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
     // The eviction expectation is kvroute's model: it moves the uncached tokens every
     // policy's bookkeeping records, and the baselines keep their own sources' view.
     core_cfg.expect_evictions = matches!(&policy, SimPolicy::Router(p) if p.expects_evictions());
+    if let Some(m) = cfg.overcommit_margin {
+        core_cfg.overcommit_margin_tokens = m.0;
+    }
     let mut core = RoutingCore::new(core_cfg);
     let mut workers = Vec::with_capacity(cfg.workers);
     for i in 0..cfg.workers {

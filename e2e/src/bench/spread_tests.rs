@@ -38,6 +38,7 @@ fn every_load_balancing_baseline_spreads_the_independent_workload() {
         seed: 7,
         diagnose: false,
         generic_prior: false,
+        overcommit_margin: None,
     };
     let mut failures = Vec::new();
     for name in BALANCING {

@@ -91,6 +91,15 @@ pub struct CoreConfig {
     /// assignment records, so the router and the benchmark set it from the policy's
     /// `Policy::expects_evictions` (kvroute's only; the baselines keep their sources' view).
     pub expect_evictions: bool,
+    /// With `expect_evictions`: on a worker where the router's outstanding requests at their
+    /// peak KV (`Candidate::active_kv_tokens`) plus a new prompt's need exceed the reported
+    /// capacity by more than this many tokens, the new prompt's cached prefix counts only as
+    /// far as it is in use there: such a worker runs out of free blocks before the new
+    /// prompt is admitted, and its requests' growth then takes idle cached blocks however
+    /// recently they were released. The peak overstates what is held at any one time; the
+    /// margin absorbs that (2,000 tokens, measured in bench/README.md "Overcommitted
+    /// workers"). `None`: only the free-queue order above applies.
+    pub overcommit_margin_tokens: Option<u64>,
 }
 
 impl Default for CoreConfig {
@@ -112,6 +121,7 @@ impl Default for CoreConfig {
             bound: BoundConfig::default(),
             queue_drain: true,
             expect_evictions: true,
+            overcommit_margin_tokens: Some(2_000),
         }
     }
 }

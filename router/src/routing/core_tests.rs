@@ -873,3 +873,61 @@ fn a_prefix_released_long_ago_is_expected_evicted_by_the_queue_ahead() {
         1_024.0
     );
 }
+
+#[test]
+fn an_overcommitted_worker_keeps_only_the_prefix_in_use() {
+    let run = |margin: Option<u64>| -> (f64, f64) {
+        let mut core = RoutingCore::new(CoreConfig {
+            overcommit_margin_tokens: margin,
+            ..CoreConfig::default()
+        });
+        let w = core.snapshot("w", 16, 1, &[], 0.0);
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        // A conversation (256 blocks) ran and ended just now: the newest released blocks.
+        let conv: Vec<u32> = (0..4_096).collect();
+        let (plan, d) = core
+            .decide(&mut p, &req(&conv), &[w], 0.0)
+            .expect("decision");
+        let id = core.assign(&plan, &d, 0.0);
+        core.first_token(id, 0.5, None);
+        core.stored(w, &chain(&conv, 16), 0.5);
+        core.finish(id);
+        // Eight long generations now decode there, each holding 1,616 prompt tokens and
+        // 1,024 of output at its peak (4x the mean output, the most a `max_tokens` counts
+        // for): 21,120 tokens against 16,000 of capacity.
+        for k in 0..8u32 {
+            let other: Vec<u32> = (1_000_000 * (k + 1)..1_000_000 * (k + 1) + 1_600).collect();
+            let r = RouteRequest {
+                max_tokens: Some(12_000),
+                ..req(&other)
+            };
+            let (plan, d) = core.decide(&mut p, &r, &[w], 1.0).expect("decision");
+            let id = core.assign(&plan, &d, 1.0);
+            core.first_token(id, 1.2, None);
+        }
+        core.load(
+            w,
+            LoadSample {
+                kv_capacity_tokens: 16_000,
+                running: 8,
+                ..LoadSample::default()
+            },
+            2.0,
+        );
+        let next_turn: Vec<u32> = conv.iter().copied().chain(500_000..500_064).collect();
+        let plan = core.plan(&req(&next_turn), &[w], 2.0);
+        let c = &plan.context.candidates[0];
+        (c.expected_cached_tokens, c.active_kv_tokens as f64)
+    };
+    let (off, committed) = run(None);
+    assert_eq!(committed, 8.0 * (1_616.0 + 1_024.0));
+    assert_eq!(
+        off, 4_096.0,
+        "free-queue order alone keeps the newest release"
+    );
+    let (on, _) = run(Some(2_000));
+    assert_eq!(on, 0.0, "overcommitted: nothing idle survives");
+    // Under the margin the free-queue order decides as before.
+    let (loose, _) = run(Some(100_000));
+    assert_eq!(loose, 4_096.0);
+}

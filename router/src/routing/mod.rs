@@ -56,7 +56,10 @@
 //!   blocks the router knows nothing of, then the blocks its own finished requests released,
 //!   in release order (`Overlay::kept_leading`). The new prompt's cached prefix counts in
 //!   `expected_cached_tokens` only as far as it is in use there or released after the blocks
-//!   those allocations take.
+//!   those allocations take. On a worker the router has overcommitted (its outstanding
+//!   requests' peak KV, `Candidate::active_kv_tokens`, plus this prompt's need exceed the
+//!   reported capacity by more than `CoreConfig::overcommit_margin_tokens`, 2,000), only the
+//!   part in use counts.
 //! - kvroute's score = predicted TTFT + cache-affinity charge (`cache_affinity` x time to
 //!   recompute the leading tokens the best-cached non-saturated candidate holds) + KV-balance
 //!   charge (`kv_balance` x prefill time of the router's outstanding uncached tokens beyond

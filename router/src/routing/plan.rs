@@ -242,6 +242,18 @@ impl RoutingCore {
                 let kept = self.pending.kept_leading(w, c, evict).max(in_use_blocks);
                 expected_cached_tokens = expected_cached_tokens.min((kept * block_size) as f64);
             }
+            // Overcommitted: what the router's outstanding requests will hold at their peak
+            // (prompt plus output) and this request's need exceed the capacity by more than
+            // the margin. Before this request is admitted, blocks nobody uses are taken
+            // whatever their age, so only the prefix in use there counts.
+            let committed =
+                own.active_kv_tokens as f64 + peer.active_kv_tokens + kv_need_tokens as f64;
+            if let Some(margin) = self.cfg.overcommit_margin_tokens
+                && committed - load.kv_capacity_tokens as f64 > margin as f64
+            {
+                expected_cached_tokens =
+                    expected_cached_tokens.min((in_use_blocks * block_size) as f64);
+            }
         }
         let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
         let mut predicted_ttft = self.predictor.predict(w, queue_tokens, uncached);
