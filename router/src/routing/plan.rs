@@ -244,8 +244,9 @@ impl RoutingCore {
             }
             // Overcommitted: what the router's outstanding requests will hold at their peak
             // (prompt plus output) and this request's need exceed the capacity by more than
-            // the margin. Before this request is admitted, blocks nobody uses are taken
-            // whatever their age, so only the prefix in use there counts.
+            // the margin. Expected: before this request is admitted, the worker's own
+            // requests take the blocks nobody uses, whatever their age, so only the prefix in
+            // use there counts (bench/README.md, "Overcommitted workers", measures it).
             let committed =
                 own.active_kv_tokens as f64 + peer.active_kv_tokens + kv_need_tokens as f64;
             if let Some(margin) = self.cfg.overcommit_margin_tokens
