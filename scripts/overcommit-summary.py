@@ -5,6 +5,7 @@
 
 Each cell reads "first -> second -> ..." in the order the directories are given.
 """
+import functools
 import json
 import os
 import statistics
@@ -16,6 +17,7 @@ LIVE_MT = [210357577, 483481523, 872446507]
 LIVE_DIS = [642781104, 1020218965, 499400433]
 
 
+@functools.lru_cache(maxsize=None)
 def load(d, name):
     with open(os.path.join(d, name + ".json")) as f:
         return json.load(f)
