@@ -87,6 +87,24 @@ pub struct Candidate {
     pub kv_need_tokens: u64,
     /// Predicted TTFT (seconds), stale penalty and admission wait included.
     pub predicted_ttft: f64,
+    /// Which expectation of evictions lowered `expected_cached_tokens` below what the index
+    /// and the pending placements say is there (`None`: neither did).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_expected: Option<EvictionRule>,
+}
+
+/// Why the router expects part of a cached prefix to be evicted before a request is
+/// admitted (docs/DESIGN.md; `CoreConfig::expect_evictions`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvictionRule {
+    /// What is queued ahead and the running requests' growth allocate the prefix's free
+    /// blocks first, in the order the worker released them.
+    FreeQueue,
+    /// The router's outstanding requests at their peak plus this one exceed the reported KV
+    /// capacity by more than `CoreConfig::overcommit_margin_tokens`: only the prefix in use
+    /// there counts.
+    Overcommitted,
 }
 
 impl Candidate {

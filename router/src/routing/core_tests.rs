@@ -1,6 +1,6 @@
 //! Unit tests of the routing core: decisions, lifecycle, assignments, KV admission.
 
-use super::super::choose::{PredictedTtft, PredictedTtftConfig, Reason};
+use super::super::choose::{EvictionRule, PredictedTtft, PredictedTtftConfig, Reason};
 use super::super::request::PromptHashes;
 use super::*;
 use crate::routing::{FailureKind, Outcome, OutlierEvent};
@@ -846,6 +846,11 @@ fn a_prefix_released_long_ago_is_expected_evicted_by_the_queue_ahead() {
     core.assign(&plan, &d, 3.0);
     assert_eq!(cached(&core, &old), 0.0);
     assert_eq!(cached(&core, &recent), 14_400.0);
+    let rule = |core: &RoutingCore, t: &[u32]| {
+        core.plan(&req(&next_turn(t)), &[w], 3.0).context.candidates[0].eviction_expected
+    };
+    assert_eq!(rule(&core, &old), Some(EvictionRule::FreeQueue));
+    assert_eq!(rule(&core, &recent), None);
     // The worker reports the eviction: the index no longer has `old` either.
     core.removed(w, &chain(&old, 16), 3.0);
     assert_eq!(cached(&core, &old), 0.0);
@@ -876,7 +881,7 @@ fn a_prefix_released_long_ago_is_expected_evicted_by_the_queue_ahead() {
 
 #[test]
 fn an_overcommitted_worker_keeps_only_the_prefix_in_use() {
-    let run = |margin: Option<u64>| -> (f64, f64) {
+    let run = |margin: Option<u64>| -> (f64, f64, Option<EvictionRule>) {
         let mut core = RoutingCore::new(CoreConfig {
             overcommit_margin_tokens: margin,
             ..CoreConfig::default()
@@ -917,17 +922,28 @@ fn an_overcommitted_worker_keeps_only_the_prefix_in_use() {
         let next_turn: Vec<u32> = conv.iter().copied().chain(500_000..500_064).collect();
         let plan = core.plan(&req(&next_turn), &[w], 2.0);
         let c = &plan.context.candidates[0];
-        (c.expected_cached_tokens, c.active_kv_tokens as f64)
+        (
+            c.expected_cached_tokens,
+            c.active_kv_tokens as f64,
+            c.eviction_expected,
+        )
     };
-    let (off, committed) = run(None);
+    let (off, committed, rule) = run(None);
+    assert_eq!(rule, None, "nothing lowered the expectation");
     assert_eq!(committed, 8.0 * (1_616.0 + 1_024.0));
     assert_eq!(
         off, 4_096.0,
         "free-queue order alone keeps the newest release"
     );
-    let (on, _) = run(Some(2_000));
+    let (on, _, rule) = run(Some(2_000));
     assert_eq!(on, 0.0, "overcommitted: nothing idle survives");
+    assert_eq!(
+        rule,
+        Some(EvictionRule::Overcommitted),
+        "the decision says why"
+    );
     // Under the margin the free-queue order decides as before.
-    let (loose, _) = run(Some(100_000));
+    let (loose, _, rule) = run(Some(100_000));
     assert_eq!(loose, 4_096.0);
+    assert_eq!(rule, None);
 }

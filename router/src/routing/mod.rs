@@ -115,7 +115,7 @@ pub use baselines::{
 };
 pub use bound::{BoundConfig, BoundOutcome, TtftBound};
 pub use choose::{
-    Candidate, CandidateReport, ChoiceContext, Decision, Policy, PredictedTtft,
+    Candidate, CandidateReport, ChoiceContext, Decision, EvictionRule, Policy, PredictedTtft,
     PredictedTtftConfig, Reason,
 };
 pub use core::{CapResync, CoreConfig, IndexStats, Retired, RouteRequest, RoutingCore, Stored};

@@ -14,7 +14,7 @@
 use kvroute_hash::BlockHash;
 
 use super::admission::{KvReleases, kv_wait};
-use super::choose::{Candidate, ChoiceContext};
+use super::choose::{Candidate, ChoiceContext, EvictionRule};
 use super::core::{RouteRequest, RoutingCore};
 use super::outlier::EjectedWorker;
 use super::request::PromptHashes;
@@ -179,6 +179,7 @@ impl RoutingCore {
             cached_tokens as f64
         };
         let mut expected_cached_tokens = indexed_tokens.max((pending_blocks * block_size) as f64);
+        let mut eviction_expected = None;
 
         // Queue: the router's own work without a first token yet, less what the worker has
         // prefilled of the oldest of it (the prompt it works on now): what it had done when
@@ -240,7 +241,11 @@ impl RoutingCore {
             let evict = allocated.saturating_sub(unknown_free);
             if evict > 0 {
                 let kept = self.pending.kept_leading(w, c, evict).max(in_use_blocks);
-                expected_cached_tokens = expected_cached_tokens.min((kept * block_size) as f64);
+                let kept_tokens = (kept * block_size) as f64;
+                if kept_tokens < expected_cached_tokens {
+                    expected_cached_tokens = kept_tokens;
+                    eviction_expected = Some(EvictionRule::FreeQueue);
+                }
             }
             // Overcommitted: what the router's outstanding requests will hold at their peak
             // (prompt plus output) and this request's need exceed the capacity by more than
@@ -252,8 +257,11 @@ impl RoutingCore {
             if let Some(margin) = self.cfg.overcommit_margin_tokens
                 && committed - load.kv_capacity_tokens as f64 > margin as f64
             {
-                expected_cached_tokens =
-                    expected_cached_tokens.min((in_use_blocks * block_size) as f64);
+                let in_use_tokens = (in_use_blocks * block_size) as f64;
+                if in_use_tokens < expected_cached_tokens {
+                    expected_cached_tokens = in_use_tokens;
+                    eviction_expected = Some(EvictionRule::Overcommitted);
+                }
             }
         }
         let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
@@ -294,6 +302,7 @@ impl RoutingCore {
             admission_wait,
             kv_need_tokens,
             predicted_ttft,
+            eviction_expected,
         }
     }
 
