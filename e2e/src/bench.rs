@@ -160,6 +160,12 @@ pub struct BenchArgs {
     /// absence (bench/README.md, "Overcommitted workers").
     #[arg(long, value_name = "TOKENS|off", value_parser = parse_overcommit_margin)]
     pub overcommit_margin: Option<OvercommitMargin>,
+    /// Sim: kvroute's rate pool (`CoreConfig::rate_pool`): workers whose learned prefill
+    /// rates chain within this fraction are predicted at their mean rate; 0 turns it off.
+    /// Default: the router's own (0.25). For measuring it against its absence (bench/README.md,
+    /// "Identical workers, one prefill speed").
+    #[arg(long, value_name = "FRACTION")]
+    pub rate_pool: Option<f64>,
     /// Sim: run each headline N times, with seeds seed, seed+1, ... (each its own workload
     /// draw and tie-break stream), and report the pooled requests. One run of a few hundred
     /// requests is chaotic: a different early choice changes which prefixes end up where.
@@ -261,6 +267,9 @@ pub struct SuiteConfig {
     /// `--overcommit-margin`, when given (absent: the router's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overcommit_margin: Option<OvercommitMargin>,
+    /// `--rate-pool`, when given (absent: the router's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_pool: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -325,6 +334,12 @@ fn parse_overcommit_margin(s: &str) -> Result<OvercommitMargin, String> {
 pub async fn run(mut args: BenchArgs) -> anyhow::Result<()> {
     if args.overcommit_margin.is_some() && args.mode != "sim" {
         bail!("--overcommit-margin needs --mode sim (a live router takes the default)");
+    }
+    if let Some(f) = args.rate_pool {
+        if args.mode != "sim" {
+            bail!("--rate-pool needs --mode sim (a live router takes its own --rate-pool)");
+        }
+        kvroute_router::routing::rate_pool_from(f).map_err(anyhow::Error::msg)?;
     }
     if args.mode == "sim" && args.seed.is_none() {
         // Headline figures come from a seed nobody chose (none used while tuning).
@@ -473,6 +488,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
         diagnose: false,
         generic_prior: args.generic_prior,
         overcommit_margin: args.overcommit_margin,
+        rate_pool: args.rate_pool,
     };
     if let Some(dir) = &args.records {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -578,6 +594,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             quick: args.quick,
             repeats: args.repeats,
             overcommit_margin: args.overcommit_margin,
+            rate_pool: args.rate_pool,
         },
         workloads,
     })
@@ -711,5 +728,30 @@ mod tests {
             .expect_err("live refuses it")
             .to_string();
         assert!(err.contains("needs --mode sim"), "{err}");
+    }
+
+    #[test]
+    fn the_rate_pool_takes_a_fraction_and_only_in_simulation() {
+        let args = |flags: &[&str]| {
+            let mut a = BenchArgs::augment_args(clap::Command::new("bench"))
+                .try_get_matches_from(std::iter::once("bench").chain(flags.iter().copied()))
+                .and_then(|m| BenchArgs::from_arg_matches(&m))
+                .expect("flags parse");
+            a.seed = Some(1);
+            a
+        };
+        assert_eq!(args(&["--rate-pool", "0"]).rate_pool, Some(0.0));
+        let refused = |flags: &[&str]| {
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("runtime")
+                .block_on(run(args(flags)))
+                .expect_err("refused")
+                .to_string()
+        };
+        let err = refused(&["--mode", "live", "--rate-pool", "0.25"]);
+        assert!(err.contains("needs --mode sim"), "{err}");
+        let err = refused(&["--rate-pool", "11"]);
+        assert!(err.contains("outside 0..=10"), "{err}");
     }
 }

@@ -111,6 +111,7 @@ pub fn preset(args: &DemoArgs) -> BenchArgs {
         seed: Some(args.seed),
         generic_prior: false,
         overcommit_margin: None,
+        rate_pool: None,
         scenario: None,
         seeds: 1,
         concurrency: args.concurrency,

@@ -313,6 +313,12 @@ pub struct Args {
     /// KV admission model prior: seconds per output token while decoding.
     #[arg(long, env = "KVROUTE_ROUTER_PRIOR_ITL_S", default_value_t = 0.07)]
     pub prior_itl_s: f64,
+    /// TTFT model: workers whose learned prefill rates chain within this fraction of each
+    /// other are predicted at their mean rate (identical GPUs' fits drift apart on few
+    /// samples; docs/DESIGN.md). Lower it, or 0 to turn it off, for a pool whose GPUs differ
+    /// by less than this.
+    #[arg(long, env = "KVROUTE_ROUTER_RATE_POOL", default_value_t = 0.25)]
+    pub rate_pool: f64,
     /// Bounded router: a new worker that discovery does not list is refused (counted, logged)
     /// when its model has this many workers already. Known workers keep serving; workers
     /// discovery lists are always taken.
@@ -485,6 +491,7 @@ impl Default for Args {
             prior_prefill_rate: 4_800.0,
             prior_overhead_s: 0.05,
             prior_itl_s: 0.07,
+            rate_pool: 0.25,
             max_workers_per_model: 256,
             max_workers: 1_024,
             worker_blocks_slack: 2.0,
@@ -737,6 +744,7 @@ impl Server {
             prior_prefill_rate,
             prior_overhead_s,
             prior_itl_s,
+            rate_pool,
             max_workers_per_model,
             max_workers,
             worker_blocks_slack,
@@ -776,6 +784,7 @@ impl Server {
             tie_margin_s: tie_margin,
             hot_prefix_window,
             queue_drain: routing::CoreConfig::default().queue_drain,
+            rate_pool: routing::rate_pool_from(rate_pool).map_err(anyhow::Error::msg)?,
             seed,
             assignment_ttl: secs("assignment-ttl-s", assignment_ttl_s)?,
             stale_after: secs("stale-after-s", stale_after_s)?,

@@ -684,6 +684,7 @@ pub async fn run_live_with(
             quick: args.quick,
             repeats: 1,
             overcommit_margin: None,
+            rate_pool: None,
         },
         workloads,
     })

@@ -82,6 +82,8 @@ pub struct SimConfig {
     pub generic_prior: bool,
     /// kvroute's overcommit margin, when not the router's default.
     pub overcommit_margin: Option<super::OvercommitMargin>,
+    /// kvroute's rate pool fraction (0: off), when not the router's default.
+    pub rate_pool: Option<f64>,
 }
 
 /// What happened to one request.
@@ -291,6 +293,10 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
     core_cfg.expect_evictions = matches!(&policy, SimPolicy::Router(p) if p.expects_evictions());
     if let Some(m) = cfg.overcommit_margin {
         core_cfg.overcommit_margin_tokens = m.0;
+    }
+    if let Some(f) = cfg.rate_pool {
+        core_cfg.rate_pool =
+            kvroute_router::routing::rate_pool_from(f).map_err(anyhow::Error::msg)?;
     }
     let mut core = RoutingCore::new(core_cfg);
     let mut workers = Vec::with_capacity(cfg.workers);

@@ -39,6 +39,7 @@ fn every_load_balancing_baseline_spreads_the_independent_workload() {
         diagnose: false,
         generic_prior: false,
         overcommit_margin: None,
+        rate_pool: None,
     };
     let mut failures = Vec::new();
     for name in BALANCING {

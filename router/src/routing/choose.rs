@@ -74,6 +74,10 @@ pub struct Candidate {
     pub queue_tokens: f64,
     /// Learned prefill rate (tokens/s).
     pub prefill_rate: f64,
+    /// Prefill rate the prediction used (tokens/s): the mean of the workers whose learned
+    /// rates chain within `CoreConfig::rate_pool` of each other, this one's included, or
+    /// `prefill_rate` where none does.
+    pub pooled_rate: f64,
     /// Learned overhead (seconds).
     pub overhead: f64,
     /// Predicted wait for KV space (seconds, included in `predicted_ttft`): on a saturated

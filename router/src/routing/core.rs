@@ -100,6 +100,27 @@ pub struct CoreConfig {
     /// margin absorbs that (2,000 tokens, measured in bench/README.md "Overcommitted
     /// workers"). `None`: only the free-queue order above applies.
     pub overcommit_margin_tokens: Option<u64>,
+    /// Workers whose learned prefill rates chain within this fraction of each other (sorted,
+    /// each at most `1 + rate_pool` times the one below it) are taken to prefill at one speed:
+    /// a prediction there uses the group's mean seconds per token, and each worker keeps its
+    /// own learned overhead. A worker's prefill speed is its GPU's and model's; identical
+    /// workers' fits drift apart on the few samples each gets (the first wave's queues), and
+    /// the one that looks fastest then takes the new prompts and the fresh samples that keep
+    /// it looking fastest (bench/README.md, "Identical workers, one prefill speed"). Each
+    /// worker's fit keeps learning on its own, so GPUs further apart than this (an L40S and an
+    /// H100 are 3.5x) stay apart. `None`: every worker's own rate.
+    pub rate_pool: Option<f64>,
+}
+
+/// `--rate-pool`'s fraction as [`CoreConfig::rate_pool`]: 0 turns it off; a fraction
+/// outside 0..=10 or not finite is refused with the reason.
+pub fn rate_pool_from(fraction: f64) -> Result<Option<f64>, String> {
+    if !fraction.is_finite() || !(0.0..=10.0).contains(&fraction) {
+        return Err(format!(
+            "--rate-pool {fraction} is outside 0..=10 (a fraction such as 0.25; 0 turns it off)"
+        ));
+    }
+    Ok((fraction > 0.0).then_some(fraction))
 }
 
 impl Default for CoreConfig {
@@ -122,6 +143,7 @@ impl Default for CoreConfig {
             queue_drain: true,
             expect_evictions: true,
             overcommit_margin_tokens: Some(2_000),
+            rate_pool: Some(0.25),
         }
     }
 }

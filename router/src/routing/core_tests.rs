@@ -947,3 +947,99 @@ fn an_overcommitted_worker_keeps_only_the_prefix_in_use() {
     assert_eq!(loose, 4_096.0);
     assert_eq!(rule, None);
 }
+
+#[test]
+fn rates_that_chain_within_the_pool_fraction_share_their_mean() {
+    use super::super::plan::pooled_rates;
+    let harmonic = |rs: &[f64]| rs.len() as f64 / rs.iter().map(|r| 1.0 / r).sum::<f64>();
+    // The live multi-turn drift (bench/README.md): three identical workers learned 4,203,
+    // 5,741 and 4,652 tokens/s. 4,652 is within 25% of 4,203 and 5,741 of 4,652: one group.
+    let drifted = [4_203.0, 5_741.0, 4_652.0];
+    let mean = harmonic(&drifted);
+    let pooled = pooled_rates(&drifted, Some(0.25));
+    for p in &pooled {
+        let p = p.expect("pooled");
+        assert!((p - mean).abs() < 1e-9, "{p} vs {mean}");
+    }
+    // Within 10%: 4,652 is 10.7% above 4,203, so no group; off: no group.
+    assert_eq!(pooled_rates(&drifted, Some(0.10)), vec![None; 3]);
+    assert_eq!(pooled_rates(&drifted, None), vec![None; 3]);
+    // A fraction that is no fraction turns it off rather than pooling everything.
+    assert_eq!(pooled_rates(&drifted, Some(f64::NAN)), vec![None; 3]);
+    assert_eq!(pooled_rates(&drifted, Some(-1.0)), vec![None; 3]);
+    // Two L40S and an H100 (3.5x): the L40S pair pools, the H100 keeps its own rate.
+    let hetero = [5_900.0, 20_600.0, 5_300.0];
+    let pooled = pooled_rates(&hetero, Some(0.25));
+    assert_eq!(pooled[1], None);
+    let pair = harmonic(&[5_900.0, 5_300.0]);
+    assert!((pooled[0].expect("pooled") - pair).abs() < 1e-9);
+    assert_eq!(pooled[0], pooled[2]);
+    // The chain is transitive: each step within 25%, the ends 1.73x apart.
+    let steps = [1_000.0, 1_200.0, 1_440.0, 1_728.0];
+    assert!(pooled_rates(&steps, Some(0.25)).iter().all(Option::is_some));
+    // Rates that are no rates stay out of every group.
+    let odd = [f64::NAN, 4_800.0, 0.0, 4_900.0];
+    let pooled = pooled_rates(&odd, Some(0.25));
+    assert_eq!((pooled[0], pooled[2]), (None, None));
+    assert!(pooled[1].is_some() && pooled[1] == pooled[3]);
+    assert_eq!(pooled_rates(&[], Some(0.25)), Vec::<Option<f64>>::new());
+}
+
+#[test]
+fn identical_workers_whose_fits_drifted_are_predicted_at_one_rate() {
+    let run = |rate_pool: Option<f64>| {
+        let mut core = RoutingCore::new(CoreConfig {
+            rate_pool,
+            ..CoreConfig::default()
+        });
+        let a = core.snapshot("a", 16, 1, &[], 0.0);
+        let b = core.snapshot("b", 16, 1, &[], 0.0);
+        core.load(a, LoadSample::default(), 0.0);
+        core.load(b, LoadSample::default(), 0.0);
+        // One 2,048-token first token each: a's slower than b's.
+        for (k, (w, ttft)) in [(a, 0.50), (b, 0.42)].into_iter().enumerate() {
+            let t: Vec<u32> = (0..2_048).map(|i| i + 10_000 * k as u32).collect();
+            let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+            let (plan, d) = core.decide(&mut p, &req(&t), &[w], 0.0).expect("decision");
+            let id = core.assign(&plan, &d, 0.0);
+            core.first_token(id, ttft, None);
+            core.finish(id);
+        }
+        let (ra, rb) = (core.predictor_params(a).0, core.predictor_params(b).0);
+        assert!(
+            ra < rb && rb <= ra * 1.25,
+            "the fits drifted apart within 25%: {ra} {rb}"
+        );
+        let fresh: Vec<u32> = (900_000..902_048).collect();
+        let plan = core.plan(&req(&fresh), &[a, b], 1.0);
+        plan.context.candidates
+    };
+    let pooled = run(Some(0.25));
+    assert_eq!(pooled[0].pooled_rate, pooled[1].pooled_rate);
+    for c in &pooled {
+        assert_ne!(
+            c.pooled_rate, c.prefill_rate,
+            "each keeps its own learned rate"
+        );
+        let want = 2_048.0 / c.pooled_rate + c.overhead;
+        assert!((c.predicted_ttft - want).abs() < 1e-9, "its own overhead");
+    }
+    let own = run(None);
+    for c in &own {
+        assert_eq!(c.pooled_rate, c.prefill_rate);
+    }
+    assert!(
+        own[0].predicted_ttft > own[1].predicted_ttft,
+        "off: b looks faster"
+    );
+}
+
+#[test]
+fn the_rate_pool_flag_takes_a_fraction_or_zero_for_off() {
+    assert_eq!(rate_pool_from(0.25), Ok(Some(0.25)));
+    assert_eq!(rate_pool_from(0.0), Ok(None));
+    for bad in [-0.1, 10.5, f64::NAN, f64::INFINITY] {
+        let err = rate_pool_from(bad).expect_err("refused");
+        assert!(err.contains("outside 0..=10"), "{err}");
+    }
+}

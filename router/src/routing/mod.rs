@@ -32,7 +32,10 @@
 //! # Rules worth knowing
 //! - Prediction: `ttft = (queue_tokens + uncached) / rate + overhead`; `queue_tokens` is the
 //!   larger of the router's own not-yet-first-tokened uncached tokens on the worker and its
-//!   reported waiting requests times the mean uncached tokens routed so far.
+//!   reported waiting requests times the mean uncached tokens routed so far. `rate` is the
+//!   worker's learned rate, or the mean (in seconds per token) of the workers whose learned
+//!   rates chain within `CoreConfig::rate_pool` (25%) of each other (`Candidate.pooled_rate`;
+//!   each worker's fit and overhead stay its own).
 //! - p90 bound ([`TtftBound`], `bound.rs`): each assignment with a prediction also gets a
 //!   bound, the prediction times a quantile of the last 200 observed / predicted ratios at a
 //!   level adaptive conformal inference steers by the misses seen at first tokens; none until
@@ -118,7 +121,9 @@ pub use choose::{
     Candidate, CandidateReport, ChoiceContext, Decision, EvictionRule, Policy, PredictedTtft,
     PredictedTtftConfig, Reason,
 };
-pub use core::{CapResync, CoreConfig, IndexStats, Retired, RouteRequest, RoutingCore, Stored};
+pub use core::{
+    CapResync, CoreConfig, IndexStats, Retired, RouteRequest, RoutingCore, Stored, rate_pool_from,
+};
 pub use gpu::{GpuIssue, GpuStatus};
 pub use index::KvIndex;
 pub use outlier::{

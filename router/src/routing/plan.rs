@@ -120,14 +120,20 @@ impl RoutingCore {
                 .find(|(b, _)| *b == bs)
                 .map(|(_, c)| c.as_slice())
         };
+        let rates: Vec<f64> = live
+            .iter()
+            .map(|&(w, _)| self.predictor.params(w).0)
+            .collect();
+        let pooled = pooled_rates(&rates, self.cfg.rate_pool);
         let candidates: Vec<Candidate> = live
             .iter()
-            .map(|&(w, slot)| {
+            .zip(pooled)
+            .map(|(&(w, slot), pooled_rate)| {
                 let view = CacheView {
                     chain: chain_of(slot.block_size),
                     cached_blocks: cached.get(w.index()).copied().unwrap_or(0) as usize,
                 };
-                self.estimate(w, slot, prompt_tokens, &view, &releases, now)
+                self.estimate(w, slot, prompt_tokens, &view, &releases, pooled_rate, now)
             })
             .collect();
         let prefix_anchor = prefix_anchor(&candidates, chain_of);
@@ -144,7 +150,9 @@ impl RoutingCore {
         }
     }
 
-    /// One candidate's figures and predicted TTFT.
+    /// One candidate's figures and predicted TTFT; `pooled_rate` is the prefill rate the
+    /// prediction uses instead of the worker's own (see [`pooled_rates`]), if any.
+    #[allow(clippy::too_many_arguments)]
     fn estimate(
         &self,
         w: WorkerId,
@@ -152,6 +160,7 @@ impl RoutingCore {
         prompt_tokens: usize,
         view: &CacheView<'_>,
         releases: &[Option<KvReleases>],
+        pooled_rate: Option<f64>,
         now: f64,
     ) -> Candidate {
         let block_size = slot.block_size;
@@ -265,7 +274,10 @@ impl RoutingCore {
             }
         }
         let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
-        let mut predicted_ttft = self.predictor.predict(w, queue_tokens, uncached);
+        let mut predicted_ttft = match pooled_rate {
+            Some(rate) => (queue_tokens.max(0.0) + uncached) / rate + overhead,
+            None => self.predictor.predict(w, queue_tokens, uncached),
+        };
         if stale {
             predicted_ttft += self.cfg.stale_penalty_s;
         }
@@ -298,6 +310,7 @@ impl RoutingCore {
             index_blocks: self.index.blocks_of(w),
             queue_tokens,
             prefill_rate,
+            pooled_rate: pooled_rate.unwrap_or(prefill_rate),
             overhead,
             admission_wait,
             kv_need_tokens,
@@ -366,4 +379,37 @@ fn prefix_anchor<'a>(
     let blocks = (best.expected_cached_tokens / best.block_size.max(1) as f64).floor() as usize;
     let chain = chain_of(best.block_size)?;
     chain.get(blocks.min(chain.len()).checked_sub(1)?).copied()
+}
+
+/// The prefill rate each worker's prediction uses instead of its own, given the workers'
+/// learned `rates` (same order). With `within` (`CoreConfig::rate_pool`): sorted, rates each
+/// at most `1 + within` times the one below form a group, and every member of a group of two
+/// or more takes the group's mean seconds per token (the harmonic mean of its rates). `None`
+/// for a worker alone, and for all with `within` `None`, negative or not finite.
+pub(super) fn pooled_rates(rates: &[f64], within: Option<f64>) -> Vec<Option<f64>> {
+    let mut out = vec![None; rates.len()];
+    let Some(within) = within.filter(|f| f.is_finite() && *f >= 0.0) else {
+        return out;
+    };
+    let mut order: Vec<usize> = (0..rates.len())
+        .filter(|&i| rates[i].is_finite() && rates[i] > 0.0)
+        .collect();
+    order.sort_by(|&a, &b| rates[a].total_cmp(&rates[b]));
+    let mut start = 0;
+    while start < order.len() {
+        let mut end = start + 1;
+        while end < order.len() && rates[order[end]] <= rates[order[end - 1]] * (1.0 + within) {
+            end += 1;
+        }
+        let group = &order[start..end];
+        if group.len() > 1 {
+            let sec_per_token =
+                group.iter().map(|&i| 1.0 / rates[i]).sum::<f64>() / group.len() as f64;
+            for &i in group {
+                out[i] = Some(1.0 / sec_per_token);
+            }
+        }
+        start = end;
+    }
+    out
 }

@@ -100,6 +100,8 @@ pub struct RouterConfig {
     pub hot_prefix_window: u32,
     /// `CoreConfig::queue_drain` (on by default; tests turn it off).
     pub queue_drain: bool,
+    /// `CoreConfig::rate_pool` (`--rate-pool`).
+    pub rate_pool: Option<f64>,
     /// Seed of the policy's RNG (give each replica its own).
     pub seed: u64,
     /// Assignments not released within this time expire.
@@ -136,6 +138,7 @@ impl Default for RouterConfig {
             tie_margin_s: 0.02,
             hot_prefix_window: PredictedTtftConfig::default().hot_prefix_window,
             queue_drain: CoreConfig::default().queue_drain,
+            rate_pool: CoreConfig::default().rate_pool,
             seed: 0,
             assignment_ttl: Duration::from_secs(600),
             stale_after: Duration::from_secs(30),
@@ -234,6 +237,7 @@ impl RouterState {
             outlier: config.outlier,
             peers: config.peers,
             queue_drain: config.queue_drain,
+            rate_pool: config.rate_pool,
             // kvroute's model; the baseline policies keep their sources' view of the cache.
             expect_evictions: policy.expects_evictions(),
             ..CoreConfig::default()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Summary tables of scripts/overcommit-compare.sh output: kvroute's figures per margin.
+"""Summary tables of scripts/sim-compare.sh output: kvroute's figures per flag value.
 
-    scripts/overcommit-summary.py OUT/off OUT/default [OUT/<margin> ...]
+    scripts/sim-compare-summary.py OUT/<value> OUT/<value> [...]
 
 Each cell reads "first -> second -> ..." in the order the directories are given.
 """
