@@ -950,7 +950,7 @@ fn an_overcommitted_worker_keeps_only_the_prefix_in_use() {
 
 #[test]
 fn rates_that_chain_within_the_pool_fraction_share_their_mean() {
-    use super::super::plan::pooled_rates;
+    use super::super::predict::pooled_rates;
     let harmonic = |rs: &[f64]| rs.len() as f64 / rs.iter().map(|r| 1.0 / r).sum::<f64>();
     // The live multi-turn drift (bench/README.md): three identical workers learned 4,203,
     // 5,741 and 4,652 tokens/s. 4,652 is within 25% of 4,203 and 5,741 of 4,652: one group.

@@ -17,6 +17,7 @@ use super::admission::{KvReleases, kv_wait};
 use super::choose::{Candidate, ChoiceContext, EvictionRule};
 use super::core::{RouteRequest, RoutingCore};
 use super::outlier::EjectedWorker;
+use super::predict::pooled_rates;
 use super::request::PromptHashes;
 use super::workers::{Worker, WorkerId};
 
@@ -120,11 +121,16 @@ impl RoutingCore {
                 .find(|(b, _)| *b == bs)
                 .map(|(_, c)| c.as_slice())
         };
-        let rates: Vec<f64> = live
-            .iter()
-            .map(|&(w, _)| self.predictor.params(w).0)
-            .collect();
-        let pooled = pooled_rates(&rates, self.cfg.rate_pool);
+        // Pooled prefill rates: nothing to pool with the rule off or a single candidate.
+        let pooled = if self.cfg.rate_pool.is_some() && live.len() > 1 {
+            let rates: Vec<f64> = live
+                .iter()
+                .map(|&(w, _)| self.predictor.params(w).0)
+                .collect();
+            pooled_rates(&rates, self.cfg.rate_pool)
+        } else {
+            vec![None; live.len()]
+        };
         let candidates: Vec<Candidate> = live
             .iter()
             .zip(pooled)
@@ -274,10 +280,9 @@ impl RoutingCore {
             }
         }
         let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
-        let mut predicted_ttft = match pooled_rate {
-            Some(rate) => (queue_tokens.max(0.0) + uncached) / rate + overhead,
-            None => self.predictor.predict(w, queue_tokens, uncached),
-        };
+        let mut predicted_ttft = self
+            .predictor
+            .predict_at(w, queue_tokens, uncached, pooled_rate);
         if stale {
             predicted_ttft += self.cfg.stale_penalty_s;
         }
@@ -379,37 +384,4 @@ fn prefix_anchor<'a>(
     let blocks = (best.expected_cached_tokens / best.block_size.max(1) as f64).floor() as usize;
     let chain = chain_of(best.block_size)?;
     chain.get(blocks.min(chain.len()).checked_sub(1)?).copied()
-}
-
-/// The prefill rate each worker's prediction uses instead of its own, given the workers'
-/// learned `rates` (same order). With `within` (`CoreConfig::rate_pool`): sorted, rates each
-/// at most `1 + within` times the one below form a group, and every member of a group of two
-/// or more takes the group's mean seconds per token (the harmonic mean of its rates). `None`
-/// for a worker alone, and for all with `within` `None`, negative or not finite.
-pub(super) fn pooled_rates(rates: &[f64], within: Option<f64>) -> Vec<Option<f64>> {
-    let mut out = vec![None; rates.len()];
-    let Some(within) = within.filter(|f| f.is_finite() && *f >= 0.0) else {
-        return out;
-    };
-    let mut order: Vec<usize> = (0..rates.len())
-        .filter(|&i| rates[i].is_finite() && rates[i] > 0.0)
-        .collect();
-    order.sort_by(|&a, &b| rates[a].total_cmp(&rates[b]));
-    let mut start = 0;
-    while start < order.len() {
-        let mut end = start + 1;
-        while end < order.len() && rates[order[end]] <= rates[order[end - 1]] * (1.0 + within) {
-            end += 1;
-        }
-        let group = &order[start..end];
-        if group.len() > 1 {
-            let sec_per_token =
-                group.iter().map(|&i| 1.0 / rates[i]).sum::<f64>() / group.len() as f64;
-            for &i in group {
-                out[i] = Some(1.0 / sec_per_token);
-            }
-        }
-        start = end;
-    }
-    out
 }

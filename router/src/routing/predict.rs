@@ -14,6 +14,10 @@
 //! 0.2 s one), start from a configured prior (L40S: ~4,800
 //! tokens/s, ~0.05 s) and are clamped to sane ranges after each update so one absurd sample
 //! cannot break routing. Time never enters: the caller passes the observed TTFT.
+//!
+//! A prediction may use a rate pooled over workers whose learned rates are close
+//! ([`pooled_rates`], `CoreConfig::rate_pool`, [`Predictor::predict_at`]); each fit stays
+//! the worker's own.
 
 use serde::Serialize;
 
@@ -319,6 +323,24 @@ impl Predictor {
         }
     }
 
+    /// Predicted TTFT as [`Predictor::predict`], but at `rate` tokens/s when given (a pooled
+    /// rate, [`pooled_rates`]) instead of the worker's learned one; the worker's own overhead
+    /// either way.
+    pub fn predict_at(
+        &self,
+        w: WorkerId,
+        queue_tokens: f64,
+        uncached_tokens: f64,
+        rate: Option<f64>,
+    ) -> f64 {
+        match rate {
+            Some(rate) => {
+                (queue_tokens.max(0.0) + uncached_tokens.max(0.0)) / rate + self.params(w).1
+            }
+            None => self.predict(w, queue_tokens, uncached_tokens),
+        }
+    }
+
     /// Learns from one first token: the request saw `queue_tokens` ahead of it when it was
     /// assigned, had `uncached_tokens` to compute, was predicted `predicted` seconds and took
     /// `observed` seconds. Records the error before updating. Non-finite or non-positive
@@ -410,6 +432,39 @@ impl Predictor {
         m.admission_wait_per_request = clamp_or(next, 0.0, cfg.max_admission_wait, 0.0);
         m.admission_samples += 1;
     }
+}
+
+/// The prefill rate each worker's prediction uses instead of its own, given the workers'
+/// learned `rates` (same order). With `within` (`CoreConfig::rate_pool`): sorted, rates each
+/// at most `1 + within` times the one below form a group, and every member of a group of two
+/// or more takes the group's mean seconds per token (the harmonic mean of its rates). `None`
+/// for a worker alone, and for all with `within` `None`, negative or not finite.
+pub fn pooled_rates(rates: &[f64], within: Option<f64>) -> Vec<Option<f64>> {
+    let mut out = vec![None; rates.len()];
+    let Some(within) = within.filter(|f| f.is_finite() && *f >= 0.0) else {
+        return out;
+    };
+    let mut order: Vec<usize> = (0..rates.len())
+        .filter(|&i| rates[i].is_finite() && rates[i] > 0.0)
+        .collect();
+    order.sort_by(|&a, &b| rates[a].total_cmp(&rates[b]));
+    let mut start = 0;
+    while start < order.len() {
+        let mut end = start + 1;
+        while end < order.len() && rates[order[end]] <= rates[order[end - 1]] * (1.0 + within) {
+            end += 1;
+        }
+        let group = &order[start..end];
+        if group.len() > 1 {
+            let sec_per_token =
+                group.iter().map(|&i| 1.0 / rates[i]).sum::<f64>() / group.len() as f64;
+            for &i in group {
+                out[i] = Some(1.0 / sec_per_token);
+            }
+        }
+        start = end;
+    }
+    out
 }
 
 #[cfg(test)]
