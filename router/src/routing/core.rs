@@ -378,11 +378,14 @@ impl RoutingCore {
     pub fn load(&mut self, w: WorkerId, sample: LoadSample, now: f64) -> Option<CapResync> {
         let held = self.index.blocks_of(w);
         let caps = self.cfg.block_caps;
+        let own_waiting =
+            self.assignments.inflight(w).waiting + self.peers.load(w, now).waiting.round() as u32;
         let slot = self.workers.get_mut(w)?;
         let before = caps.cap(slot.capacity_blocks);
         slot.load = sample;
         slot.load_at = now;
         slot.freed_since_report = 0;
+        slot.own_waiting_at_report = own_waiting;
         if sample.kv_capacity_tokens > 0 && slot.block_size > 0 {
             slot.capacity_blocks = sample.kv_capacity_tokens.div_ceil(slot.block_size as u64);
             self.pending.trim_freed(w, slot.capacity_blocks);

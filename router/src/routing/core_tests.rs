@@ -317,6 +317,47 @@ fn first_token_teaches_the_model_and_release_is_once() {
 }
 
 #[test]
+fn a_report_counts_only_waiting_requests_the_router_did_not_send() {
+    // The report lags the router's own count: a short prompt the router sent shows as
+    // waiting in a report applied before its first token. Counted at the mean prompt's size
+    // after that first token, it was a phantom queue the fit then learned from.
+    let (mut core, warm, cold, tokens) = setup();
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let (plan, d) = core
+        .decide(&mut p, &req(&tokens[..160]), &[cold], 0.0)
+        .expect("decision");
+    let id = core.assign(&plan, &d, 0.0);
+    let waiting = |n: u32| LoadSample {
+        waiting: n,
+        running: 1,
+        ..LoadSample::default()
+    };
+    core.load(cold, waiting(1), 0.01);
+    core.first_token(id, 0.05, None).expect("first token");
+    let queue = |core: &RoutingCore| {
+        core.plan(&req(&tokens), &[cold], 0.06).context.candidates[0].queue_tokens
+    };
+    assert_eq!(queue(&core), 0.0, "the one waiting was the router's own");
+    // Two more waiting than the router sent: those are someone else's, at the mean size.
+    let (plan, d) = core
+        .decide(&mut p, &req(&tokens[..160]), &[cold], 0.1)
+        .expect("decision");
+    let id = core.assign(&plan, &d, 0.1);
+    core.load(cold, waiting(3), 0.11);
+    let mean = core.mean_uncached;
+    let own = core.assignments.inflight(cold).waiting_prefill_tokens as f64;
+    let q = queue(&core);
+    assert!(
+        q >= 2.0 * mean && q <= own + 2.0 * mean + 1e-9,
+        "queue {q}, own {own}, mean {mean}"
+    );
+    core.first_token(id, 0.15, None).expect("first token");
+    let q = queue(&core);
+    assert!((q - 2.0 * mean).abs() < 1e-9, "still two unknown: {q}");
+    let _ = warm;
+}
+
+#[test]
 fn own_placements_count_as_cached_until_first_token_plus_grace() {
     let mut core = RoutingCore::new(CoreConfig::default());
     let a = core.snapshot("a", 16, 1, &[], 0.0);

@@ -31,8 +31,11 @@
 //!
 //! # Rules worth knowing
 //! - Prediction: `ttft = (queue_tokens + uncached) / rate + overhead`; `queue_tokens` is the
-//!   larger of the router's own not-yet-first-tokened uncached tokens on the worker and its
-//!   reported waiting requests times the mean uncached tokens routed so far. `rate` is the
+//!   router's own not-yet-first-tokened uncached tokens on the worker plus, at the mean
+//!   uncached tokens routed so far each, the reported waiting requests beyond those the
+//!   router and its peers had waiting there when the report was applied
+//!   (`Worker::own_waiting_at_report`: a report lags, and its waiting requests are mostly the
+//!   router's own). `rate` is the
 //!   worker's learned rate, or the mean (in seconds per token) of the workers whose learned
 //!   rates chain within `CoreConfig::rate_pool` (25%) of each other (`Candidate.pooled_rate`;
 //!   each worker's fit and overhead stay its own).

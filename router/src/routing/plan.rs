@@ -201,7 +201,14 @@ impl RoutingCore {
         // it reached the head (the step that finished the one before computed a first chunk
         // of it too) plus the learned rate times the time since. A first token shows only when
         // a whole prompt is done, so without this a long prompt counts in full until its last
-        // chunk. Plus the other replicas' such work; or the reported waiting requests, if more.
+        // chunk. Plus the other replicas' such work, plus the reported waiting requests
+        // beyond the router's own (and its peers') that were waiting when the report was
+        // applied, at the mean prompt's uncached tokens each: traffic the router did not
+        // send. The report is older than the router's own count: counting all its waiting
+        // requests at the mean size took a short cached prompt that had just started as a
+        // first turn's worth of queue, and the fit learned from those samples that a
+        // 2,000-token queue drains in a few milliseconds (bench/README.md, "The report's
+        // waiting requests").
         let (prefill_rate, overhead) = self.predictor.params(w);
         // (No prompt waiting: the head's tokens are 0.)
         let drained = if self.cfg.queue_drain {
@@ -210,9 +217,10 @@ impl RoutingCore {
         } else {
             0.0
         };
-        let queue_tokens = (own.waiting_prefill_tokens as f64 - drained
-            + peer.waiting_prefill_tokens)
-            .max(f64::from(load.waiting) * self.mean_uncached);
+        let unknown_waiting = load.waiting.saturating_sub(slot.own_waiting_at_report);
+        let queue_tokens =
+            (own.waiting_prefill_tokens as f64 - drained + peer.waiting_prefill_tokens).max(0.0)
+                + f64::from(unknown_waiting) * self.mean_uncached;
         let peer_waiting = peer.waiting.round() as u32;
 
         // KV admission.

@@ -121,6 +121,10 @@ pub struct Worker {
     /// KV tokens the router's requests on it freed (ended after their first token) since its
     /// last load report: still counted in the reported usage.
     pub freed_since_report: u64,
+    /// The router's own requests there (its peers' included) still waiting for their first
+    /// token when that sample was applied: the sample's `waiting` may count them too, so
+    /// only the waiting requests beyond these are someone else's (see `plan.rs`, queue).
+    pub own_waiting_at_report: u32,
     /// Its GPUs as the latest load sample described them (empty: no GPU stats, healthy).
     pub gpus: Vec<GpuStatus>,
     /// Its KV cache size in blocks from the last load sample that gave one (0: never).
@@ -195,6 +199,7 @@ impl WorkerTable {
             load: LoadSample::default(),
             load_at: f64::NEG_INFINITY,
             freed_since_report: 0,
+            own_waiting_at_report: 0,
             gpus: Vec::new(),
             capacity_blocks: 0,
             blocks_dropped: 0,
