@@ -205,9 +205,9 @@ impl RoutingCore {
         // beyond the router's own (and its peers') that were waiting when the report was
         // applied, at the mean prompt's uncached tokens each: traffic the router did not
         // send. The report is older than the router's own count: counting all its waiting
-        // requests at the mean size took a short cached prompt that had just started as a
-        // first turn's worth of queue, and the fit learned from those samples that a
-        // 2,000-token queue drains in a few milliseconds (bench/README.md, "The report's
+        // requests at the mean size took a short cached prompt that had just got its first
+        // token as a first turn's worth of queue, and the fit learned from such samples that
+        // a 2,000-token queue drains in tens of milliseconds (bench/README.md, "The report's
         // waiting requests").
         let (prefill_rate, overhead) = self.predictor.params(w);
         // (No prompt waiting: the head's tokens are 0.)
