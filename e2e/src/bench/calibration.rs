@@ -25,8 +25,10 @@
 //! unclamped, over T bounded requests its miss rate is within (0.9 + gamma) / (gamma T) of
 //! 10% whatever the drift (about 5.5% for T = 346 and gamma = 0.05). The rank stays within
 //! the scores, so the bound is never infinite (with exact predictions it is the prediction),
-//! and that guarantee no longer holds as such: the measured coverage is what counts. Gamma
-//! was fixed from that formula before any run, not tuned on one (`BoundConfig::default`).
+//! and that guarantee no longer holds as such: the measured coverage is what counts. The
+//! level may go below 0 (misses owed, down to `BoundConfig::alpha_floor`), so misses beyond
+//! the largest score are repaid rather than forgotten. Gamma was fixed from that formula
+//! before any run, not tuned on one (`BoundConfig::default`).
 
 use kvroute_router::routing::{BoundConfig, TtftBound};
 use serde::Serialize;
