@@ -739,12 +739,17 @@ impl RoutingCore {
         Some(a)
     }
 
-    /// An ended assignment that had started (first token seen) gave its KV back.
+    /// An ended assignment that had started (first token seen) gave its KV back. Only one
+    /// sent before the worker's last load report counts: that report holds its KV (or its
+    /// place among the waiting requests); one sent after it was never in the report, and
+    /// taking its KV off the reported usage again made the worker look emptier than it is.
     fn note_freed(&mut self, a: &Assignment) {
         if a.first_token_at.is_none() {
             return;
         }
-        if let Some(slot) = self.workers.get_mut(a.worker) {
+        if let Some(slot) = self.workers.get_mut(a.worker)
+            && a.assigned_at <= slot.load_at
+        {
             slot.freed_since_report += a.kv_need_tokens + a.output_tokens;
         }
     }
@@ -771,8 +776,9 @@ impl RoutingCore {
         Some(a)
     }
 
-    /// Per allowed worker with a known KV capacity: KV tokens the router's own assignments
-    /// made since its last load report (not in the reported usage yet), and when its decoding
+    /// Per allowed worker with a known KV capacity: KV tokens the router's outstanding
+    /// assignments sent since its last load report need (not in the reported usage yet;
+    /// their prompts' KV, not the output decoded so far), and when its decoding
     /// assignments are expected to finish and free their KV, in time order.
     /// Indexed by worker; empty when no allowed worker reports a capacity. One pass over the
     /// outstanding assignments, whatever the pool size.
@@ -807,7 +813,9 @@ impl RoutingCore {
                 .workers
                 .get(a.worker)
                 .map_or(f64::NEG_INFINITY, |s| s.load_at);
-            if a.assigned_at > reported_at && a.first_token_at.is_none() {
+            // Sent since the report: its KV is not in the reported usage, whether or not its
+            // first token came (after it the request holds its KV while it decodes).
+            if a.assigned_at > reported_at {
                 r.unreported_tokens += a.kv_need_tokens;
             }
             let start = a.first_token_at.unwrap_or(now);

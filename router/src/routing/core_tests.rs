@@ -551,6 +551,61 @@ fn a_full_worker_predicts_a_wait_until_its_requests_free_enough_kv() {
 }
 
 #[test]
+fn requests_sent_after_a_load_report_count_their_kv_until_the_next_one() {
+    // A worker of 10,000 KV tokens reports 6,000 in use. A request sent after that report
+    // holds its KV once admitted, first token or not, until a report includes it; and when
+    // it ends before that report, its KV was never in the reported usage to take off.
+    let mut core = RoutingCore::new(CoreConfig::default());
+    let w = core.snapshot("w", 16, 1, &[], 0.0);
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    // A request decoding since before the report, so that waiting for KV has an end.
+    let old: Vec<u32> = (500_000..502_000).collect();
+    let r = RouteRequest {
+        max_tokens: Some(100),
+        ..req(&old)
+    };
+    let (plan, d) = core.decide(&mut p, &r, &[w], 0.0).expect("decision");
+    let first = core.assign(&plan, &d, 0.0);
+    core.first_token(first, 0.5, None);
+    core.load(
+        w,
+        LoadSample {
+            waiting: 0,
+            running: 1,
+            kv_usage: 0.6,
+            kv_capacity_tokens: 10_000,
+        },
+        5.0,
+    );
+    let wait = |core: &RoutingCore, tokens: usize, now: f64| {
+        let prompt: Vec<u32> = (900_000..900_000 + tokens as u32).collect();
+        core.plan(&req(&prompt), &[w], now).context.candidates[0].admission_wait
+    };
+    // 6,000 + 3,016 fits.
+    assert_eq!(wait(&core, 3_000, 5.0), 0.0);
+    // A request of 1,016 KV tokens sent after the report: 6,000 + 1,016 + 3,016 does not.
+    let a: Vec<u32> = (700_000..701_000).collect();
+    let r = RouteRequest {
+        max_tokens: Some(100),
+        ..req(&a)
+    };
+    let (plan, d) = core.decide(&mut p, &r, &[w], 5.05).expect("decision");
+    let sent = core.assign(&plan, &d, 5.05);
+    assert!(wait(&core, 3_000, 5.06) > 0.0);
+    // Its first token does not give its KV back (the rule before forgot it here).
+    core.first_token(sent, 5.1, None);
+    assert!(wait(&core, 3_000, 5.11) > 0.0);
+    // It ends before the next report: the reported 6,000 stay, as nothing in them ended
+    // (the rule before took its 1,116 tokens off them, and 6,000 - 1,116 + 4,016 fit).
+    core.finish(sent);
+    assert_eq!(wait(&core, 3_000, 5.2), 0.0);
+    assert!(wait(&core, 4_000, 5.2) > 0.0);
+    // The request sent before the report ends: its KV comes off the reported usage.
+    core.finish(first);
+    assert_eq!(wait(&core, 4_000, 5.3), 0.0);
+}
+
+#[test]
 fn a_burst_with_a_new_prefix_stays_on_one_worker_before_reports() {
     let mut core = RoutingCore::new(CoreConfig::default());
     let ws: Vec<WorkerId> = (0..3)

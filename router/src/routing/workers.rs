@@ -119,7 +119,8 @@ pub struct Worker {
     /// When that sample was applied (`-inf` before the first).
     pub load_at: f64,
     /// KV tokens the router's requests on it freed (ended after their first token) since its
-    /// last load report: still counted in the reported usage.
+    /// last load report, of those sent before it: still counted in the reported usage (or,
+    /// waiting then, among its waiting requests).
     pub freed_since_report: u64,
     /// The router's own requests there (its peers' included) still waiting for their first
     /// token when that sample was applied: the sample's `waiting` may count them too, so
