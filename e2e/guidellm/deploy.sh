@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Shared by e2e/guidellm/run.sh and e2e/peers/run.sh (source it): starts a local kvroute
 # deployment on loopback with fixed ports, the same way `kvroute bench --mode live` does.
-#   start_kvroute POLICY N     `kvroute router --policy POLICY` (gateway :$GW_PORT) + N sidecars
+#   start_kvroute POLICY N     `kvroute router --policy POLICY` (gateway :$GW_PORT) + N sidecars;
+#                              ROUTER_LOG sets the router's RUST_LOG (default warn), e.g.
+#                              warn,kvroute_router::decisions=debug for the decision log;
+#                              ROUTER_ARGS adds flags (e.g. --rate-pool 0.5)
 #   start_workers N            N x `kvroute mock-vllm` (L40S profile, clock x $SPEEDUP); with
 #                              KV_EVENTS=1 (default) they publish to the sidecars, which must
 #                              be started first (they bind the sockets); with KV_BIND=1 the
@@ -84,9 +87,9 @@ start_kvroute() {
       echo "    - {pod: worker-$i, address: \"127.0.0.1:$((WORKER_BASE + i))\", ready: true}"
     done
   } >"$yaml"
-  RUST_LOG=warn "$KVROUTE" router --http-addr 127.0.0.1:$GW_PORT --grpc-addr 127.0.0.1:$GRPC_PORT \
+  RUST_LOG=${ROUTER_LOG:-warn} "$KVROUTE" router --http-addr 127.0.0.1:$GW_PORT --grpc-addr 127.0.0.1:$GRPC_PORT \
     --admin-addr 127.0.0.1:$ADMIN_PORT --config "$yaml" --policy "$policy" \
-    --tokenizer "$TOKENIZER" >"$LOGS/router-$policy.log" 2>&1 &
+    --tokenizer "$TOKENIZER" ${ROUTER_ARGS:-} >"$LOGS/router-$policy.log" 2>&1 &
   PIDS+=($!)
   wait_url "http://127.0.0.1:$ADMIN_PORT/healthz"
   for ((i = 0; i < n; i++)); do

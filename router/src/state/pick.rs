@@ -267,6 +267,61 @@ pub struct LoraRecord {
     pub base_model: String,
 }
 
+/// The `tracing` target of the decision log: with it at debug level (`RUST_LOG=warn,
+/// kvroute_router::decisions=debug`) every decision the gateway, the Pick API and the
+/// endpoint picker make is logged as one JSON line of its candidates' figures. Off by
+/// default; nothing is built for it then. It holds worker names, the assignment id and
+/// numbers, never the client's prompt, model name or headers (docs/troubleshooting.md).
+pub const DECISION_LOG_TARGET: &str = "kvroute_router::decisions";
+
+/// One line of the decision log.
+#[derive(Serialize)]
+struct DecisionLogLine<'a> {
+    assignment: u64,
+    policy: &'static str,
+    chosen: String,
+    reason: &'static str,
+    degraded: bool,
+    prompt_tokens: usize,
+    candidates: Vec<CandidateRecord>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pool: Option<&'a str>,
+}
+
+fn log_decision(d: &Decided, assignment: AssignmentId) {
+    if !tracing::enabled!(target: DECISION_LOG_TARGET, tracing::Level::DEBUG) {
+        return;
+    }
+    let line = DecisionLogLine {
+        assignment: assignment.0,
+        policy: d.decision.policy,
+        chosen: d.name_of(d.decision.chosen).0,
+        reason: d.decision.reason.as_str(),
+        degraded: d.decision.degraded,
+        prompt_tokens: d.decision.prompt_tokens,
+        candidates: d
+            .decision
+            .candidates
+            .iter()
+            .map(|r| {
+                let (worker, address) = d.name_of(r.candidate.worker);
+                CandidateRecord {
+                    load_only: false,
+                    worker,
+                    address,
+                    score: r.score,
+                    figures: r.candidate.clone(),
+                }
+            })
+            .collect(),
+        pool: d.resolved.pool.as_deref(),
+    };
+    match serde_json::to_string(&line) {
+        Ok(json) => tracing::debug!(target: DECISION_LOG_TARGET, decision = %json),
+        Err(e) => tracing::debug!(target: DECISION_LOG_TARGET, error = %e, "decision not logged"),
+    }
+}
+
 /// One candidate of a [`DecisionRecord`].
 #[derive(Clone, Debug, Serialize)]
 pub struct CandidateRecord {
@@ -464,6 +519,7 @@ impl RouterState {
         match result {
             // `decide(.., true)` always assigns; a missing id would be a bug, not a panic.
             Ok((d, Some(assignment))) => {
+                log_decision(&d, assignment);
                 let (worker, address) = d.name_of(d.decision.chosen);
                 let fallbacks = d.fallbacks();
                 let predicted_ttft_s = d.decision.predicted_ttft();

@@ -524,3 +524,60 @@ fn inter_token_gaps_are_observed_from_the_first_token_until_release_or_expiry() 
         "no handle outlives its assignment"
     );
 }
+
+/// A `tracing` writer into a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_decision_log_has_one_line_per_pick_only_when_enabled() {
+    let s = state(true);
+    report(&s, 1, "w0", "m");
+    report(&s, 2, "w1", "m");
+    let tokens = [1, 2, 3, 4, 5, 6, 7, 8];
+    let pick_with = |filter: &str| {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let a = tracing::subscriber::with_default(subscriber, || {
+            s.pick(&input("m", &tokens), Instant::now()).expect("pick")
+        });
+        let text = String::from_utf8(out.0.lock().expect("buffer").clone()).expect("utf-8");
+        (a, text)
+    };
+    let (a, text) = pick_with("warn,kvroute_router::decisions=debug");
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("decision=")).collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    let json = lines[0].split_once("decision=").expect("field").1;
+    let v: serde_json::Value = serde_json::from_str(json).expect("one JSON object");
+    assert_eq!(v["chosen"], a.worker.as_str());
+    assert_eq!(v["assignment"], a.assignment.0);
+    assert_eq!(v["prompt_tokens"], 8);
+    let workers: Vec<&str> = v["candidates"]
+        .as_array()
+        .expect("candidates")
+        .iter()
+        .filter_map(|c| c["worker"].as_str())
+        .collect();
+    assert_eq!(workers.len(), 2);
+    assert!(workers.contains(&"w0") && workers.contains(&"w1"));
+    assert!(v["candidates"][0]["predicted_ttft"].is_number());
+    assert!(!json.contains("\"model\""), "no client model name: {json}");
+    // Off (the default filter): nothing.
+    let (_, text) = pick_with("warn");
+    assert!(!text.contains("decision="), "{text}");
+}
