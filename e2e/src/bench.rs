@@ -162,7 +162,7 @@ pub struct BenchArgs {
     pub overcommit_margin: Option<OvercommitMargin>,
     /// Sim: kvroute's rate pool (`CoreConfig::rate_pool`): workers whose learned prefill
     /// rates chain within this fraction are predicted at their mean rate; 0 turns it off.
-    /// Default: the router's own (0.25). For measuring it against its absence (bench/README.md,
+    /// Default: the router's own (1.0). For measuring it against its absence (bench/README.md,
     /// "Identical workers, one prefill speed").
     #[arg(long, value_name = "FRACTION")]
     pub rate_pool: Option<f64>,

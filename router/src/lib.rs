@@ -315,9 +315,9 @@ pub struct Args {
     pub prior_itl_s: f64,
     /// TTFT model: workers whose learned prefill rates chain within this fraction of each
     /// other are predicted at their mean rate (identical GPUs' fits drift apart on few
-    /// samples; docs/DESIGN.md). Lower it, or 0 to turn it off, for a pool whose GPUs differ
-    /// by less than this.
-    #[arg(long, env = "KVROUTE_ROUTER_RATE_POOL", default_value_t = 0.25)]
+    /// samples; docs/DESIGN.md). 1.0: rates within 2x of the next. Lower it, or 0 to turn it
+    /// off, for a pool whose GPUs differ by less than this.
+    #[arg(long, env = "KVROUTE_ROUTER_RATE_POOL", default_value_t = 1.0)]
     pub rate_pool: f64,
     /// Bounded router: a new worker that discovery does not list is refused (counted, logged)
     /// when its model has this many workers already. Known workers keep serving; workers
@@ -491,7 +491,7 @@ impl Default for Args {
             prior_prefill_rate: 4_800.0,
             prior_overhead_s: 0.05,
             prior_itl_s: 0.07,
-            rate_pool: 0.25,
+            rate_pool: 1.0,
             max_workers_per_model: 256,
             max_workers: 1_024,
             worker_blocks_slack: 2.0,

@@ -108,7 +108,9 @@ pub struct CoreConfig {
     /// the one that looks fastest then takes the new prompts and the fresh samples that keep
     /// it looking fastest (bench/README.md, "Identical workers, one prefill speed"). Each
     /// worker's fit keeps learning on its own, so GPUs further apart than this (an L40S and an
-    /// H100 are 3.5x) stay apart. `None`: every worker's own rate.
+    /// H100 are 3.5x) stay apart. 1.0 (within 2x): live, identical workers' fits were 1.6-1.7x
+    /// apart after a noisy first wave (bench/README.md, "Identical workers learned 1.7x
+    /// apart, live"). `None`: every worker's own rate.
     pub rate_pool: Option<f64>,
 }
 
@@ -117,7 +119,7 @@ pub struct CoreConfig {
 pub fn rate_pool_from(fraction: f64) -> Result<Option<f64>, String> {
     if !fraction.is_finite() || !(0.0..=10.0).contains(&fraction) {
         return Err(format!(
-            "--rate-pool {fraction} is outside 0..=10 (a fraction such as 0.25; 0 turns it off)"
+            "--rate-pool {fraction} is outside 0..=10 (a fraction such as 1.0; 0 turns it off)"
         ));
     }
     Ok((fraction > 0.0).then_some(fraction))
@@ -143,7 +145,7 @@ impl Default for CoreConfig {
             queue_drain: true,
             expect_evictions: true,
             overcommit_margin_tokens: Some(2_000),
-            rate_pool: Some(0.25),
+            rate_pool: Some(1.0),
         }
     }
 }

@@ -1079,6 +1079,20 @@ fn rates_that_chain_within_the_pool_fraction_share_their_mean() {
     assert_eq!((pooled[0], pooled[2]), (None, None));
     assert!(pooled[1].is_some() && pooled[1] == pooled[3]);
     assert_eq!(pooled_rates(&[], Some(0.25)), Vec::<Option<f64>>::new());
+    // The default (2x): the live GuideLLM drift, three identical workers learned at 9,865,
+    // 11,310 and 5,777 tokens/s (wall, clock x2; 1.71x), is one group; the L40S pair and
+    // the H100 above stay apart.
+    let default = CoreConfig::default().rate_pool;
+    assert!(
+        pooled_rates(&[9_865.0, 11_310.0, 5_777.0], default)
+            .iter()
+            .all(Option::is_some)
+    );
+    assert_eq!(
+        pooled_rates(&[9_865.0, 11_310.0, 5_777.0], Some(0.25))[2],
+        None
+    );
+    assert_eq!(pooled_rates(&hetero, default)[1], None);
 }
 
 #[test]

@@ -37,7 +37,7 @@
 //!   (`Worker::own_waiting_at_report`: a report lags, and its waiting requests are mostly the
 //!   router's own). `rate` is the
 //!   worker's learned rate, or the mean (in seconds per token) of the workers whose learned
-//!   rates chain within `CoreConfig::rate_pool` (25%) of each other (`Candidate.pooled_rate`;
+//!   rates chain within `CoreConfig::rate_pool` (2x) of each other (`Candidate.pooled_rate`;
 //!   each worker's fit and overhead stay its own).
 //! - p90 bound ([`TtftBound`], `bound.rs`): each assignment with a prediction also gets a
 //!   bound, the prediction times a quantile of the last 200 observed / predicted ratios at a
