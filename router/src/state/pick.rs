@@ -288,37 +288,27 @@ struct DecisionLogLine<'a> {
     pool: Option<&'a str>,
 }
 
-fn log_decision(d: &Decided, assignment: AssignmentId) {
-    if !tracing::enabled!(target: DECISION_LOG_TARGET, tracing::Level::DEBUG) {
-        return;
-    }
-    let line = DecisionLogLine {
-        assignment: assignment.0,
-        policy: d.decision.policy,
-        chosen: d.name_of(d.decision.chosen).0,
-        reason: d.decision.reason.as_str(),
-        degraded: d.decision.degraded,
-        prompt_tokens: d.decision.prompt_tokens,
-        candidates: d
-            .decision
-            .candidates
-            .iter()
-            .map(|r| {
-                let (worker, address) = d.name_of(r.candidate.worker);
-                CandidateRecord {
-                    load_only: false,
-                    worker,
-                    address,
-                    score: r.score,
-                    figures: r.candidate.clone(),
-                }
-            })
-            .collect(),
-        pool: d.resolved.pool.as_deref(),
-    };
-    match serde_json::to_string(&line) {
-        Ok(json) => tracing::debug!(target: DECISION_LOG_TARGET, decision = %json),
-        Err(e) => tracing::debug!(target: DECISION_LOG_TARGET, error = %e, "decision not logged"),
+impl RouterState {
+    fn log_decision(&self, d: &Decided, assignment: AssignmentId) {
+        if !tracing::enabled!(target: DECISION_LOG_TARGET, tracing::Level::DEBUG) {
+            return;
+        }
+        let line = DecisionLogLine {
+            assignment: assignment.0,
+            policy: d.decision.policy,
+            chosen: d.name_of(d.decision.chosen).0,
+            reason: d.decision.reason.as_str(),
+            degraded: d.decision.degraded,
+            prompt_tokens: d.decision.prompt_tokens,
+            candidates: d.candidate_records(&self.load_only_ids()),
+            pool: d.resolved.pool.as_deref(),
+        };
+        match serde_json::to_string(&line) {
+            Ok(json) => tracing::debug!(target: DECISION_LOG_TARGET, decision = %json),
+            Err(e) => {
+                tracing::debug!(target: DECISION_LOG_TARGET, error = %e, "decision not logged");
+            }
+        }
     }
 }
 
@@ -478,6 +468,25 @@ struct Decided {
 }
 
 impl Decided {
+    /// Every candidate as a record: its worker's name and address, score and figures;
+    /// `load_only` names the workers no sidecar reports.
+    fn candidate_records(&self, load_only: &[String]) -> Vec<CandidateRecord> {
+        self.decision
+            .candidates
+            .iter()
+            .map(|r| {
+                let (worker, address) = self.name_of(r.candidate.worker);
+                CandidateRecord {
+                    load_only: load_only.contains(&worker),
+                    worker,
+                    address,
+                    score: r.score,
+                    figures: r.candidate.clone(),
+                }
+            })
+            .collect()
+    }
+
     /// The addresses of the candidates other than the chosen one, by score (lower wins,
     /// scoreless last), at most [`MAX_FALLBACKS`].
     fn fallbacks(&self) -> Vec<String> {
@@ -519,7 +528,7 @@ impl RouterState {
         match result {
             // `decide(.., true)` always assigns; a missing id would be a bug, not a panic.
             Ok((d, Some(assignment))) => {
-                log_decision(&d, assignment);
+                self.log_decision(&d, assignment);
                 let (worker, address) = d.name_of(d.decision.chosen);
                 let fallbacks = d.fallbacks();
                 let predicted_ttft_s = d.decision.predicted_ttft();
@@ -572,22 +581,7 @@ impl RouterState {
     ) -> Result<DecisionRecord, PickError> {
         let (d, _) = self.decide(input, now, false)?;
         let (chosen, address) = d.name_of(d.decision.chosen);
-        let load_only = self.load_only_ids();
-        let candidates = d
-            .decision
-            .candidates
-            .iter()
-            .map(|r| {
-                let (worker, address) = d.name_of(r.candidate.worker);
-                CandidateRecord {
-                    load_only: load_only.contains(&worker),
-                    worker,
-                    address,
-                    score: r.score,
-                    figures: r.candidate.clone(),
-                }
-            })
-            .collect();
+        let candidates = d.candidate_records(&self.load_only_ids());
         let ejected = d
             .ejected
             .iter()
