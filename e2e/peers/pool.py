@@ -6,7 +6,10 @@
 For each workload and policy: TTFT p50 / p90 and throughput at each concurrency level of the
 sweep (the same requests for every policy of a run), as the median over the runs with
 [min-max]; then, per workload and level, whether kvroute is at least as good as the best real
-peer router (rows whose name ends in `-router-...`) on the median of each figure.
+peer router (rows whose name ends in `-router-...`) on the median of each figure. Open-loop
+levels (`--rate-sweep`) are listed after the closed ones as `R/s` (new sessions per second),
+followed by each policy's peak goodput over them (the highest throughput among the rates
+whose p90 TTFT <= 8 s) and kvroute's ratio to the best real peer's.
 """
 import json
 import statistics
@@ -41,8 +44,8 @@ def main(paths):
             for policy, res in r["workloads"].get(w, {}).items():
                 if policy not in policies:
                     policies.append(policy)
-                for pt in res.get("sweep", []):
-                    c = pt["concurrency"]
+                for pt in res.get("sweep", []) + res.get("rate_sweep", []):
+                    c = level_of(pt)
                     if c not in levels:
                         levels.append(c)
                     d = cells.setdefault((policy, c), {"p50": [], "p90": [], "rpm": [], "n": []})
@@ -52,19 +55,19 @@ def main(paths):
                     d["n"].append(pt["requests"])
         levels.sort()
         print(f"### {w}\n")
-        print("| policy | concurrency | runs | requests per run | TTFT p50 (s) | TTFT p90 (s) | throughput (req/min) |")
+        print("| policy | clients or rate | runs | requests per run | TTFT p50 (s) | TTFT p90 (s) | throughput (req/min) |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for c in levels:
             for p in policies:
                 d = cells.get((p, c))
                 if not d:
                     continue
-                print(f"| {p} | {c} | {len(d['n'])} | {statistics.median(d['n']):.0f} | {fmt(d['p50'], 3)} | "
+                print(f"| {p} | {show(c)} | {len(d['n'])} | {statistics.median(d['n']):.0f} | {fmt(d['p50'], 3)} | "
                       f"{fmt(d['p90'], 3)} | {fmt(d['rpm'], 1)} |")
         print()
         peers = [p for p in policies if PEER_MARK in p]
         if "kvroute" in policies and peers:
-            print("| concurrency | figure | kvroute | best real peer | kvroute at least as good |")
+            print("| clients or rate | figure | kvroute | best real peer | kvroute at least as good |")
             print("|---:|---|---:|---|---|")
             for c in levels:
                 k = cells.get(("kvroute", c))
@@ -78,8 +81,40 @@ def main(paths):
                     kv = statistics.median(k[fig])
                     ok = kv <= vals[best] if better_low else kv >= vals[best]
                     name = {"p50": "TTFT p50", "p90": "TTFT p90", "rpm": "throughput"}[fig]
-                    print(f"| {c} | {name} | {kv:.3f} | {best} {vals[best]:.3f} | {'yes' if ok else '**no**'} |")
+                    print(f"| {show(c)} | {name} | {kv:.3f} | {best} {vals[best]:.3f} | {'yes' if ok else '**no**'} |")
             print()
+        open_peaks = {}
+        for r in runs:
+            for policy, res in r["workloads"].get(w, {}).items():
+                g = res.get("peak_goodput_open_rpm")
+                if g is not None:
+                    open_peaks.setdefault(policy, []).append(g)
+        if open_peaks:
+            print("Peak goodput over the open-loop rates (req/min, p90 TTFT <= 8 s):\n")
+            print("| policy | runs | peak goodput, open loop |")
+            print("|---|---:|---:|")
+            for p in policies:
+                if p in open_peaks:
+                    print(f"| {p} | {len(open_peaks[p])} | {fmt(open_peaks[p], 1)} |")
+            print()
+            peer_peaks = {p: statistics.median(v) for p, v in open_peaks.items() if PEER_MARK in p}
+            if "kvroute" in open_peaks and peer_peaks:
+                best = max(peer_peaks, key=peer_peaks.get)
+                kv = statistics.median(open_peaks["kvroute"])
+                ratio = kv / peer_peaks[best] if peer_peaks[best] > 0 else float("inf")
+                print(f"kvroute {kv:.1f} against the best real peer's ({best}) {peer_peaks[best]:.1f}: "
+                      f"{ratio:.2f}x.\n")
+
+
+def level_of(pt):
+    """A sweep point's level: its clients (closed loop) or ("open", rate)."""
+    rate = pt.get("rate_per_s")
+    return (1, rate) if rate is not None else (0, pt["concurrency"])
+
+
+def show(level):
+    kind, v = level
+    return f"{v:g}/s" if kind else str(v)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,14 @@ pub struct BenchArgs {
     /// the closed loop.
     #[arg(long, env = "KVROUTE_BENCH_RATE")]
     pub rate: Option<f64>,
+    /// Open-loop levels of the goodput sweep: comma-separated Poisson rates of new sessions
+    /// per simulated second, each run on its own after the closed-loop levels (every cache
+    /// cold, the first `--sweep-sessions` sessions, default all). A closed loop slows its
+    /// clients down with the router's queues; an open loop does not, so a router that piles
+    /// requests on one worker shows it here. Reported as `rate_sweep` and
+    /// `peak_goodput_open_rpm`.
+    #[arg(long, env = "KVROUTE_BENCH_RATE_SWEEP")]
+    pub rate_sweep: Option<String>,
     /// Sessions per level of the goodput sweep (default: 16 per client, at least 64; never
     /// more than the workload has).
     #[arg(long, env = "KVROUTE_BENCH_SWEEP_SESSIONS")]
@@ -252,6 +260,9 @@ pub struct SuiteConfig {
     pub concurrency: usize,
     /// Concurrency levels of the goodput sweep.
     pub sweep: Vec<usize>,
+    /// Open-loop levels of the goodput sweep (new sessions per second).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rate_sweep: Vec<f64>,
     /// Open-loop session rate (per second) of the headline run, instead of the closed loop.
     pub rate: Option<f64>,
     /// Delay between a worker event and the router seeing it, ms.
@@ -294,6 +305,11 @@ pub struct PolicyResult {
     pub peak_goodput_interactive_rpm: f64,
     /// Every level of the concurrency sweep.
     pub sweep: Vec<SweepPoint>,
+    /// Every open-loop level (`--rate-sweep`).
+    pub rate_sweep: Vec<SweepPoint>,
+    /// Peak goodput (requests/min) under the batch SLO over the open-loop levels; `None`
+    /// without `--rate-sweep`.
+    pub peak_goodput_open_rpm: Option<f64>,
     /// TTFTs of the headline run (for the CDF chart).
     #[serde(skip)]
     pub ttfts: Vec<f64>,
@@ -388,6 +404,25 @@ fn parse_list(s: &str) -> anyhow::Result<Vec<usize>> {
         .collect()
 }
 
+/// `--rate-sweep`: positive, finite rates of new sessions per second (none without the flag).
+pub fn parse_rates(s: Option<&str>) -> anyhow::Result<Vec<f64>> {
+    let Some(s) = s else {
+        return Ok(Vec::new());
+    };
+    let rates = s
+        .split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| match x.trim().parse::<f64>() {
+            Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+            _ => bail!("--rate-sweep: {x:?} is not a positive number of sessions per second"),
+        })
+        .collect::<anyhow::Result<Vec<f64>>>()?;
+    if rates.is_empty() {
+        bail!("--rate-sweep: no rate in {s:?}");
+    }
+    Ok(rates)
+}
+
 /// The workloads and policies the flags select.
 pub fn selection(args: &BenchArgs) -> anyhow::Result<(Vec<WorkloadSpec>, Vec<String>)> {
     let kinds: Vec<WorkloadKind> = if args.workload == "all" {
@@ -463,6 +498,7 @@ pub fn selection(args: &BenchArgs) -> anyhow::Result<(Vec<WorkloadSpec>, Vec<Str
 /// Runs the simulated suite (blocking; CPU-bound).
 pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
     let (specs, policies) = selection(args)?;
+    let rate_sweep = parse_rates(args.rate_sweep.as_deref())?;
     let mut sweep = parse_list(&args.concurrency_sweep)?;
     if args.quick {
         sweep.retain(|&c| c <= 8);
@@ -555,17 +591,38 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
                 )?;
                 points.push(SweepPoint::of(c, &r));
             }
+            let mut open = Vec::new();
+            for &rate in &rate_sweep {
+                let n = args
+                    .sweep_sessions
+                    .unwrap_or(sessions.len())
+                    .min(sessions.len());
+                let cfg = SimConfig {
+                    arrivals: Arrivals::Poisson { rate_per_s: rate },
+                    ..base.clone()
+                };
+                let r = sim::run(
+                    &cfg,
+                    &sessions[..n],
+                    SimPolicy::for_profile(name, args.seed(), &args.profile)?,
+                )?;
+                open.push(SweepPoint::open(rate, &r));
+            }
+            let peak_open = (!open.is_empty()).then(|| peak_goodput(&open, false));
             eprintln!(
-                "{:<14} {:<19} ttft p50 {:>7.3}s p90 {:>7.3}s  hit {:>5.1}%  goodput {:>6.1} rpm",
+                "{:<14} {:<19} ttft p50 {:>7.3}s p90 {:>7.3}s  hit {:>5.1}%  goodput {:>6.1} rpm{}",
                 spec.kind.name(),
                 name,
                 summary.ttft_p50_s,
                 summary.ttft_p90_s,
                 summary.cache_hit_rate * 100.0,
-                peak_goodput(&points, false)
+                peak_goodput(&points, false),
+                peak_open.map_or(String::new(), |g| format!("  open loop {g:>6.1} rpm")),
             );
             results.push(PolicyResult {
                 policy: name.clone(),
+                rate_sweep: open,
+                peak_goodput_open_rpm: peak_open,
                 peak_goodput_rpm: peak_goodput(&points, false),
                 peak_goodput_interactive_rpm: peak_goodput(&points, true),
                 ttfts: headline.records.iter().map(|r| r.ttft).collect(),
@@ -587,6 +644,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             seed: args.seed(),
             concurrency: args.concurrency,
             sweep,
+            rate_sweep,
             rate: args.rate,
             report_delay_ms: args.report_delay_ms,
             scrape_interval_ms: args.scrape_interval_ms,

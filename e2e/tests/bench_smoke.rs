@@ -105,9 +105,65 @@ fn bad_flags_are_errors_not_panics() {
         vec!["bench", "--policies", "kvroute,nope"],
         vec!["bench", "--workers", "0"],
         vec!["bench", "--concurrency-sweep", "4,x"],
+        vec!["bench", "--rate-sweep", "1,x"],
+        vec!["bench", "--rate-sweep", "0"],
+        vec!["bench", "--rate-sweep=-2"],
+        vec!["bench", "--rate-sweep", "nan"],
+        vec!["bench", "--rate-sweep", ","],
         vec!["bench", "--profile", "/nonexistent/profile.json"],
     ] {
         let args = Cli::parse_from(flags.clone()).args;
         assert!(bench::run_sim(&args).is_err(), "{flags:?} should fail");
     }
+}
+
+#[test]
+fn open_loop_levels_report_each_rate_and_the_peak_within_the_slo() {
+    // A rate the pool serves easily and one far beyond it (300 prompts of 4,096 new tokens in
+    // 6 s, minutes of prefill): the first meets the 8 s p90 SLO, the second cannot, so the
+    // peak is the first's.
+    let args = Cli::parse_from([
+        "bench",
+        "--quick",
+        "--workload",
+        "hot-prefix",
+        "--policies",
+        "kvroute,random",
+        "--sessions",
+        "300",
+        "--question-tokens",
+        "4096",
+        "--rate-sweep",
+        "0.5,50",
+    ])
+    .args;
+    let v = bench::report::json(&bench::run_sim(&args).expect("sim runs"));
+    assert_eq!(v["config"]["rate_sweep"], serde_json::json!([0.5, 50.0]));
+    for policy in ["kvroute", "random"] {
+        let p = &v["workloads"]["hot-prefix"][policy];
+        let levels = p["rate_sweep"].as_array().expect("rate_sweep");
+        assert_eq!(levels.len(), 2, "{policy}: {levels:?}");
+        let (light, heavy) = (&levels[0], &levels[1]);
+        assert_eq!(light["rate_per_s"].as_f64(), Some(0.5));
+        assert_eq!(heavy["rate_per_s"].as_f64(), Some(50.0));
+        assert_eq!(light["requests"].as_u64(), Some(300), "{policy}");
+        assert!(
+            light["ttft_p90_s"].as_f64().expect("p90") <= 8.0,
+            "{policy}: {light}"
+        );
+        assert!(
+            heavy["ttft_p90_s"].as_f64().expect("p90") > 8.0,
+            "{policy}: {heavy}"
+        );
+        assert_eq!(
+            p["peak_goodput_open_rpm"].as_f64(),
+            light["throughput_rpm"].as_f64(),
+            "{policy}"
+        );
+    }
+    // Without the flag there is no open-loop figure at all.
+    let plain = Cli::parse_from(["bench", "--quick", "--workload", "shared-prefix"]).args;
+    let v = bench::report::json(&bench::run_sim(&plain).expect("sim runs"));
+    assert!(v["config"].get("rate_sweep").is_none());
+    assert!(v["workloads"]["shared-prefix"]["kvroute"]["peak_goodput_open_rpm"].is_null());
 }

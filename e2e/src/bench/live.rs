@@ -5,7 +5,8 @@
 //! for workload, for policy (greedy-clairvoyant skipped: it exists only in virtual time):
 //!   fresh deployment: N x `kvroute mock-vllm --speedup K` --ZMQ--> N x `kvroute sidecar`
 //!                     --gRPC--> `kvroute router --policy P` (gateway)
-//!   headline run, then each sweep level (worker caches reset in between):
+//!   headline run, then each sweep level, closed loop then open loop (`--rate-sweep`)
+//!   (worker caches reset in between):
 //!     load generator --POST /v1/completions (token ids, stream, include_usage)--> gateway
 //!     per request: TTFT, e2e at the client (wall clock x K = simulated seconds),
 //!                  cached tokens (usage.prompt_tokens_details), worker (x-kvroute-worker)
@@ -473,6 +474,10 @@ struct RunPlan<'a> {
     sessions: &'a Arc<Vec<Session>>,
     headline: Arrivals,
     sweep: &'a [usize],
+    /// Open-loop levels (`--rate-sweep`), new sessions per simulated second.
+    rate_sweep: &'a [f64],
+    /// `--sweep-sessions`: sessions per open-loop level (default all).
+    sweep_sessions: Option<usize>,
     speedup: f64,
     seed: u64,
     workers: usize,
@@ -503,10 +508,25 @@ async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<Poli
         failed += errors.len();
         points.push(SweepPoint::of(c, &r));
     }
+    let mut open = Vec::new();
+    for &rate in plan.rate_sweep {
+        reset_caches(target.worker_urls).await?;
+        let n = plan
+            .sweep_sessions
+            .unwrap_or(plan.sessions.len())
+            .min(plan.sessions.len());
+        let subset = Arc::new(plan.sessions[..n].to_vec());
+        let arrivals = Arrivals::Poisson { rate_per_s: rate };
+        let (r, errors) = replay(target, plan, subset, arrivals).await;
+        failed += errors.len();
+        open.push(SweepPoint::open(rate, &r));
+    }
     let mut summary = summarize(&headline, plan.workers);
     summary.rejected = failed;
     Ok(PolicyResult {
         policy: target.name.to_string(),
+        peak_goodput_open_rpm: (!open.is_empty()).then(|| peak_goodput(&open, false)),
+        rate_sweep: open,
         peak_goodput_rpm: peak_goodput(&points, false),
         peak_goodput_interactive_rpm: peak_goodput(&points, true),
         ttfts: headline.records.iter().map(|r| r.ttft).collect(),
@@ -566,6 +586,7 @@ pub async fn run_live_with(
             live.tokenizer.display()
         );
     }
+    let rate_sweep = super::parse_rates(args.rate_sweep.as_deref())?;
     let mut sweep = parse_list(&args.concurrency_sweep)?;
     if args.quick {
         sweep.retain(|&c| c <= 8);
@@ -611,6 +632,8 @@ pub async fn run_live_with(
             sessions: &sessions,
             headline,
             sweep: &sweep,
+            rate_sweep: &rate_sweep,
+            sweep_sessions: args.sweep_sessions,
             speedup: live.speedup,
             seed: args.seed(),
             workers: args.workers,
@@ -677,6 +700,7 @@ pub async fn run_live_with(
             seed: args.seed(),
             concurrency: args.concurrency,
             sweep,
+            rate_sweep,
             rate: args.rate,
             report_delay_ms: f64::NAN,
             scrape_interval_ms: 100.0,
@@ -697,8 +721,11 @@ fn log_line(workload: &str, r: &PolicyResult) {
     } else {
         format!("  goodput {:>6.1} rpm", r.peak_goodput_rpm)
     };
+    let open = r
+        .peak_goodput_open_rpm
+        .map_or(String::new(), |g| format!("  open loop {g:>6.1} rpm"));
     eprintln!(
-        "{:<14} {:<19} ttft p50 {:>7.3}s p90 {:>7.3}s  hit {:>5.1}%{goodput}  failed {}",
+        "{:<14} {:<19} ttft p50 {:>7.3}s p90 {:>7.3}s  hit {:>5.1}%{goodput}{open}  failed {}",
         workload,
         r.policy,
         r.summary.ttft_p50_s,

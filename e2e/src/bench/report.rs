@@ -8,6 +8,57 @@ use serde_json::{Map, Value, json};
 use super::calibration::PredictionQuality;
 use super::{PolicyResult, SuiteResult, WorkloadResult};
 
+/// The open-loop levels (`--rate-sweep`) of one workload, if any ran: each policy's TTFT p90
+/// and throughput per rate, and its peak goodput over them.
+fn open_loop_table(s: &mut String, w: &WorkloadResult) {
+    let Some(rates) = w
+        .policies
+        .iter()
+        .find(|p| !p.rate_sweep.is_empty())
+        .map(|p| {
+            p.rate_sweep
+                .iter()
+                .filter_map(|x| x.rate_per_s)
+                .collect::<Vec<_>>()
+        })
+    else {
+        return;
+    };
+    let _ = writeln!(
+        s,
+        "Open loop (Poisson arrivals, every cache cold at each rate): TTFT p90 (s) / throughput (req/min) per rate of new sessions per second; peak goodput: the highest throughput among the rates whose p90 TTFT <= 8 s.\n"
+    );
+    let head: Vec<String> = rates.iter().map(|r| format!("{r}/s")).collect();
+    let _ = writeln!(
+        s,
+        "| policy | {} | peak goodput, open loop (req/min) |",
+        head.join(" | ")
+    );
+    let _ = writeln!(s, "|---|{}---:|", "---:|".repeat(rates.len()));
+    for p in &w.policies {
+        let cells: Vec<String> = rates
+            .iter()
+            .map(|r| {
+                p.rate_sweep
+                    .iter()
+                    .find(|x| x.rate_per_s == Some(*r))
+                    .map_or("-".into(), |x| {
+                        format!("{:.2} / {:.1}", x.ttft_p90_s, x.throughput_rpm)
+                    })
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} |",
+            p.policy,
+            cells.join(" | "),
+            p.peak_goodput_open_rpm
+                .map_or("-".into(), |g| format!("{g:.1}"))
+        );
+    }
+    let _ = writeln!(s);
+}
+
 /// `{"workloads": {"<workload>": {"<policy>": {...}}}, "config": {...}, "goals": [...]}`.
 pub fn json(r: &SuiteResult) -> Value {
     let mut workloads = Map::new();
@@ -36,6 +87,8 @@ pub fn json(r: &SuiteResult) -> Value {
                     "below_floor": p.floor.as_ref().map(|f| f.below_floor),
                     "prediction": p.prediction.as_ref().map(prediction_json),
                     "sweep": p.sweep,
+                    "peak_goodput_open_rpm": p.peak_goodput_open_rpm.map(num),
+                    "rate_sweep": p.rate_sweep,
                 }),
             );
         }
@@ -314,6 +367,7 @@ pub fn markdown(r: &SuiteResult) -> String {
             );
         }
         let _ = writeln!(s);
+        open_loop_table(&mut s, w);
     }
     prediction_table(&mut s, r);
     let g = goals(r);

@@ -115,8 +115,11 @@ pub fn attainment(r: &RunResult, slo: Slo) -> f64 {
 /// One level of the concurrency sweep.
 #[derive(Clone, Debug, Serialize)]
 pub struct SweepPoint {
-    /// Concurrent clients.
+    /// Concurrent clients (closed loop; 0 for an open-loop level).
     pub concurrency: usize,
+    /// Open loop: new sessions per simulated second (Poisson); absent for a closed-loop level.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_per_s: Option<f64>,
     /// Requests completed.
     pub requests: usize,
     /// Completed requests per simulated minute.
@@ -137,12 +140,22 @@ impl SweepPoint {
         let ttft: Vec<f64> = r.records.iter().map(|x| x.ttft).collect();
         SweepPoint {
             concurrency,
+            rate_per_s: None,
             requests: r.records.len(),
             throughput_rpm: throughput_rpm(r),
             ttft_p50_s: quantile(&ttft, 0.5),
             ttft_p90_s: quantile(&ttft, 0.9),
             attainment_batch: attainment(r, BATCH_SLO),
             attainment_interactive: attainment(r, INTERACTIVE_SLO),
+        }
+    }
+
+    /// The figures of run `r`, an open loop of `rate_per_s` new sessions per second.
+    pub fn open(rate_per_s: f64, r: &RunResult) -> Self {
+        SweepPoint {
+            concurrency: 0,
+            rate_per_s: Some(rate_per_s),
+            ..SweepPoint::of(0, r)
         }
     }
 }
@@ -185,6 +198,7 @@ mod tests {
     fn peak_goodput_ignores_levels_that_miss_the_slo() {
         let p = |c, rpm, a| SweepPoint {
             concurrency: c,
+            rate_per_s: None,
             requests: 10,
             throughput_rpm: rpm,
             ttft_p50_s: 0.0,
