@@ -46,6 +46,19 @@ worker_urls() { # N -> space-separated base URLs
 # Workers publish KV events to their sidecar's bound socket (started by start_kvroute) and
 # serve /health, /server_info (model_path = the local tokenizer dir, so that sglang-router
 # loads it instead of downloading one), /model_info, /get_load, /reset_prefix_cache.
+# The InferenceWorkerSet of worker i: bench for one profile; bench-<profile> each when PROFILE
+# lists several distinct ones (a heterogeneous pool).
+worker_set() {
+  local profiles distinct
+  IFS=, read -r -a profiles <<<"$PROFILE"
+  distinct=$(printf '%s\n' "${profiles[@]}" | sort -u | wc -l)
+  if [ "$distinct" -le 1 ]; then echo bench; return; fi
+  local p=${profiles[$(($1 % ${#profiles[@]}))]}
+  p=$(basename "$p"); p=${p%.*}
+  p=$(printf '%s' "$p" | tr 'A-Z' 'a-z' | tr -c 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
+  echo "bench-$p"
+}
+
 start_workers() {
   local n=$1 i profiles
   # PROFILE may list several (comma-separated): worker i runs entry i % count.
@@ -70,21 +83,31 @@ start_workers() {
 }
 
 start_kvroute() {
-  local policy=$1 n=$2 i yaml=$LOGS/workers.yaml
+  local policy=$1 n=$2 i set yaml=$LOGS/workers.yaml
+  # One InferenceWorkerSet per distinct profile (one per GPU type, as in a cluster): the
+  # router pools prefill rates only within a set. The sets' names are worker_set_of's in
+  # e2e/src/local.rs.
   {
-    echo "apiVersion: kvroute.dev/v1alpha1"
-    echo "kind: InferenceWorkerSet"
-    echo "metadata: {name: bench, namespace: bench}"
-    echo "spec:"
-    echo "  model: {name: Qwen/Qwen3-32B-FP8, servedName: $MODEL}"
-    echo "  replicas: $n"
-    echo "  engine: {mode: mock}"
-    echo "status:"
-    echo "  replicas: $n"
-    echo "  readyReplicas: $n"
-    echo "  workers:"
-    for ((i = 0; i < n; i++)); do
-      echo "    - {pod: worker-$i, address: \"127.0.0.1:$((WORKER_BASE + i))\", ready: true}"
+    for set in $(for ((i = 0; i < n; i++)); do worker_set "$i"; done | sort -u); do
+      local members=()
+      for ((i = 0; i < n; i++)); do
+        [ "$(worker_set "$i")" = "$set" ] && members+=("$i")
+      done
+      echo "---"
+      echo "apiVersion: kvroute.dev/v1alpha1"
+      echo "kind: InferenceWorkerSet"
+      echo "metadata: {name: $set, namespace: bench}"
+      echo "spec:"
+      echo "  model: {name: Qwen/Qwen3-32B-FP8, servedName: $MODEL}"
+      echo "  replicas: ${#members[@]}"
+      echo "  engine: {mode: mock}"
+      echo "status:"
+      echo "  replicas: ${#members[@]}"
+      echo "  readyReplicas: ${#members[@]}"
+      echo "  workers:"
+      for i in "${members[@]}"; do
+        echo "    - {pod: worker-$i, address: \"127.0.0.1:$((WORKER_BASE + i))\", ready: true}"
+      done
     done
   } >"$yaml"
   RUST_LOG=${ROUTER_LOG:-warn} "$KVROUTE" router --http-addr 127.0.0.1:$GW_PORT --grpc-addr 127.0.0.1:$GRPC_PORT \
@@ -97,7 +120,7 @@ start_kvroute() {
       --replay-endpoint tcp://127.0.0.1:$((REPLAY_BASE + i)) \
       --vllm-url http://127.0.0.1:$((WORKER_BASE + i)) --router http://127.0.0.1:$GRPC_PORT \
       --worker-id bench/worker-$i --worker-address 127.0.0.1:$((WORKER_BASE + i)) \
-      --model "$MODEL" --block-size 16 --worker-set bench --admin-addr 127.0.0.1:0 \
+      --model "$MODEL" --block-size 16 --worker-set "$(worker_set "$i")" --admin-addr 127.0.0.1:0 \
       --scrape-interval-ms 100 --no-gpu >"$LOGS/sidecar-$i.log" 2>&1 &
     PIDS+=($!)
   done

@@ -60,19 +60,66 @@ pub struct Deployment {
     pub sidecar_admin_urls: Vec<String>,
 }
 
-/// The router's static worker file: one InferenceWorkerSet listing the workers.
-fn static_config(cfg: &DeployConfig<'_>, worker_ports: &[u16]) -> String {
-    let mut workers = String::new();
-    for (i, port) in worker_ports.iter().enumerate() {
-        let _ = writeln!(
-            workers,
-            "    - {{pod: worker-{i}, address: \"127.0.0.1:{port}\", ready: true}}"
-        );
+/// The InferenceWorkerSet of worker `i`: `<name>` for a pool of one profile; with several
+/// (a heterogeneous pool), one set per profile, `<name>-<profile>`, as a cluster runs one
+/// WorkerSet per GPU type. The router pools prefill rates only within a set.
+pub fn worker_set_of(cfg: &DeployConfig<'_>, i: usize) -> String {
+    let profiles: Vec<&str> = cfg
+        .profile
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    let mut distinct = profiles.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() <= 1 {
+        return cfg.name.to_string();
     }
-    format!(
-        "apiVersion: kvroute.dev/v1alpha1
+    let profile = profiles[i % profiles.len()];
+    // A profile may be a file path: keep a name Kubernetes would accept.
+    let stem = Path::new(profile)
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or(profile);
+    let slug: String = stem
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!("{}-{}", cfg.name, slug.trim_matches('-'))
+}
+
+/// The router's static worker file: an InferenceWorkerSet listing the workers, one per set
+/// ([`worker_set_of`]).
+fn static_config(cfg: &DeployConfig<'_>, worker_ports: &[u16]) -> String {
+    let mut sets: Vec<(String, Vec<(usize, u16)>)> = Vec::new();
+    for (i, &port) in worker_ports.iter().enumerate() {
+        let set = worker_set_of(cfg, i);
+        match sets.iter_mut().find(|(s, _)| *s == set) {
+            Some((_, ws)) => ws.push((i, port)),
+            None => sets.push((set, vec![(i, port)])),
+        }
+    }
+    let docs: Vec<String> = sets
+        .iter()
+        .map(|(set, members)| {
+            let mut workers = String::new();
+            for (i, port) in members {
+                let _ = writeln!(
+                    workers,
+                    "    - {{pod: worker-{i}, address: \"127.0.0.1:{port}\", ready: true}}"
+                );
+            }
+            format!(
+                "apiVersion: kvroute.dev/v1alpha1
 kind: InferenceWorkerSet
-metadata: {{name: {name}, namespace: {name}}}
+metadata: {{name: {set}, namespace: {name}}}
 spec:
   model: {{name: {BACKEND_MODEL}, servedName: {model}}}
   replicas: {n}
@@ -82,15 +129,19 @@ status:
   readyReplicas: {n}
   workers:
 {workers}",
-        n = worker_ports.len(),
-        name = cfg.name,
-        model = cfg.model,
-    )
+                n = members.len(),
+                name = cfg.name,
+                model = cfg.model,
+            )
+        })
+        .collect();
+    docs.join("---\n")
 }
 
 /// What to start.
 pub struct DeployConfig<'a> {
-    /// Namespace and WorkerSet name the router sees (worker ids are `<name>/worker-<i>`).
+    /// Namespace and WorkerSet name the router sees (worker ids are `<name>/worker-<i>`; a
+    /// heterogeneous pool has one set per profile, [`worker_set_of`]).
     pub name: &'a str,
     /// Served model name.
     pub model: &'a str,
@@ -282,7 +333,7 @@ impl Deployment {
                 "--block-size".into(),
                 BLOCK_SIZE.to_string(),
                 "--worker-set".into(),
-                cfg.name.into(),
+                worker_set_of(cfg, i),
                 "--admin-addr".into(),
                 format!("127.0.0.1:{sidecar_admin}"),
                 "--scrape-interval-ms".into(),
@@ -560,4 +611,66 @@ pub async fn routable_workers(client: &reqwest::Client, url: &str) -> anyhow::Re
         .iter()
         .filter(|w| w.get("routable").and_then(Value::as_bool) == Some(true))
         .count())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg<'a>(profile: &'a str, dir: &'a Path) -> DeployConfig<'a> {
+        DeployConfig {
+            name: "bench",
+            model: "m",
+            workers: 3,
+            speedup: 2.0,
+            profile,
+            tokenizer: dir,
+            log_dir: dir,
+        }
+    }
+
+    #[test]
+    fn a_heterogeneous_pool_is_one_worker_set_per_profile() {
+        let dir = Path::new("/nonexistent");
+        let sets = |profile: &str| -> Vec<(String, String)> {
+            let view = kvroute_router::discovery::static_file::parse(&static_config(
+                &cfg(profile, dir),
+                &[8001, 8002, 8003],
+            ))
+            .expect("the router reads the file");
+            let mut out: Vec<(String, String)> = view
+                .catalog
+                .workers
+                .iter()
+                .map(|w| (w.id.clone(), w.worker_set.clone()))
+                .collect();
+            out.sort();
+            out
+        };
+        let one = sets("l40s-27b-fp8");
+        assert_eq!(
+            one,
+            (0..3)
+                .map(|i| (format!("bench/worker-{i}"), "bench".to_string()))
+                .collect::<Vec<_>>()
+        );
+        // The same profile listed twice is still one GPU type.
+        assert_eq!(sets("l40s-27b-fp8,l40s-27b-fp8"), one);
+        let hetero = sets("l40s-27b-fp8,l40s-27b-fp8,h100-27b-fp8");
+        let (l40s, h100) = ("bench-l40s-27b-fp8", "bench-h100-27b-fp8");
+        assert_eq!(
+            hetero,
+            vec![
+                ("bench/worker-0".into(), l40s.into()),
+                ("bench/worker-1".into(), l40s.into()),
+                ("bench/worker-2".into(), h100.into()),
+            ]
+        );
+        // The sidecars name the same sets; a profile file's path gives a name like a
+        // built-in's.
+        let c = cfg("l40s-27b-fp8,/tmp/My_GPU.json", dir);
+        assert_eq!(worker_set_of(&c, 0), "bench-l40s-27b-fp8");
+        assert_eq!(worker_set_of(&c, 1), "bench-my-gpu");
+        assert_eq!(worker_set_of(&c, 2), "bench-l40s-27b-fp8");
+    }
 }

@@ -313,10 +313,11 @@ pub struct Args {
     /// KV admission model prior: seconds per output token while decoding.
     #[arg(long, env = "KVROUTE_ROUTER_PRIOR_ITL_S", default_value_t = 0.07)]
     pub prior_itl_s: f64,
-    /// TTFT model: workers whose learned prefill rates chain within this fraction of each
-    /// other are predicted at their mean rate (identical GPUs' fits drift apart on few
-    /// samples; docs/DESIGN.md). 1.0: rates within 2x of the next. Lower it, or 0 to turn it
-    /// off, for a pool whose GPUs differ by less than this.
+    /// TTFT model: workers of one InferenceWorkerSet whose learned prefill rates chain
+    /// within this fraction of each other are predicted at their mean rate (identical GPUs'
+    /// fits drift apart on few samples; docs/DESIGN.md); workers of different sets never
+    /// are. 1.0: rates within 2x of the next. Lower it, or 0 to turn it off, for a set whose
+    /// pods may land on unlike GPUs.
     #[arg(long, env = "KVROUTE_ROUTER_RATE_POOL", default_value_t = 1.0)]
     pub rate_pool: f64,
     /// Bounded router: a new worker that discovery does not list is refused (counted, logged)

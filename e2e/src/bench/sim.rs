@@ -308,6 +308,8 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
         ec.seed = cfg.seed;
         let block_size = ec.block_size;
         let id = core.snapshot(&format!("worker-{i}"), block_size, 1, &[], 0.0);
+        // One WorkerSet per GPU profile, as a cluster runs them: rates pool within a set.
+        core.set_speed_class(id, &profile.name);
         workers.push(Worker {
             engine: Engine::new(profile.clone(), ec),
             resident: ResidentSet::new(StateConfig {

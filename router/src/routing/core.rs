@@ -106,11 +106,14 @@ pub struct CoreConfig {
     /// own learned overhead. A worker's prefill speed is its GPU's and model's; identical
     /// workers' fits drift apart on the few samples each gets (the first wave's queues), and
     /// the one that looks fastest then takes the new prompts and the fresh samples that keep
-    /// it looking fastest (bench/README.md, "Identical workers, one prefill speed"). Each
-    /// worker's fit keeps learning on its own, so GPUs further apart than this (an L40S and an
-    /// H100 are 3.5x) stay apart. 1.0 (within 2x): live, identical workers' fits were 1.6-1.7x
-    /// apart after a noisy first wave (bench/README.md, "Identical workers learned 1.7x
-    /// apart, live"). `None`: every worker's own rate.
+    /// it looking fastest (bench/README.md, "Identical workers, one prefill speed"). Only
+    /// workers of one speed class pool ([`RoutingCore::set_speed_class`]: the router gives each
+    /// worker its InferenceWorkerSet, one GPU type per set), so an L40S set and an H100 set
+    /// never share a rate however close their fits come; within a class the chain guards
+    /// against a set spread over unlike nodes. Each worker's fit keeps learning on its own.
+    /// 1.0 (within 2x): live, identical workers' fits were 1.6-1.7x apart after a noisy first
+    /// wave (bench/README.md, "Identical workers learned 1.7x apart, live"). `None`: every
+    /// worker's own rate.
     pub rate_pool: Option<f64>,
 }
 
@@ -306,6 +309,16 @@ impl RoutingCore {
         }
         self.stored(w, blocks, now);
         w
+    }
+
+    /// Sets the speed class of `w` (its InferenceWorkerSet): a prefill rate is pooled only
+    /// among workers of one class (`CoreConfig::rate_pool`). Unknown ids are ignored.
+    pub fn set_speed_class(&mut self, w: WorkerId, class: &str) {
+        if let Some(slot) = self.workers.get_mut(w)
+            && slot.speed_class != class
+        {
+            slot.speed_class = class.to_owned();
+        }
     }
 
     /// The most blocks the index keeps for `w` (0 for an unknown id).

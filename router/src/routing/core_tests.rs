@@ -1096,14 +1096,49 @@ fn rates_that_chain_within_the_pool_fraction_share_their_mean() {
 }
 
 #[test]
+fn only_workers_of_one_speed_class_share_a_rate() {
+    use super::super::predict::{pooled_rates, pooled_rates_by_class};
+    // Live, clock x2 (bench/README.md): two L40S and an H100 learned 8,092, 12,540 and
+    // 17,695 tokens/s, the H100 held near the 4x-prior clamp. Each step is within 2x, so one
+    // class pools all three and the H100 is predicted at the L40S's speed.
+    let live = [8_092.0, 12_540.0, 17_695.0];
+    let default = CoreConfig::default().rate_pool;
+    let one = pooled_rates_by_class(&live, &["ws", "ws", "ws"], default);
+    assert_eq!(one, pooled_rates(&live, default));
+    assert!(one.iter().all(Option::is_some));
+    // Two WorkerSets: the L40S pair pools, the H100 keeps its own rate.
+    let two = pooled_rates_by_class(&live, &["l40s", "l40s", "h100"], default);
+    assert_eq!(two[2], None);
+    assert_eq!(two[0], pooled_rates(&live[..2], default)[0]);
+    assert_eq!(two[0], two[1]);
+    // Classes interleaved in any order; a class of one pools with nobody.
+    let mixed = pooled_rates_by_class(
+        &[5_000.0, 20_000.0, 5_500.0, 21_000.0, 9_000.0],
+        &["a", "b", "a", "b", "c"],
+        default,
+    );
+    assert_eq!(mixed[0], mixed[2]);
+    assert_eq!(mixed[1], mixed[3]);
+    assert!(mixed[0].is_some() && mixed[1].is_some() && mixed[0] != mixed[1]);
+    assert_eq!(mixed[4], None);
+    // Rates without a class (a shorter list) pool with nobody.
+    assert_eq!(
+        pooled_rates_by_class(&[5_000.0, 5_100.0], &["a"], default),
+        vec![None, None]
+    );
+}
+
+#[test]
 fn identical_workers_whose_fits_drifted_are_predicted_at_one_rate() {
-    let run = |rate_pool: Option<f64>| {
+    let run_in = |rate_pool: Option<f64>, classes: [&str; 2]| {
         let mut core = RoutingCore::new(CoreConfig {
             rate_pool,
             ..CoreConfig::default()
         });
         let a = core.snapshot("a", 16, 1, &[], 0.0);
         let b = core.snapshot("b", 16, 1, &[], 0.0);
+        core.set_speed_class(a, classes[0]);
+        core.set_speed_class(b, classes[1]);
         core.load(a, LoadSample::default(), 0.0);
         core.load(b, LoadSample::default(), 0.0);
         // One 2,048-token first token each: a's slower than b's.
@@ -1124,6 +1159,7 @@ fn identical_workers_whose_fits_drifted_are_predicted_at_one_rate() {
         let plan = core.plan(&req(&fresh), &[a, b], 1.0);
         plan.context.candidates
     };
+    let run = |rate_pool| run_in(rate_pool, ["ws", "ws"]);
     let pooled = run(Some(0.25));
     assert_eq!(pooled[0].pooled_rate, pooled[1].pooled_rate);
     for c in &pooled {
@@ -1142,6 +1178,10 @@ fn identical_workers_whose_fits_drifted_are_predicted_at_one_rate() {
         own[0].predicted_ttft > own[1].predicted_ttft,
         "off: b looks faster"
     );
+    // The same fits in two WorkerSets: each keeps its own rate.
+    for c in &run_in(Some(0.25), ["l40s", "h100"]) {
+        assert_eq!(c.pooled_rate, c.prefill_rate);
+    }
 }
 
 #[test]

@@ -17,7 +17,7 @@ use super::admission::{KvReleases, kv_wait};
 use super::choose::{Candidate, ChoiceContext, EvictionRule};
 use super::core::{RouteRequest, RoutingCore};
 use super::outlier::EjectedWorker;
-use super::predict::pooled_rates;
+use super::predict::pooled_rates_by_class;
 use super::request::PromptHashes;
 use super::workers::{Worker, WorkerId};
 
@@ -121,13 +121,18 @@ impl RoutingCore {
                 .find(|(b, _)| *b == bs)
                 .map(|(_, c)| c.as_slice())
         };
-        // Pooled prefill rates: nothing to pool with the rule off or a single candidate.
+        // Pooled prefill rates, within each speed class: nothing to pool with the rule off or
+        // a single candidate.
         let pooled = if self.cfg.rate_pool.is_some() && live.len() > 1 {
             let rates: Vec<f64> = live
                 .iter()
                 .map(|&(w, _)| self.predictor.params(w).0)
                 .collect();
-            pooled_rates(&rates, self.cfg.rate_pool)
+            let classes: Vec<&str> = live
+                .iter()
+                .map(|&(_, slot)| slot.speed_class.as_str())
+                .collect();
+            pooled_rates_by_class(&rates, &classes, self.cfg.rate_pool)
         } else {
             vec![None; live.len()]
         };

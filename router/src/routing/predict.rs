@@ -15,9 +15,9 @@
 //! tokens/s, ~0.05 s) and are clamped to sane ranges after each update so one absurd sample
 //! cannot break routing. Time never enters: the caller passes the observed TTFT.
 //!
-//! A prediction may use a rate pooled over workers whose learned rates are close
-//! ([`pooled_rates`], `CoreConfig::rate_pool`, [`Predictor::predict_at`]); each fit stays
-//! the worker's own.
+//! A prediction may use a rate pooled over workers of one speed class (InferenceWorkerSet)
+//! whose learned rates are close ([`pooled_rates_by_class`], `CoreConfig::rate_pool`,
+//! [`Predictor::predict_at`]); each fit stays the worker's own.
 
 use serde::Serialize;
 
@@ -463,6 +463,31 @@ pub fn pooled_rates(rates: &[f64], within: Option<f64>) -> Vec<Option<f64>> {
             }
         }
         start = end;
+    }
+    out
+}
+
+/// [`pooled_rates`] within each speed class (`classes[i]` is worker i's; same order as
+/// `rates`): workers of different classes never share a rate, however close their rates.
+pub fn pooled_rates_by_class(
+    rates: &[f64],
+    classes: &[&str],
+    within: Option<f64>,
+) -> Vec<Option<f64>> {
+    let mut out = vec![None; rates.len()];
+    let mut seen: Vec<&str> = Vec::new();
+    for &class in classes.iter().take(rates.len()) {
+        if seen.contains(&class) {
+            continue;
+        }
+        seen.push(class);
+        let members: Vec<usize> = (0..rates.len())
+            .filter(|&i| classes.get(i) == Some(&class))
+            .collect();
+        let sub: Vec<f64> = members.iter().map(|&i| rates[i]).collect();
+        for (&i, r) in members.iter().zip(pooled_rates(&sub, within)) {
+            out[i] = r;
+        }
     }
     out
 }

@@ -139,6 +139,10 @@ pub struct Worker {
     pub truncated: bool,
     /// Passive health: failures in a row and ejection (see `outlier.rs`).
     pub health: Health,
+    /// Workers of one speed class run the same GPU and model (the router uses the
+    /// InferenceWorkerSet: one set, one GPU type): only they may share a pooled prefill rate
+    /// (`CoreConfig::rate_pool`). Empty for a worker that names none.
+    pub speed_class: String,
 }
 
 impl Worker {
@@ -206,6 +210,7 @@ impl WorkerTable {
             blocks_dropped: 0,
             truncated: false,
             health: Health::new(),
+            speed_class: String::new(),
         };
         // The lowest free id first, so that a steady pool keeps small, dense ids.
         self.free.sort_unstable_by(|a, b| b.cmp(a));

@@ -356,6 +356,10 @@ impl RouterState {
             &[],
             t,
         );
+        core.routing.set_speed_class(
+            worker,
+            &speed_class(&identity.worker_id, &identity.worker_set),
+        );
         let stored = core.routing.stored(worker, blocks, t);
         drop(core);
         let view = SidecarView {
@@ -588,6 +592,8 @@ impl RouterState {
                 (k.block_size.max(1), k.epoch)
             });
             let worker = core.routing.snapshot(&w.id, block_size, epoch, &[], t);
+            core.routing
+                .set_speed_class(worker, &speed_class(&w.id, &w.worker_set));
             sidecars.insert(
                 w.id.clone(),
                 SidecarView {
@@ -817,5 +823,18 @@ impl RouterState {
             .set(i64::try_from(ejected).unwrap_or(i64::MAX));
         m.peer_placements
             .set(i64::try_from(self.peer_placements()).unwrap_or(i64::MAX));
+    }
+}
+
+/// A worker's speed class (`RoutingCore::set_speed_class`): its InferenceWorkerSet,
+/// qualified by the namespace its id (`namespace/pod`) names, as one set of that name per
+/// namespace runs one GPU type; empty for a worker that names no set.
+fn speed_class(worker_id: &str, worker_set: &str) -> String {
+    if worker_set.is_empty() {
+        return String::new();
+    }
+    match worker_id.split_once('/') {
+        Some((namespace, _)) => format!("{namespace}/{worker_set}"),
+        None => worker_set.to_owned(),
     }
 }

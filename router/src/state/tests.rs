@@ -581,3 +581,40 @@ fn the_decision_log_has_one_line_per_pick_only_when_enabled() {
     let (_, text) = pick_with("warn");
     assert!(!text.contains("decision="), "{text}");
 }
+
+#[test]
+fn a_sidecars_worker_set_is_its_speed_class() {
+    // Prefill rates pool only within a speed class (routing::CoreConfig::rate_pool): the
+    // WorkerSet a sidecar names, one GPU type per set.
+    let s = state(true);
+    let now = Instant::now();
+    let with_set = |id: &str, set: &str, epoch: u64| SidecarIdentity {
+        worker_set: set.into(),
+        epoch,
+        ..identity(id, "m")
+    };
+    s.sidecar_snapshot_start(1, &with_set("a", "l40s", 1), &[], now)
+        .expect("snapshot");
+    s.sidecar_snapshot_start(2, &with_set("b", "h100", 1), &[], now)
+        .expect("snapshot");
+    let class = |id: &str| {
+        let core = s.0.core.lock();
+        let w = core.routing.worker_id(id).expect("known");
+        core.routing.worker(w).expect("slot").speed_class.clone()
+    };
+    assert_eq!((class("a"), class("b")), ("l40s".into(), "h100".into()));
+    // A later snapshot naming another set moves the worker.
+    s.sidecar_snapshot_start(3, &with_set("b", "l40s", 2), &[], now)
+        .expect("snapshot");
+    assert_eq!(class("b"), "l40s");
+    // Sets are per namespace (ids are namespace/pod); no set is no class.
+    s.sidecar_snapshot_start(4, &with_set("ns1/p", "l40s", 1), &[], now)
+        .expect("snapshot");
+    s.sidecar_snapshot_start(5, &with_set("ns2/p", "l40s", 1), &[], now)
+        .expect("snapshot");
+    s.sidecar_snapshot_start(6, &with_set("ns1/q", "", 1), &[], now)
+        .expect("snapshot");
+    assert_eq!(class("ns1/p"), "ns1/l40s");
+    assert_eq!(class("ns2/p"), "ns2/l40s");
+    assert_eq!(class("ns1/q"), "");
+}
