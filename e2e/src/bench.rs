@@ -572,40 +572,28 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
                 write_records(dir, spec.kind.name(), name, &headline)?;
             }
             let summary = summarize(&headline, args.workers);
+            // One sweep level: the first `n` sessions (never more than the workload has), every
+            // cache cold.
+            let level = |arrivals: Arrivals, n: usize| -> anyhow::Result<sim::RunResult> {
+                let cfg = SimConfig {
+                    arrivals,
+                    ..base.clone()
+                };
+                let policy = SimPolicy::for_profile(name, args.seed(), &args.profile)?;
+                sim::run(&cfg, &sessions[..n.min(sessions.len())], policy)
+            };
             let mut points = Vec::new();
             for &c in &sweep {
                 // Enough sessions that warm-up (every cache starts empty) does not dominate the
-                // level: 16 per user, never more than the workload has.
-                let n = args
-                    .sweep_sessions
-                    .unwrap_or((c * 16).max(64))
-                    .min(sessions.len());
-                let cfg = SimConfig {
-                    arrivals: Arrivals::Closed { users: c },
-                    ..base.clone()
-                };
-                let r = sim::run(
-                    &cfg,
-                    &sessions[..n],
-                    SimPolicy::for_profile(name, args.seed(), &args.profile)?,
-                )?;
+                // level: 16 per user.
+                let n = args.sweep_sessions.unwrap_or((c * 16).max(64));
+                let r = level(Arrivals::Closed { users: c }, n)?;
                 points.push(SweepPoint::of(c, &r));
             }
             let mut open = Vec::new();
             for &rate in &rate_sweep {
-                let n = args
-                    .sweep_sessions
-                    .unwrap_or(sessions.len())
-                    .min(sessions.len());
-                let cfg = SimConfig {
-                    arrivals: Arrivals::Poisson { rate_per_s: rate },
-                    ..base.clone()
-                };
-                let r = sim::run(
-                    &cfg,
-                    &sessions[..n],
-                    SimPolicy::for_profile(name, args.seed(), &args.profile)?,
-                )?;
+                let n = args.sweep_sessions.unwrap_or(sessions.len());
+                let r = level(Arrivals::Poisson { rate_per_s: rate }, n)?;
                 open.push(SweepPoint::open(rate, &r));
             }
             let peak_open = (!open.is_empty()).then(|| peak_goodput(&open, false));

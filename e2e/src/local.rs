@@ -64,12 +64,7 @@ pub struct Deployment {
 /// (a heterogeneous pool), one set per profile, `<name>-<profile>`, as a cluster runs one
 /// WorkerSet per GPU type. The router pools prefill rates only within a set.
 pub fn worker_set_of(cfg: &DeployConfig<'_>, i: usize) -> String {
-    let profiles: Vec<&str> = cfg
-        .profile
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .collect();
+    let profiles = profile_list(cfg);
     let mut distinct = profiles.clone();
     distinct.sort_unstable();
     distinct.dedup();
@@ -93,6 +88,15 @@ pub fn worker_set_of(cfg: &DeployConfig<'_>, i: usize) -> String {
         })
         .collect();
     format!("{}-{}", cfg.name, slug.trim_matches('-'))
+}
+
+/// The entries of `cfg.profile` (comma-separated; worker i runs entry `i % len`).
+fn profile_list<'a>(cfg: &DeployConfig<'a>) -> Vec<&'a str> {
+    cfg.profile
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
 }
 
 /// The router's static worker file: an InferenceWorkerSet listing the workers, one per set
@@ -357,12 +361,7 @@ impl Deployment {
 
         let mut workers = Vec::new();
         let mut worker_args = Vec::new();
-        let profiles: Vec<&str> = cfg
-            .profile
-            .split(',')
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .collect();
+        let profiles = profile_list(cfg);
         for (i, (port, pub_port, replay_port)) in ports.iter().enumerate() {
             let profile = profiles
                 .get(i % profiles.len().max(1))

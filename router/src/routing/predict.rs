@@ -475,15 +475,10 @@ pub fn pooled_rates_by_class(
     within: Option<f64>,
 ) -> Vec<Option<f64>> {
     let mut out = vec![None; rates.len()];
-    let mut seen: Vec<&str> = Vec::new();
-    for &class in classes.iter().take(rates.len()) {
-        if seen.contains(&class) {
-            continue;
-        }
-        seen.push(class);
-        let members: Vec<usize> = (0..rates.len())
-            .filter(|&i| classes.get(i) == Some(&class))
-            .collect();
+    // Sorted by class, each class one run: O(n log n) however many classes there are.
+    let mut order: Vec<usize> = (0..rates.len().min(classes.len())).collect();
+    order.sort_by(|&a, &b| classes[a].cmp(classes[b]));
+    for members in order.chunk_by(|&a, &b| classes[a] == classes[b]) {
         let sub: Vec<f64> = members.iter().map(|&i| rates[i]).collect();
         for (&i, r) in members.iter().zip(pooled_rates(&sub, within)) {
             out[i] = r;
