@@ -596,7 +596,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
                 let r = level(Arrivals::Poisson { rate_per_s: rate }, n)?;
                 open.push(SweepPoint::open(rate, &r));
             }
-            let peak_open = (!open.is_empty()).then(|| peak_goodput(&open, false));
+            let peak_open = stats::peak_goodput_open(&open);
             eprintln!(
                 "{:<14} {:<19} ttft p50 {:>7.3}s p90 {:>7.3}s  hit {:>5.1}%  goodput {:>6.1} rpm{}",
                 spec.kind.name(),
@@ -605,7 +605,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
                 summary.ttft_p90_s,
                 summary.cache_hit_rate * 100.0,
                 peak_goodput(&points, false),
-                peak_open.map_or(String::new(), |g| format!("  open loop {g:>6.1} rpm")),
+                stats::open_loop_note(peak_open),
             );
             results.push(PolicyResult {
                 policy: name.clone(),

@@ -525,7 +525,7 @@ async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<Poli
     summary.rejected = failed;
     Ok(PolicyResult {
         policy: target.name.to_string(),
-        peak_goodput_open_rpm: (!open.is_empty()).then(|| peak_goodput(&open, false)),
+        peak_goodput_open_rpm: super::stats::peak_goodput_open(&open),
         rate_sweep: open,
         peak_goodput_rpm: peak_goodput(&points, false),
         peak_goodput_interactive_rpm: peak_goodput(&points, true),
@@ -721,9 +721,7 @@ fn log_line(workload: &str, r: &PolicyResult) {
     } else {
         format!("  goodput {:>6.1} rpm", r.peak_goodput_rpm)
     };
-    let open = r
-        .peak_goodput_open_rpm
-        .map_or(String::new(), |g| format!("  open loop {g:>6.1} rpm"));
+    let open = super::stats::open_loop_note(r.peak_goodput_open_rpm);
     eprintln!(
         "{:<14} {:<19} ttft p50 {:>7.3}s p90 {:>7.3}s  hit {:>5.1}%{goodput}{open}  failed {}",
         workload,

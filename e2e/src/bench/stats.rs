@@ -182,6 +182,17 @@ pub fn peak_goodput(points: &[SweepPoint], interactive: bool) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// Peak goodput under the batch SLO over the open-loop levels (`--rate-sweep`); `None`
+/// when none ran.
+pub fn peak_goodput_open(points: &[SweepPoint]) -> Option<f64> {
+    (!points.is_empty()).then(|| peak_goodput(points, false))
+}
+
+/// The log line's open-loop part: empty without open-loop levels.
+pub fn open_loop_note(peak: Option<f64>) -> String {
+    peak.map_or(String::new(), |g| format!("  open loop {g:>6.1} rpm"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
