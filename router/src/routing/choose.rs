@@ -80,10 +80,13 @@ pub struct Candidate {
     pub pooled_rate: f64,
     /// Learned overhead (seconds).
     pub overhead: f64,
-    /// Predicted wait for KV space (seconds, included in `predicted_ttft`): on a saturated
-    /// worker (reported KV usage at `CoreConfig::saturated_kv_usage` or above with requests
-    /// waiting) a new request is admitted only once running requests finish; the learned wait
-    /// per queued request times the requests queued there plus this one. 0 otherwise.
+    /// Predicted wait for KV space beyond the prefill of the queue ahead (seconds, included
+    /// in `predicted_ttft`). On a worker reporting its KV capacity: the time until the
+    /// router's requests there free enough KV for what is waiting and this request, less the
+    /// queue's prefill time (KV frees while the queue prefills). On one reporting none and
+    /// saturated (KV usage at `CoreConfig::saturated_kv_usage` or above with requests
+    /// waiting): the learned wait per queued request times the requests queued there plus
+    /// this one. 0 otherwise.
     pub admission_wait: f64,
     /// KV tokens the request would newly take there: its prompt beyond the leading blocks
     /// the router's outstanding requests on it reference (cached but unreferenced blocks
@@ -395,6 +398,11 @@ pub struct PredictedTtftConfig {
     /// (`hot_prefix_max_kv_share` of its capacity) is not charged: moving the request would
     /// recompute that prefix elsewhere, and on the live hot-prefix shape (8,192-token
     /// prefixes, 26,000 KV tokens) the charge without this cost 4-10% of the throughput.
+    /// Nor is one already holding at least as many tokens of the prompt as the blocks it
+    /// would be charged for: under an open loop of bursts near capacity the charge split
+    /// bursts of a 16,384-token prefix (below a copy's 18,750 on 150,000 KV tokens) off
+    /// their holder and recomputed the prefix (bench/README.md, "Waiting for KV while the
+    /// queue prefills").
     pub block_balance_kv_share: f64,
     /// Seconds added to the score of a candidate with a degraded GPU while at least one
     /// candidate is healthy: it loses ties and close calls, yet still takes work when the
@@ -537,12 +545,13 @@ impl PredictedTtft {
         if self.cfg.block_balance <= 0.0 || extra <= 0.0 || c.prefill_rate <= 0.0 {
             return 0.0;
         }
-        // Holding more of the prompt than a copy may take: moving the request recomputes
-        // that prefix elsewhere, which evicts more than the charge saves. Only against a
-        // reported capacity: ungated with none reported, nothing is exempt.
+        // Holding more of the prompt than a copy may take (against a reported capacity), or
+        // at least as much as the blocks charged: moving the request recomputes that prefix
+        // elsewhere, which takes more KV and prefill there than the imbalance it relieves.
         if self
             .copy_max_tokens(c)
             .is_some_and(|max| c.expected_cached_tokens > max)
+            || c.expected_cached_tokens >= extra
         {
             return 0.0;
         }
@@ -1035,13 +1044,23 @@ mod tests {
         assert!((d.candidates[0].score - 0.58).abs() < 1e-9);
         let d = decide(block_balance_cfg(0.0, 0.0), &ctx);
         assert_eq!(d.chosen, WorkerId(0));
-        // Nor does a cached prefix exempt a candidate that reports no capacity to measure
-        // it against: busy holding 960 tokens of the prompt is still charged.
+        // Nor does a cached prefix smaller than the charged blocks exempt a candidate that
+        // reports no capacity to measure it against: busy holding 960 tokens of the prompt
+        // is still charged.
         let mut ctx = busy_and_idle(0);
         ctx.candidates[0].expected_cached_tokens = 960.0;
         let d = decide(block_balance_cfg(0.5, 0.0), &ctx);
         assert_eq!(d.chosen, WorkerId(1));
         assert!((d.candidates[0].score - 0.58).abs() < 1e-9);
+        // Holding as much of the prompt as the charged blocks ((204 - 64) x 16 = 2,240
+        // tokens) exempts it: moving would recompute more than the imbalance it relieves.
+        ctx.candidates[0].expected_cached_tokens = 2_240.0;
+        let d = decide(block_balance_cfg(0.5, 0.0), &ctx);
+        assert_eq!(d.chosen, WorkerId(0));
+        assert!((d.candidates[0].score - 0.30).abs() < 1e-9);
+        ctx.candidates[0].expected_cached_tokens = 2_224.0;
+        let d = decide(block_balance_cfg(0.5, 0.0), &ctx);
+        assert_eq!(d.chosen, WorkerId(1));
     }
 
     #[test]

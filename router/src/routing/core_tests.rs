@@ -467,13 +467,13 @@ fn a_saturated_worker_learns_an_admission_wait_shown_in_the_prediction() {
     assert_eq!(d.chosen_candidate().map(|c| c.admission_wait), Some(0.0));
 }
 
-#[test]
-fn a_full_worker_predicts_a_wait_until_its_requests_free_enough_kv() {
-    let mut core = RoutingCore::new(CoreConfig::default());
-    let full = core.snapshot("full", 16, 1, &[], 0.0);
-    let roomy = core.snapshot("roomy", 16, 1, &[], 0.0);
-    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
-    // Fill `full` with four requests of 2,000 prompt tokens and 100 output tokens.
+/// A worker of 10,000 KV tokens decoding four requests of 2,000 prompt tokens and 100 output
+/// tokens (first tokens at 0.5, 1.5, 2.5 and 3.5 s), and its report at `usage`.
+fn fill_four(
+    core: &mut RoutingCore,
+    p: &mut PredictedTtft,
+    full: WorkerId,
+) -> (Vec<AssignmentId>, fn(f32) -> LoadSample) {
     let mut ids = Vec::new();
     for i in 0..4u32 {
         let t: Vec<u32> = (i * 10_000..i * 10_000 + 2_000).collect();
@@ -481,18 +481,28 @@ fn a_full_worker_predicts_a_wait_until_its_requests_free_enough_kv() {
             max_tokens: Some(100),
             ..req(&t)
         };
-        let (plan, d) = core.decide(&mut p, &r, &[full], 0.0).expect("decision");
+        let (plan, d) = core.decide(p, &r, &[full], 0.0).expect("decision");
         let id = core.assign(&plan, &d, 0.0);
         core.first_token(id, 0.5 + f64::from(i), None);
         ids.push(id);
     }
-    let capacity = 10_000;
     let report = |usage: f32| LoadSample {
         waiting: 0,
         running: 4,
         kv_usage: usage,
-        kv_capacity_tokens: capacity,
+        kv_capacity_tokens: 10_000,
     };
+    (ids, report)
+}
+
+#[test]
+fn a_full_worker_predicts_a_wait_until_its_requests_free_enough_kv() {
+    let mut core = RoutingCore::new(CoreConfig::default());
+    let full = core.snapshot("full", 16, 1, &[], 0.0);
+    let roomy = core.snapshot("roomy", 16, 1, &[], 0.0);
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let capacity = 10_000;
+    let (ids, report) = fill_four(&mut core, &mut p, full);
     core.load(full, report(0.85), 5.0);
     core.load(
         roomy,
@@ -548,6 +558,37 @@ fn a_full_worker_predicts_a_wait_until_its_requests_free_enough_kv() {
     );
     let ctx = core.plan(&req(&prompt), &[full], 6.0).context;
     assert_eq!(ctx.candidates[0].admission_wait, 0.0);
+}
+
+#[test]
+fn the_wait_for_kv_overlaps_the_prefill_of_the_queue_ahead() {
+    // The full worker above, with a 1,000-token request sent after its report and not yet
+    // started: 8,500 + 1,016 + 3,016 needs two requests to finish (at 7.5 and 8.5 s), so
+    // KV is there 3.49 s after 5.01. The queued request prefills meanwhile: the request
+    // starts at the later of the two, and the wait beyond the queue's prefill is what adds.
+    let mut core = RoutingCore::new(CoreConfig::default());
+    let full = core.snapshot("full", 16, 1, &[], 0.0);
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let (_, report) = fill_four(&mut core, &mut p, full);
+    core.load(full, report(0.85), 5.0);
+    let queued: Vec<u32> = (700_000..701_000).collect();
+    let (plan, d) = core
+        .decide(&mut p, &req(&queued), &[full], 5.01)
+        .expect("decision");
+    core.assign(&plan, &d, 5.01);
+    let prompt: Vec<u32> = (900_000..903_000).collect();
+    let ctx = core.plan(&req(&prompt), &[full], 5.01).context;
+    let c = &ctx.candidates[0];
+    assert_eq!(c.kv_need_tokens, 3_016);
+    let queue_s = c.queue_tokens / c.pooled_rate;
+    assert!(queue_s > 0.1, "the queue takes time: {queue_s}");
+    assert!(
+        (c.admission_wait + queue_s - 3.49).abs() < 1e-6,
+        "KV frees 3.49 s on; the queue's {queue_s} s are not counted twice: {}",
+        c.admission_wait
+    );
+    let base = (c.queue_tokens + 3_000.0) / c.pooled_rate + c.overhead;
+    assert!((c.predicted_ttft - base - c.admission_wait).abs() < 1e-9);
 }
 
 #[test]

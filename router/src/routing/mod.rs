@@ -44,10 +44,13 @@
 //!   level adaptive conformal inference steers by the misses seen at first tokens; none until
 //!   20 first tokens were seen (`RoutingCore::ttft_bound`, `Assignment::ttft_bound`,
 //!   `FirstToken::bound`).
-//! - Admission wait: on a saturated worker (fresh report, `waiting > 0`, KV usage at or above
-//!   `saturated_kv_usage`) new requests also wait for KV space; the prediction adds a learned
-//!   wait per queued request times the requests queued (`Candidate.admission_wait`), learned
-//!   from first tokens of requests sent while it was saturated (zero until then).
+//! - Admission wait (`Candidate.admission_wait`): on a worker reporting its KV capacity, the
+//!   time until the router's requests there free the KV that what is waiting and the new
+//!   request need, beyond the queue's prefill time (the two overlap: the request starts at
+//!   the later). On one reporting none and saturated (fresh report, `waiting > 0`, KV usage
+//!   at or above `saturated_kv_usage`): a learned wait per queued request times the requests
+//!   queued, learned from first tokens of requests sent while it was saturated (zero until
+//!   then).
 //! - A worker whose stream is closed is no candidate. Stale worker (silent for `stale_after_s`): its indexed leading blocks
 //!   count at `stale_cache_trust` (0.5) and `stale_penalty_s` (0.1 s) is added: neither trusted
 //!   warm nor assumed empty.
