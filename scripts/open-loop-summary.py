@@ -4,7 +4,14 @@
 (greedy-clairvoyant is no baseline). bench/README.md, "Open loop".
 
     scripts/open-loop-summary.py bench/results/open-loop > bench/results/open-loop/summary.md
+
+With a second directory of kvroute-only re-runs (`--policies kvroute`, the same seeds and
+flags, files of the same names), kvroute's rows come from it and the baselines' from the
+first (the baselines do not change with kvroute's rules):
+
+    scripts/open-loop-summary.py bench/results/open-loop bench/results/kv-overlap/open-loop
 """
+import os
 import glob
 import json
 import statistics as st
@@ -12,6 +19,12 @@ import sys
 
 files = sorted(glob.glob(sys.argv[1] + '/s*.json')) if len(sys.argv) > 1 else sys.exit(__doc__)
 runs=[json.load(open(f)) for f in files]
+if len(sys.argv) > 2:
+    for f, r in zip(files, runs):
+        k = json.load(open(os.path.join(sys.argv[2], os.path.basename(f))))
+        assert k['config']['seed'] == r['config']['seed'], f
+        for wl, pols in k['workloads'].items():
+            r['workloads'][wl]['kvroute'] = pols['kvroute']
 print(f"{len(runs)} seeds:", ', '.join(str(r['config']['seed']) for r in runs))
 for wl in ['hot-prefix','burst']:
     print(f"\n{wl}\n")
