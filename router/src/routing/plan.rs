@@ -347,8 +347,8 @@ impl RoutingCore {
     /// requests finishing first, and they finish while the queue ahead prefills, so only the
     /// time past the queue's counts (the request starts at the later of the two). Summing
     /// the two counted the queue's time twice: on the burst shape under an open loop at 5.5
-    /// sessions/s the median error over every candidate's counterfactual first token was 38%
-    /// summed and 18.5% this way (bench/README.md, "Waiting for KV while the queue
+    /// sessions/s the median error over every candidate's counterfactual first token was
+    /// 38.1% summed and 13.8% this way (bench/README.md, "Waiting for KV while the queue
     /// prefills"). Without a capacity: a learned wait per queued request on a saturated
     /// worker, learned as the time beyond the prefill model's prediction, so it adds.
     #[allow(clippy::too_many_arguments)]
