@@ -402,7 +402,11 @@ pub struct PredictedTtftConfig {
     /// would be charged for: under an open loop of bursts near capacity the charge split
     /// bursts of a 16,384-token prefix (below a copy's 18,750 on 150,000 KV tokens) off
     /// their holder and recomputed the prefix (bench/README.md, "Waiting for KV while the
-    /// queue prefills").
+    /// queue prefills"). Where the outstanding requests on a candidate already use the
+    /// prompt's leading blocks (`Candidate::in_use_blocks`), it is charged at most for the
+    /// blocks this request adds there: the shared prefix stays in use whether this request
+    /// goes or not, so charging the whole imbalance moved a burst's later requests off
+    /// its holder to recompute the prefix (bench/README.md, "Why kvroute splits bursts").
     pub block_balance_kv_share: f64,
     /// Seconds added to the score of a candidate with a degraded GPU while at least one
     /// candidate is healthy: it loses ties and close calls, yet still takes work when the
@@ -537,7 +541,9 @@ impl PredictedTtft {
 
     /// Seconds charged to `c` for the distinct blocks it would hold beyond the least
     /// (`least_blocks`): `block_balance` times their prefill time at `c`'s rate, when they
-    /// exceed `block_balance_kv_share` of its KV capacity.
+    /// exceed `block_balance_kv_share` of its KV capacity; where the router's outstanding
+    /// requests on `c` already use the prompt's leading blocks, at most the blocks this
+    /// request adds there.
     pub fn block_balance_penalty(&self, c: &Candidate, least_blocks: u64) -> f64 {
         let block_size = c.block_size.max(1) as f64;
         let after = Self::blocks_after(c);
@@ -562,6 +568,14 @@ impl PredictedTtft {
         {
             return 0.0;
         }
+        // A prefix the outstanding requests there already use stays whether this request
+        // goes or not: only the blocks it adds are charged.
+        let extra = if c.in_use_blocks > 0 {
+            let own = c.prompt_blocks.saturating_sub(c.in_use_blocks) as f64 * block_size;
+            extra.min(own)
+        } else {
+            extra
+        };
         self.cfg.block_balance * extra / c.prefill_rate
     }
 }
@@ -989,7 +1003,7 @@ mod tests {
         assert_eq!(d.chosen, WorkerId(0));
     }
 
-    /// busy: 200 distinct active blocks, the 64-block prompt shares 60 of them: 204 after
+    /// busy: 140 distinct active blocks, none of them the 64-block prompt's: 204 after
     /// (3,264 tokens), predicted 0.30 s; idle: nothing active, 64 after, predicted 0.50 s.
     /// Both report `capacity` KV tokens.
     fn busy_and_idle(capacity: u64) -> ChoiceContext {
@@ -997,8 +1011,8 @@ mod tests {
             worker: WorkerId(0),
             block_size: 16,
             prompt_blocks: 64,
-            active_blocks: 200,
-            in_use_blocks: 60,
+            active_blocks: 140,
+            in_use_blocks: 0,
             prefill_rate: 4_000.0,
             kv_capacity_tokens: capacity,
             predicted_ttft: 0.30,
@@ -1061,6 +1075,56 @@ mod tests {
         ctx.candidates[0].expected_cached_tokens = 2_224.0;
         let d = decide(block_balance_cfg(0.5, 0.0), &ctx);
         assert_eq!(d.chosen, WorkerId(1));
+    }
+
+    #[test]
+    fn block_balance_charges_a_prefix_in_use_only_for_the_blocks_a_request_adds() {
+        // A burst's prefix: 1,024 of the prompt's 1,088 blocks (16,384 of 17,408 tokens) are
+        // cached on the holder and in use by the burst's earlier requests there. With them,
+        // 8,000 distinct blocks are active on the holder, 5,000 on the other worker; both
+        // report 140,000 KV tokens, so a copy (17,500) could take the prefix.
+        let holder = Candidate {
+            worker: WorkerId(0),
+            block_size: 16,
+            prompt_blocks: 1_088,
+            active_blocks: 8_000,
+            in_use_blocks: 1_024,
+            expected_cached_tokens: 16_384.0,
+            prefill_rate: 4_800.0,
+            kv_capacity_tokens: 140_000,
+            predicted_ttft: 1.0,
+            ..Candidate::default()
+        };
+        let other = Candidate {
+            worker: WorkerId(1),
+            active_blocks: 5_000,
+            in_use_blocks: 0,
+            expected_cached_tokens: 0.0,
+            predicted_ttft: 3.6,
+            ..holder.clone()
+        };
+        let mut ctx = ChoiceContext {
+            prompt_tokens: 17_408,
+            degraded: false,
+            prefix_anchor: None,
+            candidates: vec![holder, other],
+        };
+        let cfg = block_balance_cfg(2.0, 0.9);
+        // The holder: 8,064 blocks after (129,024 tokens, over 90%), 1,976 beyond the
+        // other's 6,088, more than the 16,384 cached tokens; but leaving would free none of
+        // the prefix the burst holds there, so only the 64 blocks this request adds are
+        // charged: 2 x 1,024 / 4,800 = 0.427 s.
+        let d = decide(cfg, &ctx);
+        assert_eq!(d.chosen, WorkerId(0));
+        let charged = 2.0 * 1_024.0 / 4_800.0;
+        assert!((d.candidates[0].score - (1.0 + charged)).abs() < 1e-9);
+        // The same prefix cached but in use by no outstanding request there (a conversation's
+        // history, its earlier turn done): the request's blocks are all new there (9,088
+        // after, 3,000 beyond), and the whole imbalance is charged: 2 x 48,000 / 4,800.
+        ctx.candidates[0].in_use_blocks = 0;
+        let d = decide(cfg, &ctx);
+        assert_eq!(d.chosen, WorkerId(1));
+        assert!((d.candidates[0].score - (1.0 + 20.0)).abs() < 1e-9);
     }
 
     #[test]
@@ -1186,9 +1250,10 @@ mod tests {
     fn a_hot_prefix_gets_a_copy_on_the_soonest_other_worker() {
         let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
         let ctx = hot_ctx(7);
-        // The first requests stay with the holder: a new router calls nothing hot before
-        // half a window of traffic.
-        stays_with_holder(&mut p, &ctx, 10);
+        // The first requests stay with the holder: a new router, like one that has routed
+        // a window of other traffic, lets about a third of a window (21 requests) of one
+        // prefix through before calling it hot.
+        stays_with_holder(&mut p, &ctx, 20);
         // Every request for one prefix: its share soon exceeds one holder's third.
         let d = first_copy(&mut p, &ctx, 40).expect("a copy within 40 more requests");
         assert_eq!(d.chosen, WorkerId(2), "the sooner of the two others");
@@ -1200,7 +1265,7 @@ mod tests {
         // a prefix with all the traffic: a third copy, once its share passes two thirds.
         let mut two = hot_ctx(7);
         two.candidates[2].expected_cached_tokens = 2048.0;
-        let d = first_copy(&mut p, &two, 40).expect("a third copy");
+        let d = first_copy(&mut p, &two, 60).expect("a third copy");
         assert_eq!(d.chosen, WorkerId(1));
         // Every worker holds it: no copy left to make; the soonest holder wins.
         let mut all = two.clone();
