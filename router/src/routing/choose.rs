@@ -533,10 +533,16 @@ impl PredictedTtft {
             .then_some(self.cfg.hot_prefix_max_kv_share * c.kv_capacity_tokens as f64)
     }
 
+    /// The prompt's blocks that no outstanding request on `c` references yet: what this
+    /// request adds to the distinct blocks in use there.
+    fn new_blocks(c: &Candidate) -> u64 {
+        c.prompt_blocks.saturating_sub(c.in_use_blocks) as u64
+    }
+
     /// Distinct KV blocks outstanding requests would reference on `c` with this request
     /// there (see `block_balance`).
     fn blocks_after(c: &Candidate) -> u64 {
-        c.active_blocks + c.prompt_blocks.saturating_sub(c.in_use_blocks) as u64
+        c.active_blocks + Self::new_blocks(c)
     }
 
     /// Seconds charged to `c` for the distinct blocks it would hold beyond the least
@@ -571,8 +577,7 @@ impl PredictedTtft {
         // A prefix the outstanding requests there already use stays whether this request
         // goes or not: only the blocks it adds are charged.
         let extra = if c.in_use_blocks > 0 {
-            let own = c.prompt_blocks.saturating_sub(c.in_use_blocks) as f64 * block_size;
-            extra.min(own)
+            extra.min(Self::new_blocks(c) as f64 * block_size)
         } else {
             extra
         };
