@@ -56,6 +56,11 @@ pub struct Assignment {
     pub uncached_tokens: u64,
     /// Prefill tokens that were ahead of it when assigned (for learning the TTFT model).
     pub queue_tokens: f64,
+    /// Seconds of the head's prefill counted as done in `queue_tokens` (see
+    /// `Candidate::queue_drain_s`).
+    pub queue_drain_s: f64,
+    /// Tokens those seconds drained at the rate learned then.
+    pub queue_drain_tokens: f64,
     /// TTFT predicted when assigned (seconds; NaN when the policy made no prediction).
     pub predicted_ttft: f64,
     /// The p90 upper bound published with that prediction (seconds; NaN for none).
@@ -84,6 +89,10 @@ pub struct NewAssignment {
     pub uncached_tokens: u64,
     /// Prefill tokens ahead of it.
     pub queue_tokens: f64,
+    /// Seconds of the head's prefill counted as done in `queue_tokens`.
+    pub queue_drain_s: f64,
+    /// Tokens those seconds drained at the rate learned then.
+    pub queue_drain_tokens: f64,
     /// Predicted TTFT (seconds; NaN for none).
     pub predicted_ttft: f64,
     /// Its p90 upper bound (seconds; NaN for none; set by the core when it assigns).
@@ -186,6 +195,8 @@ impl Assignments {
                 prompt_tokens: a.prompt_tokens,
                 uncached_tokens: a.uncached_tokens,
                 queue_tokens: a.queue_tokens,
+                queue_drain_s: a.queue_drain_s,
+                queue_drain_tokens: a.queue_drain_tokens,
                 predicted_ttft: a.predicted_ttft,
                 ttft_bound: a.ttft_bound,
                 assigned_at: now,
@@ -394,6 +405,8 @@ mod tests {
             prompt_tokens: prompt,
             uncached_tokens: uncached,
             queue_tokens: 0.0,
+            queue_drain_s: 0.0,
+            queue_drain_tokens: 0.0,
             predicted_ttft: 0.1,
             ttft_bound: f64::NAN,
             output_tokens: 100,

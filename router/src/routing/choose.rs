@@ -72,6 +72,12 @@ pub struct Candidate {
     pub index_blocks: u64,
     /// Prefill tokens estimated to be ahead of this request.
     pub queue_tokens: f64,
+    /// Seconds of the head prompt's prefill that `queue_tokens` counts as done: the time
+    /// since it reached the head, at `prefill_rate` (`CoreConfig::queue_drain`; 0 when off or
+    /// nothing waits). The TTFT model learns from the first token with these seconds and
+    /// their tokens added back (see `Predictor::observe`), so a rate still far off the
+    /// worker's when the request was assigned does not bias the fit.
+    pub queue_drain_s: f64,
     /// Learned prefill rate (tokens/s).
     pub prefill_rate: f64,
     /// Prefill rate the prediction used (tokens/s): the mean of the workers whose learned
@@ -308,6 +314,8 @@ impl Decision {
                 })
                 .round() as u64,
             queue_tokens: c.map_or(0.0, |c| c.queue_tokens),
+            queue_drain_s: c.map_or(0.0, |c| c.queue_drain_s),
+            queue_drain_tokens: c.map_or(0.0, |c| c.queue_drain_s * c.prefill_rate),
             predicted_ttft: self.predicted_ttft(),
             ttft_bound: f64::NAN,
             output_tokens: 0,

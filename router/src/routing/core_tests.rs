@@ -182,6 +182,31 @@ fn the_prompt_being_prefilled_leaves_the_queue_as_time_passes() {
 }
 
 #[test]
+fn the_model_learns_from_the_queue_before_the_heads_drain() {
+    // The second prompt came 0.5 s after the first began: its queue counted 0.5 s of the
+    // head's prefill as done, at the rate learned then. Its first token teaches the model
+    // the whole head and the 0.5 s, not the drained queue.
+    let (mut core, _, cold, _) = setup();
+    let ids = queue_two_prompts(&mut core, cold);
+    let rate = core.predictor.params(cold).0;
+    let a = core.assignment(ids[1]).expect("second").clone();
+    assert!((a.queue_drain_s - 0.5).abs() < 1e-9, "{}", a.queue_drain_s);
+    assert!((a.queue_drain_tokens - 0.5 * rate).abs() < 1e-6);
+    assert!((a.queue_tokens + a.queue_drain_tokens - 8_000.0).abs() < 1e-6);
+    // Nothing drains for the first (it heads an empty queue).
+    let first = core.assignment(ids[0]).expect("first");
+    assert_eq!((first.queue_drain_s, first.queue_drain_tokens), (0.0, 0.0));
+    let mut want = core.predictor.clone();
+    core.first_token(ids[1], 4.0, None).expect("first token");
+    want.observe(cold, 8_000.0, 2_000.0, 0.5, a.predicted_ttft, 2.5);
+    assert_eq!(core.predictor.params(cold), want.params(cold));
+    let mut drained = core.predictor.clone();
+    drained.forget(cold);
+    drained.observe(cold, a.queue_tokens, 2_000.0, 0.0, a.predicted_ttft, 2.5);
+    assert_ne!(core.predictor.params(cold), drained.params(cold));
+}
+
+#[test]
 fn the_step_that_finishes_a_prompt_counts_for_the_next_one() {
     // The first token of an 8,000-token prompt that came after 9,000 tokens' worth of time
     // at the head: the last step computed 1,000 tokens of the 2,000-token one behind it.

@@ -222,6 +222,12 @@ impl RoutingCore {
         } else {
             0.0
         };
+        // The part of it the elapsed time drained, in seconds at the rate used.
+        let queue_drain_s = if prefill_rate > 0.0 {
+            ((drained - own.head_done) / prefill_rate).max(0.0)
+        } else {
+            0.0
+        };
         let unknown_waiting = load.waiting.saturating_sub(slot.own_waiting_at_report);
         let queue_tokens =
             (own.waiting_prefill_tokens as f64 - drained + peer.waiting_prefill_tokens).max(0.0)
@@ -330,6 +336,7 @@ impl RoutingCore {
             in_use_blocks,
             index_blocks: self.index.blocks_of(w),
             queue_tokens,
+            queue_drain_s,
             prefill_rate,
             pooled_rate: pooled_rate.unwrap_or(prefill_rate),
             overhead,
