@@ -5,12 +5,15 @@
 //!
 //! ```text
 //! cluster (K8S_AUDIT=1: Metadata-level audit of every service account's request)
-//!   admin applies deploy/operator.yaml's ServiceAccount + deploy/rbac.yaml
-//!   operator  --token of kvroute-system/kvroute-operator-->  API server
-//!   fake kubelet runs the router pod with the token of kvroute-system/kvroute-router, and
+//!   admin applies deploy/operator.yaml (its Deployment included) + deploy/rbac.yaml
+//!   fake kubelet runs the shipped operator Deployment's 2 pods with the token of
+//!   kvroute-system/kvroute-operator; one leads
+//!   fake kubelet runs the router pods with the token of kvroute-system/kvroute-router, and
 //!   the worker pods with none (automountServiceAccountToken: false)
-//!   workload: one kind of each, a Secret the GatewayBackend names, an invalid WorkerSet
-//!   then the operator again, watching one namespace (the router's Role instead of ClusterRole)
+//!   workload: one kind of each, a Secret the GatewayBackend names, an invalid WorkerSet;
+//!   each router replica answers; the leader's pod is deleted, another takes the Lease
+//!   then (Deployment scaled to 0) the operator as a process, watching one namespace (the
+//!   router's Role instead of the ClusterRole)
 //! audit.log --> every request of either account: allowed by its rules (no 403)
 //!           --> every grant: used, or listed with its reason in permissions::NOT_EXERCISED
 //! ```
@@ -24,12 +27,13 @@ use anyhow::{Context, bail};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kvroute_crds::workerset::InferenceWorkerSet;
 use kvroute_e2e::harness::{
-    Cluster, ClusterOptions, FakeKubelet, IMAGE_TOKENIZERS, OperatorProcess, install_crds,
-    repo_path, router_pod_options,
+    Cluster, ClusterOptions, FakeKubelet, IMAGE_TOKENIZERS, OperatorProcess, RunningPod,
+    install_crds, repo_path, router_pod_options,
 };
 use kvroute_e2e::procs::wait_for;
 use kvroute_operator::bundle::{DEPLOY_NAMESPACE, OPERATOR_NAME};
@@ -135,30 +139,51 @@ fn compare(
     (problems, used)
 }
 
-/// Applies the operator's ServiceAccount (deploy/operator.yaml) and deploy/rbac.yaml, as a
-/// cluster admin installing kvroute would.
-async fn install_rbac(admin: &kube::Client) -> anyhow::Result<()> {
-    let ns: Namespace = serde_json::from_value(
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEPLOY_NAMESPACE}}),
-    )?;
-    Api::<Namespace>::all(admin.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .context("create the operator's namespace")?;
+/// Applies deploy/operator.yaml (Namespace, ServiceAccount, the operator's Deployment,
+/// NetworkPolicy) and deploy/rbac.yaml, as a cluster admin installing kvroute would. Returns
+/// the operator's Deployment as shipped.
+async fn install_operator(admin: &kube::Client) -> anyhow::Result<Deployment> {
     let read = |f: &str| -> anyhow::Result<Vec<Value>> {
         let text = std::fs::read_to_string(repo_path(f)).with_context(|| f.to_string())?;
         Ok(serde_saphyr::from_multiple(&text)?)
     };
     let pp = PostParams::default();
-    for doc in read("deploy/operator.yaml")? {
-        if doc["kind"] == "ServiceAccount" {
-            let sa: ServiceAccount = serde_json::from_value(doc)?;
-            Api::<ServiceAccount>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
-                .create(&pp, &sa)
-                .await?;
-        }
-    }
+    let mut shipped = None;
     let mut kinds = Vec::new();
+    for doc in read("deploy/operator.yaml")? {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        match kind.as_str() {
+            "Namespace" => {
+                let o: Namespace = serde_json::from_value(doc)?;
+                Api::<Namespace>::all(admin.clone()).create(&pp, &o).await?;
+            }
+            "ServiceAccount" => {
+                let o: ServiceAccount = serde_json::from_value(doc)?;
+                Api::<ServiceAccount>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
+                    .create(&pp, &o)
+                    .await?;
+            }
+            "Deployment" => {
+                let o: Deployment = serde_json::from_value(doc)?;
+                shipped = Some(o.clone());
+                Api::<Deployment>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
+                    .create(&pp, &o)
+                    .await?;
+            }
+            "NetworkPolicy" => {
+                let o: NetworkPolicy = serde_json::from_value(doc)?;
+                Api::<NetworkPolicy>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
+                    .create(&pp, &o)
+                    .await?;
+            }
+            other => bail!("unexpected kind {other} in deploy/operator.yaml"),
+        }
+        kinds.push(kind);
+    }
+    assert_eq!(
+        kinds,
+        ["Namespace", "ServiceAccount", "Deployment", "NetworkPolicy"]
+    );
     for doc in read("deploy/rbac.yaml")? {
         let kind = doc["kind"].as_str().unwrap_or_default().to_string();
         match kind.as_str() {
@@ -193,9 +218,65 @@ async fn install_rbac(admin: &kube::Client) -> anyhow::Result<()> {
     kinds.sort();
     assert_eq!(
         kinds,
-        ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "Namespace",
+            "NetworkPolicy",
+            "Role",
+            "RoleBinding",
+            "ServiceAccount"
+        ]
     );
-    Ok(())
+    shipped.context("no Deployment in deploy/operator.yaml")
+}
+
+/// The value of env var `name` of the shipped operator's first container.
+fn shipped_env(d: &Deployment, name: &str) -> Option<String> {
+    d.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)?
+        .value
+        .clone()
+}
+
+/// The last lines of every operator pod's log (the fake kubelet writes
+/// `<pods dir>/<namespace>_<pod>/<container>.log`), for failure messages.
+fn operator_pod_logs(pods_dir: &std::path::Path) -> String {
+    let mut out = String::new();
+    let prefix = format!("{DEPLOY_NAMESPACE}_{OPERATOR_NAME}-");
+    let Ok(entries) = std::fs::read_dir(pods_dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path().join("operator.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+        out += &format!("--- {name} ---\n{tail}\n");
+    }
+    out
+}
+
+/// The operator's pods the fake kubelet runs.
+fn operator_pods(kubelet: &FakeKubelet) -> Vec<RunningPod> {
+    kubelet
+        .running()
+        .into_iter()
+        .filter(|p| p.namespace == DEPLOY_NAMESPACE && p.name.starts_with(OPERATOR_NAME))
+        .collect()
 }
 
 /// One resource of every kvroute kind in `TEAM` (and the Secret the backend names), so that
@@ -306,7 +387,6 @@ async fn operator_and_router_use_exactly_the_generated_rbac() -> anyhow::Result<
     let cluster = Cluster::start_with(ClusterOptions { audit: true }).await?;
     let admin = cluster.client().await?;
     install_crds(&admin).await?;
-    install_rbac(&admin).await?;
 
     let (_hub, mut opts) = router_pod_options(&cluster, DEPLOY_NAMESPACE, HF_HOME).await?;
     opts.namespace = None;
@@ -317,25 +397,50 @@ async fn operator_and_router_use_exactly_the_generated_rbac() -> anyhow::Result<
     opts.cluster_dns = true;
     let kubelet = FakeKubelet::start(admin.clone(), opts).await?;
 
-    // The operator, as its service account, watching every namespace (the deploy/ default).
-    let kubeconfig = cluster
-        .service_account_kubeconfig(&admin, DEPLOY_NAMESPACE, OPERATOR_NAME)
-        .await?;
-    let operator = OperatorProcess::start_as(
-        &cluster,
-        &kubeconfig,
-        "operator-audit",
-        "op-audit",
-        &["--router-replicas=1".to_string()],
+    // The operator as users install it: deploy/operator.yaml's Deployment, whose pods the
+    // fake kubelet runs from their spec (command, env from the downward API, probes) as the
+    // kvroute-operator service account, watching every namespace (the deploy/ default).
+    let shipped = install_operator(&admin).await?;
+    let pods_dir = cluster.dir().join("pods");
+    let operator_replicas = shipped.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let router_replicas: i32 = shipped_env(&shipped, "KVROUTE_OPERATOR_ROUTER_REPLICAS")
+        .context("the shipped operator sets no KVROUTE_OPERATOR_ROUTER_REPLICAS")?
+        .parse()?;
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), DEPLOY_NAMESPACE);
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), DEPLOY_NAMESPACE);
+    // Every replica ready (its readiness probe is the pod spec's /healthz on the admin port),
+    // and one of them, named by the downward API, holds the Lease.
+    let leader = wait_for(
+        "the shipped operator Deployment is available and one of its pods leads",
+        WAIT,
+        || async {
+            let d = deployments.get(OPERATOR_NAME).await?;
+            let available = d.status.and_then(|s| s.available_replicas) == Some(operator_replicas);
+            let pods = operator_pods(&kubelet);
+            let holder = leases
+                .get_opt(LEASE_NAME)
+                .await?
+                .and_then(|l| l.spec?.holder_identity);
+            let leads = holder.filter(|h| pods.iter().any(|p| &p.name == h && p.ready));
+            Ok(leads.filter(|_| available && pods.len() == operator_replicas as usize))
+        },
     )
-    .await?;
+    .await
+    .with_context(|| {
+        format!(
+            "kubelet problems: {:?}\nkubelet journal (last 30): {:#?}\noperator pods:\n{}",
+            kubelet.problems(),
+            kubelet.journal().iter().rev().take(30).collect::<Vec<_>>(),
+            operator_pod_logs(&pods_dir)
+        )
+    })?;
+    println!("the shipped operator runs {operator_replicas} pods; {leader} leads");
     workload(&admin).await?;
 
     // The router, as its service account, discovers the worker, which streams to it; the
     // worker pod runs without any token. Its Deployment is followed until the template that
     // mounts the GatewayBackend's Secret has rolled out: a pod of an earlier template may be
     // replaced before it ever turns ready.
-    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), DEPLOY_NAMESPACE);
     wait_for(
         "the router Deployment mounts the backend Secret and has rolled out",
         WAIT,
@@ -357,49 +462,64 @@ async fn operator_and_router_use_exactly_the_generated_rbac() -> anyhow::Result<
             let st = d.status.unwrap_or_default();
             let rolled_out = d.metadata.generation.is_some()
                 && st.observed_generation == d.metadata.generation
-                && st.replicas == Some(1)
-                && st.updated_replicas == Some(1)
-                && st.available_replicas == Some(1);
+                && st.replicas == Some(router_replicas)
+                && st.updated_replicas == Some(router_replicas)
+                && st.available_replicas == Some(router_replicas);
             Ok((mounts && rolled_out).then_some(()))
         },
     )
     .await
     .with_context(|| {
         format!(
-            "kubelet problems: {:?}\nkubelet journal (last 30): {:#?}\noperator log:\n{}",
+            "kubelet problems: {:?}\nkubelet journal (last 30): {:#?}\noperator pods:\n{}",
             kubelet.problems(),
             kubelet.journal().iter().rev().take(30).collect::<Vec<_>>(),
-            operator.log()
+            operator_pod_logs(&pods_dir)
         )
     })?;
-    let router = kubelet
+    // Every router replica is ready with its tokenizer and answers (the sidecar streams to
+    // each of them).
+    let routers: Vec<RunningPod> = kubelet
         .running()
         .into_iter()
-        .find(|p| p.name.starts_with(ROUTER_NAME) && p.ready)
-        .context("the rolled-out router pod is not running in the kubelet")?;
+        .filter(|p| p.name.starts_with(ROUTER_NAME) && p.ready)
+        .collect();
+    assert_eq!(
+        routers.len(),
+        router_replicas as usize,
+        "ready router pods in the kubelet: {routers:?}"
+    );
     let http = reqwest::Client::new();
-    let admin_url = format!("http://{}:{ADMIN_PORT}", router.ip);
-    wait_for("the router is ready with its tokenizer", WAIT, || async {
-        let r = http
-            .get(format!("{admin_url}/readyz?model={SERVED}"))
+    for router in &routers {
+        let admin_url = format!("http://{}:{ADMIN_PORT}", router.ip);
+        wait_for("the router is ready with its tokenizer", WAIT, || async {
+            let r = http
+                .get(format!("{admin_url}/readyz?model={SERVED}"))
+                .send()
+                .await?;
+            Ok(r.status().is_success().then_some(()))
+        })
+        .await
+        .with_context(|| {
+            format!(
+                "{}: kubelet problems: {:?}",
+                router.name,
+                kubelet.problems()
+            )
+        })?;
+        let answer = http
+            .post(format!(
+                "http://{}:{HTTP_PORT}/v1/chat/completions",
+                router.ip
+            ))
+            .json(&json!({"model": SERVED, "max_tokens": 4,
+                          "messages": [{"role": "user", "content": "hello"}]}))
             .send()
             .await?;
-        Ok(r.status().is_success().then_some(()))
-    })
-    .await
-    .with_context(|| format!("kubelet problems: {:?}", kubelet.problems()))?;
-    let answer = http
-        .post(format!(
-            "http://{}:{HTTP_PORT}/v1/chat/completions",
-            router.ip
-        ))
-        .json(&json!({"model": SERVED, "max_tokens": 4,
-                      "messages": [{"role": "user", "content": "hello"}]}))
-        .send()
-        .await?;
-    let status = answer.status();
-    let body = answer.text().await?;
-    assert!(status.is_success(), "{status}: {body}");
+        let status = answer.status();
+        let body = answer.text().await?;
+        assert!(status.is_success(), "{}: {status}: {body}", router.name);
+    }
     statuses_written(&admin).await?;
     let sets: Api<InferenceWorkerSet> = Api::namespaced(admin.clone(), TEAM);
     wait_for("the WorkerSet reports its ready worker", WAIT, || async {
@@ -408,11 +528,48 @@ async fn operator_and_router_use_exactly_the_generated_rbac() -> anyhow::Result<
     })
     .await?;
 
+    // The leader's pod goes (a node drain, an eviction): another replica takes the Lease,
+    // and the Deployment brings the count back.
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
+        .delete(&leader, &Default::default())
+        .await?;
+    let successor = wait_for("another operator pod takes the Lease", WAIT, || async {
+        let holder = leases
+            .get_opt(LEASE_NAME)
+            .await?
+            .and_then(|l| l.spec?.holder_identity);
+        Ok(holder.filter(|h| h != &leader && !h.is_empty()))
+    })
+    .await
+    .with_context(|| operator_pod_logs(&pods_dir))?;
+    wait_for("the operator Deployment is whole again", WAIT, || async {
+        let d = deployments.get(OPERATOR_NAME).await?;
+        let available = d.status.and_then(|s| s.available_replicas) == Some(operator_replicas);
+        Ok(
+            (available && operator_pods(&kubelet).len() == operator_replicas as usize)
+                .then_some(()),
+        )
+    })
+    .await?;
+    println!("{leader} deleted; {successor} leads");
+
     // The other watch scope: an operator watching only TEAM writes the router's Role and
-    // RoleBinding there instead. (The Lease is deleted so that it need not expire first.)
-    drop(operator);
-    Api::<Lease>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
-        .delete(LEASE_NAME, &Default::default())
+    // RoleBinding there instead. The shipped Deployment is scaled to zero first, and the Lease
+    // deleted so that it need not expire.
+    deployments
+        .patch(
+            OPERATOR_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await?;
+    wait_for("the operator's pods are gone", WAIT, || async {
+        Ok(operator_pods(&kubelet).is_empty().then_some(()))
+    })
+    .await?;
+    leases.delete(LEASE_NAME, &Default::default()).await?;
+    let kubeconfig = cluster
+        .service_account_kubeconfig(&admin, DEPLOY_NAMESPACE, OPERATOR_NAME)
         .await?;
     let operator = OperatorProcess::start_as(
         &cluster,

@@ -4,8 +4,10 @@
 //! ```text
 //! Cluster (etcd + kube-apiserver + kube-controller-manager, free ports, temp dir)
 //!   |-- install_crds(crds/*.yaml)
-//!   |-- spawn_operator()      `kvroute operator` with KUBECONFIG
-//!   `-- FakeKubelet           Pods -> `kvroute mock-vllm` + `kvroute sidecar` on 127.A.B.C,
+//!   |-- spawn_operator()      `kvroute operator` with KUBECONFIG (or deploy/operator.yaml's
+//!   |                         Deployment, run by the FakeKubelet: k8s_rbac_audit.rs)
+//!   `-- FakeKubelet           Pods -> `kvroute mock-vllm` + `kvroute sidecar` (+ `router`,
+//!                             `operator`) on 127.A.B.C,
 //!                             Pod status Running/Ready, a fake Node, Secret volumes
 //!                             as local directories (volumes.rs), kept in sync
 //! ```

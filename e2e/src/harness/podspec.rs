@@ -19,8 +19,10 @@ use std::net::Ipv4Addr;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-/// The `kvroute` subcommands the fake kubelet knows how to run.
-pub const RUNNABLE: [&str; 3] = ["mock-vllm", "sidecar", "router"];
+/// The `kvroute` subcommands the fake kubelet knows how to run. `operator` is the operator's
+/// Deployment (deploy/operator.yaml): its image's `kvroute-operator` binary is the code of
+/// `kvroute operator`, with the same flags and environment variables.
+pub const RUNNABLE: [&str; 4] = ["mock-vllm", "sidecar", "router", "operator"];
 
 /// Image of harness self-tests: the container's `command` + `args` run as a plain program.
 pub const EXEC_IMAGE: &str = "kvroute-e2e/exec";
@@ -160,7 +162,7 @@ impl std::fmt::Display for PlanError {
         match self {
             Self::Unsupported { container, image } => write!(
                 f,
-                "container {container:?} (image {image:?}) is not a kvroute mock-vllm/sidecar/router container; the fake kubelet runs only those"
+                "container {container:?} (image {image:?}) is not a kvroute mock-vllm/sidecar/router/operator container; the fake kubelet runs only those"
             ),
             Self::UnknownPort { container, port } => {
                 write!(f, "container {container:?}: unknown named port {port:?}")
@@ -736,6 +738,12 @@ mod tests {
             r,
             Some((Program::Kvroute("router".into()), vec!["--x".into()]))
         );
+        // The operator's Deployment names its binary (deploy/operator.yaml).
+        let r = runnable(&c(
+            json!({"name": "operator", "image": "ghcr.io/kvroute/kvroute-operator:0.1.0",
+                   "command": ["kvroute-operator"]}),
+        ));
+        assert_eq!(r, Some((Program::Kvroute("operator".into()), vec![])));
         let r = runnable(&c(
             json!({"name": "a", "image": "kvroute:1", "args": ["kvroute", "mock-vllm", "--p"]}),
         ));
