@@ -372,7 +372,9 @@ pub struct PredictedTtftConfig {
     pub cache_affinity: f64,
     /// A worker reporting waiting requests at this KV usage or above is saturated: new
     /// requests wait there for decodes to free KV, so its cache does not anchor the
-    /// affinity charge (others are not charged for not holding what it holds).
+    /// affinity charge (others are not charged for not holding what it holds), unless the
+    /// router's outstanding requests there use the prompt's leading blocks
+    /// (`Candidate::in_use_blocks`): those stay cached while they run.
     pub saturated_kv_usage: f32,
     /// KV balance: each KV token the router's outstanding requests hold on a candidate
     /// (`Candidate::active_kv_tokens`) beyond the least-occupied candidate is charged as this
@@ -511,7 +513,8 @@ impl PredictedTtft {
     /// Seconds charged to `c` for holding fewer leading tokens than the best-cached
     /// candidate (`best_cached` expected cached tokens): `cache_affinity` times the time to
     /// recompute the difference at `c`'s rate. `best_cached` is taken over the candidates
-    /// that are not saturated (see `saturated_kv_usage`).
+    /// that are not saturated, or whose outstanding requests use the prompt's leading blocks
+    /// (see `saturated_kv_usage`).
     pub fn affinity_penalty(&self, c: &Candidate, best_cached: f64) -> f64 {
         let missing = (best_cached - c.expected_cached_tokens).max(0.0);
         if self.cfg.cache_affinity <= 0.0 || missing <= 0.0 || c.prefill_rate <= 0.0 {
@@ -604,10 +607,14 @@ impl Policy for PredictedTtft {
 
     fn choose(&mut self, ctx: &ChoiceContext, _now: f64) -> Option<Decision> {
         let saturated = |c: &Candidate| c.waiting > 0 && c.kv_usage >= self.cfg.saturated_kv_usage;
+        // A saturated worker still anchors the charge (and counts as a holder) for a prefix
+        // its outstanding requests use: those blocks stay while they run, so a request there
+        // needs only its own.
+        let anchors = |c: &Candidate| !saturated(c) || c.in_use_blocks > 0;
         let best_cached = ctx
             .candidates
             .iter()
-            .filter(|c| !saturated(c))
+            .filter(|c| anchors(c))
             .map(|c| c.expected_cached_tokens)
             .fold(0.0, f64::max);
         let holds = |c: &Candidate| c.expected_cached_tokens + c.block_size as f64 >= best_cached;
@@ -620,7 +627,7 @@ impl Policy for PredictedTtft {
         let holders = ctx
             .candidates
             .iter()
-            .filter(|c| !saturated(c) && holds(c))
+            .filter(|c| anchors(c) && holds(c))
             .count();
         let hot = best_cached > 0.0 && share * ctx.candidates.len() as f64 > holders as f64;
         let least_active = ctx
@@ -970,6 +977,15 @@ mod tests {
         let d = p.choose(&ctx, 0.0).expect("decision");
         assert_eq!(d.chosen, WorkerId(1));
         assert!((d.candidates[1].score - 0.45).abs() < 1e-12);
+        // ... unless its outstanding requests use the prompt's leading blocks (a burst's
+        // holder): those stay while they run, so the cold worker is charged again.
+        let mut in_use = ctx;
+        in_use.candidates[0].in_use_blocks = 128;
+        in_use.candidates[0].predicted_ttft = 0.5;
+        let d = p.choose(&in_use, 0.0).expect("decision");
+        assert_eq!(d.chosen, WorkerId(0));
+        let charged = d.candidates[1].score - 0.45;
+        assert!((charged - 2_048.0 / 4_800.0).abs() < 1e-9, "{charged}");
     }
 
     #[test]
