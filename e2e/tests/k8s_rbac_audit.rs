@@ -139,6 +139,15 @@ fn compare(
     (problems, used)
 }
 
+/// Creates the manifest `doc` as a `K` through `api`, as `kubectl create` would.
+async fn create<K>(api: Api<K>, doc: Value) -> anyhow::Result<K>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
+{
+    let o: K = serde_json::from_value(doc)?;
+    Ok(api.create(&PostParams::default(), &o).await?)
+}
+
 /// Applies deploy/operator.yaml (Namespace, ServiceAccount, the operator's Deployment,
 /// NetworkPolicy) and deploy/rbac.yaml, as a cluster admin installing kvroute would. Returns
 /// the operator's Deployment as shipped.
@@ -147,35 +156,35 @@ async fn install_operator(admin: &kube::Client) -> anyhow::Result<Deployment> {
         let text = std::fs::read_to_string(repo_path(f)).with_context(|| f.to_string())?;
         Ok(serde_saphyr::from_multiple(&text)?)
     };
-    let pp = PostParams::default();
     let mut shipped = None;
     let mut kinds = Vec::new();
     for doc in read("deploy/operator.yaml")? {
         let kind = doc["kind"].as_str().unwrap_or_default().to_string();
         match kind.as_str() {
-            "Namespace" => {
-                let o: Namespace = serde_json::from_value(doc)?;
-                Api::<Namespace>::all(admin.clone()).create(&pp, &o).await?;
-            }
-            "ServiceAccount" => {
-                let o: ServiceAccount = serde_json::from_value(doc)?;
-                Api::<ServiceAccount>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
-                    .create(&pp, &o)
-                    .await?;
-            }
+            "Namespace" => drop(create(Api::<Namespace>::all(admin.clone()), doc).await?),
+            "ServiceAccount" => drop(
+                create(
+                    Api::<ServiceAccount>::namespaced(admin.clone(), DEPLOY_NAMESPACE),
+                    doc,
+                )
+                .await?,
+            ),
             "Deployment" => {
-                let o: Deployment = serde_json::from_value(doc)?;
-                shipped = Some(o.clone());
-                Api::<Deployment>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
-                    .create(&pp, &o)
-                    .await?;
+                shipped = Some(
+                    create(
+                        Api::<Deployment>::namespaced(admin.clone(), DEPLOY_NAMESPACE),
+                        doc,
+                    )
+                    .await?,
+                );
             }
-            "NetworkPolicy" => {
-                let o: NetworkPolicy = serde_json::from_value(doc)?;
-                Api::<NetworkPolicy>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
-                    .create(&pp, &o)
-                    .await?;
-            }
+            "NetworkPolicy" => drop(
+                create(
+                    Api::<NetworkPolicy>::namespaced(admin.clone(), DEPLOY_NAMESPACE),
+                    doc,
+                )
+                .await?,
+            ),
             other => bail!("unexpected kind {other} in deploy/operator.yaml"),
         }
         kinds.push(kind);
@@ -187,30 +196,24 @@ async fn install_operator(admin: &kube::Client) -> anyhow::Result<Deployment> {
     for doc in read("deploy/rbac.yaml")? {
         let kind = doc["kind"].as_str().unwrap_or_default().to_string();
         match kind.as_str() {
-            "ClusterRole" => {
-                let o: ClusterRole = serde_json::from_value(doc)?;
-                Api::<ClusterRole>::all(admin.clone())
-                    .create(&pp, &o)
-                    .await?;
-            }
+            "ClusterRole" => drop(create(Api::<ClusterRole>::all(admin.clone()), doc).await?),
             "ClusterRoleBinding" => {
-                let o: ClusterRoleBinding = serde_json::from_value(doc)?;
-                Api::<ClusterRoleBinding>::all(admin.clone())
-                    .create(&pp, &o)
-                    .await?;
+                drop(create(Api::<ClusterRoleBinding>::all(admin.clone()), doc).await?)
             }
-            "Role" => {
-                let o: Role = serde_json::from_value(doc)?;
-                Api::<Role>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
-                    .create(&pp, &o)
-                    .await?;
-            }
-            "RoleBinding" => {
-                let o: RoleBinding = serde_json::from_value(doc)?;
-                Api::<RoleBinding>::namespaced(admin.clone(), DEPLOY_NAMESPACE)
-                    .create(&pp, &o)
-                    .await?;
-            }
+            "Role" => drop(
+                create(
+                    Api::<Role>::namespaced(admin.clone(), DEPLOY_NAMESPACE),
+                    doc,
+                )
+                .await?,
+            ),
+            "RoleBinding" => drop(
+                create(
+                    Api::<RoleBinding>::namespaced(admin.clone(), DEPLOY_NAMESPACE),
+                    doc,
+                )
+                .await?,
+            ),
             other => bail!("unexpected kind {other} in deploy/rbac.yaml"),
         }
         kinds.push(kind);
