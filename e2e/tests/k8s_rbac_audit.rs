@@ -252,25 +252,32 @@ fn shipped_env(d: &Deployment, name: &str) -> Option<String> {
         .clone()
 }
 
-/// The last lines of every operator pod's log (the fake kubelet writes
-/// `<pods dir>/<namespace>_<pod>/<container>.log`), for failure messages.
-fn operator_pod_logs(pods_dir: &std::path::Path) -> String {
-    let mut out = String::new();
+/// The last lines of every operator pod's log, deleted pods included
+/// ([`Cluster::pod_log_lines`] of each `<namespace>_<pod>` directory), for failure messages.
+fn operator_pod_logs(cluster: &Cluster) -> String {
     let prefix = format!("{DEPLOY_NAMESPACE}_{OPERATOR_NAME}-");
-    let Ok(entries) = std::fs::read_dir(pods_dir) else {
-        return out;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        if !name.starts_with(&prefix) {
-            continue;
-        }
-        let text = std::fs::read_to_string(e.path().join("operator.log")).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = lines[lines.len().saturating_sub(30)..].join("\n");
-        out += &format!("--- {name} ---\n{tail}\n");
-    }
-    out
+    let mut pods: Vec<String> = std::fs::read_dir(cluster.dir().join("pods"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()?
+                        .strip_prefix(&prefix)
+                        .map(str::to_string)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    pods.sort();
+    pods.iter()
+        .map(|p| {
+            let pod = format!("{OPERATOR_NAME}-{p}");
+            format!(
+                "--- {pod} ---\n{}",
+                cluster.pod_log_lines(DEPLOY_NAMESPACE, &pod, &[], 30)
+            )
+        })
+        .collect()
 }
 
 /// The operator's pods the fake kubelet runs.
@@ -404,7 +411,6 @@ async fn operator_and_router_use_exactly_the_generated_rbac() -> anyhow::Result<
     // fake kubelet runs from their spec (command, env from the downward API, probes) as the
     // kvroute-operator service account, watching every namespace (the deploy/ default).
     let shipped = install_operator(&admin).await?;
-    let pods_dir = cluster.dir().join("pods");
     let operator_replicas = shipped.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let router_replicas: i32 = shipped_env(&shipped, "KVROUTE_OPERATOR_ROUTER_REPLICAS")
         .context("the shipped operator sets no KVROUTE_OPERATOR_ROUTER_REPLICAS")?
@@ -434,7 +440,7 @@ async fn operator_and_router_use_exactly_the_generated_rbac() -> anyhow::Result<
             "kubelet problems: {:?}\nkubelet journal (last 30): {:#?}\noperator pods:\n{}",
             kubelet.problems(),
             kubelet.journal().iter().rev().take(30).collect::<Vec<_>>(),
-            operator_pod_logs(&pods_dir)
+            operator_pod_logs(&cluster)
         )
     })?;
     println!("the shipped operator runs {operator_replicas} pods; {leader} leads");
@@ -477,7 +483,7 @@ async fn operator_and_router_use_exactly_the_generated_rbac() -> anyhow::Result<
             "kubelet problems: {:?}\nkubelet journal (last 30): {:#?}\noperator pods:\n{}",
             kubelet.problems(),
             kubelet.journal().iter().rev().take(30).collect::<Vec<_>>(),
-            operator_pod_logs(&pods_dir)
+            operator_pod_logs(&cluster)
         )
     })?;
     // Every router replica is ready with its tokenizer and answers (the sidecar streams to
@@ -544,7 +550,7 @@ async fn operator_and_router_use_exactly_the_generated_rbac() -> anyhow::Result<
         Ok(holder.filter(|h| h != &leader && !h.is_empty()))
     })
     .await
-    .with_context(|| operator_pod_logs(&pods_dir))?;
+    .with_context(|| operator_pod_logs(&cluster))?;
     wait_for("the operator Deployment is whole again", WAIT, || async {
         let d = deployments.get(OPERATOR_NAME).await?;
         let available = d.status.and_then(|s| s.available_replicas) == Some(operator_replicas);
