@@ -5,6 +5,7 @@
         --workload multi-turn --policies kvroute --records DIR
     scripts/prediction-breakdown.py DIR/multi-turn-kvroute.jsonl
     scripts/prediction-breakdown.py DIR/multi-turn-kvroute.jsonl --fit-at 26.5
+    scripts/prediction-breakdown.py DIR/multi-turn-kvroute.jsonl --best-line
 
 Skips the first tenth of requests by arrival (the report's warm-up) and prints the median
 |predicted - observed| / observed TTFT of the chosen worker, split three ways:
@@ -118,9 +119,17 @@ def weighted_fit(samples):
     """(rate tok/s, overhead s) of a least-squares line through (ktokens, ttft, predicted)
     samples, each weighted by 1 / max(predicted, 0.05)^2 as predict.rs weighs them; None
     when the fit is degenerate."""
+    fit = line_fit([(x, y) for x, y, _ in samples], [1.0 / max(p, 0.05) ** 2 for _, _, p in samples])
+    if fit is None or fit[0] <= 0:
+        return None
+    return (1000.0 / fit[0], fit[1])
+
+
+def line_fit(samples, weights):
+    """(seconds per ktoken, overhead s) of the weighted least-squares line through (x, y)
+    samples; None when degenerate."""
     s00 = s01 = s11 = v0 = v1 = 0.0
-    for x, y, p in samples:
-        wt = 1.0 / max(p, 0.05) ** 2
+    for (x, y), wt in zip(samples, weights):
         s00 += wt * x * x
         s01 += wt * x
         s11 += wt
@@ -129,9 +138,49 @@ def weighted_fit(samples):
     det = s00 * s11 - s01 * s01
     if det <= 0:
         return None
-    a = (v0 * s11 - v1 * s01) / det
-    b = (s00 * v1 - s01 * v0) / det
-    return (1000.0 / a, b) if a > 0 else None
+    return ((v0 * s11 - v1 * s01) / det, (s00 * v1 - s01 * v0) / det)
+
+
+def best_line(samples):
+    """The line with the least sum of relative absolute errors through (ktokens, ttft)
+    samples, and its median relative error; None when degenerate."""
+    weights = [1.0 / y**2 for _, y in samples]
+    fit = None
+    for _ in range(60):
+        fit = line_fit(samples, weights)
+        if fit is None:
+            return None
+        rel = [abs(fit[0] * x + fit[1] - y) / y for x, y in samples]
+        weights = [1.0 / (y**2 * max(e, 1e-3)) for (_, y), e in zip(samples, rel)]
+    return fit, statistics.median(rel)
+
+
+def best_lines(path):
+    everything = load(path)
+    rows = [
+        r
+        for r in everything[len(everything) // 10 :]
+        if r["ttft"] > 0 and r["predicted_ttft"] is not None
+    ]
+    print(f"{path}: {len(rows)} requests after warm-up\n")
+    print("| worker | requests | router's median error | best line in hindsight: median error "
+          "| its rate (tok/s), overhead (s) |")
+    print("|---|---:|---:|---:|---|")
+    groups = [(w, [r for r in rows if r["worker"] == w]) for w in sorted({r["worker"] for r in rows})]
+    for w, sel in groups + [("all", rows)]:
+        samples = []
+        for r in sel:
+            c = chosen(r)
+            x = c["queue_tokens"] + max(0.0, r["prompt_tokens"] - c["expected_cached_tokens"])
+            samples.append((x / 1000.0, r["ttft"]))
+        router = statistics.median(rel_error(r) for r in sel)
+        got = best_line(samples) if len(samples) >= 3 else None
+        if got is None or got[0][0] <= 0:
+            print(f"| {w} | {len(sel)} | {router * 100:.1f}% | - | - |")
+            continue
+        (a, b), err = got
+        print(f"| {w} | {len(sel)} | {router * 100:.1f}% | {err * 100:.1f}% "
+              f"| {1000.0 / a:.0f}, {b:.3f} |")
 
 
 def mix(samples):
@@ -170,6 +219,8 @@ def fit_at(path, t):
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[2] == "--fit-at":
         fit_at(sys.argv[1], float(sys.argv[3]))
+    elif len(sys.argv) == 3 and sys.argv[2] == "--best-line":
+        best_lines(sys.argv[1])
     elif len(sys.argv) == 2:
         main(sys.argv[1])
     else:

@@ -2,6 +2,7 @@
 """Pools several `e2e/peers/run.sh` outputs (peers.json, one per seed) into one table.
 
     e2e/peers/pool.py OUT/s*/peers.json > pooled.md
+    e2e/peers/pool.py --kvroute-from NEW OUT/s*/peers.json > pooled.md
 
 For each workload and policy: TTFT p50 / p90 and throughput at each concurrency level of the
 sweep (the same requests for every policy of a run), as the median over the runs with
@@ -10,6 +11,10 @@ peer router (rows whose name ends in `-router-...`) on the median of each figure
 levels (`--rate-sweep`) are listed after the closed ones as `R/s` (new sessions per second),
 followed by each policy's peak goodput over them (the highest throughput among the rates
 whose p90 TTFT <= 8 s) and kvroute's ratio to the best real peer's.
+
+With `--kvroute-from NEW`, each run's kvroute rows come from NEW/s<seed>/peers.json instead
+(`e2e/peers/kvroute-alone.sh` on the same seeds and BENCH_ARGS): a new build's rows beside
+peer rows measured earlier. A run without such a file is an error.
 """
 import json
 import statistics
@@ -23,10 +28,30 @@ def fmt(xs, digits):
     return f"{med:.{digits}f} [{min(xs):.{digits}f}-{max(xs):.{digits}f}]"
 
 
-def main(paths):
+def load(path, kvroute_from):
+    run = json.load(open(path))
+    if kvroute_from is None:
+        return run
+    seed = run["config"]["seed"]
+    new = json.load(open(f"{kvroute_from}/s{seed}/peers.json"))
+    if new["config"]["seed"] != seed:
+        sys.exit(f"{kvroute_from}/s{seed}/peers.json: seed {new['config']['seed']}")
+    for w, res in run["workloads"].items():
+        rows = new["workloads"].get(w, {})
+        if "kvroute" not in rows:
+            sys.exit(f"{kvroute_from}/s{seed}/peers.json: no kvroute rows for {w}")
+        res["kvroute"] = rows["kvroute"]
+    return run
+
+
+def main(args):
+    kvroute_from = None
+    if args[:1] == ["--kvroute-from"] and len(args) >= 2:
+        kvroute_from, args = args[1], args[2:]
+    paths = args
     if not paths:
-        sys.exit("usage: pool.py RUN/peers.json...")
-    runs = [json.load(open(p)) for p in paths]
+        sys.exit("usage: pool.py [--kvroute-from DIR] RUN/peers.json...")
+    runs = [load(p, kvroute_from) for p in paths]
     seeds = [r["config"]["seed"] for r in runs]
     speedups = sorted({r["config"]["profile"] for r in runs})
     print(f"{len(runs)} runs, seeds {', '.join(map(str, seeds))}; {'; '.join(speedups)}.")

@@ -174,6 +174,12 @@ pub struct BenchArgs {
     /// "Identical workers, one prefill speed").
     #[arg(long, value_name = "FRACTION")]
     pub rate_pool: Option<f64>,
+    /// Sim: the TTFT fit's outlier clip (`PredictorConfig::outlier_clip`): a first token off
+    /// its prediction by more than this many times the prediction counts only up to that
+    /// bound. Default: the router's own (1.0). For measuring other values (bench/README.md,
+    /// "What is left of the simulated prediction error").
+    #[arg(long, value_name = "MULTIPLE")]
+    pub outlier_clip: Option<f64>,
     /// Sim: run each headline N times, with seeds seed, seed+1, ... (each its own workload
     /// draw and tie-break stream), and report the pooled requests. One run of a few hundred
     /// requests is chaotic: a different early choice changes which prefixes end up where.
@@ -281,6 +287,9 @@ pub struct SuiteConfig {
     /// `--rate-pool`, when given (absent: the router's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_pool: Option<f64>,
+    /// `--outlier-clip`, when given (absent: the router's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outlier_clip: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -356,6 +365,14 @@ pub async fn run(mut args: BenchArgs) -> anyhow::Result<()> {
             bail!("--rate-pool needs --mode sim (a live router takes its own --rate-pool)");
         }
         kvroute_router::routing::rate_pool_from(f).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(c) = args.outlier_clip {
+        if args.mode != "sim" {
+            bail!("--outlier-clip needs --mode sim (a live router takes the default)");
+        }
+        if !(c.is_finite() && c > 0.0) {
+            bail!("--outlier-clip {c}: must be a positive multiple of the prediction");
+        }
     }
     if args.mode == "sim" && args.seed.is_none() {
         // Headline figures come from a seed nobody chose (none used while tuning).
@@ -525,6 +542,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
         generic_prior: args.generic_prior,
         overcommit_margin: args.overcommit_margin,
         rate_pool: args.rate_pool,
+        outlier_clip: args.outlier_clip,
     };
     if let Some(dir) = &args.records {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -641,6 +659,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             repeats: args.repeats,
             overcommit_margin: args.overcommit_margin,
             rate_pool: args.rate_pool,
+            outlier_clip: args.outlier_clip,
         },
         workloads,
     })
@@ -776,28 +795,44 @@ mod tests {
         assert!(err.contains("needs --mode sim"), "{err}");
     }
 
+    /// `kvroute bench FLAGS` parsed, with a fixed seed.
+    fn parsed(flags: &[&str]) -> BenchArgs {
+        let mut a = BenchArgs::augment_args(clap::Command::new("bench"))
+            .try_get_matches_from(std::iter::once("bench").chain(flags.iter().copied()))
+            .and_then(|m| BenchArgs::from_arg_matches(&m))
+            .expect("flags parse");
+        a.seed = Some(1);
+        a
+    }
+
+    /// The error `kvroute bench FLAGS` stops with before running anything.
+    fn refused(flags: &[&str]) -> String {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(run(parsed(flags)))
+            .expect_err("refused")
+            .to_string()
+    }
+
     #[test]
     fn the_rate_pool_takes_a_fraction_and_only_in_simulation() {
-        let args = |flags: &[&str]| {
-            let mut a = BenchArgs::augment_args(clap::Command::new("bench"))
-                .try_get_matches_from(std::iter::once("bench").chain(flags.iter().copied()))
-                .and_then(|m| BenchArgs::from_arg_matches(&m))
-                .expect("flags parse");
-            a.seed = Some(1);
-            a
-        };
-        assert_eq!(args(&["--rate-pool", "0"]).rate_pool, Some(0.0));
-        let refused = |flags: &[&str]| {
-            tokio::runtime::Builder::new_current_thread()
-                .build()
-                .expect("runtime")
-                .block_on(run(args(flags)))
-                .expect_err("refused")
-                .to_string()
-        };
+        assert_eq!(parsed(&["--rate-pool", "0"]).rate_pool, Some(0.0));
         let err = refused(&["--mode", "live", "--rate-pool", "0.25"]);
         assert!(err.contains("needs --mode sim"), "{err}");
         let err = refused(&["--rate-pool", "11"]);
         assert!(err.contains("outside 0..=10"), "{err}");
+    }
+
+    #[test]
+    fn the_outlier_clip_takes_a_positive_multiple_and_only_in_simulation() {
+        assert_eq!(parsed(&["--outlier-clip", "0.25"]).outlier_clip, Some(0.25));
+        assert_eq!(parsed(&[]).outlier_clip, None);
+        let err = refused(&["--mode", "live", "--outlier-clip", "0.25"]);
+        assert!(err.contains("needs --mode sim"), "{err}");
+        for bad in ["0", "-1", "NaN"] {
+            let err = refused(&[&format!("--outlier-clip={bad}")]);
+            assert!(err.contains("positive multiple"), "{bad}: {err}");
+        }
     }
 }

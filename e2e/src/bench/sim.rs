@@ -84,6 +84,8 @@ pub struct SimConfig {
     pub overcommit_margin: Option<super::OvercommitMargin>,
     /// kvroute's rate pool fraction (0: off), when not the router's default.
     pub rate_pool: Option<f64>,
+    /// The TTFT fit's outlier clip, when not the router's default.
+    pub outlier_clip: Option<f64>,
 }
 
 /// What happened to one request.
@@ -297,6 +299,12 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
     if let Some(f) = cfg.rate_pool {
         core_cfg.rate_pool =
             kvroute_router::routing::rate_pool_from(f).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(c) = cfg.outlier_clip {
+        if !(c.is_finite() && c > 0.0) {
+            bail!("outlier clip {c}: must be a positive multiple of the prediction");
+        }
+        core_cfg.predictor.outlier_clip = c;
     }
     let mut core = RoutingCore::new(core_cfg);
     let mut workers = Vec::with_capacity(cfg.workers);
