@@ -54,13 +54,14 @@ pub struct Assignment {
     pub prompt_tokens: u64,
     /// Prompt tokens the worker was expected to compute (not cached).
     pub uncached_tokens: u64,
-    /// Prefill tokens that were ahead of it when assigned (for learning the TTFT model).
-    pub queue_tokens: f64,
-    /// Seconds of the head's prefill counted as done in `queue_tokens` (see
+    /// Prefill tokens that were ahead of it when assigned, with what the prediction took off
+    /// as the head's drain added back (`Candidate::queue_tokens` plus `queue_drain_s` at the
+    /// rate learned then): the queue as it stood when the head began, which the TTFT model
+    /// learns from.
+    pub undrained_queue_tokens: f64,
+    /// Seconds of the head's prefill the prediction counted as done (see
     /// `Candidate::queue_drain_s`).
     pub queue_drain_s: f64,
-    /// Tokens those seconds drained at the rate learned then.
-    pub queue_drain_tokens: f64,
     /// TTFT predicted when assigned (seconds; NaN when the policy made no prediction).
     pub predicted_ttft: f64,
     /// The p90 upper bound published with that prediction (seconds; NaN for none).
@@ -87,12 +88,11 @@ pub struct NewAssignment {
     pub prompt_tokens: u64,
     /// Prompt tokens expected to be computed.
     pub uncached_tokens: u64,
-    /// Prefill tokens ahead of it.
-    pub queue_tokens: f64,
-    /// Seconds of the head's prefill counted as done in `queue_tokens`.
+    /// Prefill tokens ahead of it, the head's drain added back (see
+    /// [`Assignment::undrained_queue_tokens`]).
+    pub undrained_queue_tokens: f64,
+    /// Seconds of the head's prefill the prediction counted as done.
     pub queue_drain_s: f64,
-    /// Tokens those seconds drained at the rate learned then.
-    pub queue_drain_tokens: f64,
     /// Predicted TTFT (seconds; NaN for none).
     pub predicted_ttft: f64,
     /// Its p90 upper bound (seconds; NaN for none; set by the core when it assigns).
@@ -194,9 +194,8 @@ impl Assignments {
                 worker: a.worker,
                 prompt_tokens: a.prompt_tokens,
                 uncached_tokens: a.uncached_tokens,
-                queue_tokens: a.queue_tokens,
+                undrained_queue_tokens: a.undrained_queue_tokens,
                 queue_drain_s: a.queue_drain_s,
-                queue_drain_tokens: a.queue_drain_tokens,
                 predicted_ttft: a.predicted_ttft,
                 ttft_bound: a.ttft_bound,
                 assigned_at: now,
@@ -404,9 +403,8 @@ mod tests {
             worker: WorkerId(worker),
             prompt_tokens: prompt,
             uncached_tokens: uncached,
-            queue_tokens: 0.0,
+            undrained_queue_tokens: 0.0,
             queue_drain_s: 0.0,
-            queue_drain_tokens: 0.0,
             predicted_ttft: 0.1,
             ttft_bound: f64::NAN,
             output_tokens: 100,

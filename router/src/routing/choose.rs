@@ -313,9 +313,9 @@ impl Decision {
                     c.uncached_tokens(self.prompt_tokens)
                 })
                 .round() as u64,
-            queue_tokens: c.map_or(0.0, |c| c.queue_tokens),
+            undrained_queue_tokens: c
+                .map_or(0.0, |c| c.queue_tokens + c.queue_drain_s * c.prefill_rate),
             queue_drain_s: c.map_or(0.0, |c| c.queue_drain_s),
-            queue_drain_tokens: c.map_or(0.0, |c| c.queue_drain_s * c.prefill_rate),
             predicted_ttft: self.predicted_ttft(),
             ttft_bound: f64::NAN,
             output_tokens: 0,

@@ -727,7 +727,7 @@ impl RoutingCore {
         } else if a.predicted_ttft.is_finite() {
             self.predictor.observe(
                 a.worker,
-                a.queue_tokens + a.queue_drain_tokens,
+                a.undrained_queue_tokens,
                 a.uncached_tokens as f64,
                 a.queue_drain_s,
                 a.predicted_ttft,

@@ -191,18 +191,21 @@ fn the_model_learns_from_the_queue_before_the_heads_drain() {
     let rate = core.predictor.params(cold).0;
     let a = core.assignment(ids[1]).expect("second").clone();
     assert!((a.queue_drain_s - 0.5).abs() < 1e-9, "{}", a.queue_drain_s);
-    assert!((a.queue_drain_tokens - 0.5 * rate).abs() < 1e-6);
-    assert!((a.queue_tokens + a.queue_drain_tokens - 8_000.0).abs() < 1e-6);
+    assert!((a.undrained_queue_tokens - 8_000.0).abs() < 1e-6);
     // Nothing drains for the first (it heads an empty queue).
     let first = core.assignment(ids[0]).expect("first");
-    assert_eq!((first.queue_drain_s, first.queue_drain_tokens), (0.0, 0.0));
+    assert_eq!(
+        (first.queue_drain_s, first.undrained_queue_tokens),
+        (0.0, 0.0)
+    );
     let mut want = core.predictor.clone();
     core.first_token(ids[1], 4.0, None).expect("first token");
     want.observe(cold, 8_000.0, 2_000.0, 0.5, a.predicted_ttft, 2.5);
     assert_eq!(core.predictor.params(cold), want.params(cold));
     let mut drained = core.predictor.clone();
     drained.forget(cold);
-    drained.observe(cold, a.queue_tokens, 2_000.0, 0.0, a.predicted_ttft, 2.5);
+    let queue = a.undrained_queue_tokens - a.queue_drain_s * rate;
+    drained.observe(cold, queue, 2_000.0, 0.0, a.predicted_ttft, 2.5);
     assert_ne!(core.predictor.params(cold), drained.params(cold));
 }
 
