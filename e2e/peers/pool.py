@@ -14,7 +14,8 @@ whose p90 TTFT <= 8 s) and kvroute's ratio to the best real peer's.
 
 With `--kvroute-from NEW`, each run's kvroute rows come from NEW/s<seed>/peers.json instead
 (`e2e/peers/kvroute-alone.sh` on the same seeds and BENCH_ARGS): a new build's rows beside
-peer rows measured earlier. A run without such a file is an error.
+peer rows measured earlier. A run without such a file, or one of another shape (workloads,
+profile, sweep, workers), is an error.
 """
 import json
 import statistics
@@ -33,9 +34,19 @@ def load(path, kvroute_from):
     if kvroute_from is None:
         return run
     seed = run["config"]["seed"]
-    new = json.load(open(f"{kvroute_from}/s{seed}/peers.json"))
+    other = f"{kvroute_from}/s{seed}/peers.json"
+    try:
+        new = json.load(open(other))
+    except (OSError, ValueError) as e:
+        sys.exit(f"{other}: {e} (kvroute's rows for seed {seed} of {path})")
     if new["config"]["seed"] != seed:
-        sys.exit(f"{kvroute_from}/s{seed}/peers.json: seed {new['config']['seed']}")
+        sys.exit(f"{other}: seed {new['config']['seed']}, not {seed}")
+    for key in ("workload_specs",):
+        if new.get(key) != run.get(key):
+            sys.exit(f"{other}: {key} differ from {path}'s (not the same BENCH_ARGS)")
+    for key in ("profile", "sweep", "workers"):
+        if new["config"].get(key) != run["config"].get(key):
+            sys.exit(f"{other}: config.{key} differs from {path}'s (not the same BENCH_ARGS)")
     for w, res in run["workloads"].items():
         rows = new["workloads"].get(w, {})
         if "kvroute" not in rows:
