@@ -59,8 +59,9 @@ def line(label, rows):
     )
 
 
-def main(path):
-    everything = load(path)
+def after_warmup(everything, path):
+    """The requests after the report's warm-up (the first tenth by arrival) that have a first
+    token and a prediction; exits when there are none."""
     rows = [
         r
         for r in everything[len(everything) // 10 :]
@@ -69,6 +70,12 @@ def main(path):
     if not rows:
         sys.exit(f"{path}: no requests after warm-up")
     print(f"{path}: {len(rows)} requests after warm-up\n")
+    return rows
+
+
+def main(path):
+    everything = load(path)
+    rows = after_warmup(everything, path)
     print("| requests | n | median error | TTFT p50 (s) | TTFT p90 (s) |")
     print("|---|---:|---:|---:|---:|")
     line("all", rows)
@@ -156,13 +163,7 @@ def best_line(samples):
 
 
 def best_lines(path):
-    everything = load(path)
-    rows = [
-        r
-        for r in everything[len(everything) // 10 :]
-        if r["ttft"] > 0 and r["predicted_ttft"] is not None
-    ]
-    print(f"{path}: {len(rows)} requests after warm-up\n")
+    rows = after_warmup(load(path), path)
     print("| worker | requests | router's median error | best line in hindsight: median error "
           "| its rate (tok/s), overhead (s) |")
     print("|---|---:|---:|---:|---|")

@@ -148,76 +148,51 @@ where
     Ok(api.create(&PostParams::default(), &o).await?)
 }
 
+/// Creates every manifest of `file` (under deploy/) through `admin`, as `kubectl create -f`
+/// would, appending each one's kind to `kinds`. Returns the Deployment it held, if any.
+async fn create_file(
+    admin: &kube::Client,
+    file: &str,
+    kinds: &mut Vec<String>,
+) -> anyhow::Result<Option<Deployment>> {
+    let text = std::fs::read_to_string(repo_path(file)).with_context(|| file.to_string())?;
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)?;
+    let c = || admin.clone();
+    const NS: &str = DEPLOY_NAMESPACE;
+    let mut deployment = None;
+    for doc in docs {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        match kind.as_str() {
+            "Namespace" => drop(create(Api::<Namespace>::all(c()), doc).await?),
+            "ClusterRole" => drop(create(Api::<ClusterRole>::all(c()), doc).await?),
+            "ClusterRoleBinding" => drop(create(Api::<ClusterRoleBinding>::all(c()), doc).await?),
+            "ServiceAccount" => {
+                drop(create(Api::<ServiceAccount>::namespaced(c(), NS), doc).await?)
+            }
+            "NetworkPolicy" => drop(create(Api::<NetworkPolicy>::namespaced(c(), NS), doc).await?),
+            "Role" => drop(create(Api::<Role>::namespaced(c(), NS), doc).await?),
+            "RoleBinding" => drop(create(Api::<RoleBinding>::namespaced(c(), NS), doc).await?),
+            "Deployment" => {
+                deployment = Some(create(Api::<Deployment>::namespaced(c(), NS), doc).await?);
+            }
+            other => bail!("unexpected kind {other} in {file}"),
+        }
+        kinds.push(kind);
+    }
+    Ok(deployment)
+}
+
 /// Applies deploy/operator.yaml (Namespace, ServiceAccount, the operator's Deployment,
 /// NetworkPolicy) and deploy/rbac.yaml, as a cluster admin installing kvroute would. Returns
 /// the operator's Deployment as shipped.
 async fn install_operator(admin: &kube::Client) -> anyhow::Result<Deployment> {
-    let read = |f: &str| -> anyhow::Result<Vec<Value>> {
-        let text = std::fs::read_to_string(repo_path(f)).with_context(|| f.to_string())?;
-        Ok(serde_saphyr::from_multiple(&text)?)
-    };
-    let mut shipped = None;
     let mut kinds = Vec::new();
-    for doc in read("deploy/operator.yaml")? {
-        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
-        match kind.as_str() {
-            "Namespace" => drop(create(Api::<Namespace>::all(admin.clone()), doc).await?),
-            "ServiceAccount" => drop(
-                create(
-                    Api::<ServiceAccount>::namespaced(admin.clone(), DEPLOY_NAMESPACE),
-                    doc,
-                )
-                .await?,
-            ),
-            "Deployment" => {
-                shipped = Some(
-                    create(
-                        Api::<Deployment>::namespaced(admin.clone(), DEPLOY_NAMESPACE),
-                        doc,
-                    )
-                    .await?,
-                );
-            }
-            "NetworkPolicy" => drop(
-                create(
-                    Api::<NetworkPolicy>::namespaced(admin.clone(), DEPLOY_NAMESPACE),
-                    doc,
-                )
-                .await?,
-            ),
-            other => bail!("unexpected kind {other} in deploy/operator.yaml"),
-        }
-        kinds.push(kind);
-    }
+    let shipped = create_file(admin, "deploy/operator.yaml", &mut kinds).await?;
     assert_eq!(
         kinds,
         ["Namespace", "ServiceAccount", "Deployment", "NetworkPolicy"]
     );
-    for doc in read("deploy/rbac.yaml")? {
-        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
-        match kind.as_str() {
-            "ClusterRole" => drop(create(Api::<ClusterRole>::all(admin.clone()), doc).await?),
-            "ClusterRoleBinding" => {
-                drop(create(Api::<ClusterRoleBinding>::all(admin.clone()), doc).await?)
-            }
-            "Role" => drop(
-                create(
-                    Api::<Role>::namespaced(admin.clone(), DEPLOY_NAMESPACE),
-                    doc,
-                )
-                .await?,
-            ),
-            "RoleBinding" => drop(
-                create(
-                    Api::<RoleBinding>::namespaced(admin.clone(), DEPLOY_NAMESPACE),
-                    doc,
-                )
-                .await?,
-            ),
-            other => bail!("unexpected kind {other} in deploy/rbac.yaml"),
-        }
-        kinds.push(kind);
-    }
+    create_file(admin, "deploy/rbac.yaml", &mut kinds).await?;
     kinds.sort();
     assert_eq!(
         kinds,
