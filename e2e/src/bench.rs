@@ -174,12 +174,11 @@ pub struct BenchArgs {
     /// "Identical workers, one prefill speed").
     #[arg(long, value_name = "FRACTION")]
     pub rate_pool: Option<f64>,
-    /// Sim: the TTFT fit's outlier clip (`PredictorConfig::outlier_clip`): a first token off
-    /// its prediction by more than this many times the prediction counts only up to that
-    /// bound. Default: the router's own (1.0). For measuring other values (bench/README.md,
-    /// "What is left of the simulated prediction error").
-    #[arg(long, value_name = "MULTIPLE")]
-    pub outlier_clip: Option<f64>,
+    /// Sim: the share of a worker's running engine step that kvroute's predictions count
+    /// (`StepConfig::share`); 0 counts none. Default: the router's own (1). For measuring
+    /// other values (bench/README.md, "The running engine step").
+    #[arg(long, value_name = "SHARE")]
+    pub step_share: Option<f64>,
     /// Sim: run each headline N times, with seeds seed, seed+1, ... (each its own workload
     /// draw and tie-break stream), and report the pooled requests. One run of a few hundred
     /// requests is chaotic: a different early choice changes which prefixes end up where.
@@ -287,9 +286,9 @@ pub struct SuiteConfig {
     /// `--rate-pool`, when given (absent: the router's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_pool: Option<f64>,
-    /// `--outlier-clip`, when given (absent: the router's default).
+    /// `--step-share`, when given (absent: the router's default).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub outlier_clip: Option<f64>,
+    pub step_share: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -366,13 +365,11 @@ pub async fn run(mut args: BenchArgs) -> anyhow::Result<()> {
         }
         kvroute_router::routing::rate_pool_from(f).map_err(anyhow::Error::msg)?;
     }
-    if let Some(c) = args.outlier_clip {
+    if let Some(c) = args.step_share {
         if args.mode != "sim" {
-            bail!("--outlier-clip needs --mode sim (a live router takes the default)");
+            bail!("--step-share needs --mode sim (a live router takes the default)");
         }
-        if !(c.is_finite() && c > 0.0) {
-            bail!("--outlier-clip {c}: must be a positive multiple of the prediction");
-        }
+        kvroute_router::routing::StepConfig::check_share(c).map_err(anyhow::Error::msg)?;
     }
     if args.mode == "sim" && args.seed.is_none() {
         // Headline figures come from a seed nobody chose (none used while tuning).
@@ -542,7 +539,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
         generic_prior: args.generic_prior,
         overcommit_margin: args.overcommit_margin,
         rate_pool: args.rate_pool,
-        outlier_clip: args.outlier_clip,
+        step_share: args.step_share,
     };
     if let Some(dir) = &args.records {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -659,7 +656,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             repeats: args.repeats,
             overcommit_margin: args.overcommit_margin,
             rate_pool: args.rate_pool,
-            outlier_clip: args.outlier_clip,
+            step_share: args.step_share,
         },
         workloads,
     })
@@ -825,14 +822,15 @@ mod tests {
     }
 
     #[test]
-    fn the_outlier_clip_takes_a_positive_multiple_and_only_in_simulation() {
-        assert_eq!(parsed(&["--outlier-clip", "0.25"]).outlier_clip, Some(0.25));
-        assert_eq!(parsed(&[]).outlier_clip, None);
-        let err = refused(&["--mode", "live", "--outlier-clip", "0.25"]);
+    fn the_step_share_takes_a_share_and_only_in_simulation() {
+        assert_eq!(parsed(&["--step-share", "0.5"]).step_share, Some(0.5));
+        assert_eq!(parsed(&["--step-share", "0"]).step_share, Some(0.0));
+        assert_eq!(parsed(&[]).step_share, None);
+        let err = refused(&["--mode", "live", "--step-share", "0.5"]);
         assert!(err.contains("needs --mode sim"), "{err}");
-        for bad in ["0", "-1", "NaN"] {
-            let err = refused(&[&format!("--outlier-clip={bad}")]);
-            assert!(err.contains("positive multiple"), "{bad}: {err}");
+        for bad in ["1.5", "-1", "NaN"] {
+            let err = refused(&[&format!("--step-share={bad}")]);
+            assert!(err.contains("between 0 and 1"), "{bad}: {err}");
         }
     }
 }

@@ -112,7 +112,7 @@ pub fn preset(args: &DemoArgs) -> BenchArgs {
         generic_prior: false,
         overcommit_margin: None,
         rate_pool: None,
-        outlier_clip: None,
+        step_share: None,
         scenario: None,
         seeds: 1,
         concurrency: args.concurrency,

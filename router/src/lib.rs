@@ -786,6 +786,7 @@ impl Server {
             hot_prefix_window,
             queue_drain: routing::CoreConfig::default().queue_drain,
             rate_pool: routing::rate_pool_from(rate_pool).map_err(anyhow::Error::msg)?,
+            steps: routing::StepConfig::default(),
             seed,
             assignment_ttl: secs("assignment-ttl-s", assignment_ttl_s)?,
             stale_after: secs("stale-after-s", stale_after_s)?,

@@ -709,7 +709,7 @@ pub async fn run_live_with(
             repeats: 1,
             overcommit_margin: None,
             rate_pool: None,
-            outlier_clip: None,
+            step_share: None,
         },
         workloads,
     })

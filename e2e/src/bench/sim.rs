@@ -25,8 +25,8 @@ use std::collections::{BinaryHeap, HashMap};
 use anyhow::bail;
 use kvroute_mock_vllm::engine::{Engine, EngineConfig, EngineEvent, EngineRequest};
 use kvroute_router::routing::{
-    AssignmentId, Calibration, CoreConfig, LoadSample, Policy, RouteRequest, RoutingCore, WorkerId,
-    policy_by_name_calibrated,
+    AssignmentId, Calibration, CoreConfig, LoadSample, Policy, RouteRequest, RoutingCore,
+    StepConfig, WorkerId, policy_by_name_calibrated,
 };
 use kvroute_sidecar::state::{ApplyStats, Op, Ops, ResidentSet, StateConfig};
 use kvroute_vllm_wire::KvEvent;
@@ -84,8 +84,9 @@ pub struct SimConfig {
     pub overcommit_margin: Option<super::OvercommitMargin>,
     /// kvroute's rate pool fraction (0: off), when not the router's default.
     pub rate_pool: Option<f64>,
-    /// The TTFT fit's outlier clip, when not the router's default.
-    pub outlier_clip: Option<f64>,
+    /// The share of the running engine step kvroute's predictions count, when not the
+    /// router's default.
+    pub step_share: Option<f64>,
 }
 
 /// What happened to one request.
@@ -300,11 +301,8 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
         core_cfg.rate_pool =
             kvroute_router::routing::rate_pool_from(f).map_err(anyhow::Error::msg)?;
     }
-    if let Some(c) = cfg.outlier_clip {
-        if !(c.is_finite() && c > 0.0) {
-            bail!("outlier clip {c}: must be a positive multiple of the prediction");
-        }
-        core_cfg.predictor.outlier_clip = c;
+    if let Some(c) = cfg.step_share {
+        core_cfg.steps.share = StepConfig::check_share(c).map_err(anyhow::Error::msg)?;
     }
     let mut core = RoutingCore::new(core_cfg);
     let mut workers = Vec::with_capacity(cfg.workers);
@@ -655,6 +653,18 @@ impl Sim<'_> {
             return;
         };
         self.workers[worker].stepping = false;
+        // A streamed chunk of a routed request marks the step's end for the router, as the
+        // chunks it relays do live (`routing::StepClocks`).
+        let streamed = out.events.iter().any(|ev| match ev {
+            EngineEvent::FirstToken { id, .. } | EngineEvent::Token { id, .. } => {
+                self.live.get(id).is_some_and(|l| l.assignment.is_some())
+            }
+            _ => false,
+        });
+        if streamed {
+            let id = self.workers[worker].id;
+            self.core.step_observed(id, self.now);
+        }
         let mut kv: Vec<KvEvent> = Vec::new();
         for ev in out.events {
             match ev {

@@ -40,7 +40,7 @@ fn every_load_balancing_baseline_spreads_the_independent_workload() {
         generic_prior: false,
         overcommit_margin: None,
         rate_pool: None,
-        outlier_clip: None,
+        step_share: None,
     };
     let mut failures = Vec::new();
     for name in BALANCING {

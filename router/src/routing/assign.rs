@@ -62,6 +62,9 @@ pub struct Assignment {
     /// Seconds of the head's prefill the prediction counted as done (see
     /// `Candidate::queue_drain_s`).
     pub queue_drain_s: f64,
+    /// Seconds the prediction counted for the worker's running engine step
+    /// (`Candidate::step_s`): the TTFT model learns the first token less these.
+    pub step_s: f64,
     /// TTFT predicted when assigned (seconds; NaN when the policy made no prediction).
     pub predicted_ttft: f64,
     /// The p90 upper bound published with that prediction (seconds; NaN for none).
@@ -93,6 +96,9 @@ pub struct NewAssignment {
     pub undrained_queue_tokens: f64,
     /// Seconds of the head's prefill the prediction counted as done.
     pub queue_drain_s: f64,
+    /// Seconds the prediction counted for the worker's running step (see
+    /// [`Assignment::step_s`]).
+    pub step_s: f64,
     /// Predicted TTFT (seconds; NaN for none).
     pub predicted_ttft: f64,
     /// Its p90 upper bound (seconds; NaN for none; set by the core when it assigns).
@@ -196,6 +202,7 @@ impl Assignments {
                 uncached_tokens: a.uncached_tokens,
                 undrained_queue_tokens: a.undrained_queue_tokens,
                 queue_drain_s: a.queue_drain_s,
+                step_s: a.step_s,
                 predicted_ttft: a.predicted_ttft,
                 ttft_bound: a.ttft_bound,
                 assigned_at: now,
@@ -405,6 +412,7 @@ mod tests {
             uncached_tokens: uncached,
             undrained_queue_tokens: 0.0,
             queue_drain_s: 0.0,
+            step_s: 0.0,
             predicted_ttft: 0.1,
             ttft_bound: f64::NAN,
             output_tokens: 100,

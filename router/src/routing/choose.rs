@@ -98,7 +98,11 @@ pub struct Candidate {
     /// the router's outstanding requests on it reference (cached but unreferenced blocks
     /// take KV again when reused), plus one block.
     pub kv_need_tokens: u64,
-    /// Predicted TTFT (seconds), stale penalty and admission wait included.
+    /// Seconds the prediction counts for the engine step the worker is running: a request is
+    /// scheduled when it ends. `StepConfig::share` of what is left of it as the chunks the
+    /// router relays show it (`steps.rs`; 0 without them).
+    pub step_s: f64,
+    /// Predicted TTFT (seconds), stale penalty, admission wait and step left included.
     pub predicted_ttft: f64,
     /// Which expectation of evictions lowered `expected_cached_tokens` below what the index
     /// and the pending placements say is there (`None`: neither did).
@@ -316,6 +320,7 @@ impl Decision {
             undrained_queue_tokens: c
                 .map_or(0.0, |c| c.queue_tokens + c.queue_drain_s * c.prefill_rate),
             queue_drain_s: c.map_or(0.0, |c| c.queue_drain_s),
+            step_s: c.map_or(0.0, |c| c.step_s),
             predicted_ttft: self.predicted_ttft(),
             ttft_bound: f64::NAN,
             output_tokens: 0,

@@ -33,6 +33,7 @@ use super::overlay::Overlay;
 use super::peers::{PeerConfig, PeerShare};
 use super::plan::Plan;
 use super::predict::{ErrorStats, Predictor, PredictorConfig};
+use super::steps::{StepClocks, StepConfig};
 use super::workers::{BlockCaps, LoadSample, Worker, WorkerId, WorkerTable};
 
 /// Settings of the routing core.
@@ -115,6 +116,9 @@ pub struct CoreConfig {
     /// wave (bench/README.md, "Identical workers learned 1.7x apart, live"). `None`: every
     /// worker's own rate.
     pub rate_pool: Option<f64>,
+    /// The engine step each worker is running, from the chunks the router relays
+    /// (`steps.rs`): a share of its remainder is added to predictions (`Candidate::step_s`).
+    pub steps: StepConfig,
 }
 
 /// `--rate-pool`'s fraction as [`CoreConfig::rate_pool`]: 0 turns it off; a fraction
@@ -149,6 +153,7 @@ impl Default for CoreConfig {
             expect_evictions: true,
             overcommit_margin_tokens: Some(2_000),
             rate_pool: Some(1.0),
+            steps: StepConfig::default(),
         }
     }
 }
@@ -195,6 +200,8 @@ pub struct RoutingCore {
     pub(super) peers: PeerShare,
     /// The p90 bound on predictions, calibrated on this router's first tokens.
     bound: TtftBound,
+    /// Where each worker is in its engine step.
+    pub(super) steps: StepClocks,
 }
 
 /// What a store did: blocks new to the worker, and blocks refused at a cap.
@@ -279,6 +286,7 @@ impl RoutingCore {
             admitted_saturated: HashMap::new(),
             peers: PeerShare::new(cfg.peers),
             bound: TtftBound::new(cfg.bound),
+            steps: StepClocks::default(),
             cfg,
         }
     }
@@ -438,6 +446,7 @@ impl RoutingCore {
         self.workers.get(w)?;
         self.index.clear(w);
         self.predictor.forget(w);
+        self.steps.forget(w);
         self.pending.drop_worker(w);
         self.peers.drop_worker(w);
         let released = self.assignments.release_worker(w);
@@ -701,6 +710,20 @@ impl RoutingCore {
             .then(|| f64::from(load.waiting.max(own_waiting)) + 1.0)
     }
 
+    /// A chunk of a streaming response from `w` arrived at `now` (any request's, the first
+    /// token's included): the end of an engine step there (`steps.rs`). A data path that
+    /// keeps its own clocks outside the core (so that a token never waits for a decision)
+    /// passes them with [`RoutingCore::set_step_clocks`] instead.
+    pub fn step_observed(&mut self, w: WorkerId, now: f64) {
+        self.steps.observe(&self.cfg.steps, w, now);
+    }
+
+    /// Replaces the step clocks with `clocks` (kept by the data path; see
+    /// [`RoutingCore::step_observed`]).
+    pub fn set_step_clocks(&mut self, clocks: &StepClocks) {
+        self.steps.copy_from(clocks);
+    }
+
     /// First token of an assignment: moves it to decoding and teaches the TTFT model.
     /// `observed_ttft` defaults to `now - assigned_at`.
     pub fn first_token(
@@ -730,6 +753,7 @@ impl RoutingCore {
                 a.undrained_queue_tokens,
                 a.uncached_tokens as f64,
                 a.queue_drain_s,
+                a.step_s,
                 a.predicted_ttft,
                 ft.observed_ttft,
             );

@@ -200,12 +200,12 @@ fn the_model_learns_from_the_queue_before_the_heads_drain() {
     );
     let mut want = core.predictor.clone();
     core.first_token(ids[1], 4.0, None).expect("first token");
-    want.observe(cold, 8_000.0, 2_000.0, 0.5, a.predicted_ttft, 2.5);
+    want.observe(cold, 8_000.0, 2_000.0, 0.5, 0.0, a.predicted_ttft, 2.5);
     assert_eq!(core.predictor.params(cold), want.params(cold));
     let mut drained = core.predictor.clone();
     drained.forget(cold);
     let queue = a.undrained_queue_tokens - a.queue_drain_s * rate;
-    drained.observe(cold, queue, 2_000.0, 0.0, a.predicted_ttft, 2.5);
+    drained.observe(cold, queue, 2_000.0, 0.0, 0.0, a.predicted_ttft, 2.5);
     assert_ne!(core.predictor.params(cold), drained.params(cold));
 }
 
@@ -317,6 +317,60 @@ fn mixed_block_sizes_and_unknown_or_removed_workers() {
     // Scratch state is reset between calls.
     let ctx = core.plan(&req(&tokens[..16]), &[cold, big], 1.0).context;
     assert!(ctx.candidates.iter().all(|c| c.cached_blocks == 0));
+}
+
+#[test]
+fn the_running_steps_remainder_is_predicted_and_taken_off_what_is_learned() {
+    let (mut core, _, cold, tokens) = setup();
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let share = core.config().steps.share;
+    assert!(share > 0.0 && share <= 1.0);
+    let base = core.predictor.predict(cold, 0.0, 4_096.0);
+    // Chunks at 1.0 s and 1.4 s: a 0.4 s step; at 1.5 s, 0.3 s of the next one is left.
+    core.step_observed(cold, 1.0);
+    core.step_observed(cold, 1.4);
+    let (plan, d) = core
+        .decide(&mut p, &req(&tokens), &[cold], 1.5)
+        .expect("decision");
+    let c = d.chosen_candidate().expect("chosen");
+    assert!((c.step_s - share * 0.3).abs() < 1e-9, "{}", c.step_s);
+    assert!((c.predicted_ttft - base - c.step_s).abs() < 1e-9);
+    let id = core.assign(&plan, &d, 1.5);
+    assert!((core.assignment(id).expect("live").step_s - c.step_s).abs() < 1e-12);
+    // The first token comes the predicted time later: the line learns it less the step.
+    core.first_token(id, 1.5 + c.predicted_ttft, None);
+    let learned = core.predictor.predict(cold, 0.0, 4_096.0);
+    assert!((learned - base).abs() < 1e-3, "{learned} vs {base}");
+    // Overdue, nothing is left; clocks kept by a data path replace the core's.
+    let (_, d) = core
+        .decide(&mut p, &req(&tokens), &[cold], 2.0)
+        .expect("decision");
+    assert_eq!(d.chosen_candidate().expect("chosen").step_s, 0.0);
+    let mut kept = StepClocks::default();
+    kept.observe(&core.config().steps, cold, 1.8);
+    kept.observe(&core.config().steps, cold, 1.9);
+    core.set_step_clocks(&kept);
+    let (_, d) = core
+        .decide(&mut p, &req(&tokens), &[cold], 1.95)
+        .expect("decision");
+    let step_s = d.chosen_candidate().expect("chosen").step_s;
+    assert!((step_s - share * 0.05).abs() < 1e-9, "{step_s}");
+    // A share of 0 counts none.
+    let mut off = RoutingCore::new(CoreConfig {
+        steps: StepConfig {
+            share: 0.0,
+            ..StepConfig::default()
+        },
+        ..CoreConfig::default()
+    });
+    let w = off.snapshot("w", 16, 1, &[], 0.0);
+    off.load(w, LoadSample::default(), 0.0);
+    off.step_observed(w, 1.0);
+    off.step_observed(w, 1.4);
+    let (_, d) = off
+        .decide(&mut p, &req(&tokens), &[w], 1.5)
+        .expect("decision");
+    assert_eq!(d.chosen_candidate().expect("chosen").step_s, 0.0);
 }
 
 #[test]

@@ -112,6 +112,7 @@ mod plan;
 mod policies;
 mod predict;
 mod request;
+mod steps;
 mod workers;
 
 pub use assign::{
@@ -143,6 +144,7 @@ pub use policies::{
 };
 pub use predict::{ErrorStats, Predictor, PredictorConfig, WorkerModel};
 pub use request::PromptHashes;
+pub use steps::{StepClocks, StepConfig};
 pub use workers::{BlockCaps, LoadSample, Worker, WorkerId, WorkerTable};
 
 /// Candidates and contexts the policy tests share.

@@ -308,6 +308,12 @@ impl RoutingCore {
         if stale {
             predicted_ttft += self.cfg.stale_penalty_s;
         }
+        let step_s = if self.cfg.steps.share > 0.0 && !stale {
+            self.cfg.steps.share * self.steps.left(w, now)
+        } else {
+            0.0
+        };
+        predicted_ttft += step_s;
 
         predicted_ttft += admission_wait;
         Candidate {
@@ -342,6 +348,7 @@ impl RoutingCore {
             overhead,
             admission_wait,
             kv_need_tokens,
+            step_s,
             predicted_ttft,
             eviction_expected,
         }

@@ -51,7 +51,7 @@ use crate::metrics::RouterMetrics;
 use crate::readiness::{Phase, Readiness, StartupView, startup_blocker};
 use crate::routing::{
     AssignmentId, CoreConfig, Policy, PredictedTtft, PredictedTtftConfig, PredictorConfig,
-    RoutingCore, policy_by_name,
+    RoutingCore, StepClocks, StepConfig, WorkerId, policy_by_name,
 };
 
 mod catalog;
@@ -102,6 +102,8 @@ pub struct RouterConfig {
     pub queue_drain: bool,
     /// `CoreConfig::rate_pool` (`--rate-pool`).
     pub rate_pool: Option<f64>,
+    /// `CoreConfig::steps`: the engine step each worker runs, from the chunks relayed.
+    pub steps: StepConfig,
     /// Seed of the policy's RNG (give each replica its own).
     pub seed: u64,
     /// Assignments not released within this time expire.
@@ -139,6 +141,7 @@ impl Default for RouterConfig {
             hot_prefix_window: PredictedTtftConfig::default().hot_prefix_window,
             queue_drain: CoreConfig::default().queue_drain,
             rate_pool: CoreConfig::default().rate_pool,
+            steps: StepConfig::default(),
             seed: 0,
             assignment_ttl: Duration::from_secs(600),
             stale_after: Duration::from_secs(30),
@@ -172,10 +175,10 @@ struct Inner {
     tokenizers: Tokenizers,
     epoch: Instant,
     core: Mutex<Core>,
-    /// The inter-token-latency histogram of each assignment past its first token, so the
-    /// relay's per-token observation never waits for the core (a routing decision). Entries
-    /// come and go under the core lock, with `Core::labels` (lock order: core, then this).
-    itl: Mutex<HashMap<AssignmentId, prometheus::Histogram>>,
+    /// What the relay's per-token observations update, so that they never wait for the
+    /// core (a routing decision). Entries come and go under the core lock, with
+    /// `Core::labels` (lock order: core, then this).
+    itl: Mutex<TokenTaps>,
     catalog: RwLock<Catalog>,
     sidecars: RwLock<HashMap<String, SidecarView>>,
     next_stream: AtomicU64,
@@ -216,6 +219,16 @@ pub enum StateError {
     Metrics(prometheus::Error),
 }
 
+/// Per-token state kept beside the core (see `Inner::itl`).
+#[derive(Default)]
+pub(super) struct TokenTaps {
+    /// Each assignment past its first token: its worker and inter-token-latency histogram.
+    pub(super) streams: HashMap<AssignmentId, (WorkerId, prometheus::Histogram)>,
+    /// Each worker's engine step, from the chunks relayed (`routing::StepClocks`); copied
+    /// into the core before each decision.
+    pub(super) steps: StepClocks,
+}
+
 impl RouterState {
     /// Builds the state: loads the tokenizers, builds the policy. Fails on an unknown policy
     /// name or an unreadable tokenizer directory.
@@ -238,6 +251,7 @@ impl RouterState {
             peers: config.peers,
             queue_drain: config.queue_drain,
             rate_pool: config.rate_pool,
+            steps: config.steps,
             // kvroute's model; the baseline policies keep their sources' view of the cache.
             expect_evictions: policy.expects_evictions(),
             ..CoreConfig::default()
@@ -258,7 +272,7 @@ impl RouterState {
             tokenizers,
             epoch: Instant::now(),
             core: Mutex::new(core),
-            itl: Mutex::new(HashMap::new()),
+            itl: Mutex::new(TokenTaps::default()),
             catalog: RwLock::new(Catalog::default()),
             sidecars: RwLock::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
@@ -302,6 +316,8 @@ impl RouterState {
     }
 
     /// Seconds since the state was created: the clock handed to the pure core.
+    ///
+    /// (The step clocks read it too, from the token path.)
     fn secs(&self, now: Instant) -> f64 {
         now.saturating_duration_since(self.0.epoch).as_secs_f64()
     }

@@ -694,6 +694,7 @@ impl RouterState {
         let t = self.secs(now);
 
         let mut guard = self.0.core.lock();
+        guard.routing.set_step_clocks(&self.0.itl.lock().steps);
         let mut plan = guard.routing.plan(&req, &allowed, t);
         let pool = pool_state(&guard.routing, &plan);
         let verdict = policies.evaluate(&facts, &pool);
@@ -1076,8 +1077,18 @@ impl RouterState {
         let labels = core.labels.get(&aid).cloned();
         if let Some((model, worker)) = &labels {
             let itl = self.0.metrics.itl.with_label_values(&[model, worker]);
-            self.0.itl.lock().insert(aid, itl);
+            self.0
+                .itl
+                .lock()
+                .streams
+                .insert(aid, (ft.assignment.worker, itl));
         }
+        // The first token's chunk ends an engine step there.
+        self.0
+            .itl
+            .lock()
+            .steps
+            .observe(&self.0.config.steps, ft.assignment.worker, t);
         drop(core);
         if let Some((model, worker)) = labels {
             let m = &self.0.metrics;
@@ -1097,14 +1108,19 @@ impl RouterState {
         true
     }
 
-    /// Observes one inter-token gap of an assignment (streaming data paths).
+    /// Observes one inter-token gap of an assignment (streaming data paths): its ITL
+    /// histogram, and the end of an engine step on its worker (`routing::StepClocks`).
     pub fn observe_itl(&self, id: AssignmentId, seconds: f64) {
         if !(seconds.is_finite() && seconds >= 0.0) {
             return;
         }
+        let t = self.secs(Instant::now());
         // Not the core lock: a token waits for no routing decision.
-        if let Some(h) = self.0.itl.lock().get(&id) {
+        let mut taps = self.0.itl.lock();
+        let taps = &mut *taps;
+        if let Some((w, h)) = taps.streams.get(&id) {
             h.observe(seconds);
+            taps.steps.observe(&self.0.config.steps, *w, t);
         }
     }
 
@@ -1230,7 +1246,7 @@ impl RouterState {
         core: &mut super::Core,
         id: AssignmentId,
     ) -> Option<(String, String)> {
-        self.0.itl.lock().remove(&id);
+        self.0.itl.lock().streams.remove(&id);
         core.tickets.forget(id);
         core.labels.remove(&id)
     }

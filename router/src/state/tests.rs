@@ -520,9 +520,30 @@ fn inter_token_gaps_are_observed_from_the_first_token_until_release_or_expiry() 
     s.observe_itl(b.assignment, 0.01);
     assert_eq!(itl_count(&s), 2);
     assert!(
-        s.0.itl.lock().is_empty(),
+        s.0.itl.lock().streams.is_empty(),
         "no handle outlives its assignment"
     );
+}
+
+#[test]
+fn relayed_chunks_keep_each_workers_step_clock() {
+    let s = state(true);
+    report(&s, 1, "w", "m");
+    let now = Instant::now();
+    let a = s.pick(&input("m", &[1, 2, 3]), now).expect("pick");
+    assert!(s.first_token(a.assignment, Some(0.1), now));
+    let w = s.0.itl.lock().streams.get(&a.assignment).map(|(w, _)| *w);
+    let w = w.expect("a stream past its first token");
+    assert_eq!(
+        s.0.itl.lock().steps.step_len(w),
+        None,
+        "one step end: no length"
+    );
+    // The next chunk, more than the merge window later, ends the next step.
+    std::thread::sleep(Duration::from_millis(20));
+    s.observe_itl(a.assignment, 0.02);
+    let len = s.0.itl.lock().steps.step_len(w);
+    assert!(len.is_some_and(|l| l >= 0.015), "{len:?}");
 }
 
 /// A `tracing` writer into a shared buffer.
