@@ -30,7 +30,9 @@
 //! - [`PromptHashes`]: a request's hash chain per block size (kvroute-hash, hash/SPEC.md).
 //!
 //! # Rules worth knowing
-//! - Prediction: `ttft = (queue_tokens + uncached) / rate + overhead`; `queue_tokens` is the
+//! - Prediction: `ttft = step_s + (queue_tokens + uncached) / rate + overhead`; `step_s` is
+//!   what is left of the engine step the worker runs, from the streamed chunks the data path
+//!   relays (`steps.rs`, [`StepClocks`]; 0 without them); `queue_tokens` is the
 //!   router's own not-yet-first-tokened uncached tokens on the worker plus, at the mean
 //!   uncached tokens routed so far each, the reported waiting requests beyond those the
 //!   router and its peers had waiting there when the report was applied
