@@ -1075,20 +1075,16 @@ impl RouterState {
         };
         self.publish(crate::peer::wire::PeerEvent::Started(aid.0));
         let labels = core.labels.get(&aid).cloned();
-        if let Some((model, worker)) = &labels {
-            let itl = self.0.metrics.itl.with_label_values(&[model, worker]);
-            self.0
-                .itl
-                .lock()
-                .streams
-                .insert(aid, (ft.assignment.worker, itl));
+        {
+            let mut taps = self.0.itl.lock();
+            if let Some((model, worker)) = &labels {
+                let itl = self.0.metrics.itl.with_label_values(&[model, worker]);
+                taps.streams.insert(aid, (ft.assignment.worker, itl));
+            }
+            // The first token's chunk ends an engine step there.
+            taps.steps
+                .observe(&self.0.config.steps, ft.assignment.worker, t);
         }
-        // The first token's chunk ends an engine step there.
-        self.0
-            .itl
-            .lock()
-            .steps
-            .observe(&self.0.config.steps, ft.assignment.worker, t);
         drop(core);
         if let Some((model, worker)) = labels {
             let m = &self.0.metrics;
