@@ -15,7 +15,7 @@
 //!                                      v
 //!     RouterState { Arc<Inner { core: Mutex<Core> (routing core: index, workers, policy),
 //!                               catalog: RwLock, sidecars: RwLock, metrics,
-//!                               itl: Mutex (per-token metric handles), .. }> }
+//!                               taps: Mutex (per-token metrics, step clocks), .. }> }
 //!                                      ^
 //! gateway / Picker --pick / first_token / done / abort ; admin --explain / workers
 //! ```
@@ -178,7 +178,7 @@ struct Inner {
     /// What the relay's per-token observations update, so that they never wait for the
     /// core (a routing decision). Entries come and go under the core lock, with
     /// `Core::labels` (lock order: core, then this).
-    itl: Mutex<TokenTaps>,
+    taps: Mutex<TokenTaps>,
     catalog: RwLock<Catalog>,
     sidecars: RwLock<HashMap<String, SidecarView>>,
     next_stream: AtomicU64,
@@ -219,7 +219,7 @@ pub enum StateError {
     Metrics(prometheus::Error),
 }
 
-/// Per-token state kept beside the core (see `Inner::itl`).
+/// Per-token state kept beside the core (see `Inner::taps`).
 #[derive(Default)]
 pub(super) struct TokenTaps {
     /// Each assignment past its first token: its worker and inter-token-latency histogram.
@@ -272,7 +272,7 @@ impl RouterState {
             tokenizers,
             epoch: Instant::now(),
             core: Mutex::new(core),
-            itl: Mutex::new(TokenTaps::default()),
+            taps: Mutex::new(TokenTaps::default()),
             catalog: RwLock::new(Catalog::default()),
             sidecars: RwLock::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
@@ -380,6 +380,9 @@ impl RouterState {
                 for (id, _) in &r.released {
                     self.forget_assignment(&mut core, *id);
                 }
+                // The core forgot its step clock; the next pick copies these over it, and a
+                // worker that reuses the id must not start with the gone one's step.
+                self.0.taps.lock().steps.forget(r.worker);
             }
             for r in &retired {
                 for (id, _) in &r.released {

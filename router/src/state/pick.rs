@@ -694,7 +694,7 @@ impl RouterState {
         let t = self.secs(now);
 
         let mut guard = self.0.core.lock();
-        guard.routing.set_step_clocks(&self.0.itl.lock().steps);
+        guard.routing.set_step_clocks(&self.0.taps.lock().steps);
         let mut plan = guard.routing.plan(&req, &allowed, t);
         let pool = pool_state(&guard.routing, &plan);
         let verdict = policies.evaluate(&facts, &pool);
@@ -1076,7 +1076,7 @@ impl RouterState {
         self.publish(crate::peer::wire::PeerEvent::Started(aid.0));
         let labels = core.labels.get(&aid).cloned();
         {
-            let mut taps = self.0.itl.lock();
+            let mut taps = self.0.taps.lock();
             if let Some((model, worker)) = &labels {
                 let itl = self.0.metrics.itl.with_label_values(&[model, worker]);
                 taps.streams.insert(aid, (ft.assignment.worker, itl));
@@ -1112,7 +1112,7 @@ impl RouterState {
         }
         let t = self.secs(Instant::now());
         // Not the core lock: a token waits for no routing decision.
-        let mut taps = self.0.itl.lock();
+        let mut taps = self.0.taps.lock();
         let taps = &mut *taps;
         if let Some((w, h)) = taps.streams.get(&id) {
             h.observe(seconds);
@@ -1242,7 +1242,7 @@ impl RouterState {
         core: &mut super::Core,
         id: AssignmentId,
     ) -> Option<(String, String)> {
-        self.0.itl.lock().streams.remove(&id);
+        self.0.taps.lock().streams.remove(&id);
         core.tickets.forget(id);
         core.labels.remove(&id)
     }

@@ -520,7 +520,7 @@ fn inter_token_gaps_are_observed_from_the_first_token_until_release_or_expiry() 
     s.observe_itl(b.assignment, 0.01);
     assert_eq!(itl_count(&s), 2);
     assert!(
-        s.0.itl.lock().streams.is_empty(),
+        s.0.taps.lock().streams.is_empty(),
         "no handle outlives its assignment"
     );
 }
@@ -532,18 +532,23 @@ fn relayed_chunks_keep_each_workers_step_clock() {
     let now = Instant::now();
     let a = s.pick(&input("m", &[1, 2, 3]), now).expect("pick");
     assert!(s.first_token(a.assignment, Some(0.1), now));
-    let w = s.0.itl.lock().streams.get(&a.assignment).map(|(w, _)| *w);
+    let w = s.0.taps.lock().streams.get(&a.assignment).map(|(w, _)| *w);
     let w = w.expect("a stream past its first token");
     assert_eq!(
-        s.0.itl.lock().steps.step_len(w),
+        s.0.taps.lock().steps.step_len(w),
         None,
         "one step end: no length"
     );
     // The next chunk, more than the merge window later, ends the next step.
     std::thread::sleep(Duration::from_millis(20));
     s.observe_itl(a.assignment, 0.02);
-    let len = s.0.itl.lock().steps.step_len(w);
+    let len = s.0.taps.lock().steps.step_len(w);
     assert!(len.is_some_and(|l| l >= 0.015), "{len:?}");
+    // Retired, the worker's clock goes with it: a worker that reuses its id starts with none.
+    s.sidecar_closed(1, "w", now);
+    let later = now + s.0.config.retire_after + Duration::from_secs(1);
+    assert_eq!(s.retire_gone(later), 1);
+    assert_eq!(s.0.taps.lock().steps.step_len(w), None);
 }
 
 /// A `tracing` writer into a shared buffer.
