@@ -34,7 +34,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kvroute_e2e::harness::{
-    Cluster, FakeKubelet, IMAGE_TOKENIZERS, OperatorProcess, RunningPod, router_pod_options,
+    Cluster, FakeKubelet, IMAGE_TOKENIZERS, OperatorProcess, RunningPod,
+    install::operator_kubeconfig, router_pod_options,
 };
 use kvroute_e2e::procs::wait_for;
 use kvroute_operator::desired::router::{
@@ -509,10 +510,11 @@ async fn plane(prefix: &str, scenario: Scenario) -> anyhow::Result<Plane> {
     let (hub, opts) = router_pod_options(cluster, &ns, HF_HOME).await?;
     let kubelet = FakeKubelet::start(client.clone(), opts).await?;
     // Its Lease in the test's namespace: the tests of this file run at once, one operator
-    // each.
+    // each. As its service account, with the shipped Role granted there too.
+    let kubeconfig = operator_kubeconfig(cluster, &[ns.as_str()]).await?;
     let operator = OperatorProcess::start_as(
         cluster,
-        &cluster.kubeconfig(),
+        &kubeconfig,
         &format!("operator-{ns}"),
         &format!("op-{prefix}"),
         &[

@@ -26,14 +26,14 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kvroute_crds::workerset::InferenceWorkerSet;
 use kvroute_e2e::harness::{
     Cluster, ClusterOptions, FakeKubelet, IMAGE_TOKENIZERS, OperatorProcess, RunningPod,
-    install_crds, repo_path, router_pod_options,
+    install::{CreateOptions, create_file},
+    install_crds, router_pod_options,
 };
 use kvroute_e2e::procs::wait_for;
 use kvroute_operator::bundle::{DEPLOY_NAMESPACE, OPERATOR_NAME};
@@ -147,60 +147,17 @@ fn compare(
     (problems, used)
 }
 
-/// Creates the manifest `doc` as a `K` through `api`, as `kubectl create` would.
-async fn create<K>(api: Api<K>, doc: Value) -> anyhow::Result<K>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
-{
-    let o: K = serde_json::from_value(doc)?;
-    Ok(api.create(&PostParams::default(), &o).await?)
-}
-
-/// Creates every manifest of `file` (under deploy/) through `admin`, as `kubectl create -f`
-/// would, appending each one's kind to `kinds`. Returns the Deployment it held, if any.
-async fn create_file(
-    admin: &kube::Client,
-    file: &str,
-    kinds: &mut Vec<String>,
-) -> anyhow::Result<Option<Deployment>> {
-    let text = std::fs::read_to_string(repo_path(file)).with_context(|| file.to_string())?;
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)?;
-    let c = || admin.clone();
-    const NS: &str = DEPLOY_NAMESPACE;
-    let mut deployment = None;
-    for doc in docs {
-        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
-        match kind.as_str() {
-            "Namespace" => drop(create(Api::<Namespace>::all(c()), doc).await?),
-            "ClusterRole" => drop(create(Api::<ClusterRole>::all(c()), doc).await?),
-            "ClusterRoleBinding" => drop(create(Api::<ClusterRoleBinding>::all(c()), doc).await?),
-            "ServiceAccount" => {
-                drop(create(Api::<ServiceAccount>::namespaced(c(), NS), doc).await?)
-            }
-            "NetworkPolicy" => drop(create(Api::<NetworkPolicy>::namespaced(c(), NS), doc).await?),
-            "Role" => drop(create(Api::<Role>::namespaced(c(), NS), doc).await?),
-            "RoleBinding" => drop(create(Api::<RoleBinding>::namespaced(c(), NS), doc).await?),
-            "Deployment" => {
-                deployment = Some(create(Api::<Deployment>::namespaced(c(), NS), doc).await?);
-            }
-            other => bail!("unexpected kind {other} in {file}"),
-        }
-        kinds.push(kind);
-    }
-    Ok(deployment)
-}
-
 /// Applies deploy/operator.yaml (Namespace, ServiceAccount, the operator's Deployment,
 /// NetworkPolicy) and deploy/rbac.yaml, as a cluster admin installing kvroute would. Returns
 /// the operator's Deployment as shipped.
 async fn install_operator(admin: &kube::Client) -> anyhow::Result<Deployment> {
-    let mut kinds = Vec::new();
-    let shipped = create_file(admin, "deploy/operator.yaml", &mut kinds).await?;
+    let shipped = create_file(admin, "deploy/operator.yaml", CreateOptions::default()).await?;
     assert_eq!(
-        kinds,
+        shipped.kinds,
         ["Namespace", "ServiceAccount", "Deployment", "NetworkPolicy"]
     );
-    create_file(admin, "deploy/rbac.yaml", &mut kinds).await?;
+    let rbac = create_file(admin, "deploy/rbac.yaml", CreateOptions::default()).await?;
+    let mut kinds = [shipped.kinds, rbac.kinds].concat();
     kinds.sort();
     assert_eq!(
         kinds,
@@ -215,7 +172,9 @@ async fn install_operator(admin: &kube::Client) -> anyhow::Result<Deployment> {
             "ServiceAccount"
         ]
     );
-    shipped.context("no Deployment in deploy/operator.yaml")
+    shipped
+        .deployment
+        .context("no Deployment in deploy/operator.yaml")
 }
 
 /// The value of env var `name` of the shipped operator's first container.

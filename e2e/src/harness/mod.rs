@@ -4,8 +4,9 @@
 //! ```text
 //! Cluster (etcd + kube-apiserver + kube-controller-manager, free ports, temp dir)
 //!   |-- install_crds(crds/*.yaml)
-//!   |-- spawn_operator()      `kvroute operator` with KUBECONFIG (or deploy/operator.yaml's
-//!   |                         Deployment, run by the FakeKubelet: k8s_rbac_audit.rs)
+//!   |-- OperatorProcess       `kvroute operator` as its service account with deploy/'s RBAC
+//!   |                         (install.rs), or deploy/operator.yaml's Deployment, run by
+//!   |                         the FakeKubelet (k8s_rbac_audit.rs)
 //!   `-- FakeKubelet           Pods -> `kvroute mock-vllm` + `kvroute sidecar` (+ `router`,
 //!                             `operator`) on 127.A.B.C,
 //!                             Pod status Running/Ready, a fake Node, Secret volumes
@@ -36,6 +37,7 @@
 
 mod cluster;
 pub mod endpoints;
+pub mod install;
 mod kubelet;
 mod operator;
 pub mod podspec;

@@ -1,5 +1,7 @@
-//! The operator as a process: `kvroute operator` with the cluster's KUBECONFIG, its own lease
-//! identity and an admin port on 127.0.0.1 (`/healthz`, `/metrics`).
+//! The operator as a process: `kvroute operator` authenticated as its service account with
+//! the RBAC deploy/ ships (`install::operator_kubeconfig`), its own lease identity and an
+//! admin port on 127.0.0.1 (`/healthz`, `/metrics`). k8s_rbac_audit.rs runs the shipped
+//! Deployment itself, through the fake kubelet.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -7,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::{Mutex, OnceCell};
 
 use super::Cluster;
+use super::install::operator_kubeconfig;
 use crate::procs::{self, Child, SpawnOptions};
 
 /// A running `kvroute operator`.
@@ -20,8 +23,11 @@ pub struct OperatorProcess {
 }
 
 impl OperatorProcess {
-    /// Starts `kvroute operator --identity <identity> --admin-addr 127.0.0.1:<free> <extra>`
-    /// against `cluster` and waits for `/healthz`. The log is `<cluster dir>/log/<name>.log`.
+    /// Starts `kvroute operator --identity <identity> --admin-addr 127.0.0.1:<free>
+    /// --lease-namespace default <extra>` against `cluster` as the operator's service account,
+    /// with the shipped RBAC and its Role granted in `default` and in any `--router-namespace`
+    /// of `extra` (docs/security.md), and waits for `/healthz`. The log is
+    /// `<cluster dir>/log/<name>.log`.
     pub async fn start(
         cluster: &Cluster,
         name: &str,
@@ -30,7 +36,10 @@ impl OperatorProcess {
     ) -> anyhow::Result<Self> {
         let mut args = vec!["--lease-namespace".to_string(), "default".to_string()];
         args.extend(extra.iter().cloned());
-        Self::start_as(cluster, &cluster.kubeconfig(), name, identity, &args).await
+        let mut namespaces = vec!["default"];
+        namespaces.extend(flag_values(extra, "--router-namespace"));
+        let kubeconfig = operator_kubeconfig(cluster, &namespaces).await?;
+        Self::start_as(cluster, &kubeconfig, name, identity, &args).await
     }
 
     /// [`OperatorProcess::start`] authenticated by `kubeconfig` (e.g. a service account's,
@@ -113,6 +122,22 @@ impl OperatorProcess {
             .and_then(|p| std::fs::read_to_string(p).ok())
             .unwrap_or_default()
     }
+}
+
+/// The values `args` give `flag` (`--flag=value` or `--flag value`).
+fn flag_values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == flag {
+            if let Some(v) = it.next() {
+                out.push(v.as_str());
+            }
+        } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            out.push(v);
+        }
+    }
+    out
 }
 
 /// The shared cluster ([`Cluster::shared`]) with one operator (identity `op-shared`) running
