@@ -9,7 +9,10 @@ e2e p50 (simulated seconds: wall clock x K) and throughput (successful requests 
 simulated minute), as the median over the runs with [min-max]; then per level whether kvroute
 is at least as good as the best real peer router (names ending in `-cache-aware` that are not
 kvroute) on the median of each figure. `--json F` also writes every report's figures (the
-reports themselves are ~8 MB each).
+reports themselves are ~8 MB each). `--peers-from FIGURES.json` adds the figures of the
+routers other than kvroute from an earlier pooled run's `--json` (only the seeds and levels
+the reports given here cover), so that a new kvroute build can be re-run alone against the
+peers' stored runs (`PEERS= POLICIES=kvroute` with the same `SEEDS`, `LEVELS`, `DATA`).
 """
 import argparse
 import json
@@ -47,28 +50,45 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--speedup", type=float, required=True)
     ap.add_argument("--json", help="write each report's figures here")
+    ap.add_argument("--peers-from", help="an earlier --json: its routers other than kvroute")
     ap.add_argument("reports", nargs="+")
     a = ap.parse_args()
     cells, seeds, levels, routers, rows = {}, set(), set(), [], []
+
+    def add(router, seed, level, f):
+        seeds.add(seed)
+        levels.add(level)
+        if router not in routers:
+            routers.append(router)
+        rows.append({"seed": seed, "streams": level, "router": router, **f})
+        for k, v in f.items():
+            cells.setdefault((router, level, k), []).append(v)
+
     for path in a.reports:
         m = re.search(r"s(\d+)-c(\d+)$", os.path.dirname(os.path.abspath(path)))
         if not m:
             continue
         seed, level = int(m.group(1)), int(m.group(2))
         router = os.path.basename(path).removeprefix("guidellm-").removesuffix(".json")
-        seeds.add(seed)
-        levels.add(level)
-        if router not in routers:
-            routers.append(router)
-        f = figures(path, a.speedup)
-        rows.append({"seed": seed, "streams": level, "router": router, **f})
-        for k, v in f.items():
-            cells.setdefault((router, level, k), []).append(v)
+        add(router, seed, level, figures(path, a.speedup))
+    if a.peers_from:
+        stored = json.load(open(a.peers_from))
+        if stored["speedup"] != a.speedup:
+            raise SystemExit(f"{a.peers_from} ran at clock x{stored['speedup']:g}, "
+                             f"not x{a.speedup:g}")
+        ran = {(r["seed"], r["streams"]) for r in rows}
+        for r in stored["reports"]:
+            if r["router"] != "kvroute" and (r["seed"], r["streams"]) in ran:
+                add(r["router"], r["seed"], r["streams"],
+                    {k: r[k] for k in ("ttft_p50", "ttft_p90", "e2e_p50", "rpm", "requests")})
     if a.json:
         with open(a.json, "w") as out:
             json.dump({"speedup": a.speedup, "reports": rows}, out, indent=1)
     print(f"{len(seeds)} runs (GuideLLM data seeds {', '.join(map(str, sorted(seeds)))}), "
           f"clock x{a.speedup:g}; median over the runs [min-max]; times in simulated seconds.\n")
+    if a.peers_from:
+        print(f"Routers other than kvroute: their figures from {a.peers_from} (earlier runs on "
+              f"the same seeds and levels), not re-run here.\n")
     for level in sorted(levels):
         print(f"### {level} concurrent streams\n")
         print("| router | runs | requests per run | " + " | ".join(f[1] for f in FIGURES) + " |")

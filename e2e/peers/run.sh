@@ -5,6 +5,8 @@
 # the same workload, in one table (not CI).
 #   e2e/peers/run.sh                        # --quick shared-prefix
 #   BENCH_ARGS="--workload shared-prefix,multi-turn --sessions 48" e2e/peers/run.sh
+#   WORKERS=1 DIRECT=1 ... e2e/peers/run.sh  # also a row sent straight to the one worker,
+#                                            # so that each router's added latency shows
 # Needs: python3 with venv, curl, a built `kvroute` (cargo build -p kvroute-cli).
 # Writes $OUT/peers.json, $OUT/peers.md, $OUT/svg/.
 set -euo pipefail
@@ -55,6 +57,11 @@ if wait_url "http://127.0.0.1:$VLLM_KV_PORT/health" 60; then
   externals+=",vllm-router-kv-aware=http://127.0.0.1:$VLLM_KV_PORT"
 else
   echo "vllm-router kv_aware did not come up; its row is left out (log: $LOGS/vllm-router-kv.log)" >&2
+fi
+
+if [ -n "${DIRECT:-}" ]; then
+  [ "$WORKERS" = 1 ] || { echo "DIRECT=1 needs WORKERS=1 (no router: one worker)" >&2; exit 1; }
+  externals+=",direct-to-worker=${urls[0]}"
 fi
 
 # kvroute's policies run on fresh deployments of their own; the peers on the workers above,
