@@ -6,7 +6,7 @@ rebuild and a suite (bench/README.md, "Where the simulated prediction error sits
     kvroute bench --mode sim --policies kvroute --seed 42 --repeats 1 \\
         --concurrency-sweep 32 --workload independent --records OUT
     scripts/fit-replay.py OUT/independent-kvroute.jsonl [--window N] [--prior-weight W]
-        [--overlap] [--chunk TOKENS] [--split]
+        [--overlap] [--chunk TOKENS] [--skip-blind] [--split]
 
 The replay follows router/src/routing/predict.rs: per worker, the line (seconds per 1,000
 prefill tokens, overhead) with the least sum of |relative error| over the last `--window` first
@@ -27,7 +27,8 @@ requests by arrival, as the report) and per tenth of the run, for the router as 
 for the replay. Variants (not what the router does): --window, --prior-weight (the prior
 points' weight; 1 = one sample each), --overlap (take the running step's remainder times the
 rate off the queue: the step computes part of it), --chunk TOKENS (round the prefill work up
-to whole engine steps of TOKENS). --split fits one line per worker in hindsight to the first
+to whole engine steps of TOKENS), --skip-blind (do not learn from requests predicted before
+their worker's line had a sample: the first wave). --split fits one line per worker in hindsight to the first
 half of the run after warm-up and prints its error on the second half, next to the router's.
 """
 
@@ -119,7 +120,7 @@ def replay(rows, args):
         events.append((r["arrival"], 0, i, x, step, wait))
         events.append((r["arrival"] + r["ttft"], 1, i, x, step, wait))
     events.sort(key=lambda e: (e[0], e[1]))
-    lines, predicted = {}, {}
+    lines, predicted, blind = {}, {}, set()
     for _, kind, i, x, step, wait in events:
         r = rows[i]
         if r["worker"] not in lines:
@@ -129,7 +130,9 @@ def replay(rows, args):
         line = lines[r["worker"]]
         if kind == 0:
             predicted[i] = line.predict(x) + step + wait
-        elif wait == 0:
+            if not line.samples:
+                blind.add(i)
+        elif wait == 0 and not (args.skip_blind and i in blind):
             line.learn(x, r["ttft"] - step, r["ttft"])
     return predicted
 
@@ -179,6 +182,7 @@ def main():
     p.add_argument("--prior-weight", type=float, default=1.0)
     p.add_argument("--overlap", action="store_true")
     p.add_argument("--chunk", type=int, default=0)
+    p.add_argument("--skip-blind", action="store_true")
     p.add_argument("--split", action="store_true")
     args = p.parse_args()
     rows = [json.loads(line) for line in open(args.records)]
