@@ -3,10 +3,13 @@
 # the real peer routers over the same workers.
 #   e2e/guidellm/run.sh                    # policies random and kvroute
 #   POLICIES="random kvroute max-prefix" STREAMS=8 DURATION=30 e2e/guidellm/run.sh
+#   POLICIES=none PEERS=sglang-router ...: only the peers
 #   SEED=N: GuideLLM's data seed (its default is a fixed 42: every run the same prompts)
 #   PEERS="sglang-router vllm-router" e2e/guidellm/run.sh
 #     also sglang-router 0.3.2 and vllm-router 0.1.17 (cache_aware; installed into
 #     e2e/peers/.venv as e2e/peers/run.sh does), each over fresh mock workers
+#   PEER_SIDECARS=1: the peers' workers also publish KV events to kvroute's sidecars, which
+#     stream to an idle kvroute router (a control: the same processes as kvroute's run)
 # Needs: python3 with venv, curl, a built `kvroute` (cargo build -p kvroute-cli).
 # Writes $OUT/guidellm-<policy>.json (GuideLLM's own report) and $OUT/summary.md.
 set -euo pipefail
@@ -16,6 +19,7 @@ VENV=${VENV:-$HERE/.venv}
 OUT=${OUT:-$HERE/out}
 WORKERS=${WORKERS:-3}
 POLICIES=${POLICIES:-random kvroute}
+[ "$POLICIES" = none ] && POLICIES=   # only the peers
 STREAMS=${STREAMS:-8}
 DURATION=${DURATION:-30}
 PEERS=${PEERS:-}
@@ -60,8 +64,17 @@ done
 
 for peer in $PEERS; do
   echo "== $peer (cache_aware): $WORKERS mock workers (x$SPEEDUP); logs in $LOGS"
-  # The same workers as kvroute's, without sidecars (nothing reads their KV events).
-  KV_EVENTS=0 start_workers "$WORKERS"
+  if [ -n "${PEER_SIDECARS:-}" ]; then
+    # A control: the workers publish KV events to kvroute's sidecars, which stream to a
+    # kvroute router that gets no traffic, so the peer's workers share the machine with the
+    # same processes as kvroute's do.
+    start_kvroute kvroute "$WORKERS"
+    start_workers "$WORKERS"
+    wait_routable "$WORKERS"
+  else
+    # The same workers as kvroute's, without sidecars (nothing reads their KV events).
+    KV_EVENTS=0 start_workers "$WORKERS"
+  fi
   read -r -a urls <<<"$(worker_urls "$WORKERS")"
   start_peer "$peer" "$PEER_PORT" "${urls[@]}" || exit 2
   wait_url "http://127.0.0.1:$PEER_PORT/health" 120
