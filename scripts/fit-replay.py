@@ -6,7 +6,7 @@ rebuild and a suite (bench/README.md, "Where the simulated prediction error sits
     kvroute bench --mode sim --policies kvroute --seed 42 --repeats 1 \\
         --concurrency-sweep 32 --workload independent --records OUT
     scripts/fit-replay.py OUT/independent-kvroute.jsonl [--window N] [--prior-weight W]
-        [--overlap] [--chunk TOKENS] [--skip-blind] [--split]
+        [--overlap] [--chunk TOKENS] [--skip-blind] [--split] [--step-budget TOKENS]
 
 The replay follows router/src/routing/predict.rs: per worker, the line (seconds per 1,000
 prefill tokens, overhead) with the least sum of |relative error| over the last `--window` first
@@ -17,7 +17,12 @@ Events run in time order: a request is predicted at its arrival (line + the runn
 remainder `step_s` + the admission wait the router added) and taught at its first token
 (observed TTFT less `step_s`; requests the router predicted an admission wait for teach the
 admission model, not the line, and are skipped). x is the queue the router counted plus the
-prompt's tokens it expected to compute. One simplification: the router teaches the queue
+prompt's tokens it expected to compute. Beside it, as predict.rs does, each worker fits the
+same kind of line in whole engine steps of `--step-budget` tokens (with work queued, the
+running step takes up to one budget of the queue and the rest plus the prompt is rounded up
+to whole steps; with nothing queued, the prompt's tokens), and a prediction uses it while its
+mean |relative error| over the worker's last 50 first tokens times 1.5 is below the line's
+(`--step-budget 0`: the line alone). One simplification: the router teaches the queue
 before the head's drain (and the drained seconds back on the TTFT); the records hold the
 drained queue, which the replay uses for both, so the replay's error differs from the
 router's by up to a point (printed side by side).
@@ -60,6 +65,20 @@ def features(r, overlap, chunk):
     if chunk:
         tokens = math.ceil(tokens / chunk) * chunk
     return tokens / 1000.0, step, c["admission_wait"]
+
+
+def whole_steps_x(r, budget):
+    """The whole-steps line's x (thousands of tokens; predict.rs `whole_steps_tokens`), or
+    None with no budget. A running step shows as `step_s` > 0 (the step share is 1)."""
+    if budget <= 0:
+        return None
+    c = chosen(r)
+    queue = max(0.0, c["queue_tokens"])
+    own = max(0.0, r["prompt_tokens"] - c["expected_cached_tokens"])
+    if queue <= 0:
+        return own / 1000.0
+    running = min(queue, budget) if c["step_s"] > 0 else 0.0
+    return math.ceil((queue - running + own) / budget) * budget / 1000.0
 
 
 def solve(points, a, b):
@@ -112,28 +131,50 @@ class Line:
         self.b = min(max(b, 0.0), MAX_OVERHEAD)
 
 
+CHOICE_WINDOW = 50
+CHOICE_MARGIN = 1.5
+
+
 def replay(rows, args):
     """Predictions of the replayed fit, by row index."""
     events = []
     for i, r in enumerate(rows):
         x, step, wait = features(r, args.overlap, args.chunk)
-        events.append((r["arrival"], 0, i, x, step, wait))
-        events.append((r["arrival"] + r["ttft"], 1, i, x, step, wait))
+        xs = whole_steps_x(r, args.step_budget)
+        events.append((r["arrival"], 0, i, x, xs, step, wait))
+        events.append((r["arrival"] + r["ttft"], 1, i, x, xs, step, wait))
     events.sort(key=lambda e: (e[0], e[1]))
-    lines, predicted, blind = {}, {}, set()
-    for _, kind, i, x, step, wait in events:
+    workers, predicted, both, blind = {}, {}, {}, set()
+    for _, kind, i, x, xs, step, wait in events:
         r = rows[i]
-        if r["worker"] not in lines:
+        if r["worker"] not in workers:
             c = chosen(r)  # the first pick of a worker shows the prior
-            lines[r["worker"]] = Line(c["prefill_rate"], c["overhead"], args.window,
-                                      args.prior_weight)
-        line = lines[r["worker"]]
+            workers[r["worker"]] = {
+                "lines": [Line(c["prefill_rate"], c["overhead"], args.window, args.prior_weight)
+                          for _ in range(2)],
+                "recent": [[], []],
+                "whole_steps": False,
+            }
+        wk = workers[r["worker"]]
+        line, steps_line = wk["lines"]
         if kind == 0:
-            predicted[i] = line.predict(x) + step + wait
+            p_line = line.predict(x) + step + wait
+            p_steps = steps_line.predict(xs) + step + wait if xs is not None else None
+            both[i] = (p_line, p_steps)
+            predicted[i] = p_steps if (wk["whole_steps"] and p_steps is not None) else p_line
             if not line.samples:
                 blind.add(i)
         elif wait == 0 and not (args.skip_blind and i in blind):
             line.learn(x, r["ttft"] - step, r["ttft"])
+            p_line, p_steps = both[i]
+            wk["recent"][0] = (wk["recent"][0] + [abs(p_line - r["ttft"]) / r["ttft"]])[-CHOICE_WINDOW:]
+            if p_steps is not None:
+                steps_line.learn(xs, r["ttft"] - step, r["ttft"])
+                wk["recent"][1] = (wk["recent"][1]
+                                   + [abs(p_steps - r["ttft"]) / r["ttft"]])[-CHOICE_WINDOW:]
+            e_line, e_steps = wk["recent"]
+            wk["whole_steps"] = bool(e_line and e_steps) and (
+                statistics.mean(e_steps) * CHOICE_MARGIN < statistics.mean(e_line))
     return predicted
 
 
@@ -184,6 +225,8 @@ def main():
     p.add_argument("--chunk", type=int, default=0)
     p.add_argument("--skip-blind", action="store_true")
     p.add_argument("--split", action="store_true")
+    p.add_argument("--step-budget", type=float, default=2048.0,
+                   help="the whole-steps line's step budget (tokens; 0: the line alone)")
     args = p.parse_args()
     rows = [json.loads(line) for line in open(args.records)]
     rows = [r for r in rows if r.get("predicted_ttft") is not None and r["ttft"] > 0]

@@ -26,7 +26,7 @@ enum Command {
     /// kvroute on a shared-prefix workload (a preset of `bench --mode live`).
     Demo(kvroute_e2e::demo::DemoArgs),
     /// Benchmark routing policies (simulated or live).
-    Bench(kvroute_e2e::bench::BenchArgs),
+    Bench(Box<kvroute_e2e::bench::BenchArgs>),
     /// Tokenize a chat request or prompt like vLLM and print token ids and kvroute block hashes.
     Tokenize(kvroute_router::tokenize_cmd::TokenizeArgs),
     /// Ask a running router why it would route a request where it would.
@@ -50,7 +50,7 @@ async fn main() -> anyhow::Result<()> {
     let Cli { command } = Cli::parse();
     match command {
         Command::Demo(args) => kvroute_e2e::demo::run(args).await,
-        Command::Bench(args) => kvroute_e2e::bench::run(args).await,
+        Command::Bench(args) => kvroute_e2e::bench::run(*args).await,
         Command::Tokenize(args) => kvroute_router::tokenize_cmd::run(args).await,
         Command::Explain(args) => kvroute_router::explain_cmd::run(args).await,
         Command::Crdgen(args) => kvroute_operator::crdgen::run(args).await,

@@ -174,6 +174,12 @@ pub struct BenchArgs {
     /// "Identical workers, one prefill speed").
     #[arg(long, value_name = "FRACTION")]
     pub rate_pool: Option<f64>,
+    /// Sim: kvroute's engine step budget for its whole-steps TTFT line
+    /// (`PredictorConfig::step_budget_tokens`); 0 turns that line off. Default: the router's
+    /// own (2,048). For measuring it against its absence and a wrong budget (bench/README.md,
+    /// "Whole engine steps").
+    #[arg(long, value_name = "TOKENS")]
+    pub step_budget_tokens: Option<f64>,
     /// Sim: the share of a worker's running engine step that kvroute's predictions count
     /// (`StepConfig::share`); 0 counts none. Default: the router's own (1). For measuring
     /// other values (bench/README.md, "The running engine step").
@@ -289,6 +295,9 @@ pub struct SuiteConfig {
     /// `--step-share`, when given (absent: the router's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step_share: Option<f64>,
+    /// `--step-budget-tokens`, when given (absent: the router's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_budget_tokens: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -364,6 +373,15 @@ pub async fn run(mut args: BenchArgs) -> anyhow::Result<()> {
             bail!("--rate-pool needs --mode sim (a live router takes its own --rate-pool)");
         }
         kvroute_router::routing::rate_pool_from(f).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(t) = args.step_budget_tokens {
+        if args.mode != "sim" {
+            bail!(
+                "--step-budget-tokens needs --mode sim (a live router takes its own --step-budget-tokens)"
+            );
+        }
+        kvroute_router::routing::PredictorConfig::check_step_budget(t)
+            .map_err(anyhow::Error::msg)?;
     }
     if let Some(c) = args.step_share {
         if args.mode != "sim" {
@@ -540,6 +558,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
         overcommit_margin: args.overcommit_margin,
         rate_pool: args.rate_pool,
         step_share: args.step_share,
+        step_budget_tokens: args.step_budget_tokens,
     };
     if let Some(dir) = &args.records {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -657,6 +676,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             overcommit_margin: args.overcommit_margin,
             rate_pool: args.rate_pool,
             step_share: args.step_share,
+            step_budget_tokens: args.step_budget_tokens,
         },
         workloads,
     })
@@ -819,6 +839,18 @@ mod tests {
         assert!(err.contains("needs --mode sim"), "{err}");
         let err = refused(&["--rate-pool", "11"]);
         assert!(err.contains("outside 0..=10"), "{err}");
+    }
+
+    #[test]
+    fn the_step_budget_takes_tokens_and_only_in_simulation() {
+        assert_eq!(
+            parsed(&["--step-budget-tokens", "0"]).step_budget_tokens,
+            Some(0.0)
+        );
+        let err = refused(&["--mode", "live", "--step-budget-tokens", "8192"]);
+        assert!(err.contains("needs --mode sim"), "{err}");
+        let err = refused(&["--step-budget-tokens", "4"]);
+        assert!(err.contains("expected 0 (off)"), "{err}");
     }
 
     #[test]

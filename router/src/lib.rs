@@ -320,6 +320,17 @@ pub struct Args {
     /// pods may land on unlike GPUs.
     #[arg(long, env = "KVROUTE_ROUTER_RATE_POOL", default_value_t = 1.0)]
     pub rate_pool: f64,
+    /// TTFT model: the workers' engine step budget, vLLM's `--max-num-batched-tokens`
+    /// (its V1 default is 2,048 on GPUs under 70 GiB such as the L40S, 8,192 on larger
+    /// ones). Each worker also fits its TTFT line in whole steps of this many tokens and
+    /// predicts with it while it has been the better of the two there (docs/DESIGN.md); set
+    /// wrong, that line predicts worse and is not used. 0 turns it off.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_STEP_BUDGET_TOKENS",
+        default_value_t = 2_048.0
+    )]
+    pub step_budget_tokens: f64,
     /// Bounded router: a new worker that discovery does not list is refused (counted, logged)
     /// when its model has this many workers already. Known workers keep serving; workers
     /// discovery lists are always taken.
@@ -493,6 +504,7 @@ impl Default for Args {
             prior_overhead_s: 0.05,
             prior_itl_s: 0.07,
             rate_pool: 1.0,
+            step_budget_tokens: 2_048.0,
             max_workers_per_model: 256,
             max_workers: 1_024,
             worker_blocks_slack: 2.0,
@@ -746,6 +758,7 @@ impl Server {
             prior_overhead_s,
             prior_itl_s,
             rate_pool,
+            step_budget_tokens,
             max_workers_per_model,
             max_workers,
             worker_blocks_slack,
@@ -794,7 +807,11 @@ impl Server {
             max_body_bytes,
             route_unlisted,
             tokenizers: tokenizer_dirs(&tokenizer)?,
-            predictor: predictor_prior(prior_prefill_rate, prior_overhead_s, prior_itl_s)?,
+            predictor: routing::PredictorConfig {
+                step_budget_tokens: routing::PredictorConfig::check_step_budget(step_budget_tokens)
+                    .map_err(|e| anyhow::anyhow!("--step-budget-tokens: {e}"))?,
+                ..predictor_prior(prior_prefill_rate, prior_overhead_s, prior_itl_s)?
+            },
             outlier: outlier.config()?,
             peers: routing::PeerConfig {
                 decay_s: peer_decay(peer.peer_decay_s)?,

@@ -710,6 +710,7 @@ pub async fn run_live_with(
             overcommit_margin: None,
             rate_pool: None,
             step_share: None,
+            step_budget_tokens: None,
         },
         workloads,
     })

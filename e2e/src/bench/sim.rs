@@ -87,6 +87,9 @@ pub struct SimConfig {
     /// The share of the running engine step kvroute's predictions count, when not the
     /// router's default.
     pub step_share: Option<f64>,
+    /// kvroute's engine step budget for its whole-steps TTFT line (0: off), when not the
+    /// router's default.
+    pub step_budget_tokens: Option<f64>,
 }
 
 /// What happened to one request.
@@ -303,6 +306,11 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
     }
     if let Some(c) = cfg.step_share {
         core_cfg.steps.share = StepConfig::check_share(c).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(t) = cfg.step_budget_tokens {
+        core_cfg.predictor.step_budget_tokens =
+            kvroute_router::routing::PredictorConfig::check_step_budget(t)
+                .map_err(anyhow::Error::msg)?;
     }
     let mut core = RoutingCore::new(core_cfg);
     let mut workers = Vec::with_capacity(cfg.workers);

@@ -15,6 +15,7 @@ use std::collections::{BTreeSet, HashMap};
 use serde::Serialize;
 
 use super::bound::BoundOutcome;
+use super::predict::Prediction;
 use super::workers::WorkerId;
 
 /// Handle of one assignment.
@@ -67,6 +68,9 @@ pub struct Assignment {
     pub step_s: f64,
     /// TTFT predicted when assigned (seconds; NaN when the policy made no prediction).
     pub predicted_ttft: f64,
+    /// The TTFT model's part of it, each line's (`Candidate::model`): both learn from the
+    /// first token.
+    pub ttft_model: Prediction,
     /// The p90 upper bound published with that prediction (seconds; NaN for none).
     pub ttft_bound: f64,
     /// When it was assigned (seconds, caller's clock).
@@ -101,6 +105,8 @@ pub struct NewAssignment {
     pub step_s: f64,
     /// Predicted TTFT (seconds; NaN for none).
     pub predicted_ttft: f64,
+    /// The TTFT model's part of it (see [`Assignment::model`]).
+    pub ttft_model: Prediction,
     /// Its p90 upper bound (seconds; NaN for none; set by the core when it assigns).
     pub ttft_bound: f64,
     /// Output tokens expected.
@@ -203,6 +209,7 @@ impl Assignments {
                 undrained_queue_tokens: a.undrained_queue_tokens,
                 queue_drain_s: a.queue_drain_s,
                 step_s: a.step_s,
+                ttft_model: a.ttft_model,
                 predicted_ttft: a.predicted_ttft,
                 ttft_bound: a.ttft_bound,
                 assigned_at: now,
@@ -413,6 +420,7 @@ mod tests {
             undrained_queue_tokens: 0.0,
             queue_drain_s: 0.0,
             step_s: 0.0,
+            ttft_model: Prediction::line(f64::NAN),
             predicted_ttft: 0.1,
             ttft_bound: f64::NAN,
             output_tokens: 100,

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use super::assign::NewAssignment;
 use super::hot::HotPrefixes;
+use super::predict::Prediction;
 use super::workers::WorkerId;
 
 /// Everything a policy knows about one allowed worker for one request.
@@ -102,6 +103,10 @@ pub struct Candidate {
     /// scheduled when it ends. `StepConfig::share` of what is left of it as the chunks the
     /// router relays show it (`steps.rs`; 0 without them).
     pub step_s: f64,
+    /// What the TTFT model predicted (`predicted_ttft` less the stale penalty, admission
+    /// wait and step left): its line's seconds and its whole-steps line's, and which it used
+    /// (`predict.rs`).
+    pub ttft_model: Prediction,
     /// Predicted TTFT (seconds), stale penalty, admission wait and step left included.
     pub predicted_ttft: f64,
     /// Which expectation of evictions lowered `expected_cached_tokens` below what the index
@@ -321,6 +326,7 @@ impl Decision {
                 .map_or(0.0, |c| c.queue_tokens + c.queue_drain_s * c.prefill_rate),
             queue_drain_s: c.map_or(0.0, |c| c.queue_drain_s),
             step_s: c.map_or(0.0, |c| c.step_s),
+            ttft_model: c.map_or(Prediction::line(f64::NAN), |c| c.ttft_model),
             predicted_ttft: self.predicted_ttft(),
             ttft_bound: f64::NAN,
             output_tokens: 0,

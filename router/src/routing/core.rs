@@ -32,7 +32,7 @@ use super::outlier::{FailureKind, Outcome, OutlierConfig, OutlierEvent};
 use super::overlay::Overlay;
 use super::peers::{PeerConfig, PeerShare};
 use super::plan::Plan;
-use super::predict::{ErrorStats, Predictor, PredictorConfig};
+use super::predict::{ErrorStats, FirstTokenSample, Predictor, PredictorConfig};
 use super::steps::{StepClocks, StepConfig};
 use super::workers::{BlockCaps, LoadSample, Worker, WorkerId, WorkerTable};
 
@@ -750,12 +750,15 @@ impl RoutingCore {
         } else if a.predicted_ttft.is_finite() {
             self.predictor.observe(
                 a.worker,
-                a.undrained_queue_tokens,
-                a.uncached_tokens as f64,
-                a.queue_drain_s,
-                a.step_s,
-                a.predicted_ttft,
-                ft.observed_ttft,
+                FirstTokenSample {
+                    queue_tokens: a.undrained_queue_tokens,
+                    uncached_tokens: a.uncached_tokens as f64,
+                    drain_s: a.queue_drain_s,
+                    step_s: a.step_s,
+                    predicted: a.predicted_ttft,
+                    model: a.ttft_model,
+                    observed: ft.observed_ttft,
+                },
             );
         }
         ft.bound = self

@@ -200,12 +200,21 @@ fn the_model_learns_from_the_queue_before_the_heads_drain() {
     );
     let mut want = core.predictor.clone();
     core.first_token(ids[1], 4.0, None).expect("first token");
-    want.observe(cold, 8_000.0, 2_000.0, 0.5, 0.0, a.predicted_ttft, 2.5);
+    want.observe(
+        cold,
+        FirstTokenSample {
+            drain_s: 0.5,
+            ..FirstTokenSample::line_only(8_000.0, 2_000.0, a.predicted_ttft, 2.5)
+        },
+    );
     assert_eq!(core.predictor.params(cold), want.params(cold));
     let mut drained = core.predictor.clone();
     drained.forget(cold);
     let queue = a.undrained_queue_tokens - a.queue_drain_s * rate;
-    drained.observe(cold, queue, 2_000.0, 0.0, 0.0, a.predicted_ttft, 2.5);
+    drained.observe(
+        cold,
+        FirstTokenSample::line_only(queue, 2_000.0, a.predicted_ttft, 2.5),
+    );
     assert_ne!(core.predictor.params(cold), drained.params(cold));
 }
 
@@ -317,6 +326,61 @@ fn mixed_block_sizes_and_unknown_or_removed_workers() {
     // Scratch state is reset between calls.
     let ctx = core.plan(&req(&tokens[..16]), &[cold, big], 1.0).context;
     assert!(ctx.candidates.iter().all(|c| c.cached_blocks == 0));
+}
+
+#[test]
+fn each_candidate_is_also_priced_in_whole_engine_steps_and_both_lines_learn() {
+    let (mut core, _, cold, tokens) = setup();
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let budget = core.predictor.config().step_budget_tokens;
+    assert_eq!(budget, 2_048.0);
+    // A running step (chunks 0.4 s apart); the first request finds nothing queued: its own
+    // 4,096 tokens. The second (another prompt) finds the first's 4,096 ahead, of which the
+    // running step takes 2,048: 6,144 tokens left, three whole steps.
+    core.step_observed(cold, 1.0);
+    core.step_observed(cold, 1.4);
+    let other: Vec<u32> = (100_000..104_096).collect();
+    let mut ids = Vec::new();
+    for (prompt, want) in [(&tokens, 4_096.0), (&other, 6_144.0)] {
+        let (plan, d) = core
+            .decide(&mut p, &req(prompt), &[cold], 1.5)
+            .expect("decision");
+        let c = d.chosen_candidate().expect("chosen");
+        let steps = c.ttft_model.whole_steps.expect("priced in whole steps");
+        assert_eq!(steps.tokens, want);
+        // Nothing learned yet: the line predicts, the whole-steps line only shown.
+        assert!(!c.ttft_model.used_whole_steps);
+        assert!((c.predicted_ttft - c.ttft_model.line_s - c.step_s).abs() < 1e-9);
+        let id = core.assign(&plan, &d, 1.5);
+        assert_eq!(core.assignment(id).expect("live").ttft_model, c.ttft_model);
+        ids.push((id, c.predicted_ttft));
+    }
+    let before = core.predictor.model(cold).map(|m| m.steps_line.clone());
+    assert!(before.is_none(), "no sample yet");
+    for (id, predicted) in ids {
+        core.first_token(id, 1.5 + 2.0 * predicted, None);
+    }
+    let m = core.predictor.model(cold).expect("learned");
+    assert_eq!(m.samples, 2);
+    let prior = 1_000.0 / core.predictor.config().prior_rate;
+    assert!(m.line.sec_per_ktok != prior && m.steps_line.sec_per_ktok != prior);
+    // Off: no whole-steps price.
+    let mut off = RoutingCore::new(CoreConfig {
+        predictor: PredictorConfig {
+            step_budget_tokens: 0.0,
+            ..PredictorConfig::default()
+        },
+        ..CoreConfig::default()
+    });
+    let w = off.snapshot("w", 16, 1, &[], 0.0);
+    off.load(w, LoadSample::default(), 0.0);
+    let (_, d) = off
+        .decide(&mut p, &req(&tokens), &[w], 1.5)
+        .expect("decision");
+    assert_eq!(
+        d.chosen_candidate().expect("chosen").ttft_model.whole_steps,
+        None
+    );
 }
 
 #[test]

@@ -144,7 +144,10 @@ pub use policies::{
     Calibration, LeastLoaded, MaxPrefix, MaxPrefixWeights, POLICY_NAMES, RandomPolicy, RoundRobin,
     UnknownPolicy, policy_by_name, policy_by_name_calibrated,
 };
-pub use predict::{ErrorStats, Predictor, PredictorConfig, WorkerModel};
+pub use predict::{
+    ErrorStats, FirstTokenSample, Line, Prediction, Predictor, PredictorConfig, WholeSteps,
+    WorkerModel, whole_steps_tokens,
+};
 pub use request::PromptHashes;
 pub use steps::{StepClocks, StepConfig};
 pub use workers::{BlockCaps, LoadSample, Worker, WorkerId, WorkerTable};

@@ -17,7 +17,7 @@ use super::admission::{KvReleases, kv_wait};
 use super::choose::{Candidate, ChoiceContext, EvictionRule};
 use super::core::{RouteRequest, RoutingCore};
 use super::outlier::EjectedWorker;
-use super::predict::pooled_rates_by_class;
+use super::predict::{pooled_rates_by_class, whole_steps_tokens};
 use super::request::PromptHashes;
 use super::workers::{Worker, WorkerId};
 
@@ -302,14 +302,22 @@ impl RoutingCore {
             }
         }
         let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
-        let mut predicted_ttft = self
-            .predictor
-            .predict_at(w, queue_tokens, uncached, pooled_rate);
+        let step_left = if stale { 0.0 } else { self.steps.left(w, now) };
+        let steps_tokens = whole_steps_tokens(
+            queue_tokens,
+            uncached,
+            step_left > 0.0,
+            self.predictor.config().step_budget_tokens,
+        );
+        let ttft_model =
+            self.predictor
+                .predict_candidate(w, queue_tokens, uncached, pooled_rate, steps_tokens);
+        let mut predicted_ttft = ttft_model.seconds;
         if stale {
             predicted_ttft += self.cfg.stale_penalty_s;
         }
-        let step_s = if self.cfg.steps.share > 0.0 && !stale {
-            self.cfg.steps.share * self.steps.left(w, now)
+        let step_s = if self.cfg.steps.share > 0.0 {
+            self.cfg.steps.share * step_left
         } else {
             0.0
         };
@@ -349,6 +357,7 @@ impl RoutingCore {
             admission_wait,
             kv_need_tokens,
             step_s,
+            ttft_model,
             predicted_ttft,
             eviction_expected,
         }
