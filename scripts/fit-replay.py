@@ -7,6 +7,7 @@ rebuild and a suite (bench/README.md, "Where the simulated prediction error sits
         --concurrency-sweep 32 --workload independent --records OUT
     scripts/fit-replay.py OUT/independent-kvroute.jsonl [--window N] [--prior-weight W]
         [--overlap] [--chunk TOKENS] [--skip-blind] [--split] [--step-budget TOKENS]
+        [--choice-window N] [--choice-margin M]
 
 The replay follows router/src/routing/predict.rs: per worker, the line (seconds per 1,000
 prefill tokens, overhead) with the least sum of |relative error| over the last `--window` first
@@ -22,7 +23,7 @@ same kind of line in whole engine steps of `--step-budget` tokens (with work que
 running step takes up to one budget of the queue and the rest plus the prompt is rounded up
 to whole steps; with nothing queued, the prompt's tokens), and a prediction uses it while its
 mean |relative error| over the worker's last 50 first tokens times 1.5 is below the line's
-(`--step-budget 0`: the line alone). One simplification: the router teaches the queue
+(`--step-budget 0`: the line alone; `--choice-window`, `--choice-margin` to try others). One simplification: the router teaches the queue
 before the head's drain (and the drained seconds back on the TTFT); the records hold the
 drained queue, which the replay uses for both, so the replay's error differs from the
 router's by up to a point (printed side by side).
@@ -131,10 +132,6 @@ class Line:
         self.b = min(max(b, 0.0), MAX_OVERHEAD)
 
 
-CHOICE_WINDOW = 50
-CHOICE_MARGIN = 1.5
-
-
 def replay(rows, args):
     """Predictions of the replayed fit, by row index."""
     events = []
@@ -167,14 +164,15 @@ def replay(rows, args):
         elif wait == 0 and not (args.skip_blind and i in blind):
             line.learn(x, r["ttft"] - step, r["ttft"])
             p_line, p_steps = both[i]
-            wk["recent"][0] = (wk["recent"][0] + [abs(p_line - r["ttft"]) / r["ttft"]])[-CHOICE_WINDOW:]
+            keep = args.choice_window
+            wk["recent"][0] = (wk["recent"][0] + [abs(p_line - r["ttft"]) / r["ttft"]])[-keep:]
             if p_steps is not None:
                 steps_line.learn(xs, r["ttft"] - step, r["ttft"])
                 wk["recent"][1] = (wk["recent"][1]
-                                   + [abs(p_steps - r["ttft"]) / r["ttft"]])[-CHOICE_WINDOW:]
+                                   + [abs(p_steps - r["ttft"]) / r["ttft"]])[-keep:]
             e_line, e_steps = wk["recent"]
             wk["whole_steps"] = bool(e_line and e_steps) and (
-                statistics.mean(e_steps) * CHOICE_MARGIN < statistics.mean(e_line))
+                statistics.mean(e_steps) * args.choice_margin < statistics.mean(e_line))
     return predicted
 
 
@@ -227,6 +225,11 @@ def main():
     p.add_argument("--split", action="store_true")
     p.add_argument("--step-budget", type=float, default=2048.0,
                    help="the whole-steps line's step budget (tokens; 0: the line alone)")
+    p.add_argument("--choice-window", type=int, default=50,
+                   help="first tokens over which the two lines' errors are compared")
+    p.add_argument("--choice-margin", type=float, default=1.5,
+                   help="the whole-steps line is used while its mean error times this is "
+                        "below the line's")
     args = p.parse_args()
     rows = [json.loads(line) for line in open(args.records)]
     rows = [r for r in rows if r.get("predicted_ttft") is not None and r["ttft"] > 0]

@@ -119,7 +119,7 @@ impl Default for PredictorConfig {
             // ~50 ms per step from reading the weights, more with a batch and prefill chunks.
             prior_itl: 0.07,
             itl_learning: 0.1,
-            // vLLM V1's default for GPUs under 70 GiB (8,192 above; vllm/engine/arg_utils.py).
+            // vLLM V1's default for GPUs under 70 GiB (8,192 on larger ones).
             step_budget_tokens: 2_048.0,
             model_choice_window: 50,
             model_choice_margin: 1.5,
