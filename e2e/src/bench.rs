@@ -174,10 +174,11 @@ pub struct BenchArgs {
     /// "Identical workers, one prefill speed").
     #[arg(long, value_name = "FRACTION")]
     pub rate_pool: Option<f64>,
-    /// Sim: kvroute's engine step budget for its whole-steps TTFT line
-    /// (`PredictorConfig::step_budget_tokens`); 0 turns that line off. Default: the router's
-    /// own (2,048). For measuring it against its absence and a wrong budget (bench/README.md,
-    /// "Whole engine steps").
+    /// Sim: kvroute's engine step budget for its whole-steps TTFT line, one for every worker
+    /// (`PredictorConfig::step_budget_tokens`); 0 turns that line off. Default: each
+    /// worker's profile's `max_num_batched_tokens`, as the router reads it from a WorkerSet.
+    /// For measuring it against its absence and a wrong budget (bench/README.md, "Whole
+    /// engine steps").
     #[arg(long, value_name = "TOKENS")]
     pub step_budget_tokens: Option<f64>,
     /// Sim: the share of a worker's running engine step that kvroute's predictions count

@@ -91,6 +91,7 @@ fn worker(id: &str) -> DiscoveredWorker {
         pod_ip: None,
         ready: true,
         origin: Default::default(),
+        step_budget_tokens: None,
     }
 }
 

@@ -130,5 +130,6 @@ fn worker(id: &str) -> DiscoveredWorker {
         pod_ip: None,
         ready: true,
         origin: Default::default(),
+        step_budget_tokens: None,
     }
 }

@@ -320,11 +320,13 @@ pub struct Args {
     /// pods may land on unlike GPUs.
     #[arg(long, env = "KVROUTE_ROUTER_RATE_POOL", default_value_t = 1.0)]
     pub rate_pool: f64,
-    /// TTFT model: the workers' engine step budget, vLLM's `--max-num-batched-tokens`
-    /// (its V1 default is 2,048 on GPUs under 70 GiB such as the L40S, 8,192 on larger
-    /// ones). Each worker also fits its TTFT line in whole steps of this many tokens and
-    /// predicts with it while it has been the better of the two there (docs/DESIGN.md); set
-    /// wrong, that line predicts worse and is not used. 0 turns it off.
+    /// TTFT model: the engine step budget, vLLM's `--max-num-batched-tokens`, of workers
+    /// whose InferenceWorkerSet does not give it (discovery reads each set's flag, else
+    /// vLLM V1's default for its GPU: 8,192 on H100, H200, GH200, B200, 2,048 on the
+    /// others; static workers of no set, GIE pools and mock engines take this). Each
+    /// worker also fits its TTFT line in whole steps of its budget and predicts with it
+    /// while it has been the better of the two there (docs/DESIGN.md); set wrong, that line
+    /// predicts worse and is not used. 0 turns it off for every worker.
     #[arg(
         long,
         env = "KVROUTE_ROUTER_STEP_BUDGET_TOKENS",

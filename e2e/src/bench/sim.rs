@@ -324,6 +324,12 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
         let id = core.snapshot(&format!("worker-{i}"), block_size, 1, &[], 0.0);
         // One WorkerSet per GPU profile, as a cluster runs them: rates pool within a set.
         core.set_speed_class(id, &profile.name);
+        // Its engine's step budget, as the router learns it from the WorkerSet (the
+        // engine's `--max-num-batched-tokens` or vLLM's default for the GPU), unless
+        // `--step-budget-tokens` sets one for every worker.
+        if cfg.step_budget_tokens.is_none() {
+            core.set_step_budget(id, Some(f64::from(profile.max_num_batched_tokens)));
+        }
         workers.push(Worker {
             engine: Engine::new(profile.clone(), ec),
             resident: ResidentSet::new(StateConfig {

@@ -217,6 +217,8 @@ pub fn add_gie_pools(
                     .map(|ip| ip.to_canonical()),
                 ready: pod.ready && pod.ip.is_some(),
                 origin: WorkerOrigin::InferencePool,
+                // A GIE pool says nothing of its engines' settings.
+                step_budget_tokens: None,
             });
         }
         catalog.pools.push(PoolView {

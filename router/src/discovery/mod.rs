@@ -65,6 +65,60 @@ pub enum WorkerSource<'a> {
     Pods(&'a [PodView]),
 }
 
+/// vLLM's flag for the most tokens one engine step computes.
+const MAX_BATCHED_TOKENS_FLAG: &str = "--max-num-batched-tokens";
+
+/// GPU products (`nvidia.com/gpu.product`) with 70 GiB or more whose vLLM V1 default step
+/// budget is 8,192 tokens for the OpenAI server; every other GPU gets 2,048, the A100 80 GB
+/// included (vLLM `EngineArgs.get_batch_defaults`: at least 70 GiB and not an A100).
+const LARGE_BUDGET_PRODUCTS: &[&str] = &[
+    "NVIDIA-H100-80GB-HBM3",
+    "NVIDIA-H100-PCIe",
+    "NVIDIA-H100-NVL",
+    "NVIDIA-H200",
+    "NVIDIA-GH200-480GB",
+    "NVIDIA-B200",
+];
+
+/// The step budget (tokens) of a WorkerSet's vLLM engines, which the TTFT model's
+/// whole-steps line counts in (`routing::PredictorConfig::step_budget_tokens`): its
+/// `--max-num-batched-tokens` in `engine.args` (the last one, as vLLM takes it; `=` or a
+/// separate value; vLLM also reads underscores), else vLLM V1's default for the GPU product
+/// (8,192 on H100, H200, GH200, B200; 2,048 on the others). `None` for `engine.mode: mock`
+/// (the mock's profile decides, which the router does not know) and for a flag whose value
+/// is no positive number (vLLM refuses to start then).
+pub fn step_budget_tokens(spec: &kvroute_crds::InferenceWorkerSetSpec) -> Option<f64> {
+    if spec.engine.mode == kvroute_crds::workerset::EngineMode::Mock {
+        return None;
+    }
+    let mut given: Option<Option<f64>> = None;
+    let mut args = spec.engine.args.iter();
+    while let Some(arg) = args.next() {
+        let arg = arg.replace('_', "-");
+        let value = if arg == MAX_BATCHED_TOKENS_FLAG {
+            args.next().cloned()
+        } else if let Some(v) = arg
+            .strip_prefix(MAX_BATCHED_TOKENS_FLAG)
+            .and_then(|r| r.strip_prefix('='))
+        {
+            Some(v.to_string())
+        } else {
+            continue;
+        };
+        given = Some(
+            value
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|&v| v > 0)
+                .map(|v| v as f64),
+        );
+    }
+    match given {
+        Some(v) => v,
+        None if LARGE_BUDGET_PRODUCTS.contains(&spec.gpu.product.as_str()) => Some(8_192.0),
+        None => Some(2_048.0),
+    }
+}
+
 fn ns(namespace: Option<&String>) -> &str {
     namespace.map_or("default", String::as_str)
 }
@@ -80,6 +134,7 @@ pub fn build_catalog(
         let namespace = ns(set.metadata.namespace.as_ref());
         let name = set.metadata.name.clone().unwrap_or_default();
         let model = set.spec.model.served().to_string();
+        let step_budget = step_budget_tokens(&set.spec);
         match workers {
             WorkerSource::Status => {
                 for w in set.status.iter().flat_map(|s| s.workers.iter()) {
@@ -96,6 +151,7 @@ pub fn build_catalog(
                         namespace: namespace.to_string(),
                         ready: w.ready && w.address.is_some(),
                         origin: WorkerOrigin::WorkerSet,
+                        step_budget_tokens: step_budget,
                     });
                 }
             }
@@ -122,6 +178,7 @@ pub fn build_catalog(
                             .map(|ip| ip.to_canonical()),
                         ready: p.ready && p.ip.is_some(),
                         origin: WorkerOrigin::WorkerSet,
+                        step_budget_tokens: step_budget,
                     });
                 }
             }
@@ -297,6 +354,69 @@ spec:
             .map(|m| (m.name.as_str(), m.backend_model.as_str()))
             .collect();
         assert_eq!(models, vec![("qwen3", "qwen3"), ("chat-default", "qwen3")]);
+    }
+
+    #[test]
+    fn the_step_budget_is_the_engine_flag_else_vllms_default_for_the_gpu() {
+        let (sets, pools) = parsed();
+        // A mock engine: its profile decides, which the router does not know.
+        let c = build_catalog(&sets, &pools, WorkerSource::Status);
+        assert!(c.workers.iter().all(|w| w.step_budget_tokens.is_none()));
+        let spec = |product: &str, args: &[&str]| {
+            let mut spec = sets[0].spec.clone();
+            spec.engine.mode = kvroute_crds::workerset::EngineMode::Vllm;
+            spec.gpu.product = product.to_string();
+            spec.engine.args = args.iter().map(|a| a.to_string()).collect();
+            spec
+        };
+        let l40s = kvroute_crds::gpu::DEFAULT_GPU_PRODUCT;
+        for (product, args, want) in [
+            (l40s, &[][..], Some(2_048.0)),
+            ("NVIDIA-H100-80GB-HBM3", &[][..], Some(8_192.0)),
+            ("NVIDIA-H200", &[][..], Some(8_192.0)),
+            // 80 GB, but vLLM keeps the smaller default on A100s.
+            ("NVIDIA-A100-SXM4-80GB", &[][..], Some(2_048.0)),
+            (
+                l40s,
+                &["--max-num-batched-tokens", "4096"][..],
+                Some(4_096.0),
+            ),
+            (
+                "NVIDIA-H100-80GB-HBM3",
+                &["--max_num_batched_tokens=16384"][..],
+                Some(16_384.0),
+            ),
+            // vLLM takes the last occurrence.
+            (
+                l40s,
+                &[
+                    "--max-num-batched-tokens=1024",
+                    "--enforce-eager",
+                    "--max-num-batched-tokens",
+                    "512",
+                ][..],
+                Some(512.0),
+            ),
+            (l40s, &["--max-num-batched-tokens", "lots"][..], None),
+            (l40s, &["--max-num-batched-tokens"][..], None),
+            (l40s, &["--max-num-batched-tokens=0"][..], None),
+            (l40s, &["--max-num-seqs", "64"][..], Some(2_048.0)),
+        ] {
+            assert_eq!(
+                step_budget_tokens(&spec(product, args)),
+                want,
+                "{product} {args:?}"
+            );
+        }
+        // The catalog carries it to every worker of the set.
+        let mut vllm = sets.clone();
+        vllm[0].spec = spec("NVIDIA-H100-80GB-HBM3", &[]);
+        let c = build_catalog(&vllm, &pools, WorkerSource::Status);
+        assert!(
+            c.workers
+                .iter()
+                .all(|w| w.step_budget_tokens == Some(8_192.0))
+        );
     }
 
     #[test]

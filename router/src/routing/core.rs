@@ -329,6 +329,15 @@ impl RoutingCore {
         }
     }
 
+    /// Sets the step budget of `w`'s engine (tokens; `None`: the predictor's default), which
+    /// its whole-steps TTFT line counts in (`predict.rs`). Unknown ids and budgets that are
+    /// not a positive finite number are ignored (the latter as `None`).
+    pub fn set_step_budget(&mut self, w: WorkerId, tokens: Option<f64>) {
+        if let Some(slot) = self.workers.get_mut(w) {
+            slot.step_budget_tokens = tokens.filter(|t| t.is_finite() && *t >= 1.0);
+        }
+    }
+
     /// The most blocks the index keeps for `w` (0 for an unknown id).
     pub fn block_cap(&self, w: WorkerId) -> u64 {
         self.workers

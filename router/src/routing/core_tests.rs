@@ -384,6 +384,56 @@ fn each_candidate_is_also_priced_in_whole_engine_steps_and_both_lines_learn() {
 }
 
 #[test]
+fn a_workers_own_step_budget_replaces_the_default_unless_the_line_is_off() {
+    let (mut core, _, cold, tokens) = setup();
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let priced = |core: &RoutingCore, p: &mut PredictedTtft| {
+        let (_, d) = core
+            .decide(p, &req(&tokens[..1_000]), &[cold], 1.0)
+            .expect("decision");
+        let c = d.chosen_candidate().expect("chosen");
+        c.ttft_model.whole_steps.map(|s| s.tokens)
+    };
+    // Nothing queued: the prompt's own tokens, whatever the budget.
+    assert_eq!(priced(&core, &mut p), Some(1_000.0));
+    // Behind a queue: whole steps of the worker's own budget, not the default 2,048.
+    let other: Vec<u32> = (100_000..105_000).collect();
+    let (plan, d) = core
+        .decide(&mut p, &req(&other), &[cold], 1.0)
+        .expect("decision");
+    core.assign(&plan, &d, 1.0);
+    assert_eq!(
+        priced(&core, &mut p),
+        Some(6_144.0),
+        "5,000 + 1,000 in 2,048s"
+    );
+    core.set_step_budget(cold, Some(8_192.0));
+    assert_eq!(priced(&core, &mut p), Some(8_192.0), "one 8,192-token step");
+    core.set_step_budget(cold, Some(1_000.0));
+    assert_eq!(priced(&core, &mut p), Some(6_000.0));
+    core.set_step_budget(cold, Some(f64::NAN));
+    assert_eq!(core.worker(cold).expect("slot").step_budget_tokens, None);
+    // The configured budget at 0 turns the line off for every worker.
+    let mut off = RoutingCore::new(CoreConfig {
+        predictor: PredictorConfig {
+            step_budget_tokens: 0.0,
+            ..PredictorConfig::default()
+        },
+        ..CoreConfig::default()
+    });
+    let w = off.snapshot("w", 16, 1, &[], 0.0);
+    off.load(w, LoadSample::default(), 0.0);
+    off.set_step_budget(w, Some(8_192.0));
+    let (_, d) = off
+        .decide(&mut p, &req(&tokens), &[w], 1.0)
+        .expect("decision");
+    assert_eq!(
+        d.chosen_candidate().expect("chosen").ttft_model.whole_steps,
+        None
+    );
+}
+
+#[test]
 fn the_running_steps_remainder_is_predicted_and_taken_off_what_is_learned() {
     let (mut core, _, cold, tokens) = setup();
     let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);

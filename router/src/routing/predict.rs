@@ -49,8 +49,9 @@
 //! `model_choice_margin` (1.5) below the line's. Where steps are mostly not full (light
 //! load, short prompts between decodes) it is far worse and the line stays in use; replays
 //! of the default suite are in bench/README.md ("Whole engine steps"). The budget is the
-//! engines' setting (`PredictorConfig::step_budget_tokens`, vLLM V1's default for GPUs under
-//! 70 GiB, 2,048); set wrong, the whole-steps line predicts worse and is not used.
+//! engine's setting: the worker's own where discovery knows it (`Worker::step_budget_tokens`,
+//! from its WorkerSet), else `PredictorConfig::step_budget_tokens` (vLLM V1's default for
+//! GPUs under 70 GiB, 2,048); set wrong, the whole-steps line predicts worse and is not used.
 
 use std::collections::VecDeque;
 

@@ -143,6 +143,10 @@ pub struct Worker {
     /// InferenceWorkerSet: one set, one GPU type): only they may share a pooled prefill rate
     /// (`CoreConfig::rate_pool`). Empty for a worker that names none.
     pub speed_class: String,
+    /// Its engine's step budget (tokens) when discovery knows it (its WorkerSet's
+    /// `--max-num-batched-tokens` or vLLM's default for its GPU); `None`: the predictor's
+    /// `PredictorConfig::step_budget_tokens`.
+    pub step_budget_tokens: Option<f64>,
 }
 
 impl Worker {
@@ -211,6 +215,7 @@ impl WorkerTable {
             truncated: false,
             health: Health::new(),
             speed_class: String::new(),
+            step_budget_tokens: None,
         };
         // The lowest free id first, so that a steady pool keeps small, dense ids.
         self.free.sort_unstable_by(|a, b| b.cmp(a));

@@ -77,6 +77,10 @@ pub struct DiscoveredWorker {
     pub ready: bool,
     /// Where discovery found it, and so whether a kvroute sidecar is expected to report it.
     pub origin: WorkerOrigin,
+    /// Its engine's step budget (vLLM's `max_num_batched_tokens`) when its WorkerSet says
+    /// (`discovery::step_budget_tokens`); `None`: the router's `--step-budget-tokens`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_budget_tokens: Option<f64>,
 }
 
 /// Where discovery found a worker.

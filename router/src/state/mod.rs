@@ -332,7 +332,21 @@ impl RouterState {
     /// [`RouterState::set_catalog`] at `now`: also registers (or closes) the workers that
     /// discovery lists without a sidecar ([`WorkerOrigin::InferencePool`]).
     pub fn set_catalog_at(&self, catalog: Catalog, now: Instant) {
+        // Each known worker's engine step budget, as its WorkerSet now says.
+        let budgets: Vec<(String, Option<f64>)> = catalog
+            .workers
+            .iter()
+            .map(|w| (w.id.clone(), w.step_budget_tokens))
+            .collect();
         *self.0.catalog.write() = catalog;
+        {
+            let mut core = self.0.core.lock();
+            for (id, budget) in budgets {
+                if let Some(w) = core.routing.worker_id(&id) {
+                    core.routing.set_step_budget(w, budget);
+                }
+            }
+        }
         self.sync_load_only(now);
     }
 

@@ -197,6 +197,10 @@ pub struct WorkerReport {
     pub waiting_first_token: u32,
     /// Passive health: requests it failed in a row (since its last completed one).
     pub consecutive_failures: u32,
+    /// The engine step budget (tokens) its TTFT model's whole-steps line counts in: its
+    /// WorkerSet's, else the router's `--step-budget-tokens`; absent when that line is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_budget_tokens: Option<f64>,
     /// Passive health: ejected now (no candidate until `ejection.remaining_s` passes,
     /// unless every allowed worker is ejected).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -312,13 +316,14 @@ impl RouterState {
         }
         let t = self.secs(now);
         // By id only: an address is no identity, and anyone may claim a listed one.
-        let listed = self
+        let (listed, step_budget) = self
             .0
             .catalog
             .read()
             .workers
             .iter()
-            .any(|w| w.id == identity.worker_id);
+            .find(|w| w.id == identity.worker_id)
+            .map_or((false, None), |w| (true, w.step_budget_tokens));
         let mut sidecars = self.0.sidecars.write();
         let mut core = self.0.core.lock();
         let known = core.routing.worker_id(&identity.worker_id);
@@ -360,6 +365,7 @@ impl RouterState {
             worker,
             &speed_class(&identity.worker_id, &identity.worker_set),
         );
+        core.routing.set_step_budget(worker, step_budget);
         let stored = core.routing.stored(worker, blocks, t);
         drop(core);
         let view = SidecarView {
@@ -692,6 +698,11 @@ impl RouterState {
                 in_flight: infl.outstanding(),
                 waiting_first_token: infl.waiting,
                 consecutive_failures: slot.map_or(0, |s| s.health.consecutive_failures),
+                step_budget_tokens: {
+                    let default = routing.config().predictor.step_budget_tokens;
+                    (default > 0.0)
+                        .then(|| slot.and_then(|s| s.step_budget_tokens).unwrap_or(default))
+                },
                 ejection: slot.filter(|s| s.health.is_ejected(t)).and_then(|s| {
                     Some(EjectionView {
                         reason: s.health.reason?.label(),

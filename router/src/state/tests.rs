@@ -371,6 +371,7 @@ fn gie_worker(id: &str, ready: bool) -> DiscoveredWorker {
         pod_ip: None,
         ready,
         origin: WorkerOrigin::InferencePool,
+        step_budget_tokens: None,
     }
 }
 
@@ -606,6 +607,61 @@ fn the_decision_log_has_one_line_per_pick_only_when_enabled() {
     // Off (the default filter): nothing.
     let (_, text) = pick_with("warn");
     assert!(!text.contains("decision="), "{text}");
+}
+
+#[test]
+fn a_listed_workers_step_budget_reaches_the_core_in_either_order() {
+    // The TTFT model's whole-steps line counts in each engine's step budget, which
+    // discovery reads off the worker's WorkerSet (routing::PredictorConfig's is the default).
+    let s = state(true);
+    let now = Instant::now();
+    let listed = |id: &str, budget: Option<f64>| DiscoveredWorker {
+        id: id.into(),
+        address: format!("{id}:1"),
+        model: "m".into(),
+        ready: true,
+        step_budget_tokens: budget,
+        ..Default::default()
+    };
+    let budget = |id: &str| {
+        let core = s.0.core.lock();
+        let w = core.routing.worker_id(id).expect("known");
+        core.routing.worker(w).expect("slot").step_budget_tokens
+    };
+    // Listed first, then its sidecar: set at the snapshot.
+    s.set_catalog(Catalog {
+        workers: vec![listed("a", Some(8_192.0))],
+        ..Default::default()
+    });
+    s.sidecar_snapshot_start(1, &identity("a", "m"), &[], now)
+        .expect("snapshot");
+    assert_eq!(budget("a"), Some(8_192.0));
+    // Its sidecar first, then listed: set when the catalog arrives; a WorkerSet edit
+    // changes it; one that no longer says goes back to the default.
+    s.sidecar_snapshot_start(2, &identity("b", "m"), &[], now)
+        .expect("snapshot");
+    assert_eq!(budget("b"), None);
+    s.set_catalog(Catalog {
+        workers: vec![listed("a", Some(8_192.0)), listed("b", Some(4_096.0))],
+        ..Default::default()
+    });
+    assert_eq!(budget("b"), Some(4_096.0));
+    s.set_catalog(Catalog {
+        workers: vec![listed("a", Some(8_192.0)), listed("b", None)],
+        ..Default::default()
+    });
+    assert_eq!(budget("b"), None);
+    // /debug/workers shows the budget in use: the set's, else the router's default.
+    let shown: Vec<(String, Option<f64>)> = s
+        .workers_report(now)
+        .workers
+        .into_iter()
+        .map(|w| (w.id, w.step_budget_tokens))
+        .collect();
+    assert_eq!(
+        shown,
+        vec![("a".into(), Some(8_192.0)), ("b".into(), Some(2_048.0))]
+    );
 }
 
 #[test]
