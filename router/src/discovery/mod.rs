@@ -86,7 +86,7 @@ const LARGE_BUDGET_PRODUCTS: &[&str] = &[
 /// separate value; vLLM also reads underscores), else vLLM V1's default for the GPU product
 /// (8,192 on H100, H200, GH200, B200; 2,048 on the others). `None` for `engine.mode: mock`
 /// (the mock's profile decides, which the router does not know) and for a flag whose value
-/// is no positive number (vLLM refuses to start then).
+/// is no positive whole number (the router's `--step-budget-tokens` applies then).
 pub fn step_budget_tokens(spec: &kvroute_crds::InferenceWorkerSetSpec) -> Option<f64> {
     if spec.engine.mode == kvroute_crds::workerset::EngineMode::Mock {
         return None;
