@@ -33,6 +33,25 @@ pub const KNOWN_GPU_PRODUCTS: &[&str] = &[
     "Tesla-V100-SXM2-16GB",
 ];
 
+/// vLLM V1's default step budget (`--max-num-batched-tokens`, OpenAI server) on `product`:
+/// 8,192 on GPUs of 70 GiB or more that are not A100s (H100, H200, GH200, B200), 2,048 on
+/// every other, the A100 80 GB included (vLLM `EngineArgs.get_batch_defaults`).
+pub fn vllm_default_step_budget(product: &str) -> u32 {
+    const LARGE: &[&str] = &[
+        "NVIDIA-H100-80GB-HBM3",
+        "NVIDIA-H100-PCIe",
+        "NVIDIA-H100-NVL",
+        "NVIDIA-H200",
+        "NVIDIA-GH200-480GB",
+        "NVIDIA-B200",
+    ];
+    if LARGE.contains(&product) {
+        8_192
+    } else {
+        2_048
+    }
+}
+
 /// True when `product` is one of [`KNOWN_GPU_PRODUCTS`] (exact match: node labels are exact).
 pub fn is_known_product(product: &str) -> bool {
     KNOWN_GPU_PRODUCTS.contains(&product)

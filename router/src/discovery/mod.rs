@@ -68,18 +68,6 @@ pub enum WorkerSource<'a> {
 /// vLLM's flag for the most tokens one engine step computes.
 const MAX_BATCHED_TOKENS_FLAG: &str = "--max-num-batched-tokens";
 
-/// GPU products (`nvidia.com/gpu.product`) with 70 GiB or more whose vLLM V1 default step
-/// budget is 8,192 tokens for the OpenAI server; every other GPU gets 2,048, the A100 80 GB
-/// included (vLLM `EngineArgs.get_batch_defaults`: at least 70 GiB and not an A100).
-const LARGE_BUDGET_PRODUCTS: &[&str] = &[
-    "NVIDIA-H100-80GB-HBM3",
-    "NVIDIA-H100-PCIe",
-    "NVIDIA-H100-NVL",
-    "NVIDIA-H200",
-    "NVIDIA-GH200-480GB",
-    "NVIDIA-B200",
-];
-
 /// The step budget (tokens) of a WorkerSet's vLLM engines, which the TTFT model's
 /// whole-steps line counts in (`routing::PredictorConfig::step_budget_tokens`): its
 /// `--max-num-batched-tokens` in `engine.args` (the last one, as vLLM takes it; `=` or a
@@ -112,11 +100,11 @@ pub fn step_budget_tokens(spec: &kvroute_crds::InferenceWorkerSetSpec) -> Option
                 .map(|v| v as f64),
         );
     }
-    match given {
-        Some(v) => v,
-        None if LARGE_BUDGET_PRODUCTS.contains(&spec.gpu.product.as_str()) => Some(8_192.0),
-        None => Some(2_048.0),
-    }
+    given.unwrap_or_else(|| {
+        Some(f64::from(kvroute_crds::gpu::vllm_default_step_budget(
+            &spec.gpu.product,
+        )))
+    })
 }
 
 fn ns(namespace: Option<&String>) -> &str {

@@ -338,6 +338,18 @@ impl RoutingCore {
         }
     }
 
+    /// The step budget `w`'s whole-steps TTFT line counts in: its own, else (also for no or
+    /// an unknown worker) the predictor's; `None` when the configured one is 0 (the line off
+    /// everywhere).
+    pub fn step_budget(&self, w: Option<WorkerId>) -> Option<f64> {
+        let default = self.predictor.config().step_budget_tokens;
+        (default > 0.0).then(|| {
+            w.and_then(|w| self.workers.get(w))
+                .and_then(|s| s.step_budget_tokens)
+                .unwrap_or(default)
+        })
+    }
+
     /// The most blocks the index keeps for `w` (0 for an unknown id).
     pub fn block_cap(&self, w: WorkerId) -> u64 {
         self.workers

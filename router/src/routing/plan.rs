@@ -303,14 +303,7 @@ impl RoutingCore {
         }
         let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
         let step_left = if stale { 0.0 } else { self.steps.left(w, now) };
-        // The worker's own budget when discovery knows it; the configured one is the
-        // default, and 0 there turns the whole-steps line off everywhere.
-        let default = self.predictor.config().step_budget_tokens;
-        let budget = if default > 0.0 {
-            slot.step_budget_tokens.unwrap_or(default)
-        } else {
-            0.0
-        };
+        let budget = self.step_budget(Some(w)).unwrap_or(0.0);
         let steps_tokens = whole_steps_tokens(queue_tokens, uncached, step_left > 0.0, budget);
         let ttft_model =
             self.predictor

@@ -698,11 +698,7 @@ impl RouterState {
                 in_flight: infl.outstanding(),
                 waiting_first_token: infl.waiting,
                 consecutive_failures: slot.map_or(0, |s| s.health.consecutive_failures),
-                step_budget_tokens: {
-                    let default = routing.config().predictor.step_budget_tokens;
-                    (default > 0.0)
-                        .then(|| slot.and_then(|s| s.step_budget_tokens).unwrap_or(default))
-                },
+                step_budget_tokens: routing.step_budget(w),
                 ejection: slot.filter(|s| s.health.is_ejected(t)).and_then(|s| {
                     Some(EjectionView {
                         reason: s.health.reason?.label(),
