@@ -325,8 +325,8 @@ pub struct Args {
     /// vLLM V1's default for its GPU: 8,192 on H100, H200, GH200, B200, 2,048 on the
     /// others; static workers of no set, GIE pools and mock engines take this). Each
     /// worker also fits its TTFT line in whole steps of its budget and predicts with it
-    /// while it has been the better of the two there (docs/DESIGN.md); set wrong, that line
-    /// predicts worse and is not used. 0 turns it off for every worker.
+    /// while it has been the better of the two there (docs/DESIGN.md; in simulation a wrong
+    /// budget left that line unused). 0 turns it off for every worker.
     #[arg(
         long,
         env = "KVROUTE_ROUTER_STEP_BUDGET_TOKENS",

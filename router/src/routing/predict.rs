@@ -51,7 +51,7 @@
 //! of the default suite are in bench/README.md ("Whole engine steps"). The budget is the
 //! engine's setting: the worker's own where discovery knows it (`Worker::step_budget_tokens`,
 //! from its WorkerSet), else `PredictorConfig::step_budget_tokens` (vLLM V1's default for
-//! GPUs under 70 GiB, 2,048); set wrong, the whole-steps line predicts worse and is not used.
+//! GPUs under 70 GiB, 2,048); in simulation a wrong budget left the whole-steps line unused.
 
 use std::collections::VecDeque;
 
