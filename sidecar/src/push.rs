@@ -231,10 +231,24 @@ impl Pusher {
             permit.send(outbox.pop_front().unwrap_or_default());
         }
         let open = client.report(ReceiverStream::new(rx));
+        tokio::pin!(open);
         let mut inbound = tokio::select! {
             biased;
-            () = shutdown.cancelled() => return Ok(()),
-            r = open => r.context("open Report stream")?.into_inner(),
+            () = shutdown.cancelled() => {
+                // The router may have read our reports already: dropping the opening call
+                // would reset the stream. End our side and let the router answer and end its.
+                drop(tx);
+                let closed = tokio::time::timeout(self.config.close_timeout, async {
+                    if let Ok(response) = open.await {
+                        let mut inbound = response.into_inner();
+                        while let Ok(Some(_)) = inbound.message().await {}
+                    }
+                })
+                .await;
+                self.log_close(closed.is_ok());
+                return Ok(());
+            }
+            r = &mut open => r.context("open Report stream")?.into_inner(),
         };
         self.metrics
             .connects
@@ -298,12 +312,16 @@ impl Pusher {
             while let Ok(Some(_)) = inbound.message().await {}
         })
         .await;
-        if closed.is_err() {
-            tracing::debug!(router = %self.endpoint, "router did not end the stream in time");
-        } else {
-            tracing::info!(router = %self.endpoint, "stream closed");
-        }
+        self.log_close(closed.is_ok());
         Ok(())
+    }
+
+    fn log_close(&self, in_time: bool) {
+        if in_time {
+            tracing::info!(router = %self.endpoint, "stream closed");
+        } else {
+            tracing::debug!(router = %self.endpoint, "router did not end the stream in time");
+        }
     }
 
     /// Moves what the hub has for this router into the outbox as numbered reports.

@@ -12,8 +12,21 @@ use common::{DEADLINE, Publisher, Router, wait_for};
 
 #[tokio::test]
 async fn sigterm_closes_the_router_stream_cleanly_and_exits_zero() {
+    sigterm_ends_the_stream_cleanly(true).await;
+}
+
+/// SIGTERM while the call is still opening: the router has read the snapshot but not yet
+/// answered. The stream still ends cleanly (this raced in a CI run: the sidecar dropped the
+/// opening call, which resets the stream).
+#[tokio::test]
+async fn sigterm_while_the_stream_opens_still_ends_it_cleanly() {
+    sigterm_ends_the_stream_cleanly(false).await;
+}
+
+async fn sigterm_ends_the_stream_cleanly(answering: bool) {
     let publisher = Publisher::start().await;
     let router = Router::start("127.0.0.1:0".parse().expect("addr"), false).await;
+    router.set_answering(answering);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvroute-sidecar"))
         .args(["--zmq-endpoint", &publisher.pub_endpoint])
         .args(["--replay-endpoint", &publisher.replay_endpoint])
@@ -38,6 +51,8 @@ async fn sigterm_closes_the_router_stream_cleanly_and_exits_zero() {
         .status()
         .expect("run kill");
     assert!(sent.success(), "kill -TERM {pid}");
+    // A router that answers late: the sidecar waits for it (within its close timeout).
+    router.set_answering(true);
     let status = tokio::time::timeout(DEADLINE, child.wait())
         .await
         .expect("the sidecar exits after SIGTERM")

@@ -299,6 +299,9 @@ struct Receiver {
     view: Arc<Mutex<View>>,
     /// While false, the receiver does not read its streams (a slow router).
     reading: watch::Receiver<bool>,
+    /// While false, the receiver reads a new stream but holds back its answer (the response
+    /// headers): the sidecar is still opening the call.
+    answering: watch::Receiver<bool>,
     controls: Controls,
 }
 
@@ -360,6 +363,10 @@ impl Ingest for Receiver {
                 }
             }
         });
+        let mut answering = self.answering.clone();
+        if answering.wait_for(|a| *a).await.is_err() {
+            return Err(tonic::Status::unavailable("receiver stopped"));
+        }
         Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
@@ -368,6 +375,7 @@ pub struct Router {
     pub addr: SocketAddr,
     pub view: Arc<Mutex<View>>,
     reading: watch::Sender<bool>,
+    answering: watch::Sender<bool>,
     controls: Controls,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
@@ -407,11 +415,13 @@ impl Router {
         };
         let addr = listener.local_addr().unwrap();
         let (reading, reading_rx) = watch::channel(true);
+        let (answering, answering_rx) = watch::channel(true);
         let view: Arc<Mutex<View>> = Arc::default();
         let controls: Arc<Mutex<Vec<_>>> = Arc::default();
         let svc = IngestServer::new(Receiver {
             view: view.clone(),
             reading: reading_rx,
+            answering: answering_rx,
             controls: controls.clone(),
         });
         let stop = CancellationToken::new();
@@ -444,6 +454,7 @@ impl Router {
             addr,
             view,
             reading,
+            answering,
             controls,
             stop,
             task,
@@ -456,6 +467,11 @@ impl Router {
 
     pub fn set_reading(&self, on: bool) {
         self.reading.send_replace(on);
+    }
+
+    /// While `on` is false, new streams are read but not answered (no response headers yet).
+    pub fn set_answering(&self, on: bool) {
+        self.answering.send_replace(on);
     }
 
     /// Asks every open stream for a fresh snapshot.
