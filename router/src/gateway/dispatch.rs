@@ -50,6 +50,13 @@ pub trait Dispatch: Send + Sync + 'static {
     fn pick(&self, request: &GatewayRequest<'_>, exclude: &[String]) -> Result<Picked, PickError>;
     /// First generated token observed `ttft` after the request was sent to the worker.
     fn first_token(&self, picked: &Picked, ttft: Duration);
+    /// Like [`Dispatch::first_token`], with `served`: the time since the gateway received the
+    /// request (its parsing, decision and sending included; `None`: not known). The default
+    /// ignores it.
+    fn first_token_served(&self, picked: &Picked, ttft: Duration, served: Option<Duration>) {
+        let _ = served;
+        self.first_token(picked, ttft);
+    }
     /// Time between two generated chunks.
     fn inter_token(&self, picked: &Picked, gap: Duration);
     /// Completion: releases the assignment.
@@ -89,6 +96,7 @@ pub struct AssignmentGuard {
     released: bool,
     first_token_seen: bool,
     tenant: Option<crate::tenant::TenantTap>,
+    received_at: Option<std::time::Instant>,
 }
 
 impl std::fmt::Debug for AssignmentGuard {
@@ -109,7 +117,15 @@ impl AssignmentGuard {
             released: false,
             first_token_seen: false,
             tenant: None,
+            received_at: None,
         }
+    }
+
+    /// When the gateway received the request, so the first token is also timed from there.
+    #[must_use]
+    pub fn received_at(mut self, at: std::time::Instant) -> Self {
+        self.received_at = Some(at);
+        self
     }
 
     /// Reports this request's first token and usage for its tenant too; the tap (and its
@@ -132,7 +148,8 @@ impl AssignmentGuard {
     pub fn first_token(&mut self, ttft: Duration) {
         if !self.first_token_seen && !self.released {
             self.first_token_seen = true;
-            self.dispatch.first_token(&self.picked, ttft);
+            let served = self.received_at.map(|t| t.elapsed());
+            self.dispatch.first_token_served(&self.picked, ttft, served);
             if let Some(t) = &self.tenant {
                 t.first_token(ttft.as_secs_f64());
             }

@@ -2,7 +2,8 @@
 //! inference (pure).
 //!
 //! ```text
-//! first token of an assignment (predicted p, bound b, observed o)
+//! first token of an assignment (predicted p, bound b, observed o: the served TTFT, from
+//! the gateway's receipt of the request when it reports one; see RoutingCore::first_token_served)
 //!   score o / p  -> window of the last `window` scores (kept sorted too)
 //!   b was given  -> alpha += gamma * ((1 - coverage) - [o > b]), kept within
 //!                   alpha_floor..1 (below 0: misses still owed, see below)

@@ -753,6 +753,21 @@ impl RoutingCore {
         now: f64,
         observed_ttft: Option<f64>,
     ) -> Option<FirstToken> {
+        self.first_token_served(id, now, observed_ttft, None)
+    }
+
+    /// [`RoutingCore::first_token`] with `served_ttft`: the time since the gateway received
+    /// the request (its parsing, tokenizing, decision and sending included). The TTFT model
+    /// learns from the engine's part (`observed_ttft`), which is what differs between
+    /// workers; the published p90 bound from the served time, as a client times its first
+    /// token (the longer of the two; without one, the observed).
+    pub fn first_token_served(
+        &mut self,
+        id: AssignmentId,
+        now: f64,
+        observed_ttft: Option<f64>,
+        served_ttft: Option<f64>,
+    ) -> Option<FirstToken> {
         let rate = self
             .assignments
             .get(id)
@@ -782,9 +797,10 @@ impl RoutingCore {
                 },
             );
         }
-        ft.bound = self
-            .bound
-            .observe(a.predicted_ttft, a.ttft_bound, ft.observed_ttft);
+        let served = served_ttft
+            .filter(|s| s.is_finite())
+            .map_or(ft.observed_ttft, |s| s.max(ft.observed_ttft));
+        ft.bound = self.bound.observe(a.predicted_ttft, a.ttft_bound, served);
         Some(ft)
     }
 

@@ -45,7 +45,9 @@
 //!   bound, the prediction times a quantile of the last 200 observed / predicted ratios at a
 //!   level adaptive conformal inference steers by the misses seen at first tokens; none until
 //!   20 first tokens were seen (`RoutingCore::ttft_bound`, `Assignment::ttft_bound`,
-//!   `FirstToken::bound`).
+//!   `FirstToken::bound`). The ratios are of the served first token, timed from the
+//!   gateway's receipt of the request (`RoutingCore::first_token_served`), as a client
+//!   times it; the TTFT model learns the engine's part.
 //! - Admission wait (`Candidate.admission_wait`): on a worker reporting its KV capacity, the
 //!   time until the router's requests there free the KV that what is waiting and the new
 //!   request need, beyond the queue's prefill time (the two overlap: the request starts at

@@ -72,10 +72,15 @@ impl Dispatch for RouterState {
     }
 
     fn first_token(&self, picked: &Picked, ttft: Duration) {
-        RouterState::first_token(
+        Dispatch::first_token_served(self, picked, ttft, None);
+    }
+
+    fn first_token_served(&self, picked: &Picked, ttft: Duration, served: Option<Duration>) {
+        RouterState::first_token_served(
             self,
             picked.assignment,
             Some(ttft.as_secs_f64()),
+            served.map(|s| s.as_secs_f64()),
             Instant::now(),
         );
     }

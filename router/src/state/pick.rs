@@ -1067,10 +1067,26 @@ impl RouterState {
         observed_ttft_s: Option<f64>,
         now: Instant,
     ) -> bool {
+        self.first_token_served(id, observed_ttft_s, None, now)
+    }
+
+    /// [`RouterState::first_token`] with `served_ttft_s`, the time since the gateway received
+    /// the request, which the published p90 bound is calibrated on (see
+    /// `RoutingCore::first_token_served`).
+    pub fn first_token_served(
+        &self,
+        id: AssignmentId,
+        observed_ttft_s: Option<f64>,
+        served_ttft_s: Option<f64>,
+        now: Instant,
+    ) -> bool {
         let t = self.secs(now);
         let aid = id;
         let mut core = self.0.core.lock();
-        let Some(ft) = core.routing.first_token(aid, t, observed_ttft_s) else {
+        let Some(ft) = core
+            .routing
+            .first_token_served(aid, t, observed_ttft_s, served_ttft_s)
+        else {
             return false;
         };
         self.publish(crate::peer::wire::PeerEvent::Started(aid.0));
