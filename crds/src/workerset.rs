@@ -12,7 +12,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::condition::Condition;
-use crate::gpu::{DEFAULT_GPU_PRODUCT, KNOWN_GPU_PRODUCTS, is_known_product};
+use crate::gpu::{DEFAULT_GPU_PRODUCT, is_known_product, known_gpu_products};
 use crate::validation::{SpecIssue, is_dns_label};
 
 /// vLLM image used when `spec.engine.image` is empty and the engine mode is `vllm`.
@@ -659,7 +659,7 @@ impl InferenceWorkerSetSpec {
                     format!(
                         "unknown GPU product {:?}; known products: {}",
                         self.gpu.product,
-                        KNOWN_GPU_PRODUCTS.join(", ")
+                        known_gpu_products().collect::<Vec<_>>().join(", ")
                     ),
                 ));
             }

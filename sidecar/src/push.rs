@@ -238,14 +238,12 @@ impl Pusher {
                 // The router may have read our reports already: dropping the opening call
                 // would reset the stream. End our side and let the router answer and end its.
                 drop(tx);
-                let closed = tokio::time::timeout(self.config.close_timeout, async {
+                self.await_router_end(async {
                     if let Ok(response) = open.await {
-                        let mut inbound = response.into_inner();
-                        while let Ok(Some(_)) = inbound.message().await {}
+                        drain(response.into_inner()).await;
                     }
                 })
                 .await;
-                self.log_close(closed.is_ok());
                 return Ok(());
             }
             r = &mut open => r.context("open Report stream")?.into_inner(),
@@ -308,16 +306,17 @@ impl Pusher {
         }
         // Shutdown: end our side (no more reports), then let the router end its side.
         drop(tx);
-        let closed = tokio::time::timeout(self.config.close_timeout, async {
-            while let Ok(Some(_)) = inbound.message().await {}
-        })
-        .await;
-        self.log_close(closed.is_ok());
+        self.await_router_end(drain(inbound)).await;
         Ok(())
     }
 
-    fn log_close(&self, in_time: bool) {
-        if in_time {
+    /// After our side ended: waits, up to the close timeout, for `ended` (the router ending
+    /// its side).
+    async fn await_router_end(&self, ended: impl std::future::Future<Output = ()>) {
+        if tokio::time::timeout(self.config.close_timeout, ended)
+            .await
+            .is_ok()
+        {
             tracing::info!(router = %self.endpoint, "stream closed");
         } else {
             tracing::debug!(router = %self.endpoint, "router did not end the stream in time");
@@ -488,6 +487,11 @@ fn normalize(endpoint: &str) -> String {
     } else {
         format!("http://{endpoint}")
     }
+}
+
+/// Reads the router's stream until it ends (or fails).
+async fn drain(mut inbound: tonic::Streaming<IngestControl>) {
+    while let Ok(Some(_)) = inbound.message().await {}
 }
 
 #[cfg(test)]
