@@ -47,6 +47,8 @@ pub struct HubLog {
     pub requests: Mutex<Vec<(String, bool)>>,
     /// Answer this many `tokenizer.json` requests with 500 first.
     pub fail_tokenizer_json: AtomicU32,
+    /// Then never answer this many `tokenizer.json` requests (a stalled connection).
+    pub stall_tokenizer_json: AtomicU32,
 }
 
 /// A running fake Hub; stopped when dropped.
@@ -164,6 +166,13 @@ async fn hub(State(s): State<HubState>, uri: Uri, headers: HeaderMap) -> Respons
             .is_ok()
         {
             return (StatusCode::INTERNAL_SERVER_ERROR, "try again").into_response();
+        }
+        if s.log
+            .stall_tokenizer_json
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            std::future::pending::<()>().await;
         }
         // Large files live on the CDN: the Hub answers with a redirect that carries the
         // file's identity (as it does for LFS files).

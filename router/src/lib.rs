@@ -163,6 +163,14 @@ pub struct Args {
         default_value_t = 300.0
     )]
     pub tokenizer_retry_max_s: f64,
+    /// Longest one attempt to fetch a tokenizer's files may take, seconds; a stalled
+    /// download then counts as a failed attempt (`reason="timeout"`) and is retried.
+    #[arg(
+        long,
+        env = "KVROUTE_ROUTER_TOKENIZER_FETCH_TIMEOUT_S",
+        default_value_t = 300.0
+    )]
+    pub tokenizer_fetch_timeout_s: f64,
     /// Routing policy: kvroute, random, round-robin, least-loaded, max-prefix, llm-d,
     /// llm-d-sticky, dynamo-cost, sglang-cache-aware.
     #[arg(long, env = "KVROUTE_ROUTER_POLICY", default_value = "kvroute")]
@@ -474,6 +482,7 @@ impl Default for Args {
             hub_token_dir: PathBuf::from("/var/run/kvroute/hub-tokens"),
             tokenizer_config_map_dir: PathBuf::from("/var/run/kvroute/tokenizer-configmaps"),
             tokenizer_retry_max_s: 300.0,
+            tokenizer_fetch_timeout_s: 300.0,
             policy: "kvroute".into(),
             tie_margin: 0.02,
             hot_prefix_window: 64,
@@ -728,6 +737,7 @@ impl Server {
             hub_token_dir,
             tokenizer_config_map_dir,
             tokenizer_retry_max_s,
+            tokenizer_fetch_timeout_s,
             policy,
             tie_margin,
             hot_prefix_window,
@@ -887,6 +897,8 @@ impl Server {
             HubConfig::from_env(hub_token_dir, tokenizer_config_map_dir),
             Backoff {
                 cap: secs("tokenizer-retry-max-s", tokenizer_retry_max_s)?
+                    .max(Duration::from_secs(1)),
+                attempt: secs("tokenizer-fetch-timeout-s", tokenizer_fetch_timeout_s)?
                     .max(Duration::from_secs(1)),
                 ..Backoff::default()
             },

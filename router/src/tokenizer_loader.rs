@@ -1,17 +1,18 @@
-//! The task that loads discovered tokenizers: one sub-task per model, started when
-//! discovery names a source for it, restarted when the source changes, stopped when the
-//! model goes away. A failed attempt is logged, counted
+//! The task that loads discovered tokenizers: one sub-task per source (models that name the
+//! same source share one download and one parsed tokenizer), started when discovery names a
+//! source no model has loaded yet, stopped when no model wants it any more. A failed
+//! attempt is logged, counted
 //! (`kvroute_router_tokenizer_fetch_failures_total{model,reason}`) and retried after an
 //! exponential backoff (capped); the sub-task ends once the tokenizer is loaded.
 //!
 //! ```text
 //! Tokenizers::subscribe (plan) --> TokenizerLoader::run
-//!     per model: fetch (tokenizer_source) --> Tokenizer::from_files (blocking pool)
+//!     per source: fetch (tokenizer_source) --> Tokenizer::from_files (blocking pool)
 //!        ok  --> Tokenizers::loaded
 //!        err --> Tokenizers::failed + metric + log --> sleep(backoff) --> again
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use kvroute_crds::workerset::ResolvedTokenizer;
@@ -24,13 +25,17 @@ use crate::state::RouterState;
 use crate::tokenizer_registry::describe;
 use crate::tokenizer_source::{FetchError, HubConfig, backoff, fetch};
 
-/// Retry timing of failed attempts.
+/// Timing of attempts: how long one may take, and the waits after failed ones.
 #[derive(Clone, Copy, Debug)]
 pub struct Backoff {
     /// Wait after the first failure.
     pub base: Duration,
     /// Longest wait.
     pub cap: Duration,
+    /// Longest one attempt's download (or directory read) may take before it counts as
+    /// failed: the Hub client has no timeout of its own, so a stalled connection would
+    /// otherwise leave the model loading for ever.
+    pub attempt: Duration,
 }
 
 impl Default for Backoff {
@@ -38,6 +43,7 @@ impl Default for Backoff {
         Self {
             base: Duration::from_secs(1),
             cap: Duration::from_secs(300),
+            attempt: Duration::from_secs(300),
         }
     }
 }
@@ -63,37 +69,39 @@ impl TokenizerLoader {
     pub async fn run(self, shutdown: CancellationToken) {
         let mut plan = self.state.tokenizers().subscribe();
         let mut tasks: JoinSet<()> = JoinSet::new();
-        let mut running: BTreeMap<String, (ResolvedTokenizer, AbortHandle)> = BTreeMap::new();
+        let mut running: BTreeMap<ResolvedTokenizer, AbortHandle> = BTreeMap::new();
         loop {
-            let wanted = plan.borrow_and_update().sources.clone();
-            running.retain(|model, (source, handle)| {
-                let keep = wanted.get(model) == Some(source);
+            let wanted: BTreeSet<ResolvedTokenizer> =
+                plan.borrow_and_update().sources.values().cloned().collect();
+            running.retain(|source, handle| {
+                let keep = wanted.contains(source);
                 if !keep {
                     handle.abort();
                 }
-                keep
+                // a finished sub-task is forgotten: its source starts again only if some
+                // model still lacks it (it was dropped and named again meanwhile)
+                keep && !handle.is_finished()
             });
-            for (model, source) in wanted {
-                if running.contains_key(&model) {
+            for source in self.state.tokenizers().pending_sources() {
+                if running.contains_key(&source) || !wanted.contains(&source) {
                     continue;
                 }
-                let span = tracing::info_span!("tokenizer", model = %model);
+                let what = describe(&source);
+                let span = tracing::info_span!("tokenizer", source = %what);
                 let job = load_one(
                     self.state.clone(),
                     self.hub.clone(),
                     self.backoff,
-                    model.clone(),
                     source.clone(),
                 );
                 let handle = tasks.spawn(job.instrument(span));
-                running.insert(model, (source, handle));
+                running.insert(source, handle);
             }
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 changed = plan.changed() => if changed.is_err() { break },
-                // Reap finished sub-tasks; their models stay in `running` (loaded) until the
-                // plan changes them.
+                // A sub-task ended (loaded, or no model wants its source any more).
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             }
         }
@@ -101,39 +109,34 @@ impl TokenizerLoader {
     }
 }
 
-/// Tries until loaded (or aborted by the loader).
-async fn load_one(
-    state: RouterState,
-    hub: HubConfig,
-    timing: Backoff,
-    model: String,
-    source: ResolvedTokenizer,
-) {
-    let what = describe(&source);
-    tracing::info!(source = %what, "loading tokenizer");
+/// Tries until loaded, or until no model wants `source` (or aborted by the loader). Models
+/// that share a source share one download and one parsed tokenizer.
+async fn load_one(state: RouterState, hub: HubConfig, timing: Backoff, source: ResolvedTokenizer) {
+    tracing::info!("loading tokenizer");
     loop {
-        match attempt(&hub, &source).await {
+        match attempt(&hub, &source, timing.attempt).await {
             Ok((tokenizer, origin)) => {
-                if state
-                    .tokenizers()
-                    .loaded(&model, &source, tokenizer, origin)
-                {
-                    tracing::info!(source = %what, "tokenizer loaded");
+                let models = state.tokenizers().loaded(&source, tokenizer, origin);
+                if !models.is_empty() {
+                    tracing::info!(models = %models.join(","), "tokenizer loaded");
                 }
                 return;
             }
             Err(e) => {
-                let failures = state
-                    .tokenizers()
-                    .failed(&model, &source, e.label(), e.to_string());
-                state
-                    .metrics()
-                    .tokenizer_fetch_failures
-                    .with_label_values(&[model.as_str(), e.label()])
-                    .inc();
+                let models = state.tokenizers().failed(&source, e.label(), e.to_string());
+                if models.is_empty() {
+                    return;
+                }
+                for (model, _) in &models {
+                    state
+                        .metrics()
+                        .tokenizer_fetch_failures
+                        .with_label_values(&[model.as_str(), e.label()])
+                        .inc();
+                }
+                let failures = models.iter().map(|(_, n)| *n).max().unwrap_or(1);
                 let wait = backoff(failures.max(1), timing.base, timing.cap);
                 tracing::warn!(
-                    source = %what,
                     error = %e,
                     failures,
                     retry_in_s = wait.as_secs_f64(),
@@ -148,8 +151,14 @@ async fn load_one(
 async fn attempt(
     hub: &HubConfig,
     source: &ResolvedTokenizer,
+    limit: Duration,
 ) -> Result<(Tokenizer, String), FetchError> {
-    let (files, origin) = fetch(hub, source).await?;
+    let (files, origin) = tokio::time::timeout(limit, fetch(hub, source))
+        .await
+        .map_err(|_| FetchError::Timeout {
+            what: describe(source),
+            after: limit,
+        })??;
     // Parsing an 11 MB tokenizer.json takes a while: keep it off the async workers.
     let tokenizer = tokio::task::spawn_blocking(move || Tokenizer::from_files(files))
         .await

@@ -230,6 +230,22 @@ impl Tokenizers {
                     entry.last_error = None;
                 }
             }
+            // A model whose source another model already loaded shares that tokenizer at once.
+            let by_source: BTreeMap<ResolvedTokenizer, Loaded> = inner
+                .entries
+                .values()
+                .filter_map(|e| e.loaded.as_ref())
+                .map(|l| (l.source.clone(), l.clone()))
+                .collect();
+            for e in inner.entries.values_mut() {
+                if e.loaded.as_ref().is_none_or(|l| l.source != e.source)
+                    && let Some(l) = by_source.get(&e.source)
+                {
+                    e.loaded = Some(l.clone());
+                    e.failures = 0;
+                    e.last_error = None;
+                }
+            }
             inner.load_only = plan.load_only.clone();
         }
         self.plan_tx.send_if_modified(|current| {
@@ -244,47 +260,61 @@ impl Tokenizers {
         self.plan_tx.subscribe()
     }
 
-    /// Records a loaded tokenizer; ignored when discovery meanwhile changed or dropped the
-    /// model's source (false then).
+    /// Records a tokenizer loaded from `source` for every model that wants that source now:
+    /// they share the one parsed tokenizer. Returns those models (none when discovery
+    /// meanwhile changed or dropped the source: the result is ignored then).
     pub fn loaded(
         &self,
-        model: &str,
         source: &ResolvedTokenizer,
         tokenizer: Tokenizer,
         origin: String,
-    ) -> bool {
+    ) -> Vec<String> {
+        let loaded = Loaded {
+            tokenizer: Arc::new(tokenizer),
+            source: source.clone(),
+            origin,
+        };
         let mut inner = self.inner.write();
-        match inner.entries.get_mut(model) {
-            Some(e) if &e.source == source => {
-                e.loaded = Some(Loaded {
-                    tokenizer: Arc::new(tokenizer),
-                    source: source.clone(),
-                    origin,
-                });
+        let mut models = Vec::new();
+        for (model, e) in inner.entries.iter_mut() {
+            if &e.source == source {
+                e.loaded = Some(loaded.clone());
                 e.last_error = None;
-                true
+                models.push(model.clone());
             }
-            _ => false,
         }
+        models
     }
 
-    /// Records a failed attempt; returns the number of failures for this source so far.
+    /// Records a failed attempt at `source` for every model that wants it; returns each
+    /// such model with its failures for this source so far.
     pub fn failed(
         &self,
-        model: &str,
         source: &ResolvedTokenizer,
         label: &'static str,
         message: String,
-    ) -> u32 {
+    ) -> Vec<(String, u32)> {
         let mut inner = self.inner.write();
-        match inner.entries.get_mut(model) {
-            Some(e) if &e.source == source => {
+        let mut models = Vec::new();
+        for (model, e) in inner.entries.iter_mut() {
+            if &e.source == source {
                 e.failures = e.failures.saturating_add(1);
-                e.last_error = Some((label, message));
-                e.failures
+                e.last_error = Some((label, message.clone()));
+                models.push((model.clone(), e.failures));
             }
-            _ => 0,
         }
+        models
+    }
+
+    /// Sources that some model wants and has not loaded from yet: what the loader fetches.
+    pub fn pending_sources(&self) -> BTreeSet<ResolvedTokenizer> {
+        let inner = self.inner.read();
+        inner
+            .entries
+            .values()
+            .filter(|e| e.loaded.as_ref().is_none_or(|l| l.source != e.source))
+            .map(|e| e.source.clone())
+            .collect()
     }
 
     /// Discovered models whose tokenizer is not loaded and whose pools do not allow
@@ -428,7 +458,10 @@ mod tests {
             t.first_load_pending(),
             BTreeSet::from(["qwen3".to_string()])
         );
-        assert_eq!(t.failed("qwen3", &src, "network", "down".into()), 1);
+        assert_eq!(
+            t.failed(&src, "network", "down".into()),
+            vec![("qwen3".to_string(), 1)]
+        );
         // Failed once: still blocked, but no longer what start-up waits for.
         assert!(t.first_load_pending().is_empty());
         assert!(matches!(
@@ -438,7 +471,9 @@ mod tests {
         assert_eq!(t.blocked_models(), BTreeSet::from(["qwen3".to_string()]));
         assert_eq!(t.report()[0].state, "failing");
 
-        assert!(t.loaded("qwen3", &src, qwen3(), "hub x".into()));
+        assert_eq!(t.pending_sources(), BTreeSet::from([src.clone()]));
+        assert_eq!(t.loaded(&src, qwen3(), "hub x".into()), vec!["qwen3"]);
+        assert!(t.pending_sources().is_empty());
         assert!(matches!(t.lookup("qwen3", "qwen3"), Lookup::Ready(_)));
         assert!(t.blocked_models().is_empty());
         assert_eq!(t.loaded_states(), vec![("qwen3".to_string(), true)]);
@@ -449,13 +484,70 @@ mod tests {
         assert!(matches!(t.lookup("qwen3", "qwen3"), Lookup::Ready(_)));
         assert_eq!(t.report()[0].state, "stale");
         // A late result for the old source is ignored.
-        assert!(!t.loaded("qwen3", &src, qwen3(), "late".into()));
+        assert!(t.loaded(&src, qwen3(), "late".into()).is_empty());
         assert_eq!(t.report()[0].loaded_from.as_deref(), Some("hub x"));
 
         // Dropped by discovery: gone.
         t.set_plan(TokenizerPlan::default());
         assert!(matches!(t.lookup("qwen3", "qwen3"), Lookup::NotConfigured));
         assert!(t.report().is_empty());
+    }
+
+    #[test]
+    fn models_with_one_source_share_one_tokenizer() {
+        let t = Tokenizers::load(&TokenizerDirs::default()).expect("no dirs");
+        t.set_fetch_hub(true);
+        let src = hub("Qwen/Qwen3-0.6B", "main");
+        let other = hub("o/o", "main");
+        t.set_plan(plan(
+            &[
+                ("qwen3", src.clone()),
+                ("qwen3-canary", src.clone()),
+                ("o", other.clone()),
+            ],
+            &[],
+        ));
+        // One fetch per source, not per model.
+        assert_eq!(
+            t.pending_sources(),
+            BTreeSet::from([src.clone(), other.clone()])
+        );
+        let failed = t.failed(&src, "network", "down".into());
+        assert_eq!(
+            failed,
+            vec![("qwen3".to_string(), 1), ("qwen3-canary".to_string(), 1)]
+        );
+        assert_eq!(
+            t.loaded(&src, qwen3(), "hub x".into()),
+            vec!["qwen3", "qwen3-canary"]
+        );
+        assert_eq!(t.pending_sources(), BTreeSet::from([other.clone()]));
+        let (Lookup::Ready(a), Lookup::Ready(b)) = (
+            t.lookup("qwen3", "qwen3"),
+            t.lookup("qwen3-canary", "qwen3-canary"),
+        ) else {
+            panic!("both models are ready");
+        };
+        assert!(Arc::ptr_eq(&a, &b), "one parsed tokenizer");
+        assert!(matches!(t.lookup("o", "o"), Lookup::NotLoaded { .. }));
+
+        // A model discovered later with a loaded source is ready at once.
+        t.set_plan(plan(
+            &[
+                ("qwen3", src.clone()),
+                ("qwen3-canary", src.clone()),
+                ("qwen3-b", src.clone()),
+                ("o", other.clone()),
+            ],
+            &[],
+        ));
+        let Lookup::Ready(c) = t.lookup("qwen3-b", "qwen3-b") else {
+            panic!("shares the loaded tokenizer");
+        };
+        assert!(Arc::ptr_eq(&a, &c));
+        assert_eq!(t.pending_sources(), BTreeSet::from([other]));
+        let b_row = t.report().into_iter().find(|r| r.model == "qwen3-b");
+        assert_eq!(b_row.map(|r| r.state), Some("loaded"));
     }
 
     #[test]

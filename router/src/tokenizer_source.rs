@@ -127,6 +127,14 @@ pub enum FetchError {
     /// The files were fetched but do not make a tokenizer.
     #[error("invalid tokenizer: {0}")]
     Invalid(String),
+    /// Fetching the files took longer than `--tokenizer-fetch-timeout-s`.
+    #[error("{what}: files not fetched within {after:?} (--tokenizer-fetch-timeout-s)")]
+    Timeout {
+        /// The source.
+        what: String,
+        /// How long the attempt ran.
+        after: Duration,
+    },
 }
 
 impl FetchError {
@@ -142,6 +150,7 @@ impl FetchError {
             FetchError::Protocol { .. } => "protocol",
             FetchError::Io { .. } => "io",
             FetchError::Invalid(_) => "invalid",
+            FetchError::Timeout { .. } => "timeout",
         }
     }
 

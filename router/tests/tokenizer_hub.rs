@@ -26,7 +26,7 @@ use kvroute_router::state::{
     RouterState, ServedModel, SidecarIdentity,
 };
 use kvroute_router::tokenizer_loader::{Backoff, TokenizerLoader};
-use kvroute_router::tokenizer_registry::TokenizerPlan;
+use kvroute_router::tokenizer_registry::{Lookup, TokenizerPlan};
 use kvroute_router::tokenizer_source::{HubConfig, fetch};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -293,9 +293,13 @@ async fn the_router_refuses_until_the_tokenizer_loads_then_routes_with_tokens() 
     )
     .expect("gateway");
 
-    // Discovery names the source; nothing loads it yet.
+    // Discovery names the source, for two models (one WorkerSet and its canary, say);
+    // nothing loads it yet.
     state.tokenizers().set_plan(TokenizerPlan {
-        sources: BTreeMap::from([("qwen3".to_string(), source(REPO, "main", None))]),
+        sources: BTreeMap::from([
+            ("qwen3".to_string(), source(REPO, "main", None)),
+            ("qwen3-canary".to_string(), source(REPO, "main", None)),
+        ]),
         load_only: Default::default(),
     });
     let body = chat_body();
@@ -359,6 +363,7 @@ async fn the_router_refuses_until_the_tokenizer_loads_then_routes_with_tokens() 
         Backoff {
             base: Duration::from_millis(10),
             cap: Duration::from_millis(40),
+            attempt: Duration::from_secs(30),
         },
     );
     let task = tokio::spawn(loader.run(stop.clone()));
@@ -374,6 +379,14 @@ async fn the_router_refuses_until_the_tokenizer_loads_then_routes_with_tokens() 
 
     let (status, _) = get(&admin, "/readyz?model=qwen3").await;
     assert_eq!(status, StatusCode::OK);
+    // Both models took the one tokenizer from one download.
+    let (Lookup::Ready(a), Lookup::Ready(b)) = (
+        state.tokenizers().lookup("qwen3", "qwen3"),
+        state.tokenizers().lookup("qwen3-canary", "qwen3-canary"),
+    ) else {
+        panic!("both models load");
+    };
+    assert!(Arc::ptr_eq(&a, &b), "one parsed tokenizer for one source");
     let (status, text) = get(&admin, "/debug/tokenizers").await;
     assert_eq!(status, StatusCode::OK);
     let rows: serde_json::Value = serde_json::from_str(&text).expect("json");
@@ -387,6 +400,13 @@ async fn the_router_refuses_until_the_tokenizer_loads_then_routes_with_tokens() 
     assert!(
         metrics.contains(
             "kvroute_router_tokenizer_fetch_failures_total{model=\"qwen3\",reason=\"http\"} 2"
+        ),
+        "{metrics}"
+    );
+    // Each failed attempt counts for every model that waits on the source.
+    assert!(
+        metrics.contains(
+            "kvroute_router_tokenizer_fetch_failures_total{model=\"qwen3-canary\",reason=\"http\"} 2"
         ),
         "{metrics}"
     );
@@ -406,6 +426,55 @@ async fn the_router_refuses_until_the_tokenizer_loads_then_routes_with_tokens() 
     .await;
     assert_eq!(state.tokenizers().report()[0].state, "loaded");
 
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("loader stops")
+        .expect("join");
+}
+
+/// A download that stalls (the Hub client has no timeout of its own) counts as a failed
+/// attempt after `--tokenizer-fetch-timeout-s` and is retried, instead of leaving the model
+/// loading for ever.
+#[tokio::test]
+async fn a_stalled_download_times_out_and_is_retried() {
+    let hub = fake_hub().await;
+    hub.log.stall_tokenizer_json.store(1, Ordering::SeqCst);
+    let cache = tempfile::tempdir().expect("cache");
+    let state = router_state();
+    state.tokenizers().set_fetch_hub(true);
+    add_worker(&state, "qwen3");
+    let admin = admin_router(&state);
+    state.tokenizers().set_plan(TokenizerPlan {
+        sources: BTreeMap::from([("qwen3".to_string(), source(REPO, "main", None))]),
+        load_only: Default::default(),
+    });
+    let stop = CancellationToken::new();
+    let loader = TokenizerLoader::new(
+        state.clone(),
+        hub_config(&hub, cache.path(), Path::new("/nonexistent")),
+        Backoff {
+            base: Duration::from_millis(10),
+            cap: Duration::from_millis(40),
+            // far above a local download, even of a debug build under load
+            attempt: Duration::from_secs(3),
+        },
+    );
+    let task = tokio::spawn(loader.run(stop.clone()));
+    let body = chat_body();
+    eventually("the tokenizer loads after the stalled attempt", || {
+        state.pick(&chat_input(&body), Instant::now()).is_ok()
+    })
+    .await;
+    let (_, metrics) = get(&admin, "/metrics").await;
+    assert!(
+        metrics.contains(
+            "kvroute_router_tokenizer_fetch_failures_total{model=\"qwen3\",reason=\"timeout\"} 1"
+        ),
+        "{metrics}"
+    );
+    let rows = state.tokenizers().report();
+    assert_eq!((rows[0].state, rows[0].failures), ("loaded", 1));
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(10), task)
         .await

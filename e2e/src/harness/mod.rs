@@ -62,7 +62,8 @@ pub fn repo_path(rel: &str) -> String {
 
 /// Kubelet options for running the operator's router and mock workers in `namespace`: the
 /// router downloads its tokenizer from a local stand-in for the Hugging Face Hub (returned;
-/// it serves `testdata/tokenizers/qwen3` while it lives), its Hub cache `hf_home` (the
+/// it serves `testdata/tokenizers/qwen3` while it lives; a stalled download is retried after
+/// 20 s), its Hub cache `hf_home` (the
 /// image's path, `kvroute_operator::desired::router::HF_HOME`) is a scratch directory, and
 /// the images' [`IMAGE_TOKENIZERS`] is the checkout's `testdata/tokenizers`.
 pub async fn router_pod_options(
@@ -82,6 +83,11 @@ pub async fn router_pod_options(
     let mut opts = kubelet_options(cluster, namespace);
     opts.env
         .push(("HF_ENDPOINT".to_string(), hub.endpoint.clone()));
+    // A download that stalls is retried well within the tests' waits (default 300 s).
+    opts.env.push((
+        "KVROUTE_ROUTER_TOKENIZER_FETCH_TIMEOUT_S".to_string(),
+        "20".to_string(),
+    ));
     opts.rewrites.push((
         IMAGE_TOKENIZERS.to_string(),
         repo_path("testdata/tokenizers"),
