@@ -65,6 +65,41 @@ pub struct PredictionQuality {
     pub published_bounded: usize,
     /// Share of those whose TTFT was at most it.
     pub published_bound_coverage: f64,
+    /// Live runs of kvroute's own router: first tokens of the headline run that the router
+    /// counted against the bound it published (`kvroute_router_ttft_bound_total`, covered
+    /// plus missed; every bounded request, warm-up included), and the share it counted
+    /// covered. The router times the first token as it serves it (from its receipt of the
+    /// request), so the gap to `published_bound_coverage` is what the client's side of the
+    /// connection adds. 0 and NaN where unknown (simulation, external routers).
+    pub router_bounded: u64,
+    /// See `router_bounded`.
+    pub router_bound_coverage: f64,
+}
+
+/// `(covered, missed)` summed over models from the router's `/metrics` text (the
+/// `kvroute_router_ttft_bound_total` counter); None when the text has neither.
+pub fn router_bound_counts(metrics: &str) -> Option<(u64, u64)> {
+    let (mut covered, mut missed, mut seen) = (0u64, 0u64, false);
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("kvroute_router_ttft_bound_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once('}') else {
+            continue;
+        };
+        let Ok(n) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let n = n.max(0.0) as u64;
+        if labels.contains("outcome=\"covered\"") {
+            covered += n;
+            seen = true;
+        } else if labels.contains("outcome=\"missed\"") {
+            missed += n;
+            seen = true;
+        }
+    }
+    seen.then_some((covered, missed))
 }
 
 /// The figures of `records` (any order; those without a finite positive prediction are left
@@ -185,6 +220,8 @@ impl PredictionTally {
             split_bound_ratio: quantile(&self.split_ratios, 0.5),
             published_bounded: self.published,
             published_bound_coverage: share(self.published_covered, self.published),
+            router_bounded: 0,
+            router_bound_coverage: f64::NAN,
         }
     }
 }
@@ -198,6 +235,25 @@ fn split_rank(sorted: &[f64], level: f64) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_routers_bound_counter_is_summed_over_models() {
+        let text = "\
+# HELP kvroute_router_ttft_bound_total First tokens by outcome.
+# TYPE kvroute_router_ttft_bound_total counter
+kvroute_router_ttft_bound_total{model=\"a\",outcome=\"covered\"} 90
+kvroute_router_ttft_bound_total{model=\"a\",outcome=\"missed\"} 8
+kvroute_router_ttft_bound_total{model=\"a\",outcome=\"unbounded\"} 20
+kvroute_router_ttft_bound_total{model=\"b\",outcome=\"covered\"} 10
+kvroute_router_ttft_bound_total{model=\"b\",outcome=\"missed\"} 2
+kvroute_router_ttft_seconds_count{model=\"a\",worker=\"w\"} 118
+";
+        assert_eq!(super::router_bound_counts(text), Some((100, 10)));
+        assert_eq!(
+            super::router_bound_counts("kvroute_router_ttft_seconds_count 3\n"),
+            None
+        );
+    }
+
     use super::*;
 
     fn rec(arrival: f64, predicted: f64, ttft: f64) -> RequestRecord {

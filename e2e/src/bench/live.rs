@@ -466,6 +466,8 @@ async fn reset_caches(worker_urls: &[String]) -> anyhow::Result<()> {
 struct Target<'a> {
     name: &'a str,
     gateway: &'a str,
+    /// The router's admin server when it is kvroute's own (its bound counter is read).
+    admin: Option<&'a str>,
     worker_urls: &'a [String],
     worker_ids: Arc<Vec<String>>,
 }
@@ -487,6 +489,20 @@ struct RunPlan<'a> {
     records: Option<(&'a std::path::Path, &'a str)>,
 }
 
+/// The router's `(covered, missed)` bound counts; None when its metrics cannot be read.
+async fn router_bound_counts(admin: &str) -> Option<(u64, u64)> {
+    let text = reqwest::Client::new()
+        .get(format!("{admin}/metrics"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    super::calibration::router_bound_counts(&text)
+}
+
 async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<PolicyResult> {
     reset_caches(target.worker_urls).await?;
     plan.progress
@@ -495,6 +511,11 @@ async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<Poli
     if let Some((dir, workload)) = plan.records {
         super::write_records(dir, workload, target.name, &headline)?;
     }
+    // Read before the sweeps add their requests.
+    let router_bound = match target.admin {
+        Some(admin) => router_bound_counts(admin).await,
+        None => None,
+    };
     let mut failed = errors.len();
     for e in errors.iter().take(3) {
         plan.progress.suspend(|| eprintln!("{}: {e}", target.name));
@@ -533,7 +554,16 @@ async fn measure(target: &Target<'_>, plan: &RunPlan<'_>) -> anyhow::Result<Poli
         floor: None,
         prediction: (target.name == "kvroute")
             .then(|| super::calibration::evaluate_predicted(&[&headline.records]))
-            .flatten(),
+            .flatten()
+            .map(|mut q| {
+                if let Some((covered, missed)) = router_bound {
+                    q.router_bounded = covered + missed;
+                    if q.router_bounded > 0 {
+                        q.router_bound_coverage = covered as f64 / q.router_bounded as f64;
+                    }
+                }
+                q
+            }),
         summary,
         sweep: points,
     })
@@ -665,6 +695,7 @@ pub async fn run_live_with(
             let target = Target {
                 name: policy,
                 gateway: &d.gateway,
+                admin: Some(&d.router_admin),
                 worker_urls: &d.worker_urls,
                 worker_ids: Arc::new(d.worker_ids.clone()),
             };
@@ -678,6 +709,7 @@ pub async fn run_live_with(
             let target = Target {
                 name,
                 gateway: url,
+                admin: None,
                 worker_urls: &live.external_workers,
                 worker_ids: Arc::new(Vec::new()),
             };

@@ -131,6 +131,8 @@ pub fn prediction_json(q: &PredictionQuality) -> Value {
         "split_bound_ratio": num(q.split_bound_ratio),
         "published_bounded": q.published_bounded,
         "published_bound_coverage": num(q.published_bound_coverage),
+        "router_bounded": q.router_bounded,
+        "router_bound_coverage": num(q.router_bound_coverage),
     })
 }
 
