@@ -277,6 +277,26 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Starts the loader on `hub` with short retry waits and `attempt` as the fetch timeout.
+fn start_loader(
+    state: &RouterState,
+    hub: &FakeHub,
+    cache: &Path,
+    attempt: Duration,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let stop = CancellationToken::new();
+    let loader = TokenizerLoader::new(
+        state.clone(),
+        hub_config(hub, cache, Path::new("/nonexistent")),
+        Backoff {
+            base: Duration::from_millis(10),
+            cap: Duration::from_millis(40),
+            attempt,
+        },
+    );
+    (stop.clone(), tokio::spawn(loader.run(stop)))
+}
+
 #[tokio::test]
 async fn the_router_refuses_until_the_tokenizer_loads_then_routes_with_tokens() {
     let hub = fake_hub().await;
@@ -356,17 +376,7 @@ async fn the_router_refuses_until_the_tokenizer_loads_then_routes_with_tokens() 
     assert!(!message.contains("127.0.0.1"), "no internals: {message}");
 
     // The loader fetches (two failures, then success) and the model becomes servable.
-    let stop = CancellationToken::new();
-    let loader = TokenizerLoader::new(
-        state.clone(),
-        hub_config(&hub, cache.path(), Path::new("/nonexistent")),
-        Backoff {
-            base: Duration::from_millis(10),
-            cap: Duration::from_millis(40),
-            attempt: Duration::from_secs(30),
-        },
-    );
-    let task = tokio::spawn(loader.run(stop.clone()));
+    let (stop, task) = start_loader(&state, &hub, cache.path(), Duration::from_secs(30));
     eventually("the tokenizer loads", || {
         state.pick(&chat_input(&body), Instant::now()).is_ok()
     })
@@ -449,18 +459,8 @@ async fn a_stalled_download_times_out_and_is_retried() {
         sources: BTreeMap::from([("qwen3".to_string(), source(REPO, "main", None))]),
         load_only: Default::default(),
     });
-    let stop = CancellationToken::new();
-    let loader = TokenizerLoader::new(
-        state.clone(),
-        hub_config(&hub, cache.path(), Path::new("/nonexistent")),
-        Backoff {
-            base: Duration::from_millis(10),
-            cap: Duration::from_millis(40),
-            // far above a local download, even of a debug build under load
-            attempt: Duration::from_secs(3),
-        },
-    );
-    let task = tokio::spawn(loader.run(stop.clone()));
+    // far above a local download, even of a debug build under load
+    let (stop, task) = start_loader(&state, &hub, cache.path(), Duration::from_secs(3));
     let body = chat_body();
     eventually("the tokenizer loads after the stalled attempt", || {
         state.pick(&chat_input(&body), Instant::now()).is_ok()
