@@ -10,11 +10,14 @@
 #
 # The last column is the router's own count (kvroute_router_ttft_bound_total, read after the
 # headline run): the same published bounds against the first token as the router serves it,
-# from its receipt of the request; the gap to the column before it is what the client's side
-# of the loopback connection adds.
+# from its receipt of the request. It differs from the column before in the clock (the
+# router's, not the client's) and the set (the router also counts the warm-up's bounded
+# requests).
 #
-# SHAPES (default "shared-prefix multi-turn disagree independent") picks shapes; SCALE
-# (default 1) multiplies every shape's sessions, for longer runs: at 76 requests after
+# SHAPES (default "shared-prefix multi-turn disagree independent") picks shapes (with SCALE
+# above 1, "disagree:hot-prefix" or "disagree:burst" picks one half of disagree); SCALE
+# (default 1) multiplies every shape's sessions (and burst's prefixes, so its bursts keep
+# their length), for longer runs: at 76 requests after
 # warm-up a run's bound coverage has a standard deviation of about 3.4 points by chance
 # alone, as wide as the 87-93% target.
 #
@@ -35,9 +38,11 @@ SCALE=${SCALE:-1}
 case $SCALE in '' | *[!0-9]* | 0) echo "SCALE must be a whole number >= 1" >&2; exit 2 ;; esac
 mkdir -p "$OUT"
 run() {
-  local name=$1 seed=$2
+  # NAME is a shape, or SHAPE:PART for one part of a shape (its own output files; SHAPES
+  # may name either)
+  local part=$1 name=${1/:/-} shape=${1%%:*} seed=$2
   shift 2
-  case " $SHAPES " in *" $name "*) ;; *) return 0 ;; esac
+  case " $SHAPES " in *" $shape "* | *" $part "*) ;; *) return 0 ;; esac
   KVROUTE_EXE=$EXE KVROUTE_BENCH_SPEEDUP=$SPEEDUP KVROUTE_BENCH_PROMPT=text \
     "$EXE" bench --mode live --workers 3 --policies kvroute "$@" --seed "$seed" \
     --json "$OUT/$name-$seed.json" --markdown "$OUT/$name-$seed.md" >"$OUT/$name-$seed.log" 2>&1
@@ -48,8 +53,17 @@ for seed in $SEEDS; do
     --prefix-tokens 2048 --question-tokens 128 --output-tokens 32 --concurrency 8 --concurrency-sweep 8
   run multi-turn "$seed" --workload multi-turn --sessions $((48 * SCALE)) --turns 4 --first-turn-tokens 2048 \
     --question-tokens 128 --output-tokens 32 --concurrency 8 --concurrency-sweep 8
-  run disagree "$seed" --workload hot-prefix,burst --sessions $((96 * SCALE)) --prefixes 8 --prefix-tokens 8192 \
-    --question-tokens 512 --output-tokens 32 --concurrency 16 --concurrency-sweep 16
+  if [ "$SCALE" = 1 ]; then
+    run disagree "$seed" --workload hot-prefix,burst --sessions 96 --prefixes 8 --prefix-tokens 8192 \
+      --question-tokens 512 --output-tokens 32 --concurrency 16 --concurrency-sweep 16
+  else
+    # A burst is sessions / prefixes requests long: scale the prefixes with the sessions so
+    # bursts keep their 12 requests (hot-prefix's shape does not depend on the count).
+    run disagree:hot-prefix "$seed" --workload hot-prefix --sessions $((96 * SCALE)) --prefixes 8 --prefix-tokens 8192 \
+      --question-tokens 512 --output-tokens 32 --concurrency 16 --concurrency-sweep 16
+    run disagree:burst "$seed" --workload burst --sessions $((96 * SCALE)) --prefixes $((8 * SCALE)) \
+      --prefix-tokens 8192 --question-tokens 512 --output-tokens 32 --concurrency 16 --concurrency-sweep 16
+  fi
   run independent "$seed" --workload independent --sessions $((96 * SCALE)) --question-tokens 2048 \
     --output-tokens 32 --concurrency 8 --concurrency-sweep 8
 done
