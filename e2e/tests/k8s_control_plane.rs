@@ -601,23 +601,9 @@ async fn plane(prefix: &str, scenario: Scenario) -> anyhow::Result<Plane> {
     })
 }
 
-/// The value of the series `name{labels}` (labels as written by the exporter, e.g.
-/// `reason="missing"`; empty for none) in a metrics text; 0 when absent.
+/// The value of the series `name{labels}` in a metrics text; 0 when absent.
 fn metric(text: &str, name: &str, labels: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| {
-            let (n, l) = series
-                .split_once('{')
-                .map_or((*series, ""), |(n, l)| (n, l.trim_end_matches('}')));
-            n == name
-                && labels
-                    .split(',')
-                    .all(|want| want.is_empty() || l.contains(want))
-        })
-        .filter_map(|(_, v)| v.parse::<f64>().ok())
-        .sum()
+    kvroute_e2e::harness::metric_sum(text, name, labels)
 }
 
 // ------------------------------------------------------------------ tests that run now

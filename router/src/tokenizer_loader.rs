@@ -135,7 +135,7 @@ async fn load_one(state: RouterState, hub: HubConfig, timing: Backoff, source: R
                         .inc();
                 }
                 let failures = models.iter().map(|(_, n)| *n).max().unwrap_or(1);
-                let wait = backoff(failures.max(1), timing.base, timing.cap);
+                let wait = backoff(failures, timing.base, timing.cap);
                 tracing::warn!(
                     error = %e,
                     failures,

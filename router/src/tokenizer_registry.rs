@@ -79,6 +79,13 @@ struct Entry {
     last_error: Option<(&'static str, String)>,
 }
 
+impl Entry {
+    /// True until a tokenizer from the current source is loaded (none, or an older source's).
+    fn wants_load(&self) -> bool {
+        self.loaded.as_ref().is_none_or(|l| l.source != self.source)
+    }
+}
+
 /// One row of `/debug/tokenizers`.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct TokenizerReport {
@@ -238,7 +245,7 @@ impl Tokenizers {
                 .map(|l| (l.source.clone(), l.clone()))
                 .collect();
             for e in inner.entries.values_mut() {
-                if e.loaded.as_ref().is_none_or(|l| l.source != e.source)
+                if e.wants_load()
                     && let Some(l) = by_source.get(&e.source)
                 {
                     e.loaded = Some(l.clone());
@@ -312,7 +319,7 @@ impl Tokenizers {
         inner
             .entries
             .values()
-            .filter(|e| e.loaded.as_ref().is_none_or(|l| l.source != e.source))
+            .filter(|e| e.wants_load())
             .map(|e| e.source.clone())
             .collect()
     }

@@ -69,37 +69,23 @@ pub struct PredictionQuality {
     /// counted against the bound it published (`kvroute_router_ttft_bound_total`, covered
     /// plus missed; every bounded request, warm-up included), and the share it counted
     /// covered. The router times the first token as it serves it (from its receipt of the
-    /// request), so the gap to `published_bound_coverage` is what the client's side of the
-    /// connection adds. 0 and NaN where unknown (simulation, external routers).
+    /// request); `published_bound_coverage` times it as the client does, after the warm-up.
+    /// 0 and NaN where unknown (simulation, external routers).
     pub router_bounded: u64,
     /// See `router_bounded`.
     pub router_bound_coverage: f64,
 }
 
 /// `(covered, missed)` summed over models from the router's `/metrics` text (the
-/// `kvroute_router_ttft_bound_total` counter); None when the text has neither.
+/// `kvroute_router_ttft_bound_total` counter); None when it counted neither.
 pub fn router_bound_counts(metrics: &str) -> Option<(u64, u64)> {
-    let (mut covered, mut missed, mut seen) = (0u64, 0u64, false);
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("kvroute_router_ttft_bound_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once('}') else {
-            continue;
-        };
-        let Ok(n) = value.trim().parse::<f64>() else {
-            continue;
-        };
-        let n = n.max(0.0) as u64;
-        if labels.contains("outcome=\"covered\"") {
-            covered += n;
-            seen = true;
-        } else if labels.contains("outcome=\"missed\"") {
-            missed += n;
-            seen = true;
-        }
-    }
-    seen.then_some((covered, missed))
+    let count = |outcome: &str| {
+        let labels = format!("outcome=\"{outcome}\"");
+        crate::harness::metric_sum(metrics, "kvroute_router_ttft_bound_total", &labels).max(0.0)
+            as u64
+    };
+    let (covered, missed) = (count("covered"), count("missed"));
+    (covered + missed > 0).then_some((covered, missed))
 }
 
 /// The figures of `records` (any order; those without a finite positive prediction are left

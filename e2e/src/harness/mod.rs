@@ -97,6 +97,26 @@ pub async fn router_pod_options(
     Ok((hub, opts))
 }
 
+/// The sum of the series `name{labels}` (labels as written by the exporter, e.g.
+/// `reason="missing"`, comma-separated; empty for none) in a Prometheus text page; 0 when
+/// absent.
+pub fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            let (n, l) = series
+                .split_once('{')
+                .map_or((*series, ""), |(n, l)| (n, l.trim_end_matches('}')));
+            n == name
+                && labels
+                    .split(',')
+                    .all(|want| want.is_empty() || l.contains(want))
+        })
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum()
+}
+
 /// Options for a fake kubelet serving one namespace of `cluster`.
 pub fn kubelet_options(cluster: &Cluster, namespace: &str) -> KubeletOptions {
     KubeletOptions {
