@@ -917,17 +917,19 @@ fn markdown(results: &[(&Scenario, u64, Vec<Figures>, Vec<Ratios>)], reps: usize
          Per scenario: ns per lookup (wall time over lookups, all threads together: at 2 \
          threads, two threads run the same query at once), ingest in million block events \
          per second (stored plus removed blocks, all events applied and flushed), heap \
-         after ingest. kvroute's index sits behind a `parking_lot::Mutex` as in the router \
-         (every lookup and event takes it); Dynamo's FlashIndexer backends run in its \
+         after ingest. kvroute's index sits behind a `parking_lot::Mutex` as in the router, \
+         and every lookup and every event takes it (the router takes it once per sidecar \
+         delta, which carries one or more of vLLM's event batches: per event is the most \
+         locking it can do); Dynamo's FlashIndexer backends run in its \
          `ThreadPoolIndexer` with 1 or 2 event threads and are read inline on the caller's \
          threads. Every index's answers (matching workers and matched blocks) were checked \
          equal to kvroute's before timing.\n\n\
          Ratios compare kvroute with the best Dynamo index *for that figure* at the same \
          thread count (the single-threaded RadixTree counts at 1 thread): lookups and \
          ingest above 1x mean kvroute is faster; memory below 1x means kvroute holds less.\n\n\
-         The machine was shared (other builds, a fuzzer and tests ran on the same cores): \
-         the 2-thread figures especially are noisy, and on 2 cores a second thread cannot \
-         show the scaling a larger machine would.\n",
+         The load average above says how busy the machine was. With 2 cores, the 2-thread \
+         figures are noisy (two timed threads, Dynamo's caller thread and the system share \
+         them), and a second thread cannot show the scaling a larger machine would.\n",
         today(),
         machine()
     );
