@@ -32,8 +32,9 @@
 //! chain) the step costs a binary search plus the workers that drop out; otherwise one pass
 //! over both sets. Cost: O(prompt + runs entered + matching workers), never the pool.
 //!
-//! Memory: 8-byte table slots at 40-80% load, 8 bytes per block in its run, and 8 bytes per
-//! (run, holder): 20-30 bytes per block however many workers hold it.
+//! Memory: 8-byte table slots at 40-80% load (20-80% while the table is under 8 MiB), 8 bytes
+//! per block in its run, and 8 bytes per (run, holder): 20-30 bytes per block however many
+//! workers hold it (up to about 50 in an index of under a million blocks).
 //!
 //! Dropping all of one worker's blocks (`clear`, a replacing snapshot, `remove_worker`) visits
 //! only the runs that worker holds (each worker's set of runs is kept beside the holder
@@ -94,8 +95,9 @@ enum Probe {
 
 /// Block hash -> (run, position): Robin Hood open addressing over 8-byte slots. The full key
 /// lives only in the run (read to confirm a tag match), which halves the table. At 80% load
-/// the capacity doubles up to 1 Mi slots and grows by half beyond (then 53%-80% full: 10-15
-/// bytes per block); removal shifts the following slots back (no tombstones).
+/// the table grows ([`Table::grown`]): 20-80% full under 1 Mi slots, 40-80% up to 4 Mi and
+/// 53-80% beyond (10-15 bytes per block); removal shifts the following slots back (no
+/// tombstones).
 #[derive(Default)]
 struct Table {
     slots: Vec<u64>,
@@ -109,6 +111,21 @@ impl Table {
 
     fn needs_grow(&self) -> bool {
         (self.len + 1) * 5 > self.slots.len() * 4
+    }
+
+    /// The capacity to grow to: 4x while under 1 Mi slots (8 MiB), 2x up to 4 Mi slots
+    /// (32 MiB), then by half. Every rebuild re-inserts every block at a random slot, which
+    /// is most of what filling an empty index costs; growing 4x while the table is small
+    /// halves the number of rebuilds, at most 6 MiB of slack; past that, less slack wins.
+    fn grown(&self) -> usize {
+        let cap = self.slots.len();
+        if cap < 1 << 20 {
+            (cap * 4).max(16)
+        } else if cap < 1 << 22 {
+            cap * 2
+        } else {
+            cap * 3 / 2
+        }
     }
 
     /// Finds the slot whose entry satisfies `is_it` among those with `f`'s tag.
@@ -564,14 +581,8 @@ impl KvIndex {
             }
         }
         if self.table.needs_grow() {
-            // doubling while small (fewer rehashes), by half past 32 MiB (less slack)
-            let cap = self.table.slots.len();
-            let cap = if cap < 1 << 22 {
-                (cap * 2).max(16)
-            } else {
-                cap * 3 / 2
-            };
-            self.table.rebuild(cap, &self.runs, self.seed);
+            self.table
+                .rebuild(self.table.grown(), &self.runs, self.seed);
         }
         let f = fold(h ^ self.seed);
         let runs = &self.runs;

@@ -460,6 +460,37 @@ fn memory_estimate_grows_with_blocks() {
 }
 
 #[test]
+fn the_table_grows_4x_while_small_then_2x_then_by_half() {
+    let mut ix = KvIndex::new(3);
+    let mut caps = vec![];
+    let w = WorkerId(0);
+    // distinct blocks, one call each: every one probes the table
+    for h in 1..=300_000u64 {
+        ix.apply_stored(w, &[h.wrapping_mul(0x9E37_79B9_7F4A_7C15)]);
+        let cap = ix.table.slots.len();
+        if caps.last() != Some(&cap) {
+            caps.push(cap);
+            // never fuller than 80% after a store
+            assert!(ix.table.len * 5 <= cap * 4, "{} in {cap}", ix.table.len);
+        }
+    }
+    assert_eq!(
+        caps,
+        [16, 64, 256, 1024, 4096, 16_384, 65_536, 262_144, 1 << 20]
+    );
+    let grown = |n: usize| {
+        Table {
+            slots: vec![0; n],
+            len: 0,
+        }
+        .grown()
+    };
+    assert_eq!(grown(1 << 20), 1 << 21);
+    assert_eq!(grown(1 << 21), 1 << 22);
+    assert_eq!(grown(1 << 22), 6 << 20);
+}
+
+#[test]
 fn clearing_a_worker_visits_only_its_own_runs() {
     let mut ix = KvIndex::new(7);
     let b = WorkerId(1);
