@@ -28,6 +28,8 @@ use kvroute_router::provider::{
 };
 use kvroute_router::routing::AssignmentId;
 use kvroute_router::state::PolicyHooks;
+use kvroute_router::tenant::identity::Cidr;
+use kvroute_router::tenant::{LimitSpec, PoolAuth, TENANT_HEADER, TenantConfig, Tenants};
 use kvroute_tls::testpki::TestCa;
 use parking_lot::Mutex;
 use rustls_pki_types::pem::PemObject;
@@ -205,6 +207,8 @@ struct Local {
     plan: OverflowPlan,
     in_flight: Mutex<Vec<u64>>,
     picks: AtomicU64,
+    /// The pool's auth (`None`: no pool, every request anonymous).
+    auth: Option<Arc<PoolAuth>>,
 }
 
 impl Local {
@@ -216,7 +220,20 @@ impl Local {
             plan,
             in_flight: Mutex::new(Vec::new()),
             picks: AtomicU64::new(0),
+            auth: None,
         })
+    }
+
+    /// The same pool behind auth that believes the tenant header from loopback.
+    fn trusting_loopback(worker: SocketAddr, ttft_s: f64, plan: OverflowPlan) -> Arc<Self> {
+        let mut local = Arc::into_inner(Self::new(worker, ttft_s, false, plan)).expect("one");
+        local.auth = Some(Arc::new(PoolAuth {
+            api_key_secrets: Vec::new(),
+            jwt: None,
+            trusted_peers: vec![Cidr::parse("127.0.0.1/32").expect("cidr")],
+            allow_anonymous: false,
+        }));
+        Arc::new(local)
     }
 }
 
@@ -227,7 +244,7 @@ impl Dispatch for Local {
     fn resolve_model(&self, client_model: &str) -> Option<Resolved> {
         (client_model == "local-llm").then(|| Resolved {
             backend_model: "local-llm".into(),
-            pool: None,
+            pool: self.auth.as_ref().map(|_| "pool".to_string()),
             alias: None,
             lora_base: None,
         })
@@ -273,6 +290,9 @@ impl Dispatch for Local {
     fn overflow_plan(&self, _request: &GatewayRequest<'_>) -> OverflowPlan {
         self.plan.clone()
     }
+    fn pool_auth(&self, _pool: &str) -> Option<Arc<PoolAuth>> {
+        self.auth.clone()
+    }
 }
 
 async fn local_worker() -> SocketAddr {
@@ -301,6 +321,7 @@ struct Setup {
     local: Arc<Local>,
     secrets: tempfile::TempDir,
     usage: Arc<Mutex<Vec<ProviderUsage>>>,
+    tenants: Arc<Tenants>,
     client: reqwest::Client,
 }
 
@@ -354,6 +375,27 @@ async fn setup(
     limits: &str,
     local: Arc<Local>,
 ) -> Setup {
+    setup_with_tenants(
+        ca,
+        provider_addr,
+        key,
+        sni,
+        limits,
+        local,
+        Tenants::unregistered(),
+    )
+    .await
+}
+
+async fn setup_with_tenants(
+    ca: &TestCa,
+    provider_addr: SocketAddr,
+    key: &str,
+    sni: Option<&str>,
+    limits: &str,
+    local: Arc<Local>,
+    tenants: Arc<Tenants>,
+) -> Setup {
     let secrets = tempfile::tempdir().expect("tempdir");
     write_secret(secrets.path(), "provider-ca", "ca.crt", ca.pem());
     write_secret(secrets.path(), "oai-key", "apiKey", &format!("{key}\n"));
@@ -384,6 +426,7 @@ async fn setup(
     let cfg = GatewayConfig {
         providers: Some(providers.clone()),
         expose_routing_headers: true,
+        tenants: tenants.clone(),
         ..GatewayConfig::default()
     };
     let app = router_with(local.clone(), cfg).expect("gateway");
@@ -392,6 +435,8 @@ async fn setup(
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
+        // with the peer's address, as the router serves it (trusted-peer tenants need it)
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
         let _ = axum::serve(listener, app).await;
     });
     Setup {
@@ -400,6 +445,7 @@ async fn setup(
         local,
         secrets,
         usage,
+        tenants,
         client: reqwest::Client::new(),
     }
 }
@@ -499,6 +545,17 @@ async fn slow_local_overflows_and_streams_token_by_token_with_usage() {
     let first = read_events(&mut stream, &mut buf, 1).await;
     assert!(first[0].contains("\"one\""), "{first:?}");
     assert_eq!(provider.gate.available_permits(), 0);
+    // The request's tenant series (anonymous: no pool auth) have its first token already,
+    // and no tokens until its usage arrives at the end.
+    let tm = &s.tenants.metrics;
+    let series = ["local-llm", "default", "anonymous"];
+    assert_eq!(tm.ttft.with_label_values(&series).get_sample_count(), 1);
+    let tokens = |kind: &str| {
+        tm.tokens
+            .with_label_values(&["local-llm", "default", "anonymous", kind])
+            .get()
+    };
+    assert_eq!(tokens("prompt"), 0);
     provider.gate.add_permits(1);
     let second = read_events(&mut stream, &mut buf, 1).await;
     assert!(second[0].contains("\" two\""), "{second:?}");
@@ -545,6 +602,73 @@ async fn slow_local_overflows_and_streams_token_by_token_with_usage() {
         // The tenant is the verified one of the request (anonymous here: no pool auth).
         (None, 11, 3)
     );
+    // ... and the tenant's series count the provider's usage.
+    assert_eq!((tokens("prompt"), tokens("completion")), (11, 3));
+    assert_eq!(tm.requests.with_label_values(&series).get(), 1);
+}
+
+#[tokio::test]
+async fn an_overflowed_request_settles_its_tenants_tokens_and_reports_its_first_token() {
+    let ca = TestCa::new("provider");
+    let provider = Provider::new("sk-good");
+    let addr = start_provider(provider.clone(), &ca, &["127.0.0.1"]).await;
+    let local = Local::trusting_loopback(local_worker().await, 2.0, overflow_to("cloud", false));
+    // Room for one request's estimate and 16 tokens more: a second request fits only if the
+    // first one's charge was settled to the provider's usage (11 + 3 = 14 tokens).
+    let body = serde_json::to_vec(&chat(false)).expect("json");
+    let estimate = (body.len() as u64).div_ceil(4) + 8;
+    assert!(
+        estimate > 16 + 2,
+        "the test needs an estimate above 18: {estimate}"
+    );
+    let tenants = Tenants::new(
+        &TenantConfig {
+            default_limits: Some(LimitSpec {
+                tokens_per_minute: Some(estimate + 16),
+                ..LimitSpec::default()
+            }),
+            metrics_allow: vec!["team-a".into()],
+            ..TenantConfig::default()
+        },
+        &prometheus::Registry::new(),
+    )
+    .expect("tenants");
+    let s = setup_with_tenants(&ca, addr, "sk-good", None, "", local, tenants).await;
+    let send = || {
+        s.client
+            .post(format!("{}/v1/chat/completions", s.base))
+            .header(TENANT_HEADER, "team-a")
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+    };
+    let first = send().await.expect("send");
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.headers()["x-kvroute-provider"], "cloud");
+    let answer: Value = first.json().await.expect("json");
+    assert_eq!(answer["usage"]["prompt_tokens"], 11);
+    let tm = &s.tenants.metrics;
+    let tokens = |kind: &str| {
+        tm.tokens
+            .with_label_values(&["local-llm", "default", "team-a", kind])
+            .get()
+    };
+    assert_eq!((tokens("prompt"), tokens("completion")), (11, 3));
+    assert_eq!(
+        tm.ttft
+            .with_label_values(&["local-llm", "default", "team-a"])
+            .get_sample_count(),
+        1
+    );
+    // The estimate was refunded down to 14 tokens: the second request fits.
+    let second = send().await.expect("send");
+    assert_eq!(second.status(), 200, "{:?}", second.text().await);
+    assert_eq!(tokens("prompt"), 22);
+    // The third does not (about 14 tokens of room left, and no minute has passed).
+    let third = send().await.expect("send");
+    assert_eq!(third.status(), 429);
+    assert_eq!(provider.requests(), 2);
+    assert!(s.local.in_flight.lock().is_empty());
 }
 
 #[tokio::test]

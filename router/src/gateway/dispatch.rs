@@ -151,7 +151,8 @@ impl AssignmentGuard {
             let served = self.received_at.map(|t| t.elapsed());
             self.dispatch.first_token_served(&self.picked, ttft, served);
             if let Some(t) = &self.tenant {
-                t.first_token(ttft.as_secs_f64());
+                // what the tenant waited: from the gateway's receipt where known
+                t.first_token(served.unwrap_or(ttft).as_secs_f64());
             }
         }
     }

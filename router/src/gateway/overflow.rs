@@ -1,7 +1,7 @@
 //! The gateway's one call for overflow: route locally, or relay to the policy's provider.
 //!
 //! ```text
-//! handler --forward_or_overflow(route, body, api, raw)-->
+//! handler --forward_or_overflow(route, body, api, raw, tenant tap)-->
 //!   pick locally: the decision path evaluates the InferencePolicy; its hooks say the
 //!     overflow provider and whether the pool crossed the rule's threshold, stay-local, limits
 //!   no local capacity: Dispatch::overflow_plan (the policy on an empty pool: triggers)
@@ -23,7 +23,7 @@ use http::HeaderValue;
 use super::error::GatewayError;
 use super::proxy::{Gateway, Route, Sent};
 use crate::provider::{ClientApi, OverflowAction, RelayRequest, should_overflow};
-use crate::tenant::{LimitPermit, LimitSpec};
+use crate::tenant::{LimitPermit, LimitSpec, TenantTap};
 
 /// Response header naming the provider an overflowed request went to (only with
 /// `--expose-routing-headers`).
@@ -69,12 +69,13 @@ impl OverflowPlan {
     }
 }
 
-/// Where a request went.
+/// Where a request went. Either way the request's tenant tap went with it: on the local
+/// assignment, or in the provider relay.
 pub(super) enum Routed {
     /// To a local worker, which answered with headers.
     Local(Box<Sent>),
-    /// To a provider: the client's response, and the request's declared service class.
-    Provider(axum::response::Response, Option<String>),
+    /// To a provider: the client's response.
+    Provider(axum::response::Response),
 }
 
 /// No local worker can take the request (as opposed to a bad request or a broken worker).
@@ -99,15 +100,18 @@ impl Gateway {
     /// Routes `route` locally or overflows it, per the policy verdict of the local pick (or,
     /// without local capacity, [`super::Dispatch::overflow_plan`]), after the matched rule's
     /// per-tenant limits. `body` is the body for a local worker, `raw` the client's body as
-    /// received. Returns the hold on the rule's limits, if one applies (it replaces the
-    /// default limits' hold for the rest of the request).
+    /// received. `tap` is the request's tenant tap: it learns the service class and takes the
+    /// hold on the rule's limits, if one applies, and goes with the request (to the local
+    /// assignment or into the provider relay), which reports the first token and the usage
+    /// to it and holds it until the answer ends.
     pub(super) async fn forward_or_overflow(
         &self,
         route: Arc<Route>,
         body: Bytes,
         api: ClientApi,
         raw: Bytes,
-    ) -> Result<(Routed, Option<LimitPermit>), GatewayError> {
+        mut tap: TenantTap,
+    ) -> Result<Routed, GatewayError> {
         let (plan, triggered, first) = match self.pick(&route, &[]).await {
             Ok(a) => {
                 let hooks = &a.picked().policy;
@@ -146,13 +150,18 @@ impl Gateway {
                 Ok(admitted) => {
                     // The local assignment is released before the provider is called.
                     drop(first);
-                    let mut resp = admitted.relay(&request.headers).await;
+                    tap.routed(plan.class.as_deref());
+                    tap.rule_permit = permit;
+                    let mut resp = admitted
+                        .with_tenant(tap, route.received_at)
+                        .relay(&request.headers)
+                        .await;
                     if self.expose_routing_headers
                         && let Ok(v) = HeaderValue::from_str(&action.provider)
                     {
                         resp.headers_mut().insert(PROVIDER_HEADER, v);
                     }
-                    return Ok((Routed::Provider(resp, plan.class.clone()), permit));
+                    return Ok(Routed::Provider(resp));
                 }
                 Err(refused) if first.is_none() => return Err(refused.error(&action.provider)),
                 Err(refused) => {
@@ -161,10 +170,13 @@ impl Gateway {
             }
         }
         match first {
-            Some(a) => self
-                .forward(route, body, Some(a))
-                .await
-                .map(|sent| (Routed::Local(Box::new(sent)), permit)),
+            Some(a) => {
+                let mut sent = self.forward(route, body, Some(a)).await?;
+                tap.routed(sent.assignment.picked().policy.class.as_deref());
+                tap.rule_permit = permit;
+                sent.assignment.set_tenant(tap);
+                Ok(Routed::Local(Box::new(sent)))
+            }
             None => Err(stay_local_error(
                 GatewayError::NoReadyWorker(route.client_model.clone()),
                 &plan,

@@ -43,19 +43,6 @@ pub const PREDICTED_TTFT_HEADER: &str = "x-kvroute-predicted-ttft-ms";
 /// (absent until the router has seen enough first tokens to calibrate it).
 pub const TTFT_BOUND_HEADER: &str = "x-kvroute-ttft-p90-bound-ms";
 
-/// Keeps `guard` alive until `resp`'s body has been sent or dropped (the client went away).
-/// A provider's streamed answer holds its tenant's concurrency slot and the matched rule's
-/// permit (in `guard`, the request's tenant tap) for as long as a local stream does, not
-/// only until the provider's response head arrived.
-fn hold_until_body_ends<G: Send + 'static>(resp: Response, guard: G) -> Response {
-    let (parts, body) = resp.into_parts();
-    let body = body.into_data_stream().map(move |chunk| {
-        let _held = &guard;
-        chunk
-    });
-    Response::from_parts(parts, Body::from_stream(body))
-}
-
 /// Shared by every handler.
 #[derive(Clone)]
 pub(crate) struct Gateway {
@@ -180,7 +167,7 @@ impl Gateway {
 
 /// A forwarded request whose worker answered with headers.
 pub(super) struct Sent {
-    assignment: AssignmentGuard,
+    pub(super) assignment: AssignmentGuard,
     response: reqwest::Response,
     sent_at: Instant,
 }
@@ -459,7 +446,7 @@ async fn openai_request(
         request.stream,
     );
     let (stream, wants_usage) = (request.stream, request.wants_usage);
-    let mut tap = tenancy::tap(
+    let tap = tenancy::tap(
         &gw.tenants,
         &request.model,
         admitted.tenant.clone(),
@@ -474,20 +461,13 @@ async fn openai_request(
         tenant: admitted.tenant,
         received_at,
     });
-    let (routed, permit) = gw
-        .forward_or_overflow(route, body, ClientApi::of(endpoint), bytes)
-        .await?;
-    let mut sent = match routed {
+    let sent = match gw
+        .forward_or_overflow(route, body, ClientApi::of(endpoint), bytes, tap)
+        .await?
+    {
         Routed::Local(sent) => *sent,
-        Routed::Provider(resp, class) => {
-            tap.routed(class.as_deref());
-            tap.rule_permit = permit;
-            return Ok(hold_until_body_ends(resp, tap));
-        }
+        Routed::Provider(resp) => return Ok(resp),
     };
-    tap.routed(sent.assignment.picked().policy.class.as_deref());
-    tap.rule_permit = permit;
-    sent.assignment.set_tenant(tap);
     if !sent.response.status().is_success() {
         return Ok(gw.upstream_error(Flavor::OpenAi, sent).await);
     }
@@ -542,7 +522,7 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
         request.stream,
     );
     let (stream, model) = (request.stream, request.model.clone());
-    let mut tap = tenancy::tap(
+    let tap = tenancy::tap(
         &gw.tenants,
         &request.model,
         admitted.tenant.clone(),
@@ -557,20 +537,13 @@ async fn anthropic_request(gw: Gateway, req: Request) -> Result<Response, Gatewa
         tenant: admitted.tenant,
         received_at,
     });
-    let (routed, permit) = gw
-        .forward_or_overflow(route, body, ClientApi::Messages, bytes)
-        .await?;
-    let mut sent = match routed {
+    let sent = match gw
+        .forward_or_overflow(route, body, ClientApi::Messages, bytes, tap)
+        .await?
+    {
         Routed::Local(sent) => *sent,
-        Routed::Provider(resp, class) => {
-            tap.routed(class.as_deref());
-            tap.rule_permit = permit;
-            return Ok(hold_until_body_ends(resp, tap));
-        }
+        Routed::Provider(resp) => return Ok(resp),
     };
-    tap.routed(sent.assignment.picked().policy.class.as_deref());
-    tap.rule_permit = permit;
-    sent.assignment.set_tenant(tap);
     if !sent.response.status().is_success() {
         return Ok(gw.upstream_error(Flavor::Anthropic, sent).await);
     }
@@ -891,57 +864,4 @@ fn relay<K: Sink>(
         }
     };
     Relayed { stream, headers }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    use super::*;
-
-    struct Flag(Arc<AtomicBool>);
-
-    impl Drop for Flag {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
-
-    #[tokio::test]
-    async fn a_provider_answer_holds_its_guard_until_the_body_is_done_or_dropped() {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(2);
-        let upstream = Response::new(Body::from_stream(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        ));
-        let released = Arc::new(AtomicBool::new(false));
-        let resp = hold_until_body_ends(upstream, Flag(Arc::clone(&released)));
-        assert!(
-            !released.load(Ordering::SeqCst),
-            "held once the head is out"
-        );
-        tx.send(Ok(Bytes::from_static(b"data: 1\n\n")))
-            .await
-            .expect("send");
-        let mut body = resp.into_body().into_data_stream();
-        let first = body.next().await.expect("a chunk").expect("no error");
-        assert_eq!(&first[..], b"data: 1\n\n");
-        assert!(!released.load(Ordering::SeqCst), "held while streaming");
-        drop(tx);
-        assert!(body.next().await.is_none());
-        drop(body);
-        assert!(
-            released.load(Ordering::SeqCst),
-            "released once the body is done"
-        );
-
-        // A client that goes away mid-stream releases it too.
-        let (_tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(1);
-        let upstream = Response::new(Body::from_stream(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        ));
-        let released = Arc::new(AtomicBool::new(false));
-        let resp = hold_until_body_ends(upstream, Flag(Arc::clone(&released)));
-        drop(resp);
-        assert!(released.load(Ordering::SeqCst));
-    }
 }

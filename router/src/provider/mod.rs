@@ -59,8 +59,9 @@ pub struct ProviderUsage {
     pub estimated_tokens: u64,
 }
 
-/// Called once per relayed request that reported usage (helper B's tenant limiter settles
-/// tokens with it).
+/// Called once per relayed request that reported usage: an observer for embedders and tests.
+/// The gateway's tenant accounting (tokens, limit settlement, TTFT) goes through the request's
+/// own tap instead ([`Admitted::with_tenant`]).
 pub type UsageHook = Arc<dyn Fn(&ProviderUsage) + Send + Sync>;
 
 /// Settings of the registry (router flags).
@@ -173,6 +174,15 @@ impl std::fmt::Debug for Admitted {
 }
 
 impl Admitted {
+    /// Reports the request's first token (timed from `received_at`, when the gateway got
+    /// it) and its usage to its tenant tap, which also holds the tenant's limits until the
+    /// answer ends and settles their token charge to the provider's usage.
+    #[must_use]
+    pub fn with_tenant(mut self, tap: crate::tenant::TenantTap, received_at: Instant) -> Self {
+        self.flight.set_tenant(tap, received_at);
+        self
+    }
+
     /// Sends the request and returns the client's response (streamed when the client asked
     /// for a stream). Failures are client errors shaped for the client's API.
     pub async fn relay(self, headers: &http::HeaderMap) -> Response {

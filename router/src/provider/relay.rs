@@ -519,7 +519,9 @@ fn send_failure(api: ClientApi, e: SendError) -> Response {
 
 /// A request at the provider. Dropped however the request ends (done, error, client gone):
 /// gives the in-flight slot back, settles the token estimate with the usage, counts the
-/// outcome and reports the usage to the tenant hook, exactly once.
+/// outcome, reports the usage to the usage hook and settles the request's tenant tap (its
+/// tokens and limit holds), exactly once. The tap also gets the first token, timed from
+/// when the gateway received the request.
 pub struct InFlight {
     entry: Arc<Entry>,
     hook: Option<UsageHook>,
@@ -529,6 +531,8 @@ pub struct InFlight {
     first_token: bool,
     usage: Option<TokenUsage>,
     outcome: &'static str,
+    /// The request's tenant tap and when the gateway received the request.
+    tap: Option<(crate::tenant::TenantTap, Instant)>,
 }
 
 impl InFlight {
@@ -553,7 +557,13 @@ impl InFlight {
             // A request dropped before an outcome was set: the client went away.
             outcome: "client_gone",
             usage: None,
+            tap: None,
         }
+    }
+
+    /// Reports this request's first token and usage to its tenant tap too.
+    pub(super) fn set_tenant(&mut self, tap: crate::tenant::TenantTap, received_at: Instant) {
+        self.tap = Some((tap, received_at));
     }
 
     fn token(&mut self, now: Instant) {
@@ -564,6 +574,9 @@ impl InFlight {
                 .ttft
                 .with_label_values(&[self.entry.name()])
                 .observe(now.saturating_duration_since(self.sent_at).as_secs_f64());
+            if let Some((tap, received_at)) = &self.tap {
+                tap.first_token(now.saturating_duration_since(*received_at).as_secs_f64());
+            }
         }
     }
 }
@@ -597,6 +610,9 @@ impl Drop for InFlight {
                     completion_tokens: u.completion,
                     estimated_tokens: self.estimate,
                 });
+            }
+            if let Some((tap, _)) = &mut self.tap {
+                tap.done(u.prompt, u.completion);
             }
         }
     }
