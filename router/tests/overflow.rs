@@ -209,6 +209,8 @@ struct Local {
     picks: AtomicU64,
     /// The pool's auth (`None`: no pool, every request anonymous).
     auth: Option<Arc<PoolAuth>>,
+    /// The gateway's tenants (limits and series) in front of this pool.
+    tenants: Arc<Tenants>,
 }
 
 impl Local {
@@ -221,12 +223,20 @@ impl Local {
             in_flight: Mutex::new(Vec::new()),
             picks: AtomicU64::new(0),
             auth: None,
+            tenants: Tenants::unregistered(),
         })
     }
 
-    /// The same pool behind auth that believes the tenant header from loopback.
-    fn trusting_loopback(worker: SocketAddr, ttft_s: f64, plan: OverflowPlan) -> Arc<Self> {
+    /// The same pool behind auth that believes the tenant header from loopback, with
+    /// `tenants` in front of it.
+    fn trusting_loopback(
+        worker: SocketAddr,
+        ttft_s: f64,
+        plan: OverflowPlan,
+        tenants: Arc<Tenants>,
+    ) -> Arc<Self> {
         let mut local = Arc::into_inner(Self::new(worker, ttft_s, false, plan)).expect("one");
+        local.tenants = tenants;
         local.auth = Some(Arc::new(PoolAuth {
             api_key_secrets: Vec::new(),
             jwt: None,
@@ -375,27 +385,7 @@ async fn setup(
     limits: &str,
     local: Arc<Local>,
 ) -> Setup {
-    setup_with_tenants(
-        ca,
-        provider_addr,
-        key,
-        sni,
-        limits,
-        local,
-        Tenants::unregistered(),
-    )
-    .await
-}
-
-async fn setup_with_tenants(
-    ca: &TestCa,
-    provider_addr: SocketAddr,
-    key: &str,
-    sni: Option<&str>,
-    limits: &str,
-    local: Arc<Local>,
-    tenants: Arc<Tenants>,
-) -> Setup {
+    let tenants = local.tenants.clone();
     let secrets = tempfile::tempdir().expect("tempdir");
     write_secret(secrets.path(), "provider-ca", "ca.crt", ca.pem());
     write_secret(secrets.path(), "oai-key", "apiKey", &format!("{key}\n"));
@@ -612,7 +602,6 @@ async fn an_overflowed_request_settles_its_tenants_tokens_and_reports_its_first_
     let ca = TestCa::new("provider");
     let provider = Provider::new("sk-good");
     let addr = start_provider(provider.clone(), &ca, &["127.0.0.1"]).await;
-    let local = Local::trusting_loopback(local_worker().await, 2.0, overflow_to("cloud", false));
     // Room for one request's estimate and 16 tokens more: a second request fits only if the
     // first one's charge was settled to the provider's usage (11 + 3 = 14 tokens).
     let body = serde_json::to_vec(&chat(false)).expect("json");
@@ -633,7 +622,9 @@ async fn an_overflowed_request_settles_its_tenants_tokens_and_reports_its_first_
         &prometheus::Registry::new(),
     )
     .expect("tenants");
-    let s = setup_with_tenants(&ca, addr, "sk-good", None, "", local, tenants).await;
+    let worker = local_worker().await;
+    let local = Local::trusting_loopback(worker, 2.0, overflow_to("cloud", false), tenants);
+    let s = setup(&ca, addr, "sk-good", None, "", local).await;
     let send = || {
         s.client
             .post(format!("{}/v1/chat/completions", s.base))
