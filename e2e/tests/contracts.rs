@@ -32,6 +32,7 @@ fn cfg() -> OperatorConfig {
         mtls: true,
         gie_inference_pool: String::new(),
         otlp_endpoint: String::new(),
+        tokenizer_fetch: Default::default(),
     }
 }
 
@@ -142,6 +143,7 @@ fn operator_sets_only_router_flags_that_exist() {
             mtls: true,
             gie_inference_pool: String::new(),
             otlp_endpoint: String::new(),
+            tokenizer_fetch: Default::default(),
         };
         let objects = desired_router(&cfg, &Default::default());
         let spec = objects.deployment.spec.expect("deployment spec");
@@ -167,4 +169,43 @@ fn operator_sets_only_router_flags_that_exist() {
             );
         }
     }
+}
+
+/// The tokenizer download settings the operator takes reach the router as the numbers the
+/// operator was given, and the operator's defaults (which it does not pass on) are the
+/// router's own.
+#[test]
+fn operator_tokenizer_fetch_settings_are_the_routers() {
+    use kvroute_operator::desired::TokenizerFetch;
+    let parse = |cfg: &OperatorConfig| {
+        let router = desired_router(cfg, &Default::default()).deployment;
+        <RouterCli as clap::Parser>::try_parse_from(effective_args(
+            &RouterCli::command(),
+            &router,
+            "router",
+        ))
+        .unwrap_or_else(|e| panic!("router rejects the operator's settings: {e}"))
+        .args
+    };
+    let defaults = parse(&cfg());
+    assert_eq!(
+        (
+            defaults.tokenizer_fetch_timeout_s,
+            defaults.tokenizer_retry_max_s
+        ),
+        (
+            TokenizerFetch::DEFAULT_S as f64,
+            TokenizerFetch::DEFAULT_S as f64
+        )
+    );
+    let mut other = cfg();
+    other.tokenizer_fetch = TokenizerFetch {
+        timeout_s: 1_200,
+        retry_max_s: 45,
+    };
+    let set = parse(&other);
+    assert_eq!(
+        (set.tokenizer_fetch_timeout_s, set.tokenizer_retry_max_s),
+        (1_200.0, 45.0)
+    );
 }

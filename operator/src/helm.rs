@@ -143,6 +143,15 @@ pub struct ValuesRouter {
     /// (KVROUTE_OPERATOR_ROUTER_OTLP_ENDPOINT, e.g. `http://otel-collector:4317`; empty:
     /// off). docs/tracing.md.
     pub otlp_endpoint: String,
+    /// Longest one attempt to fetch a model's tokenizer may take, seconds
+    /// (KVROUTE_OPERATOR_ROUTER_TOKENIZER_FETCH_TIMEOUT_SECONDS; 0: the operator's default,
+    /// 300). docs/tokenizers.md.
+    #[schemars(range(min = 0, max = 86_400))]
+    pub tokenizer_fetch_timeout_seconds: u64,
+    /// Longest wait between attempts to fetch a tokenizer, seconds
+    /// (KVROUTE_OPERATOR_ROUTER_TOKENIZER_RETRY_MAX_SECONDS; 0: the operator's default, 300).
+    #[schemars(range(min = 0, max = 86_400))]
+    pub tokenizer_retry_max_seconds: u64,
 }
 
 /// Where certificates come from.
@@ -258,6 +267,8 @@ impl Default for ChartValues {
                 replicas: crate::bundle::ROUTER_REPLICAS,
                 gie_inference_pool: String::new(),
                 otlp_endpoint: String::new(),
+                tokenizer_fetch_timeout_seconds: 0,
+                tokenizer_retry_max_seconds: 0,
             },
             tls: ValuesTls {
                 mode: TlsMode::Operator,
@@ -455,6 +466,18 @@ fn operator_template(mut doc: Value) -> anyhow::Result<String> {
         env.push(slots.put(Slot::Lines(vec![
             "{{- with .Values.router.otlpEndpoint }}".into(),
             "- name: KVROUTE_OPERATOR_ROUTER_OTLP_ENDPOINT".into(),
+            "  value: {{ . | quote }}".into(),
+            "{{- end }}".into(),
+        ])));
+        env.push(slots.put(Slot::Lines(vec![
+            "{{- with .Values.router.tokenizerFetchTimeoutSeconds }}".into(),
+            "- name: KVROUTE_OPERATOR_ROUTER_TOKENIZER_FETCH_TIMEOUT_SECONDS".into(),
+            "  value: {{ . | quote }}".into(),
+            "{{- end }}".into(),
+        ])));
+        env.push(slots.put(Slot::Lines(vec![
+            "{{- with .Values.router.tokenizerRetryMaxSeconds }}".into(),
+            "- name: KVROUTE_OPERATOR_ROUTER_TOKENIZER_RETRY_MAX_SECONDS".into(),
             "  value: {{ . | quote }}".into(),
             "{{- end }}".into(),
         ])));

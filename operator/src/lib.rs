@@ -99,6 +99,26 @@ pub struct Args {
         default_value = ""
     )]
     pub router_otlp_endpoint: String,
+    /// Longest one attempt to fetch a model's tokenizer files may take, in seconds (the
+    /// router's `--tokenizer-fetch-timeout-s`): a slower attempt counts as failed
+    /// (`reason="timeout"`) and is retried. Raise it where the Hub is reached through a slow
+    /// proxy (docs/tokenizers.md).
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_ROUTER_TOKENIZER_FETCH_TIMEOUT_SECONDS",
+        default_value_t = desired::TokenizerFetch::DEFAULT_S,
+        value_parser = clap::value_parser!(u64).range(1..=desired::TokenizerFetch::MAX_S)
+    )]
+    pub router_tokenizer_fetch_timeout_seconds: u64,
+    /// Longest wait between two attempts to fetch a tokenizer, in seconds (the router's
+    /// `--tokenizer-retry-max-s`; waits double from 1 s up to this).
+    #[arg(
+        long,
+        env = "KVROUTE_OPERATOR_ROUTER_TOKENIZER_RETRY_MAX_SECONDS",
+        default_value_t = desired::TokenizerFetch::DEFAULT_S,
+        value_parser = clap::value_parser!(u64).range(1..=desired::TokenizerFetch::MAX_S)
+    )]
+    pub router_tokenizer_retry_max_seconds: u64,
     /// Namespace of the router; the lease namespace when empty.
     #[arg(long, env = "KVROUTE_OPERATOR_ROUTER_NAMESPACE", default_value = "")]
     pub router_namespace: String,
@@ -212,6 +232,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         router_replicas,
         router_gie_inference_pool,
         router_otlp_endpoint,
+        router_tokenizer_fetch_timeout_seconds,
+        router_tokenizer_retry_max_seconds,
         router_namespace,
         manage_router,
         lease_name,
@@ -261,6 +283,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         mtls,
         gie_inference_pool: router_gie_inference_pool,
         otlp_endpoint: router_otlp_endpoint,
+        tokenizer_fetch: desired::TokenizerFetch {
+            timeout_s: router_tokenizer_fetch_timeout_seconds,
+            retry_max_s: router_tokenizer_retry_max_seconds,
+        },
     };
     let pki = controller::pki::PkiSettings {
         ca_namespace: lease_namespace.clone(),
@@ -359,4 +385,44 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     admin.abort();
     tracing::info!("kvroute-operator stopped");
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: super::Args,
+    }
+
+    fn parse(extra: &[&str]) -> Result<super::Args, clap::Error> {
+        Cli::try_parse_from(std::iter::once("kvroute-operator").chain(extra.iter().copied()))
+            .map(|c| c.args)
+    }
+
+    #[test]
+    fn tokenizer_fetch_flags_default_to_the_routers_and_refuse_zero_or_more_than_a_day() {
+        let a = parse(&[]).expect("defaults");
+        assert_eq!(
+            (
+                a.router_tokenizer_fetch_timeout_seconds,
+                a.router_tokenizer_retry_max_seconds
+            ),
+            (300, 300)
+        );
+        let a = parse(&["--router-tokenizer-fetch-timeout-seconds", "1200"]).expect("1200");
+        assert_eq!(a.router_tokenizer_fetch_timeout_seconds, 1200);
+        for bad in ["0", "86401", "-5", "1.5", "soon"] {
+            let flag = format!("--router-tokenizer-retry-max-seconds={bad}");
+            let e = parse(&[&flag])
+                .err()
+                .unwrap_or_else(|| panic!("{bad} accepted"));
+            assert!(
+                e.to_string().contains("router-tokenizer-retry-max-seconds"),
+                "{e}"
+            );
+        }
+    }
 }

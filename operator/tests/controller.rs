@@ -170,6 +170,7 @@ fn ctx(client: Client, leading: bool) -> (Arc<Ctx>, watch::Sender<bool>) {
         mtls: false,
         gie_inference_pool: String::new(),
         otlp_endpoint: String::new(),
+        tokenizer_fetch: Default::default(),
     };
     let recorder = Recorder::new(
         client.clone(),

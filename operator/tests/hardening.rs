@@ -35,6 +35,7 @@ fn cfg(watch: &str) -> OperatorConfig {
         mtls: false,
         gie_inference_pool: String::new(),
         otlp_endpoint: String::new(),
+        tokenizer_fetch: Default::default(),
     }
 }
 

@@ -352,7 +352,8 @@ fn other_values() -> Value {
                 "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}
         },
         "router": {"manage": false, "replicas": 4, "gieInferencePool": "llm/chat",
-                   "otlpEndpoint": "http://otel-collector.observability:4317"},
+                   "otlpEndpoint": "http://otel-collector.observability:4317",
+                   "tokenizerFetchTimeoutSeconds": 900, "tokenizerRetryMaxSeconds": 60},
         "tls": {
             "mode": "cert-manager",
             "issuerRef": {"name": "kvroute-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"},
@@ -441,6 +442,14 @@ fn every_value_reaches_its_field() {
     assert_eq!(
         value("KVROUTE_OPERATOR_ROUTER_OTLP_ENDPOINT"),
         "http://otel-collector.observability:4317"
+    );
+    assert_eq!(
+        value("KVROUTE_OPERATOR_ROUTER_TOKENIZER_FETCH_TIMEOUT_SECONDS"),
+        "900"
+    );
+    assert_eq!(
+        value("KVROUTE_OPERATOR_ROUTER_TOKENIZER_RETRY_MAX_SECONDS"),
+        "60"
     );
 
     let off = render_chart("kvroute", &merged(&json!({"tls": {"mode": "off"}})));

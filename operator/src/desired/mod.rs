@@ -54,6 +54,36 @@ pub struct OperatorConfig {
     /// OTLP/gRPC collector of the router's traces (`kvroute-operator
     /// --router-otlp-endpoint`, the router's `--otlp-endpoint`). Empty: off.
     pub otlp_endpoint: String,
+    /// How the router fetches tokenizers (`kvroute-operator
+    /// --router-tokenizer-fetch-timeout-seconds`, `--router-tokenizer-retry-max-seconds`).
+    pub tokenizer_fetch: TokenizerFetch,
+}
+
+/// The router's tokenizer download settings the operator passes on. The router's own
+/// defaults are the same, so the operator sets its variables only where they differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenizerFetch {
+    /// Longest one attempt may take, seconds (`KVROUTE_ROUTER_TOKENIZER_FETCH_TIMEOUT_S`).
+    pub timeout_s: u64,
+    /// Longest wait between attempts, seconds (`KVROUTE_ROUTER_TOKENIZER_RETRY_MAX_S`).
+    pub retry_max_s: u64,
+}
+
+impl TokenizerFetch {
+    /// The router's default for both (`kvroute-router --tokenizer-fetch-timeout-s`,
+    /// `--tokenizer-retry-max-s`; e2e/tests/contracts.rs checks they agree).
+    pub const DEFAULT_S: u64 = 300;
+    /// The most either may be: a day. Longer leaves a model unready for days on one stall.
+    pub const MAX_S: u64 = 86_400;
+}
+
+impl Default for TokenizerFetch {
+    fn default() -> Self {
+        Self {
+            timeout_s: Self::DEFAULT_S,
+            retry_max_s: Self::DEFAULT_S,
+        }
+    }
 }
 
 impl OperatorConfig {

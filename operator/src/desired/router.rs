@@ -51,7 +51,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use super::hardening::{pod_security, resources, restricted, tmp_volume};
 use super::network_policy::{allow, ingress_policy, tcp};
-use super::{OperatorConfig, common_labels};
+use super::{OperatorConfig, TokenizerFetch, common_labels};
 pub use crate::permissions::ROUTER_NAME;
 use crate::permissions::{ROUTER_RULES, policy_rules};
 
@@ -486,6 +486,19 @@ fn router_env(cfg: &OperatorConfig) -> Vec<EnvVar> {
             cfg.otlp_endpoint.clone(),
         ));
     }
+    let fetch = cfg.tokenizer_fetch;
+    if fetch.timeout_s != TokenizerFetch::DEFAULT_S {
+        vars.push(env(
+            "KVROUTE_ROUTER_TOKENIZER_FETCH_TIMEOUT_S",
+            fetch.timeout_s.to_string(),
+        ));
+    }
+    if fetch.retry_max_s != TokenizerFetch::DEFAULT_S {
+        vars.push(env(
+            "KVROUTE_ROUTER_TOKENIZER_RETRY_MAX_S",
+            fetch.retry_max_s.to_string(),
+        ));
+    }
     if !cfg.gie_inference_pool.is_empty() {
         // Workers from GIE InferencePools, and the endpoint picker their gateway calls.
         vars.push(env(
@@ -515,6 +528,7 @@ mod tests {
             mtls: false,
             gie_inference_pool: String::new(),
             otlp_endpoint: String::new(),
+            tokenizer_fetch: Default::default(),
         }
     }
 
@@ -591,6 +605,38 @@ mod tests {
         assert_eq!(otlp(&c), None);
         c.otlp_endpoint = "http://collector.obs:4317".into();
         assert_eq!(otlp(&c).as_deref(), Some("http://collector.obs:4317"));
+    }
+
+    #[test]
+    fn tokenizer_fetch_settings_reach_the_router_only_when_not_its_defaults() {
+        let var = |cfg: &OperatorConfig, name: &str| {
+            desired_router(cfg, &TokenizerMounts::default())
+                .deployment
+                .spec
+                .and_then(|s| s.template.spec)
+                .and_then(|p| p.containers[0].env.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value)
+        };
+        const TIMEOUT: &str = "KVROUTE_ROUTER_TOKENIZER_FETCH_TIMEOUT_S";
+        const RETRY: &str = "KVROUTE_ROUTER_TOKENIZER_RETRY_MAX_S";
+        let mut c = cfg("");
+        assert_eq!((var(&c, TIMEOUT), var(&c, RETRY)), (None, None));
+        c.tokenizer_fetch.timeout_s = 900;
+        assert_eq!(
+            (var(&c, TIMEOUT), var(&c, RETRY)),
+            (Some("900".into()), None)
+        );
+        c.tokenizer_fetch = TokenizerFetch {
+            timeout_s: TokenizerFetch::DEFAULT_S,
+            retry_max_s: 60,
+        };
+        assert_eq!(
+            (var(&c, TIMEOUT), var(&c, RETRY)),
+            (None, Some("60".into()))
+        );
     }
 
     #[test]

@@ -314,6 +314,7 @@ mod tests {
             mtls: false,
             gie_inference_pool: String::new(),
             otlp_endpoint: String::new(),
+            tokenizer_fetch: Default::default(),
         };
         desired_router(&cfg, &TokenizerMounts::default()).deployment
     }

@@ -104,6 +104,7 @@ pub(crate) mod fixtures {
             mtls: false,
             gie_inference_pool: String::new(),
             otlp_endpoint: String::new(),
+            tokenizer_fetch: Default::default(),
         }
     }
 
