@@ -588,19 +588,22 @@ mod tests {
         assert!(!policy.contains("9002"), "{policy}");
     }
 
+    /// The literal value of the router container's env var `name`, if it is set.
+    fn router_var(cfg: &OperatorConfig, name: &str) -> Option<String> {
+        desired_router(cfg, &TokenizerMounts::default())
+            .deployment
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|p| p.containers[0].env.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value)
+    }
+
     #[test]
     fn an_otlp_endpoint_reaches_the_router_only_when_set() {
-        let otlp = |cfg: &OperatorConfig| {
-            desired_router(cfg, &TokenizerMounts::default())
-                .deployment
-                .spec
-                .and_then(|s| s.template.spec)
-                .and_then(|p| p.containers[0].env.clone())
-                .unwrap_or_default()
-                .into_iter()
-                .find(|e| e.name == "KVROUTE_ROUTER_OTLP_ENDPOINT")
-                .and_then(|e| e.value)
-        };
+        let otlp = |cfg: &OperatorConfig| router_var(cfg, "KVROUTE_ROUTER_OTLP_ENDPOINT");
         let mut c = cfg("");
         assert_eq!(otlp(&c), None);
         c.otlp_endpoint = "http://collector.obs:4317".into();
@@ -609,17 +612,7 @@ mod tests {
 
     #[test]
     fn tokenizer_fetch_settings_reach_the_router_only_when_not_its_defaults() {
-        let var = |cfg: &OperatorConfig, name: &str| {
-            desired_router(cfg, &TokenizerMounts::default())
-                .deployment
-                .spec
-                .and_then(|s| s.template.spec)
-                .and_then(|p| p.containers[0].env.clone())
-                .unwrap_or_default()
-                .into_iter()
-                .find(|e| e.name == name)
-                .and_then(|e| e.value)
-        };
+        let var = router_var;
         const TIMEOUT: &str = "KVROUTE_ROUTER_TOKENIZER_FETCH_TIMEOUT_S";
         const RETRY: &str = "KVROUTE_ROUTER_TOKENIZER_RETRY_MAX_S";
         let mut c = cfg("");
