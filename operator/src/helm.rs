@@ -451,36 +451,34 @@ fn operator_template(mut doc: Value) -> anyhow::Result<String> {
         if let Some(missing) = set.keys().next() {
             bail!("the operator's Deployment does not set {missing}");
         }
-        env.push(slots.put(Slot::Lines(vec![
-            "{{- with .Values.operator.watchNamespace }}".into(),
-            "- name: KVROUTE_OPERATOR_NAMESPACE".into(),
-            "  value: {{ . | quote }}".into(),
-            "{{- end }}".into(),
-        ])));
-        env.push(slots.put(Slot::Lines(vec![
-            "{{- with .Values.router.gieInferencePool }}".into(),
-            "- name: KVROUTE_OPERATOR_ROUTER_GIE_INFERENCE_POOL".into(),
-            "  value: {{ . | quote }}".into(),
-            "{{- end }}".into(),
-        ])));
-        env.push(slots.put(Slot::Lines(vec![
-            "{{- with .Values.router.otlpEndpoint }}".into(),
-            "- name: KVROUTE_OPERATOR_ROUTER_OTLP_ENDPOINT".into(),
-            "  value: {{ . | quote }}".into(),
-            "{{- end }}".into(),
-        ])));
-        env.push(slots.put(Slot::Lines(vec![
-            "{{- with .Values.router.tokenizerFetchTimeoutSeconds }}".into(),
-            "- name: KVROUTE_OPERATOR_ROUTER_TOKENIZER_FETCH_TIMEOUT_SECONDS".into(),
-            "  value: {{ . | quote }}".into(),
-            "{{- end }}".into(),
-        ])));
-        env.push(slots.put(Slot::Lines(vec![
-            "{{- with .Values.router.tokenizerRetryMaxSeconds }}".into(),
-            "- name: KVROUTE_OPERATOR_ROUTER_TOKENIZER_RETRY_MAX_SECONDS".into(),
-            "  value: {{ . | quote }}".into(),
-            "{{- end }}".into(),
-        ])));
+        // Settings the plain Deployment leaves unset: set only when the value is not empty
+        // (or zero), so the defaults render the plain manifests.
+        for (value, var) in [
+            ("operator.watchNamespace", "KVROUTE_OPERATOR_NAMESPACE"),
+            (
+                "router.gieInferencePool",
+                "KVROUTE_OPERATOR_ROUTER_GIE_INFERENCE_POOL",
+            ),
+            (
+                "router.otlpEndpoint",
+                "KVROUTE_OPERATOR_ROUTER_OTLP_ENDPOINT",
+            ),
+            (
+                "router.tokenizerFetchTimeoutSeconds",
+                "KVROUTE_OPERATOR_ROUTER_TOKENIZER_FETCH_TIMEOUT_SECONDS",
+            ),
+            (
+                "router.tokenizerRetryMaxSeconds",
+                "KVROUTE_OPERATOR_ROUTER_TOKENIZER_RETRY_MAX_SECONDS",
+            ),
+        ] {
+            env.push(slots.put(Slot::Lines(vec![
+                format!("{{{{- with .Values.{value} }}}}"),
+                format!("- name: {var}"),
+                "  value: {{ . | quote }}".into(),
+                "{{- end }}".into(),
+            ])));
+        }
     }
     slots.template(&doc)
 }

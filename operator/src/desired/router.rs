@@ -487,17 +487,13 @@ fn router_env(cfg: &OperatorConfig) -> Vec<EnvVar> {
         ));
     }
     let fetch = cfg.tokenizer_fetch;
-    if fetch.timeout_s != TokenizerFetch::DEFAULT_S {
-        vars.push(env(
-            "KVROUTE_ROUTER_TOKENIZER_FETCH_TIMEOUT_S",
-            fetch.timeout_s.to_string(),
-        ));
-    }
-    if fetch.retry_max_s != TokenizerFetch::DEFAULT_S {
-        vars.push(env(
-            "KVROUTE_ROUTER_TOKENIZER_RETRY_MAX_S",
-            fetch.retry_max_s.to_string(),
-        ));
+    for (name, secs) in [
+        ("KVROUTE_ROUTER_TOKENIZER_FETCH_TIMEOUT_S", fetch.timeout_s),
+        ("KVROUTE_ROUTER_TOKENIZER_RETRY_MAX_S", fetch.retry_max_s),
+    ] {
+        if secs != TokenizerFetch::DEFAULT_S {
+            vars.push(env(name, secs.to_string()));
+        }
     }
     if !cfg.gie_inference_pool.is_empty() {
         // Workers from GIE InferencePools, and the endpoint picker their gateway calls.
@@ -612,14 +608,16 @@ mod tests {
 
     #[test]
     fn tokenizer_fetch_settings_reach_the_router_only_when_not_its_defaults() {
-        let var = router_var;
         const TIMEOUT: &str = "KVROUTE_ROUTER_TOKENIZER_FETCH_TIMEOUT_S";
         const RETRY: &str = "KVROUTE_ROUTER_TOKENIZER_RETRY_MAX_S";
         let mut c = cfg("");
-        assert_eq!((var(&c, TIMEOUT), var(&c, RETRY)), (None, None));
+        assert_eq!(
+            (router_var(&c, TIMEOUT), router_var(&c, RETRY)),
+            (None, None)
+        );
         c.tokenizer_fetch.timeout_s = 900;
         assert_eq!(
-            (var(&c, TIMEOUT), var(&c, RETRY)),
+            (router_var(&c, TIMEOUT), router_var(&c, RETRY)),
             (Some("900".into()), None)
         );
         c.tokenizer_fetch = TokenizerFetch {
@@ -627,7 +625,7 @@ mod tests {
             retry_max_s: 60,
         };
         assert_eq!(
-            (var(&c, TIMEOUT), var(&c, RETRY)),
+            (router_var(&c, TIMEOUT), router_var(&c, RETRY)),
             (None, Some("60".into()))
         );
     }
