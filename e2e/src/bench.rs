@@ -186,6 +186,12 @@ pub struct BenchArgs {
     /// other values (bench/README.md, "The running engine step").
     #[arg(long, value_name = "SHARE")]
     pub step_share: Option<f64>,
+    /// Sim: kvroute's working-set horizon (`CoreConfig::working_set_horizon`), in placements
+    /// per worker, which turns its KV-fit charge on; 0 turns it off. Default: the router's
+    /// own (0, off). For measuring the charge against its absence (bench/README.md, "New
+    /// prefixes where they fit").
+    #[arg(long, value_name = "PLACEMENTS")]
+    pub working_set_horizon: Option<u32>,
     /// Sim: run each headline N times, with seeds seed, seed+1, ... (each its own workload
     /// draw and tie-break stream), and report the pooled requests. One run of a few hundred
     /// requests is chaotic: a different early choice changes which prefixes end up where.
@@ -296,6 +302,9 @@ pub struct SuiteConfig {
     /// `--step-share`, when given (absent: the router's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step_share: Option<f64>,
+    /// `--working-set-horizon`, when given (absent: the router's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub working_set_horizon: Option<u32>,
     /// `--step-budget-tokens`, when given (absent: the router's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step_budget_tokens: Option<f64>,
@@ -389,6 +398,9 @@ pub async fn run(mut args: BenchArgs) -> anyhow::Result<()> {
             bail!("--step-share needs --mode sim (a live router takes the default)");
         }
         kvroute_router::routing::StepConfig::check_share(c).map_err(anyhow::Error::msg)?;
+    }
+    if args.working_set_horizon.is_some() && args.mode != "sim" {
+        bail!("--working-set-horizon needs --mode sim (a live router takes the default)");
     }
     if args.mode == "sim" && args.seed.is_none() {
         // Headline figures come from a seed nobody chose (none used while tuning).
@@ -559,6 +571,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
         overcommit_margin: args.overcommit_margin,
         rate_pool: args.rate_pool,
         step_share: args.step_share,
+        working_set_horizon: args.working_set_horizon,
         step_budget_tokens: args.step_budget_tokens,
     };
     if let Some(dir) = &args.records {
@@ -677,6 +690,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             overcommit_margin: args.overcommit_margin,
             rate_pool: args.rate_pool,
             step_share: args.step_share,
+            working_set_horizon: args.working_set_horizon,
             step_budget_tokens: args.step_budget_tokens,
         },
         workloads,
@@ -864,6 +878,24 @@ mod tests {
         for bad in ["1.5", "-1", "NaN"] {
             let err = refused(&[&format!("--step-share={bad}")]);
             assert!(err.contains("between 0 and 1"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_working_set_horizon_takes_placements_and_only_in_simulation() {
+        assert_eq!(
+            parsed(&["--working-set-horizon", "0"]).working_set_horizon,
+            Some(0)
+        );
+        assert_eq!(parsed(&[]).working_set_horizon, None);
+        let err = refused(&["--mode", "live", "--working-set-horizon", "16"]);
+        assert!(err.contains("needs --mode sim"), "{err}");
+        for bad in ["-1", "0.5", "x"] {
+            let err = BenchArgs::augment_args(clap::Command::new("bench"))
+                .try_get_matches_from(["bench", &format!("--working-set-horizon={bad}")])
+                .expect_err("not a count of placements")
+                .to_string();
+            assert!(err.contains("--working-set-horizon"), "{bad}: {err}");
         }
     }
 }

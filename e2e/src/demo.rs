@@ -113,6 +113,7 @@ pub fn preset(args: &DemoArgs) -> BenchArgs {
         overcommit_margin: None,
         rate_pool: None,
         step_share: None,
+        working_set_horizon: None,
         step_budget_tokens: None,
         scenario: None,
         seeds: 1,

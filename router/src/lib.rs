@@ -184,6 +184,13 @@ pub struct Args {
     /// it off.
     #[arg(long, env = "KVROUTE_ROUTER_HOT_PREFIX_WINDOW", default_value_t = 64)]
     pub hot_prefix_window: u32,
+    /// New prefixes where they fit (kvroute policy; off by default): over each worker's
+    /// last this-many placements, the router tracks the blocks they shared, and charges a
+    /// worker for the shared blocks a new prompt would evict from its reported KV cache
+    /// (docs/DESIGN.md; measured in bench/README.md, "New prefixes where they fit"). 0
+    /// turns it off; 64 is the value measured.
+    #[arg(long, env = "KVROUTE_ROUTER_WORKING_SET_HORIZON", default_value_t = 0)]
+    pub working_set_horizon: u32,
     /// Seed of the policy's random draws (default: random per process, so replicas differ).
     #[arg(long, env = "KVROUTE_ROUTER_SEED")]
     pub seed: Option<u64>,
@@ -486,6 +493,7 @@ impl Default for Args {
             policy: "kvroute".into(),
             tie_margin: 0.02,
             hot_prefix_window: 64,
+            working_set_horizon: 0,
             seed: None,
             assignment_ttl_s: 600.0,
             stale_after_s: 10.0,
@@ -741,6 +749,7 @@ impl Server {
             policy,
             tie_margin,
             hot_prefix_window,
+            working_set_horizon,
             seed,
             assignment_ttl_s,
             stale_after_s,
@@ -809,6 +818,7 @@ impl Server {
             policy,
             tie_margin_s: tie_margin,
             hot_prefix_window,
+            working_set_horizon,
             queue_drain: routing::CoreConfig::default().queue_drain,
             rate_pool: routing::rate_pool_from(rate_pool).map_err(anyhow::Error::msg)?,
             steps: routing::StepConfig::default(),

@@ -742,6 +742,7 @@ pub async fn run_live_with(
             overcommit_margin: None,
             rate_pool: None,
             step_share: None,
+            working_set_horizon: None,
             step_budget_tokens: None,
         },
         workloads,

@@ -87,6 +87,8 @@ pub struct SimConfig {
     /// The share of the running engine step kvroute's predictions count, when not the
     /// router's default.
     pub step_share: Option<f64>,
+    /// kvroute's working-set horizon (0: off), when not the router's default.
+    pub working_set_horizon: Option<u32>,
     /// kvroute's engine step budget for its whole-steps TTFT line (0: off), when not the
     /// router's default.
     pub step_budget_tokens: Option<f64>,
@@ -303,6 +305,9 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
     if let Some(f) = cfg.rate_pool {
         core_cfg.rate_pool =
             kvroute_router::routing::rate_pool_from(f).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(h) = cfg.working_set_horizon {
+        core_cfg.working_set_horizon = h;
     }
     if let Some(c) = cfg.step_share {
         core_cfg.steps.share = StepConfig::check_share(c).map_err(anyhow::Error::msg)?;

@@ -41,6 +41,7 @@ fn every_load_balancing_baseline_spreads_the_independent_workload() {
         overcommit_margin: None,
         rate_pool: None,
         step_share: None,
+        working_set_horizon: None,
         step_budget_tokens: None,
     };
     let mut failures = Vec::new();

@@ -71,6 +71,11 @@ pub struct Candidate {
     pub in_use_blocks: usize,
     /// Blocks it holds in total (its cache footprint in the index).
     pub index_blocks: u64,
+    /// Its working set: the distinct blocks this replica's recent placements on it used
+    /// since the last use of the least recently used block two or more of them shared (a
+    /// shared prefix, an earlier turn). Its LRU cache keeps every shared block only while
+    /// it holds at least these (`CoreConfig::working_set_horizon`; 0 when off).
+    pub working_set_blocks: u64,
     /// Prefill tokens estimated to be ahead of this request.
     pub queue_tokens: f64,
     /// Seconds of the head prompt's prefill that `queue_tokens` counts as done: the time
@@ -474,6 +479,21 @@ pub struct PredictedTtftConfig {
     /// copies are 11% of 150,000 and pay. This bound was set after those two runs, between
     /// them; no other shape has been measured.
     pub hot_prefix_max_kv_share: f64,
+    /// KV fit: on a candidate reporting its KV capacity, the blocks this request adds
+    /// wherever it goes (its prompt beyond the most any candidate holds) that do not fit
+    /// there beside the candidate's working set (`Candidate::working_set_blocks`) are
+    /// charged, beyond the least any candidate would evict, as this many times their
+    /// prefill time. Each such block evicts one its later requests reuse, and one of them
+    /// recomputes it. A prompt no worker holds is a near-tie everywhere but for the queues,
+    /// and the worker whose requests all hit its cache has the shortest queue, so without
+    /// this it takes new prefixes until they no longer fit (GuideLLM shared-prefix, 8
+    /// streams: 13 cold placements on one worker of 1,625 blocks, against 128-block
+    /// prefixes; bench/README.md, "Where kvroute's extra cold prefills come from").
+    /// Recomputing a prefix another worker holds is the affinity charge's to price, not
+    /// this one's. Working sets are tracked only with `CoreConfig::working_set_horizon`
+    /// above 0, which is off by default (bench/README.md, "New prefixes where they fit");
+    /// without them this charges nothing. 0 disables it.
+    pub kv_fit: f64,
 }
 
 impl Default for PredictedTtftConfig {
@@ -490,6 +510,7 @@ impl Default for PredictedTtftConfig {
             tie_token_slack: 0.5,
             hot_prefix_window: 64,
             hot_prefix_max_kv_share: 0.125,
+            kv_fit: 1.0,
         }
     }
 }
@@ -607,6 +628,43 @@ impl PredictedTtft {
     }
 }
 
+impl PredictedTtft {
+    /// Blocks the request would add on `c`: its prompt beyond what `c` holds.
+    fn added_blocks(c: &Candidate) -> u64 {
+        (c.prompt_blocks as u64).saturating_sub(c.cached_blocks.max(c.pending_blocks) as u64)
+    }
+
+    /// Blocks of its working set this request would evict on `c`: those it adds there
+    /// beyond what fits beside the working set in `c`'s reported KV, counting at most
+    /// `new_blocks`, the blocks it adds wherever it goes (the least any candidate adds:
+    /// recomputing a prefix another candidate holds is the affinity charge's to price). 0
+    /// on a candidate reporting no capacity.
+    fn evicted_blocks(c: &Candidate, new_blocks: u64) -> u64 {
+        let block_size = c.block_size.max(1) as u64;
+        let capacity = c.kv_capacity_tokens / block_size;
+        if capacity == 0 {
+            return 0;
+        }
+        let added = Self::added_blocks(c);
+        (c.working_set_blocks + added)
+            .saturating_sub(capacity)
+            .min(added)
+            .min(new_blocks)
+    }
+
+    /// Seconds charged to `c` for evicting `evicted` blocks of its working set beyond the
+    /// least any candidate would (`least_evicted`): `kv_fit` times their prefill time at
+    /// `c`'s rate. Where every candidate would evict as much, nobody is charged: the request
+    /// costs a recomputation wherever it goes.
+    pub fn kv_fit_penalty(&self, c: &Candidate, evicted: u64, least_evicted: u64) -> f64 {
+        let extra = evicted.saturating_sub(least_evicted);
+        if self.cfg.kv_fit <= 0.0 || extra == 0 || c.prefill_rate <= 0.0 {
+            return 0.0;
+        }
+        self.cfg.kv_fit * (extra * c.block_size.max(1) as u64) as f64 / c.prefill_rate
+    }
+}
+
 impl Policy for PredictedTtft {
     fn name(&self) -> &'static str {
         "kvroute"
@@ -653,16 +711,30 @@ impl Policy for PredictedTtft {
             .map(Self::blocks_after)
             .min()
             .unwrap_or(0);
+        let new_blocks = ctx
+            .candidates
+            .iter()
+            .map(Self::added_blocks)
+            .min()
+            .unwrap_or(0);
+        let evicted: Vec<u64> = ctx
+            .candidates
+            .iter()
+            .map(|c| Self::evicted_blocks(c, new_blocks))
+            .collect();
+        let least_evicted = evicted.iter().copied().min().unwrap_or(0);
         let any_healthy_gpu = ctx.candidates.iter().any(|c| !c.gpu_degraded);
         let scores: Vec<f64> = ctx
             .candidates
             .iter()
-            .map(|c| {
+            .zip(&evicted)
+            .map(|(c, &evicted)| {
                 if c.predicted_ttft.is_finite() {
                     let mut score = c.predicted_ttft
                         + self.affinity_penalty(c, best_cached)
                         + self.kv_balance_penalty(c, least_active)
-                        + self.block_balance_penalty(c, least_blocks);
+                        + self.block_balance_penalty(c, least_blocks)
+                        + self.kv_fit_penalty(c, evicted, least_evicted);
                     if c.gpu_degraded && any_healthy_gpu {
                         score += self.cfg.gpu_degraded_penalty_s;
                     }
@@ -1086,6 +1158,102 @@ mod tests {
         PredictedTtft::new(cfg, 1)
             .choose(ctx, 0.0)
             .expect("decision")
+    }
+
+    /// A new 128-block prompt (2,048 tokens) no worker holds: `full` answers sooner
+    /// (0.40 s against 0.45 s) but its working set is 1,550 of its 1,625 blocks; `roomy`'s
+    /// is 1,000.
+    fn full_and_roomy() -> ChoiceContext {
+        let full = Candidate {
+            worker: WorkerId(0),
+            block_size: 16,
+            prompt_blocks: 128,
+            prefill_rate: 4_000.0,
+            kv_capacity_tokens: 26_000,
+            working_set_blocks: 1_550,
+            predicted_ttft: 0.40,
+            ..Candidate::default()
+        };
+        let roomy = Candidate {
+            worker: WorkerId(1),
+            working_set_blocks: 1_000,
+            predicted_ttft: 0.45,
+            ..full.clone()
+        };
+        ChoiceContext {
+            prompt_tokens: 2_048,
+            degraded: false,
+            prefix_anchor: None,
+            candidates: vec![full, roomy],
+        }
+    }
+
+    #[test]
+    fn kv_fit_charges_the_blocks_a_new_prompt_would_evict_from_a_working_set() {
+        let ctx = full_and_roomy();
+        let d = decide(PredictedTtftConfig::default(), &ctx);
+        // full: 1,550 + 128 - 1,625 = 53 blocks evicted, 848 tokens at 4,000/s: 0.40 + 0.212.
+        assert_eq!(d.chosen, WorkerId(1));
+        assert!((d.candidates[0].score - 0.612).abs() < 1e-9);
+        assert!(
+            (d.candidates[1].score - 0.45).abs() < 1e-9,
+            "it fits: no charge"
+        );
+        // Off: the sooner answer wins.
+        let off = PredictedTtftConfig {
+            kv_fit: 0.0,
+            ..PredictedTtftConfig::default()
+        };
+        assert_eq!(decide(off, &ctx).chosen, WorkerId(0));
+        // At most the blocks the request adds: a working set already past the capacity
+        // charges the whole 128 blocks, never more (2,048 tokens: 0.512 s).
+        let mut over = ctx.clone();
+        over.candidates[0].working_set_blocks = 5_000;
+        let d = decide(PredictedTtftConfig::default(), &over);
+        assert!((d.candidates[0].score - 0.912).abs() < 1e-9);
+        // Where every candidate would evict as much, nobody is charged: the prompt costs a
+        // recomputation wherever it goes, and the sooner answer wins.
+        let mut both = ctx.clone();
+        both.candidates[1].working_set_blocks = 5_000;
+        let d = decide(PredictedTtftConfig::default(), &both);
+        assert_eq!(d.chosen, WorkerId(0));
+        assert!((d.candidates[0].score - 0.40).abs() < 1e-9);
+        // No reported capacity, no charge.
+        let mut unknown = ctx.clone();
+        unknown.candidates[0].kv_capacity_tokens = 0;
+        assert_eq!(
+            decide(PredictedTtftConfig::default(), &unknown).chosen,
+            WorkerId(0)
+        );
+    }
+
+    #[test]
+    fn kv_fit_charges_a_holder_only_for_the_suffix_it_adds() {
+        // full holds the prompt's first 120 blocks (cached or just placed there): only 8
+        // blocks are added, 1,550 + 8 fits, and nothing is charged.
+        let mut ctx = full_and_roomy();
+        ctx.candidates[0].cached_blocks = 120;
+        let d = decide(PredictedTtftConfig::default(), &ctx);
+        assert!((d.candidates[0].score - 0.40).abs() < 1e-9);
+        ctx.candidates[0].cached_blocks = 0;
+        ctx.candidates[0].pending_blocks = 120;
+        let d = decide(PredictedTtftConfig::default(), &ctx);
+        assert!((d.candidates[0].score - 0.40).abs() < 1e-9);
+        // With its working set at the capacity, the 8 added blocks are charged (128 tokens,
+        // 0.032 s), far less than recomputing the prefix elsewhere.
+        ctx.candidates[0].working_set_blocks = 1_625;
+        let d = decide(PredictedTtftConfig::default(), &ctx);
+        assert!((d.candidates[0].score - 0.432).abs() < 1e-9);
+        // A worker not holding the prefix is charged for at most the 8 blocks the request adds
+        // wherever it goes: recomputing the held prefix is the affinity charge's to price.
+        let mut ctx = full_and_roomy();
+        ctx.candidates[1].cached_blocks = 120;
+        ctx.candidates[1].expected_cached_tokens = 1_920.0;
+        ctx.candidates[0].working_set_blocks = 5_000;
+        let d = decide(PredictedTtftConfig::default(), &ctx);
+        // 0.40 + affinity (1,920 tokens at 4,000/s: 0.48) + 8 blocks (0.032).
+        assert!((d.candidates[0].score - 0.912).abs() < 1e-9);
+        assert_eq!(d.chosen, WorkerId(1));
     }
 
     #[test]

@@ -35,6 +35,7 @@ use super::plan::Plan;
 use super::predict::{ErrorStats, FirstTokenSample, Predictor, PredictorConfig};
 use super::steps::{StepClocks, StepConfig};
 use super::workers::{BlockCaps, LoadSample, Worker, WorkerId, WorkerTable};
+use super::working_set::WorkingSets;
 
 /// Settings of the routing core.
 #[derive(Clone, Debug, Serialize)]
@@ -119,6 +120,14 @@ pub struct CoreConfig {
     /// The engine step each worker is running, from the chunks the router relays
     /// (`steps.rs`): a share of its remainder is added to predictions (`Candidate::step_s`).
     pub steps: StepConfig,
+    /// Working sets (`working_set.rs`): the blocks used by each worker's last this-many
+    /// placements by this replica, from which kvroute reads what its LRU cache must hold to
+    /// keep the blocks they shared (`Candidate::working_set_blocks`) for its KV-fit charge
+    /// (`PredictedTtftConfig::kv_fit`). 0 turns the tracking, and with it the charge, off:
+    /// the default, since in the simulated suite it helped the shapes it was made for and
+    /// cost others (bench/README.md, "New prefixes where they fit"). 64 there: a worker
+    /// serving eight prefixes in turn uses each about every eighth placement.
+    pub working_set_horizon: u32,
 }
 
 /// `--rate-pool`'s fraction as [`CoreConfig::rate_pool`]: 0 turns it off; a fraction
@@ -154,6 +163,7 @@ impl Default for CoreConfig {
             overcommit_margin_tokens: Some(2_000),
             rate_pool: Some(1.0),
             steps: StepConfig::default(),
+            working_set_horizon: 0,
         }
     }
 }
@@ -193,6 +203,8 @@ pub struct RoutingCore {
     pub(super) mean_uncached: f64,
     /// The router's own placements the index may not show yet.
     pub(super) pending: Overlay,
+    /// Blocks each worker's recent placements reused.
+    pub(super) working_sets: WorkingSets,
     /// Assignments sent to a saturated worker: (requests queued there including it,
     /// prefill-model prediction), for learning the admission wait at their first token.
     admitted_saturated: HashMap<AssignmentId, (f64, f64)>,
@@ -283,6 +295,7 @@ impl RoutingCore {
             routed: 0,
             mean_uncached: cfg.prior_tokens_per_waiting,
             pending: Overlay::default(),
+            working_sets: WorkingSets::new(cfg.working_set_horizon),
             admitted_saturated: HashMap::new(),
             peers: PeerShare::new(cfg.peers),
             bound: TtftBound::new(cfg.bound),
@@ -469,6 +482,7 @@ impl RoutingCore {
         self.predictor.forget(w);
         self.steps.forget(w);
         self.pending.drop_worker(w);
+        self.working_sets.drop_worker(w);
         self.peers.drop_worker(w);
         let released = self.assignments.release_worker(w);
         for (id, _) in &released {
@@ -714,6 +728,16 @@ impl RoutingCore {
             && self.pending.blocks() + chain.len() <= self.cfg.pending_max_blocks
         {
             self.pending.add(id, decision.chosen, chain.to_vec());
+        }
+        if !decision.degraded
+            && let Some(c) = decision.chosen_candidate()
+            && let Some(chain) = plan.chain(c.block_size)
+        {
+            let capacity = self
+                .workers
+                .get(decision.chosen)
+                .map_or(0, |s| s.capacity_blocks);
+            self.working_sets.touch(decision.chosen, chain, capacity);
         }
         id
     }

@@ -1484,3 +1484,39 @@ fn the_published_bound_covers_the_served_time_and_the_model_learns_the_engines()
         "calibrated on the engine's time, the bound misses the served"
     );
 }
+
+#[test]
+fn placements_build_each_workers_working_set_and_a_retired_one_starts_empty() {
+    let run = |horizon: u32| {
+        let mut core = RoutingCore::new(CoreConfig {
+            working_set_horizon: horizon,
+            ..CoreConfig::default()
+        });
+        let a = core.snapshot("a", 16, 1, &[], 0.0);
+        let b = core.snapshot("b", 16, 1, &[], 0.0);
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        // Two prompts sharing a 4,096-token prefix (256 blocks), each with its own
+        // 512-token question (32 blocks), both sent to `a`.
+        for q in [90_000u32, 91_000] {
+            let tokens: Vec<u32> = (0..4_096).chain(q..q + 512).collect();
+            let (plan, d) = core
+                .decide(&mut p, &req(&tokens), &[a], 0.0)
+                .expect("decision");
+            core.assign(&plan, &d, 0.0);
+        }
+        let probe: Vec<u32> = (50_000..51_024).collect();
+        let ctx = core.plan(&req(&probe), &[a, b], 0.1).context;
+        let sets = (
+            ctx.candidates[0].working_set_blocks,
+            ctx.candidates[1].working_set_blocks,
+        );
+        core.retire(a);
+        let a2 = core.snapshot("a2", 16, 1, &[], 0.2);
+        let ctx = core.plan(&req(&probe), &[a2], 0.3).context;
+        (sets, ctx.candidates[0].working_set_blocks)
+    };
+    // The shared prefix and the later question: what `a`'s cache must hold for the prefix
+    // to survive; `b` served nothing.
+    assert_eq!(run(64), ((256 + 32, 0), 0));
+    assert_eq!(run(0), ((0, 0), 0), "off: nothing tracked");
+}

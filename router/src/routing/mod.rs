@@ -79,7 +79,11 @@
 //!   the least-occupied candidate's; off) + KV-block charge (`block_balance`, 2 x prefill
 //!   time of the distinct blocks outstanding with this prompt beyond the least candidate's,
 //!   on a candidate where they exceed `block_balance_kv_share`, 90%, of its reported KV and
-//!   it does not hold more of the prompt than `hot_prefix_max_kv_share` of that KV).
+//!   it does not hold more of the prompt than `hot_prefix_max_kv_share` of that KV) + KV-fit
+//!   charge (`kv_fit` x prefill time of the blocks the prompt adds wherever it goes that do
+//!   not fit beside the candidate's working set, `Candidate::working_set_blocks`, in its
+//!   reported KV, beyond the least any candidate evicts; working sets are tracked only with
+//!   `CoreConfig::working_set_horizon` above 0, off by default; `working_set.rs`).
 //!   All are in each candidate's `score`.
 //! - GPU degraded (`Candidate.gpu_degraded`, see `gpu.rs`: a GPU throttled by heat, power
 //!   brake or HW slowdown, a recent critical XID, uncorrected ECC): kvroute adds
@@ -118,6 +122,7 @@ mod predict;
 mod request;
 mod steps;
 mod workers;
+mod working_set;
 
 pub use assign::{
     Assignment, AssignmentId, AssignmentState, Assignments, FirstToken, NewAssignment,

@@ -345,6 +345,7 @@ impl RoutingCore {
             active_blocks: self.pending.in_use_distinct(w),
             in_use_blocks,
             index_blocks: self.index.blocks_of(w),
+            working_set_blocks: self.working_sets.footprint(w),
             queue_tokens,
             queue_drain_s,
             prefill_rate,

@@ -98,6 +98,8 @@ pub struct RouterConfig {
     pub tie_margin_s: f64,
     /// Hot-prefix window of the kvroute policy, requests (0: off).
     pub hot_prefix_window: u32,
+    /// `CoreConfig::working_set_horizon` (`--working-set-horizon`; 0: off).
+    pub working_set_horizon: u32,
     /// `CoreConfig::queue_drain` (on by default; tests turn it off).
     pub queue_drain: bool,
     /// `CoreConfig::rate_pool` (`--rate-pool`).
@@ -139,6 +141,7 @@ impl Default for RouterConfig {
             policy: "kvroute".into(),
             tie_margin_s: 0.02,
             hot_prefix_window: PredictedTtftConfig::default().hot_prefix_window,
+            working_set_horizon: CoreConfig::default().working_set_horizon,
             queue_drain: CoreConfig::default().queue_drain,
             rate_pool: CoreConfig::default().rate_pool,
             steps: StepConfig::default(),
@@ -252,6 +255,7 @@ impl RouterState {
             queue_drain: config.queue_drain,
             rate_pool: config.rate_pool,
             steps: config.steps,
+            working_set_horizon: config.working_set_horizon,
             // kvroute's model; the baseline policies keep their sources' view of the cache.
             expect_evictions: policy.expects_evictions(),
             ..CoreConfig::default()
