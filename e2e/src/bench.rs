@@ -188,9 +188,9 @@ pub struct BenchArgs {
     pub step_share: Option<f64>,
     /// Sim: kvroute's working-set horizon (`CoreConfig::working_set_horizon`), in placements
     /// per worker, which turns its KV-fit charge on; 0 turns it off. Default: the router's
-    /// own (0, off). For measuring the charge against its absence (bench/README.md, "New
-    /// prefixes where they fit").
-    #[arg(long, value_name = "PLACEMENTS")]
+    /// own (0, off); at most 4096. For measuring the charge against its absence
+    /// (bench/README.md, "New prefixes where they fit").
+    #[arg(long, value_name = "PLACEMENTS", value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub working_set_horizon: Option<u32>,
     /// Sim: run each headline N times, with seeds seed, seed+1, ... (each its own workload
     /// draw and tie-break stream), and report the pooled requests. One run of a few hundred
@@ -890,7 +890,7 @@ mod tests {
         assert_eq!(parsed(&[]).working_set_horizon, None);
         let err = refused(&["--mode", "live", "--working-set-horizon", "16"]);
         assert!(err.contains("needs --mode sim"), "{err}");
-        for bad in ["-1", "0.5", "x"] {
+        for bad in ["-1", "0.5", "x", "4097"] {
             let err = BenchArgs::augment_args(clap::Command::new("bench"))
                 .try_get_matches_from(["bench", &format!("--working-set-horizon={bad}")])
                 .expect_err("not a count of placements")

@@ -188,8 +188,9 @@ pub struct Args {
     /// last this-many placements, the router tracks the blocks they shared, and charges a
     /// worker for the shared blocks a new prompt would evict from its reported KV cache
     /// (docs/DESIGN.md; measured in bench/README.md, "New prefixes where they fit"). 0
-    /// turns it off; 64 is the value measured.
-    #[arg(long, env = "KVROUTE_ROUTER_WORKING_SET_HORIZON", default_value_t = 0)]
+    /// turns it off; 64 is the value measured; at most 4096.
+    #[arg(long, env = "KVROUTE_ROUTER_WORKING_SET_HORIZON", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub working_set_horizon: u32,
     /// Seed of the policy's random draws (default: random per process, so replicas differ).
     #[arg(long, env = "KVROUTE_ROUTER_SEED")]
@@ -1370,6 +1371,22 @@ mod tests {
     fn default_matches_the_flag_defaults() {
         let parsed = Cli::try_parse_from(["kvroute-router"]).expect("parse").args;
         assert_eq!(format!("{parsed:?}"), format!("{:?}", Args::default()));
+    }
+
+    #[test]
+    fn the_working_set_horizon_is_off_by_default_and_bounded() {
+        let parse = |v: &str| {
+            Cli::try_parse_from(["kvroute-router", &format!("--working-set-horizon={v}")])
+                .map(|c| c.args.working_set_horizon)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(Args::default().working_set_horizon, 0);
+        assert_eq!(parse("64"), Ok(64));
+        assert_eq!(parse("4096"), Ok(4096));
+        for bad in ["4097", "-1", "1.5", "x"] {
+            let e = parse(bad).expect_err(bad);
+            assert!(e.contains("--working-set-horizon"), "{bad}: {e}");
+        }
     }
 
     #[test]

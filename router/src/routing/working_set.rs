@@ -107,7 +107,9 @@ pub(super) struct WorkingSets {
 }
 
 impl WorkingSets {
-    /// Sets over the last `horizon` placements of each worker (0: off; nothing is kept).
+    /// Sets over the last `horizon` placements of each worker (0: off; nothing is kept). Its
+    /// per-placement counts take 8 bytes per placement of the horizon per worker, and each
+    /// plan reads them (`--working-set-horizon` allows at most 4096).
     pub(super) fn new(horizon: u32) -> Self {
         Self {
             horizon: u64::from(horizon),
