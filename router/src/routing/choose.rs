@@ -488,7 +488,7 @@ pub struct PredictedTtftConfig {
     /// and the worker whose requests all hit its cache has the shortest queue, so without
     /// this it takes new prefixes until they no longer fit (GuideLLM shared-prefix, 8
     /// streams: 13 cold placements on one worker of 1,625 blocks, against 128-block
-    /// prefixes; bench/README.md, "Where kvroute's extra cold prefills come from").
+    /// prefixes; bench/README.md, "Re-run on dabed5ea7", the decision-log table).
     /// Recomputing a prefix another worker holds is the affinity charge's to price, not
     /// this one's. Working sets are tracked only with `CoreConfig::working_set_horizon`
     /// above 0, which is off by default (bench/README.md, "New prefixes where they fit");
