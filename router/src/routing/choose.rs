@@ -652,16 +652,37 @@ impl PredictedTtft {
             .min(new_blocks)
     }
 
-    /// Seconds charged to `c` for evicting `evicted` blocks of its working set beyond the
-    /// least any candidate would (`least_evicted`): `kv_fit` times their prefill time at
-    /// `c`'s rate. Where every candidate would evict as much, nobody is charged: the request
-    /// costs a recomputation wherever it goes.
-    pub fn kv_fit_penalty(&self, c: &Candidate, evicted: u64, least_evicted: u64) -> f64 {
-        let extra = evicted.saturating_sub(least_evicted);
-        if self.cfg.kv_fit <= 0.0 || extra == 0 || c.prefill_rate <= 0.0 {
+    /// Seconds charged to `c` for the blocks of its working set it would evict beyond the
+    /// least any candidate would: `kv_fit` times their prefill time at `c`'s rate. `fit` is
+    /// (the blocks the request adds wherever it goes, the least any candidate would evict),
+    /// `None` when nothing can be charged (the charge off, or no working set tracked).
+    /// Where every candidate would evict as much, nobody is charged: the request costs a
+    /// recomputation wherever it goes.
+    pub fn kv_fit_penalty(&self, c: &Candidate, fit: Option<(u64, u64)>) -> f64 {
+        let Some((new_blocks, least_evicted)) = fit else {
+            return 0.0;
+        };
+        let extra = Self::evicted_blocks(c, new_blocks).saturating_sub(least_evicted);
+        if extra == 0 || c.prefill_rate <= 0.0 {
             return 0.0;
         }
         self.cfg.kv_fit * (extra * c.block_size.max(1) as u64) as f64 / c.prefill_rate
+    }
+
+    /// What `kv_fit_penalty` needs of the whole context, or `None` when it charges nobody:
+    /// the charge is off, or no candidate has a working set (working sets off), so the
+    /// decision path does no more work than without the rule.
+    fn kv_fit_context(&self, ctx: &ChoiceContext) -> Option<(u64, u64)> {
+        if self.cfg.kv_fit <= 0.0 || ctx.candidates.iter().all(|c| c.working_set_blocks == 0) {
+            return None;
+        }
+        let new_blocks = ctx.candidates.iter().map(Self::added_blocks).min()?;
+        let least_evicted = ctx
+            .candidates
+            .iter()
+            .map(|c| Self::evicted_blocks(c, new_blocks))
+            .min()?;
+        Some((new_blocks, least_evicted))
     }
 }
 
@@ -711,30 +732,18 @@ impl Policy for PredictedTtft {
             .map(Self::blocks_after)
             .min()
             .unwrap_or(0);
-        let new_blocks = ctx
-            .candidates
-            .iter()
-            .map(Self::added_blocks)
-            .min()
-            .unwrap_or(0);
-        let evicted: Vec<u64> = ctx
-            .candidates
-            .iter()
-            .map(|c| Self::evicted_blocks(c, new_blocks))
-            .collect();
-        let least_evicted = evicted.iter().copied().min().unwrap_or(0);
+        let fit = self.kv_fit_context(ctx);
         let any_healthy_gpu = ctx.candidates.iter().any(|c| !c.gpu_degraded);
         let scores: Vec<f64> = ctx
             .candidates
             .iter()
-            .zip(&evicted)
-            .map(|(c, &evicted)| {
+            .map(|c| {
                 if c.predicted_ttft.is_finite() {
                     let mut score = c.predicted_ttft
                         + self.affinity_penalty(c, best_cached)
                         + self.kv_balance_penalty(c, least_active)
                         + self.block_balance_penalty(c, least_blocks)
-                        + self.kv_fit_penalty(c, evicted, least_evicted);
+                        + self.kv_fit_penalty(c, fit);
                     if c.gpu_degraded && any_healthy_gpu {
                         score += self.cfg.gpu_degraded_penalty_s;
                     }

@@ -729,7 +729,8 @@ impl RoutingCore {
         {
             self.pending.add(id, decision.chosen, chain.to_vec());
         }
-        if !decision.degraded
+        if self.cfg.working_set_horizon > 0
+            && !decision.degraded
             && let Some(c) = decision.chosen_candidate()
             && let Some(chain) = plan.chain(c.block_size)
         {
