@@ -14,13 +14,13 @@
 //!
 //! The defaults are Buoyant's published shared-prefix set-up in miniature (the `kinference`
 //! scenario of `kvroute bench --mode sim`, bench/README.md): 3 workers with the
-//! `l40s-27b-fp8` profile (~150k KV tokens each), 9 prefixes of 38,912 tokens (about 3 fit on
-//! a worker, so random routing keeps evicting what the next request needs), a 1,024-token
-//! question, 128 output tokens, 8 clients, 96 requests. They measure what
-//! `kvroute bench --mode live --workload shared-prefix --policies random,kvroute --workers 3
-//! --profile l40s-27b-fp8 --sessions 96 --concurrency 8 --concurrency-sweep '' --prefixes 9
-//! --prefix-tokens 38912 --question-tokens 1024 --output-tokens 128 --max-output-tokens 128
-//! --seed 7` measures.
+//! `l40s-27b-fp8` profile (~150k KV tokens each), 9 prefixes of 36,864 tokens (about 4 fit on
+//! a worker, and random routing sends each worker all 9, so it keeps evicting what the next
+//! request needs), a 1,024-token question, 128 output tokens, 8 clients, 96 requests. They
+//! measure what `kvroute bench --mode live --workload shared-prefix --policies random,kvroute
+//! --workers 3 --profile l40s-27b-fp8 --sessions 96 --concurrency 8 --concurrency-sweep ''
+//! --prefixes 9 --prefix-tokens 36864 --question-tokens 1024 --output-tokens 128
+//! --max-output-tokens 128 --seed 7` measures.
 //! Times are reported in simulated seconds: the mock workers run their clock `--speedup`
 //! times faster than the wall clock, so wall-clock measurements are multiplied back.
 
@@ -54,7 +54,7 @@ pub struct DemoArgs {
     #[arg(long, env = "KVROUTE_DEMO_PREFIXES", default_value_t = 9)]
     pub prefixes: usize,
     /// Length of each shared system prompt, in tokens.
-    #[arg(long, env = "KVROUTE_DEMO_PREFIX_TOKENS", default_value_t = 38_912)]
+    #[arg(long, env = "KVROUTE_DEMO_PREFIX_TOKENS", default_value_t = 36_864)]
     pub prefix_tokens: usize,
     /// Tokens of each request's own question after the shared system prompt.
     #[arg(long, env = "KVROUTE_DEMO_QUESTION_TOKENS", default_value_t = 1_024)]
@@ -306,7 +306,7 @@ mod tests {
                 s.question_tokens,
                 s.output_tokens
             ),
-            (9, 38_912, 1_024, 128)
+            (9, 36_864, 1_024, 128)
         );
         assert_eq!(defaults.profile, "l40s-27b-fp8");
         let demo = Cli::parse_from([
