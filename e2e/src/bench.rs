@@ -192,6 +192,11 @@ pub struct BenchArgs {
     /// (bench/README.md, "New prefixes where they fit").
     #[arg(long, value_name = "PLACEMENTS", value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub working_set_horizon: Option<u32>,
+    /// Sim: kvroute's decode-only steps (`StepConfig::decode_steps`): `on` or `off`.
+    /// Default: the router's own (off). For measuring the rule against its absence
+    /// (bench/README.md, "Decode-only steps (off by default)").
+    #[arg(long, value_name = "on|off", value_parser = clap::builder::BoolishValueParser::new())]
+    pub decode_steps: Option<bool>,
     /// Sim: run each headline N times, with seeds seed, seed+1, ... (each its own workload
     /// draw and tie-break stream), and report the pooled requests. One run of a few hundred
     /// requests is chaotic: a different early choice changes which prefixes end up where.
@@ -305,6 +310,9 @@ pub struct SuiteConfig {
     /// `--working-set-horizon`, when given (absent: the router's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub working_set_horizon: Option<u32>,
+    /// `--decode-steps`, when given (absent: the router's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode_steps: Option<bool>,
     /// `--step-budget-tokens`, when given (absent: the router's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step_budget_tokens: Option<f64>,
@@ -401,6 +409,9 @@ pub async fn run(mut args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.working_set_horizon.is_some() && args.mode != "sim" {
         bail!("--working-set-horizon needs --mode sim (a live router takes the default)");
+    }
+    if args.decode_steps.is_some() && args.mode != "sim" {
+        bail!("--decode-steps needs --mode sim (a live router takes the default)");
     }
     if args.mode == "sim" && args.seed.is_none() {
         // Headline figures come from a seed nobody chose (none used while tuning).
@@ -572,6 +583,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
         rate_pool: args.rate_pool,
         step_share: args.step_share,
         working_set_horizon: args.working_set_horizon,
+        decode_steps: args.decode_steps,
         step_budget_tokens: args.step_budget_tokens,
     };
     if let Some(dir) = &args.records {
@@ -691,6 +703,7 @@ pub fn run_sim(args: &BenchArgs) -> anyhow::Result<SuiteResult> {
             rate_pool: args.rate_pool,
             step_share: args.step_share,
             working_set_horizon: args.working_set_horizon,
+            decode_steps: args.decode_steps,
             step_budget_tokens: args.step_budget_tokens,
         },
         workloads,
@@ -879,6 +892,20 @@ mod tests {
             let err = refused(&[&format!("--step-share={bad}")]);
             assert!(err.contains("between 0 and 1"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn decode_steps_take_on_or_off_and_only_in_simulation() {
+        assert_eq!(parsed(&["--decode-steps", "on"]).decode_steps, Some(true));
+        assert_eq!(parsed(&["--decode-steps", "off"]).decode_steps, Some(false));
+        assert_eq!(parsed(&[]).decode_steps, None);
+        let err = refused(&["--mode", "live", "--decode-steps", "on"]);
+        assert!(err.contains("needs --mode sim"), "{err}");
+        let err = BenchArgs::augment_args(clap::Command::new("bench"))
+            .try_get_matches_from(["bench", "--decode-steps=maybe"])
+            .expect_err("not on or off")
+            .to_string();
+        assert!(err.contains("--decode-steps"), "{err}");
     }
 
     #[test]

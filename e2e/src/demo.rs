@@ -114,6 +114,7 @@ pub fn preset(args: &DemoArgs) -> BenchArgs {
         rate_pool: None,
         step_share: None,
         working_set_horizon: None,
+        decode_steps: None,
         step_budget_tokens: None,
         scenario: None,
         seeds: 1,

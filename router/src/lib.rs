@@ -192,6 +192,13 @@ pub struct Args {
     #[arg(long, env = "KVROUTE_ROUTER_WORKING_SET_HORIZON", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub working_set_horizon: u32,
+    /// Decode-only steps (off by default): when no prompt awaits its first token on a worker,
+    /// predictions take the engine step it is running to be as long as the shortest of its
+    /// last 8, not the last one (docs/DESIGN.md; measured in bench/README.md, "Decode-only
+    /// steps (off by default)": more accurate predictions, a longer multi-turn TTFT tail in
+    /// simulation).
+    #[arg(long, env = "KVROUTE_ROUTER_DECODE_STEPS", default_value_t = false)]
+    pub decode_steps: bool,
     /// Seed of the policy's random draws (default: random per process, so replicas differ).
     #[arg(long, env = "KVROUTE_ROUTER_SEED")]
     pub seed: Option<u64>,
@@ -495,6 +502,7 @@ impl Default for Args {
             tie_margin: 0.02,
             hot_prefix_window: 64,
             working_set_horizon: 0,
+            decode_steps: false,
             seed: None,
             assignment_ttl_s: 600.0,
             stale_after_s: 10.0,
@@ -751,6 +759,7 @@ impl Server {
             tie_margin,
             hot_prefix_window,
             working_set_horizon,
+            decode_steps,
             seed,
             assignment_ttl_s,
             stale_after_s,
@@ -822,7 +831,10 @@ impl Server {
             working_set_horizon,
             queue_drain: routing::CoreConfig::default().queue_drain,
             rate_pool: routing::rate_pool_from(rate_pool).map_err(anyhow::Error::msg)?,
-            steps: routing::StepConfig::default(),
+            steps: routing::StepConfig {
+                decode_steps,
+                ..routing::StepConfig::default()
+            },
             seed,
             assignment_ttl: secs("assignment-ttl-s", assignment_ttl_s)?,
             stale_after: secs("stale-after-s", stale_after_s)?,
@@ -1387,6 +1399,19 @@ mod tests {
             let e = parse(bad).expect_err(bad);
             assert!(e.contains("--working-set-horizon"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn decode_steps_are_off_by_default() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(args)
+                .map(|c| c.args.decode_steps)
+                .map_err(|e| e.to_string())
+        };
+        assert!(!Args::default().decode_steps);
+        assert_eq!(parse(&["kvroute-router"]), Ok(false));
+        assert_eq!(parse(&["kvroute-router", "--decode-steps"]), Ok(true));
+        assert!(parse(&["kvroute-router", "--decode-steps=maybe"]).is_err());
     }
 
     #[test]

@@ -743,6 +743,7 @@ pub async fn run_live_with(
             rate_pool: None,
             step_share: None,
             working_set_horizon: None,
+            decode_steps: None,
             step_budget_tokens: None,
         },
         workloads,

@@ -89,6 +89,8 @@ pub struct SimConfig {
     pub step_share: Option<f64>,
     /// kvroute's working-set horizon (0: off), when not the router's default.
     pub working_set_horizon: Option<u32>,
+    /// kvroute's decode-only steps, when not the router's default.
+    pub decode_steps: Option<bool>,
     /// kvroute's engine step budget for its whole-steps TTFT line (0: off), when not the
     /// router's default.
     pub step_budget_tokens: Option<f64>,
@@ -308,6 +310,9 @@ pub fn run(cfg: &SimConfig, sessions: &[Session], policy: SimPolicy) -> anyhow::
     }
     if let Some(h) = cfg.working_set_horizon {
         core_cfg.working_set_horizon = h;
+    }
+    if let Some(d) = cfg.decode_steps {
+        core_cfg.steps.decode_steps = d;
     }
     if let Some(c) = cfg.step_share {
         core_cfg.steps.share = StepConfig::check_share(c).map_err(anyhow::Error::msg)?;

@@ -42,6 +42,7 @@ fn every_load_balancing_baseline_spreads_the_independent_workload() {
         rate_pool: None,
         step_share: None,
         working_set_horizon: None,
+        decode_steps: None,
         step_budget_tokens: None,
     };
     let mut failures = Vec::new();

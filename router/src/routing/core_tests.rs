@@ -23,7 +23,11 @@ fn chain(tokens: &[u32], bs: usize) -> Vec<u64> {
 
 /// Two workers, the prompt (4,096 tokens) fully cached on `warm`.
 fn setup() -> (RoutingCore, WorkerId, WorkerId, Vec<u32>) {
-    let mut core = RoutingCore::new(CoreConfig::default());
+    setup_with(CoreConfig::default())
+}
+
+fn setup_with(cfg: CoreConfig) -> (RoutingCore, WorkerId, WorkerId, Vec<u32>) {
+    let mut core = RoutingCore::new(cfg);
     let warm = core.snapshot("warm", 16, 1, &[], 0.0);
     let cold = core.snapshot("cold", 16, 1, &[], 0.0);
     let tokens: Vec<u32> = (0..4_096).collect();
@@ -485,6 +489,50 @@ fn the_running_steps_remainder_is_predicted_and_taken_off_what_is_learned() {
         .decide(&mut p, &req(&tokens), &[w], 1.5)
         .expect("decision");
     assert_eq!(d.chosen_candidate().expect("chosen").step_s, 0.0);
+}
+
+#[test]
+fn with_no_prompt_awaiting_a_first_token_the_running_step_is_a_decode_step() {
+    let (mut core, _, cold, tokens) = setup_with(CoreConfig {
+        steps: StepConfig {
+            decode_steps: true,
+            ..StepConfig::default()
+        },
+        ..CoreConfig::default()
+    });
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let share = core.config().steps.share;
+    assert!(!StepConfig::default().decode_steps, "off by default");
+    // A 0.1 s step, then a 0.4 s one (it carried a prefill chunk).
+    core.step_observed(cold, 1.0);
+    core.step_observed(cold, 1.1);
+    core.step_observed(cold, 1.5);
+    // Nothing awaits a first token there: the running step is taken as 0.1 s long.
+    let (plan, d) = core
+        .decide(&mut p, &req(&tokens), &[cold], 1.55)
+        .expect("decision");
+    let c = d.chosen_candidate().expect("chosen");
+    assert!((c.step_s - share * 0.05).abs() < 1e-9, "{}", c.step_s);
+    // Once a prompt awaits its first token there, the running step may prefill it: the last
+    // step's length counts.
+    core.assign(&plan, &d, 1.55);
+    let (_, d) = core
+        .decide(&mut p, &req(&tokens), &[cold], 1.55)
+        .expect("decision");
+    let c = d.chosen_candidate().expect("chosen");
+    assert!((c.step_s - share * 0.35).abs() < 1e-9, "{}", c.step_s);
+    // Off (the default): the last step's length.
+    let mut off = RoutingCore::new(CoreConfig::default());
+    let w = off.snapshot("w", 16, 1, &[], 0.0);
+    off.load(w, LoadSample::default(), 0.0);
+    for t in [1.0, 1.1, 1.5] {
+        off.step_observed(w, t);
+    }
+    let (_, d) = off
+        .decide(&mut p, &req(&tokens), &[w], 1.55)
+        .expect("decision");
+    let c = d.chosen_candidate().expect("chosen");
+    assert!((c.step_s - share * 0.35).abs() < 1e-9, "{}", c.step_s);
 }
 
 #[test]

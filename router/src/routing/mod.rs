@@ -32,7 +32,9 @@
 //! # Rules worth knowing
 //! - Prediction: `ttft = step_s + (queue_tokens + uncached) / rate + overhead`; `step_s` is
 //!   what is left of the engine step the worker runs, from the streamed chunks the data path
-//!   relays (`steps.rs`, [`StepClocks`]; 0 without them); `queue_tokens` is the
+//!   relays (`steps.rs`, [`StepClocks`]; 0 without them; as long as the last step, or with
+//!   `StepConfig::decode_steps`, off by default, the shortest of the last 8 when no prompt
+//!   awaits a first token there); `queue_tokens` is the
 //!   router's own not-yet-first-tokened uncached tokens on the worker plus, at the mean
 //!   uncached tokens routed so far each, the reported waiting requests beyond those the
 //!   router and its peers had waiting there when the report was applied

@@ -302,7 +302,19 @@ impl RoutingCore {
             }
         }
         let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
-        let step_left = if stale { 0.0 } else { self.steps.left(w, now) };
+        // No prompt awaits its first token there (the router's, its peers', or reported):
+        // the running step computes no prefill chunk.
+        let decode_only = self.cfg.steps.decode_steps
+            && own.waiting == 0
+            && peer_waiting == 0
+            && unknown_waiting == 0;
+        let step_left = if stale {
+            0.0
+        } else if decode_only {
+            self.steps.left_decode(w, now)
+        } else {
+            self.steps.left(w, now)
+        };
         let budget = self.step_budget(Some(w)).unwrap_or(0.0);
         let steps_tokens = whole_steps_tokens(queue_tokens, uncached, step_left > 0.0, budget);
         let ttft_model =

@@ -35,7 +35,18 @@ pub struct StepConfig {
     /// A gap between chunks longer than this is no step: the worker idled, or ran steps no
     /// streaming request saw. Its length is then unknown until the next gap.
     pub max_step_s: f64,
+    /// Decode-only steps: when no prompt awaits its first token on a worker (none of this
+    /// router's or its peers', none reported waiting), the running step computes no prefill
+    /// chunk, so it is taken to be as long as the shortest of the worker's last
+    /// [`RECENT_STEPS`] steps, not the last one, which may have carried a prompt's prefill
+    /// and lasted several times as long. false (the default): always the last step's
+    /// length. Off by default: it halves multi-turn's simulated prediction error but
+    /// lengthens its TTFT tail (bench/README.md, "Decode-only steps (off by default)").
+    pub decode_steps: bool,
 }
+
+/// Steps remembered per worker for [`StepConfig::decode_steps`].
+pub const RECENT_STEPS: usize = 8;
 
 impl Default for StepConfig {
     fn default() -> Self {
@@ -43,6 +54,7 @@ impl Default for StepConfig {
             share: 1.0,
             merge_s: 0.005,
             max_step_s: 2.0,
+            decode_steps: false,
         }
     }
 }
@@ -66,6 +78,10 @@ struct StepClock {
     last_end: f64,
     /// The last step's length, if the gap before it was a step.
     len: Option<f64>,
+    /// The last steps' lengths (a ring; `0.0` slots are empty).
+    recent: [f64; RECENT_STEPS],
+    /// Where the next length goes in `recent`.
+    next: usize,
 }
 
 /// One clock per worker id.
@@ -91,6 +107,8 @@ impl StepClocks {
                 *slot = Some(StepClock {
                     last_end: at,
                     len: None,
+                    recent: [0.0; RECENT_STEPS],
+                    next: 0,
                 })
             }
             Some(c) => {
@@ -99,6 +117,10 @@ impl StepClocks {
                     return;
                 }
                 c.len = (gap <= cfg.max_step_s).then_some(gap);
+                if let Some(len) = c.len {
+                    c.recent[c.next] = len;
+                    c.next = (c.next + 1) % RECENT_STEPS;
+                }
                 c.last_end = at;
             }
         }
@@ -110,16 +132,29 @@ impl StepClocks {
         let Some(Some(c)) = self.clocks.get(w.index()) else {
             return 0.0;
         };
-        match c.len {
-            Some(len) => {
-                let left = len - (now - c.last_end);
-                if left.is_finite() {
-                    left.clamp(0.0, len)
-                } else {
-                    0.0
-                }
-            }
-            None => 0.0,
+        c.len.map_or(0.0, |len| remainder(len, now - c.last_end))
+    }
+
+    /// Seconds left of the step `w` runs at `now` when it computes no prefill: taken to be
+    /// as long as the shortest of its last [`RECENT_STEPS`] steps (see
+    /// [`StepConfig::decode_steps`]); 0 as for [`StepClocks::left`].
+    pub fn left_decode(&self, w: WorkerId, now: f64) -> f64 {
+        let Some(Some(c)) = self.clocks.get(w.index()) else {
+            return 0.0;
+        };
+        if c.len.is_none() {
+            return 0.0;
+        }
+        let shortest = c
+            .recent
+            .iter()
+            .copied()
+            .filter(|&l| l > 0.0)
+            .fold(f64::INFINITY, f64::min);
+        if shortest.is_finite() {
+            remainder(shortest, now - c.last_end)
+        } else {
+            0.0
         }
     }
 
@@ -138,6 +173,16 @@ impl StepClocks {
     /// Copies `other`'s clocks into these, reusing the allocation.
     pub fn copy_from(&mut self, other: &StepClocks) {
         self.clocks.clone_from(&other.clocks);
+    }
+}
+
+/// What is left of a step `len` long, `elapsed` after it began (0 to `len`).
+fn remainder(len: f64, elapsed: f64) -> f64 {
+    let left = len - elapsed;
+    if left.is_finite() {
+        left.clamp(0.0, len)
+    } else {
+        0.0
     }
 }
 
@@ -182,5 +227,40 @@ mod tests {
         s.forget(w);
         assert_eq!(s.left(w, 5.5), 0.0);
         s.forget(WorkerId(9));
+    }
+
+    #[test]
+    fn a_decode_step_is_as_long_as_the_shortest_recent_one() {
+        let cfg = StepConfig::default();
+        let mut s = StepClocks::default();
+        let w = WorkerId(0);
+        assert_eq!(s.left_decode(w, 1.0), 0.0, "no chunk yet");
+        s.observe(&cfg, w, 1.0);
+        assert_eq!(s.left_decode(w, 1.0), 0.0, "no step's length known");
+        // Decode steps of 20 ms, then one 60 ms step that carried a prefill chunk.
+        for t in [1.02, 1.04, 1.06, 1.12] {
+            s.observe(&cfg, w, t);
+        }
+        assert!((s.left(w, 1.13) - 0.05).abs() < 1e-9, "{}", s.left(w, 1.13));
+        assert!(
+            (s.left_decode(w, 1.13) - 0.01).abs() < 1e-9,
+            "{}",
+            s.left_decode(w, 1.13)
+        );
+        assert_eq!(s.left_decode(w, 1.2), 0.0, "overdue");
+        // The ring keeps the last RECENT_STEPS lengths: eight 60 ms steps push the 20 ms
+        // ones out.
+        let mut t = 1.12;
+        for _ in 0..RECENT_STEPS {
+            t += 0.06;
+            s.observe(&cfg, w, t);
+        }
+        assert!((s.left_decode(w, t) - 0.06).abs() < 1e-9);
+        // An idle gap: the worker may be idle, nothing is left, as for `left`.
+        s.observe(&cfg, w, t + 5.0);
+        assert_eq!(s.left_decode(w, t + 5.0), 0.0);
+        assert_eq!(s.left(w, t + 5.0), 0.0);
+        s.forget(w);
+        assert_eq!(s.left_decode(w, t + 5.0), 0.0);
     }
 }
