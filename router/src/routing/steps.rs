@@ -78,9 +78,14 @@ struct StepClock {
     last_end: f64,
     /// The last step's length, if the gap before it was a step.
     len: Option<f64>,
-    /// The last steps' lengths (a ring; `0.0` slots are empty).
-    recent: [f64; RECENT_STEPS],
-    /// Where the next length goes in `recent`.
+}
+
+/// A worker's last step lengths, kept only with [`StepConfig::decode_steps`] (a ring;
+/// `0.0` slots are empty).
+#[derive(Clone, Copy, Debug, Default)]
+struct RecentSteps {
+    lens: [f64; RECENT_STEPS],
+    /// Where the next length goes.
     next: usize,
 }
 
@@ -88,6 +93,9 @@ struct StepClock {
 #[derive(Clone, Debug, Default)]
 pub struct StepClocks {
     clocks: Vec<Option<StepClock>>,
+    /// Per worker id, only with [`StepConfig::decode_steps`]: empty otherwise, so the
+    /// copy a data path makes for each decision stays as small as without the option.
+    recent: Vec<RecentSteps>,
 }
 
 impl StepClocks {
@@ -107,8 +115,6 @@ impl StepClocks {
                 *slot = Some(StepClock {
                     last_end: at,
                     len: None,
-                    recent: [0.0; RECENT_STEPS],
-                    next: 0,
                 })
             }
             Some(c) => {
@@ -117,11 +123,17 @@ impl StepClocks {
                     return;
                 }
                 c.len = (gap <= cfg.max_step_s).then_some(gap);
-                if let Some(len) = c.len {
-                    c.recent[c.next] = len;
-                    c.next = (c.next + 1) % RECENT_STEPS;
-                }
                 c.last_end = at;
+                if cfg.decode_steps
+                    && let Some(len) = c.len
+                {
+                    if self.recent.len() <= i {
+                        self.recent.resize(i + 1, RecentSteps::default());
+                    }
+                    let r = &mut self.recent[i];
+                    r.lens[r.next] = len;
+                    r.next = (r.next + 1) % RECENT_STEPS;
+                }
             }
         }
     }
@@ -142,11 +154,11 @@ impl StepClocks {
         let Some(Some(c)) = self.clocks.get(w.index()) else {
             return 0.0;
         };
-        if c.len.is_none() {
+        let Some(r) = c.len.and(self.recent.get(w.index())) else {
             return 0.0;
-        }
-        let shortest = c
-            .recent
+        };
+        let shortest = r
+            .lens
             .iter()
             .copied()
             .filter(|&l| l > 0.0)
@@ -168,11 +180,15 @@ impl StepClocks {
         if let Some(c) = self.clocks.get_mut(w.index()) {
             *c = None;
         }
+        if let Some(r) = self.recent.get_mut(w.index()) {
+            *r = RecentSteps::default();
+        }
     }
 
     /// Copies `other`'s clocks into these, reusing the allocation.
     pub fn copy_from(&mut self, other: &StepClocks) {
         self.clocks.clone_from(&other.clocks);
+        self.recent.clone_from(&other.recent);
     }
 }
 
@@ -231,7 +247,10 @@ mod tests {
 
     #[test]
     fn a_decode_step_is_as_long_as_the_shortest_recent_one() {
-        let cfg = StepConfig::default();
+        let cfg = StepConfig {
+            decode_steps: true,
+            ..StepConfig::default()
+        };
         let mut s = StepClocks::default();
         let w = WorkerId(0);
         assert_eq!(s.left_decode(w, 1.0), 0.0, "no chunk yet");
