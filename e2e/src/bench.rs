@@ -192,11 +192,12 @@ pub struct BenchArgs {
     /// (bench/README.md, "New prefixes where they fit").
     #[arg(long, value_name = "PLACEMENTS", value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub working_set_horizon: Option<u32>,
-    /// Sim: kvroute's decode-only steps (`StepConfig::decode_steps`): `on` or `off`.
-    /// Default: the router's own (off). For measuring the rule against its absence
-    /// (bench/README.md, "Decode-only steps (off by default)").
-    #[arg(long, value_name = "on|off", value_parser = clap::builder::BoolishValueParser::new())]
-    pub decode_steps: Option<bool>,
+    /// Sim: kvroute's decode-only steps (`StepConfig::decode_steps`): `off`, `published`
+    /// (the published prediction only) or `on`. Default: the router's own. For measuring
+    /// the rule against its absence (bench/README.md, "Decode-only steps").
+    #[arg(long, value_name = "off|published|on",
+          value_parser = |s: &str| s.parse::<kvroute_router::routing::DecodeSteps>())]
+    pub decode_steps: Option<kvroute_router::routing::DecodeSteps>,
     /// Sim: run each headline N times, with seeds seed, seed+1, ... (each its own workload
     /// draw and tie-break stream), and report the pooled requests. One run of a few hundred
     /// requests is chaotic: a different early choice changes which prefixes end up where.
@@ -312,7 +313,7 @@ pub struct SuiteConfig {
     pub working_set_horizon: Option<u32>,
     /// `--decode-steps`, when given (absent: the router's default).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub decode_steps: Option<bool>,
+    pub decode_steps: Option<kvroute_router::routing::DecodeSteps>,
     /// `--step-budget-tokens`, when given (absent: the router's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step_budget_tokens: Option<f64>,
@@ -895,15 +896,26 @@ mod tests {
     }
 
     #[test]
-    fn decode_steps_take_on_or_off_and_only_in_simulation() {
-        assert_eq!(parsed(&["--decode-steps", "on"]).decode_steps, Some(true));
-        assert_eq!(parsed(&["--decode-steps", "off"]).decode_steps, Some(false));
+    fn decode_steps_take_off_published_or_on_and_only_in_simulation() {
+        use kvroute_router::routing::DecodeSteps;
+        assert_eq!(
+            parsed(&["--decode-steps", "on"]).decode_steps,
+            Some(DecodeSteps::On)
+        );
+        assert_eq!(
+            parsed(&["--decode-steps", "published"]).decode_steps,
+            Some(DecodeSteps::Published)
+        );
+        assert_eq!(
+            parsed(&["--decode-steps", "off"]).decode_steps,
+            Some(DecodeSteps::Off)
+        );
         assert_eq!(parsed(&[]).decode_steps, None);
         let err = refused(&["--mode", "live", "--decode-steps", "on"]);
         assert!(err.contains("needs --mode sim"), "{err}");
         let err = BenchArgs::augment_args(clap::Command::new("bench"))
             .try_get_matches_from(["bench", "--decode-steps=maybe"])
-            .expect_err("not on or off")
+            .expect_err("not off, published or on")
             .to_string();
         assert!(err.contains("--decode-steps"), "{err}");
     }

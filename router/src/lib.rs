@@ -192,13 +192,16 @@ pub struct Args {
     #[arg(long, env = "KVROUTE_ROUTER_WORKING_SET_HORIZON", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub working_set_horizon: u32,
-    /// Decode-only steps (off by default): when no prompt awaits its first token on a worker,
-    /// predictions take the engine step it is running to be as long as the shortest of its
-    /// last 8, not the last one (docs/DESIGN.md; measured in bench/README.md, "Decode-only
-    /// steps (off by default)": more accurate predictions, a longer multi-turn TTFT tail in
-    /// simulation).
-    #[arg(long, env = "KVROUTE_ROUTER_DECODE_STEPS", default_value_t = false)]
-    pub decode_steps: bool,
+    /// Decode-only steps: when no prompt awaits its first token on a worker, take the engine
+    /// step it is running to be as long as the shortest of its last 8, not the last one.
+    /// `off`: nowhere; `published` (the default): in the published prediction only (routing
+    /// as with `off`); `on` (also the flag alone): in the choice and the fit too
+    /// (docs/DESIGN.md; measured in bench/README.md, "Decode-only steps": more accurate
+    /// predictions, and with `on` a longer multi-turn TTFT tail in simulation).
+    #[arg(long, env = "KVROUTE_ROUTER_DECODE_STEPS", value_name = "off|published|on",
+          default_value = "published", num_args = 0..=1, default_missing_value = "on",
+          value_parser = |s: &str| s.parse::<routing::DecodeSteps>())]
+    pub decode_steps: routing::DecodeSteps,
     /// Seed of the policy's random draws (default: random per process, so replicas differ).
     #[arg(long, env = "KVROUTE_ROUTER_SEED")]
     pub seed: Option<u64>,
@@ -502,7 +505,7 @@ impl Default for Args {
             tie_margin: 0.02,
             hot_prefix_window: 64,
             working_set_horizon: 0,
-            decode_steps: false,
+            decode_steps: routing::DecodeSteps::Published,
             seed: None,
             assignment_ttl_s: 600.0,
             stale_after_s: 10.0,
@@ -1402,15 +1405,27 @@ mod tests {
     }
 
     #[test]
-    fn decode_steps_are_off_by_default() {
+    fn decode_steps_count_in_the_published_prediction_by_default() {
         let parse = |args: &[&str]| {
             Cli::try_parse_from(args)
                 .map(|c| c.args.decode_steps)
                 .map_err(|e| e.to_string())
         };
-        assert!(!Args::default().decode_steps);
-        assert_eq!(parse(&["kvroute-router"]), Ok(false));
-        assert_eq!(parse(&["kvroute-router", "--decode-steps"]), Ok(true));
+        use routing::DecodeSteps;
+        assert_eq!(Args::default().decode_steps, DecodeSteps::Published);
+        assert_eq!(parse(&["kvroute-router"]), Ok(DecodeSteps::Published));
+        assert_eq!(
+            parse(&["kvroute-router", "--decode-steps"]),
+            Ok(DecodeSteps::On)
+        );
+        assert_eq!(
+            parse(&["kvroute-router", "--decode-steps", "published"]),
+            Ok(DecodeSteps::Published)
+        );
+        assert_eq!(
+            parse(&["kvroute-router", "--decode-steps=off"]),
+            Ok(DecodeSteps::Off)
+        );
         assert!(parse(&["kvroute-router", "--decode-steps=maybe"]).is_err());
     }
 

@@ -90,7 +90,7 @@ pub struct SimConfig {
     /// kvroute's working-set horizon (0: off), when not the router's default.
     pub working_set_horizon: Option<u32>,
     /// kvroute's decode-only steps, when not the router's default.
-    pub decode_steps: Option<bool>,
+    pub decode_steps: Option<kvroute_router::routing::DecodeSteps>,
     /// kvroute's engine step budget for its whole-steps TTFT line (0: off), when not the
     /// router's default.
     pub step_budget_tokens: Option<f64>,
@@ -632,7 +632,7 @@ impl Sim<'_> {
                     let mut scores = vec![f64::NAN; self.workers.len()];
                     for c in &decision.candidates {
                         if let Some(&i) = self.by_id.get(&c.candidate.worker) {
-                            pred[i] = c.candidate.predicted_ttft;
+                            pred[i] = c.candidate.published_ttft();
                             scores[i] = c.score;
                         }
                     }

@@ -66,8 +66,12 @@ pub struct Assignment {
     /// Seconds the prediction counted for the worker's running engine step
     /// (`Candidate::step_s`): the TTFT model learns the first token less these.
     pub step_s: f64,
-    /// TTFT predicted when assigned (seconds; NaN when the policy made no prediction).
+    /// TTFT predicted when assigned, as the choice compared it (seconds; NaN when the
+    /// policy made no prediction): the fit learns from its error.
     pub predicted_ttft: f64,
+    /// TTFT published when assigned (`Candidate::published_ttft`; the same but with
+    /// `DecodeSteps::Published`): the bound and the error metric follow it.
+    pub published_ttft: f64,
     /// The TTFT model's part of it, each line's (`Candidate::model`): both learn from the
     /// first token.
     pub ttft_model: Prediction,
@@ -103,8 +107,10 @@ pub struct NewAssignment {
     /// Seconds the prediction counted for the worker's running step (see
     /// [`Assignment::step_s`]).
     pub step_s: f64,
-    /// Predicted TTFT (seconds; NaN for none).
+    /// Predicted TTFT as the choice compared it (seconds; NaN for none).
     pub predicted_ttft: f64,
+    /// Predicted TTFT as published (see [`Assignment::published_ttft`]).
+    pub published_ttft: f64,
     /// The TTFT model's part of it (see [`Assignment::model`]).
     pub ttft_model: Prediction,
     /// Its p90 upper bound (seconds; NaN for none; set by the core when it assigns).
@@ -211,6 +217,7 @@ impl Assignments {
                 step_s: a.step_s,
                 ttft_model: a.ttft_model,
                 predicted_ttft: a.predicted_ttft,
+                published_ttft: a.published_ttft,
                 ttft_bound: a.ttft_bound,
                 assigned_at: now,
                 state: AssignmentState::WaitingFirstToken,
@@ -422,6 +429,7 @@ mod tests {
             step_s: 0.0,
             ttft_model: Prediction::line(f64::NAN),
             predicted_ttft: 0.1,
+            published_ttft: 0.1,
             ttft_bound: f64::NAN,
             output_tokens: 100,
             kv_need_tokens: uncached,

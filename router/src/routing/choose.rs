@@ -108,11 +108,17 @@ pub struct Candidate {
     /// scheduled when it ends. `StepConfig::share` of what is left of it as the chunks the
     /// router relays show it (`steps.rs`; 0 without them).
     pub step_s: f64,
+    /// With `DecodeSteps::Published`, when the worker's running step computes no prefill:
+    /// the seconds the published prediction counts for it instead of `step_s` (the
+    /// remainder of its shortest recent step; `steps.rs`). None: `step_s` counts there too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub published_step_s: Option<f64>,
     /// What the TTFT model predicted (`predicted_ttft` less the stale penalty, admission
     /// wait and step left): its line's seconds and its whole-steps line's, and which it used
     /// (`predict.rs`).
     pub ttft_model: Prediction,
-    /// Predicted TTFT (seconds), stale penalty, admission wait and step left included.
+    /// Predicted TTFT (seconds), stale penalty, admission wait and step left included: what
+    /// the choice compares (see [`Candidate::published_ttft`] for what is reported).
     pub predicted_ttft: f64,
     /// Which expectation of evictions lowered `expected_cached_tokens` below what the index
     /// and the pending placements say is there (`None`: neither did).
@@ -144,6 +150,15 @@ impl Candidate {
     /// Prompt tokens this worker would compute for the request (expected, stale-aware).
     pub fn uncached_tokens(&self, prompt_tokens: usize) -> f64 {
         (prompt_tokens as f64 - self.expected_cached_tokens).max(0.0)
+    }
+
+    /// The TTFT the router publishes for this worker (seconds): `predicted_ttft`, with
+    /// `published_step_s` for the running step where there is one.
+    pub fn published_ttft(&self) -> f64 {
+        match self.published_step_s {
+            Some(s) => self.predicted_ttft - self.step_s + s,
+            None => self.predicted_ttft,
+        }
     }
 }
 
@@ -310,10 +325,11 @@ impl Decision {
             .find(|c| c.worker == self.chosen)
     }
 
-    /// Predicted TTFT of the chosen worker (seconds).
+    /// Predicted TTFT of the chosen worker as published (seconds;
+    /// [`Candidate::published_ttft`]).
     pub fn predicted_ttft(&self) -> f64 {
         self.chosen_candidate()
-            .map_or(f64::NAN, |c| c.predicted_ttft)
+            .map_or(f64::NAN, Candidate::published_ttft)
     }
 
     /// The assignment to record once the request is sent.
@@ -332,7 +348,8 @@ impl Decision {
             queue_drain_s: c.map_or(0.0, |c| c.queue_drain_s),
             step_s: c.map_or(0.0, |c| c.step_s),
             ttft_model: c.map_or(Prediction::line(f64::NAN), |c| c.ttft_model),
-            predicted_ttft: self.predicted_ttft(),
+            predicted_ttft: c.map_or(f64::NAN, |c| c.predicted_ttft),
+            published_ttft: self.predicted_ttft(),
             ttft_bound: f64::NAN,
             output_tokens: 0,
             kv_need_tokens: c.map_or(self.prompt_tokens as u64, |c| c.kv_need_tokens),

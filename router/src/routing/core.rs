@@ -683,7 +683,7 @@ impl RoutingCore {
     /// Records that the request of `plan` was sent to `decision`'s chosen worker.
     pub fn assign(&mut self, plan: &Plan, decision: &Decision, now: f64) -> AssignmentId {
         let mut a = decision.new_assignment();
-        a.ttft_bound = self.bound.bound(a.predicted_ttft);
+        a.ttft_bound = self.bound.bound(a.published_ttft);
         a.output_tokens = match plan.max_tokens {
             Some(m) => u64::from(m)
                 .min(self.mean_output.ceil().max(1.0) as u64 * 4)
@@ -825,7 +825,7 @@ impl RoutingCore {
         let served = served_ttft
             .filter(|s| s.is_finite())
             .map_or(ft.observed_ttft, |s| s.max(ft.observed_ttft));
-        ft.bound = self.bound.observe(a.predicted_ttft, a.ttft_bound, served);
+        ft.bound = self.bound.observe(a.published_ttft, a.ttft_bound, served);
         Some(ft)
     }
 

@@ -3,7 +3,7 @@
 use super::super::choose::{EvictionRule, PredictedTtft, PredictedTtftConfig, Reason};
 use super::super::request::PromptHashes;
 use super::*;
-use crate::routing::{FailureKind, Outcome, OutlierEvent};
+use crate::routing::{DecodeSteps, FailureKind, Outcome, OutlierEvent};
 
 fn req(tokens: &[u32]) -> RouteRequest<'_> {
     RouteRequest {
@@ -495,14 +495,18 @@ fn the_running_steps_remainder_is_predicted_and_taken_off_what_is_learned() {
 fn with_no_prompt_awaiting_a_first_token_the_running_step_is_a_decode_step() {
     let (mut core, _, cold, tokens) = setup_with(CoreConfig {
         steps: StepConfig {
-            decode_steps: true,
+            decode_steps: DecodeSteps::On,
             ..StepConfig::default()
         },
         ..CoreConfig::default()
     });
     let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
     let share = core.config().steps.share;
-    assert!(!StepConfig::default().decode_steps, "off by default");
+    assert_eq!(
+        StepConfig::default().decode_steps,
+        DecodeSteps::Published,
+        "in the published prediction by default"
+    );
     // A 0.1 s step, then a 0.4 s one (it carried a prefill chunk).
     core.step_observed(cold, 1.0);
     core.step_observed(cold, 1.1);
@@ -521,8 +525,14 @@ fn with_no_prompt_awaiting_a_first_token_the_running_step_is_a_decode_step() {
         .expect("decision");
     let c = d.chosen_candidate().expect("chosen");
     assert!((c.step_s - share * 0.35).abs() < 1e-9, "{}", c.step_s);
-    // Off (the default): the last step's length.
-    let mut off = RoutingCore::new(CoreConfig::default());
+    // Off: the last step's length.
+    let mut off = RoutingCore::new(CoreConfig {
+        steps: StepConfig {
+            decode_steps: DecodeSteps::Off,
+            ..StepConfig::default()
+        },
+        ..CoreConfig::default()
+    });
     let w = off.snapshot("w", 16, 1, &[], 0.0);
     off.load(w, LoadSample::default(), 0.0);
     for t in [1.0, 1.1, 1.5] {
@@ -533,6 +543,50 @@ fn with_no_prompt_awaiting_a_first_token_the_running_step_is_a_decode_step() {
         .expect("decision");
     let c = d.chosen_candidate().expect("chosen");
     assert!((c.step_s - share * 0.35).abs() < 1e-9, "{}", c.step_s);
+    assert_eq!(c.published_step_s, None);
+    assert_eq!(
+        d.predicted_ttft(),
+        c.predicted_ttft,
+        "published as compared"
+    );
+}
+
+#[test]
+fn published_decode_steps_change_the_published_prediction_alone() {
+    // The default.
+    let (mut core, _, cold, tokens) = setup_with(CoreConfig::default());
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    let share = core.config().steps.share;
+    core.step_observed(cold, 1.0);
+    core.step_observed(cold, 1.1);
+    core.step_observed(cold, 1.5);
+    let (plan, d) = core
+        .decide(&mut p, &req(&tokens), &[cold], 1.55)
+        .expect("decision");
+    let c = d.chosen_candidate().expect("chosen").clone();
+    // The choice counts the last step (0.4 s, 0.05 s into it); the published prediction
+    // the shortest recent one (0.1 s).
+    assert!((c.step_s - share * 0.35).abs() < 1e-9, "{}", c.step_s);
+    let published = c.published_step_s.expect("decode-only step");
+    assert!((published - share * 0.05).abs() < 1e-9, "{published}");
+    let want = c.predicted_ttft - c.step_s + published;
+    assert!((d.predicted_ttft() - want).abs() < 1e-12);
+    assert!(d.predicted_ttft() < c.predicted_ttft);
+    // The assignment keeps both: the fit learns from the compared one, the bound is the
+    // published one's.
+    let id = core.assign(&plan, &d, 1.55);
+    let a = core.assignment(id).expect("assigned").clone();
+    assert_eq!(a.predicted_ttft, c.predicted_ttft);
+    assert_eq!(a.published_ttft, d.predicted_ttft());
+    let bound = core.ttft_bound(a.published_ttft);
+    assert!(a.ttft_bound == bound || (a.ttft_bound.is_nan() && bound.is_nan()));
+    // A prompt now awaits its first token there: both count the last step.
+    let (_, d) = core
+        .decide(&mut p, &req(&tokens), &[cold], 1.55)
+        .expect("decision");
+    let c = d.chosen_candidate().expect("chosen");
+    assert_eq!(c.published_step_s, None);
+    assert_eq!(d.predicted_ttft(), c.predicted_ttft);
 }
 
 #[test]

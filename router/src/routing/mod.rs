@@ -32,9 +32,9 @@
 //! # Rules worth knowing
 //! - Prediction: `ttft = step_s + (queue_tokens + uncached) / rate + overhead`; `step_s` is
 //!   what is left of the engine step the worker runs, from the streamed chunks the data path
-//!   relays (`steps.rs`, [`StepClocks`]; 0 without them; as long as the last step, or with
-//!   `StepConfig::decode_steps`, off by default, the shortest of the last 8 when no prompt
-//!   awaits a first token there); `queue_tokens` is the
+//!   relays (`steps.rs`, [`StepClocks`]; 0 without them; as long as the last step; the
+//!   published prediction, by default, takes the shortest of the last 8 when no prompt
+//!   awaits a first token there, `StepConfig::decode_steps`); `queue_tokens` is the
 //!   router's own not-yet-first-tokened uncached tokens on the worker plus, at the mean
 //!   uncached tokens routed so far each, the reported waiting requests beyond those the
 //!   router and its peers had waiting there when the report was applied
@@ -158,7 +158,7 @@ pub use predict::{
     WorkerModel, whole_steps_tokens,
 };
 pub use request::PromptHashes;
-pub use steps::{StepClocks, StepConfig};
+pub use steps::{DecodeSteps, StepClocks, StepConfig};
 pub use workers::{BlockCaps, LoadSample, Worker, WorkerId, WorkerTable};
 
 /// Candidates and contexts the policy tests share.

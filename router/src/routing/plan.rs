@@ -19,6 +19,7 @@ use super::core::{RouteRequest, RoutingCore};
 use super::outlier::EjectedWorker;
 use super::predict::{pooled_rates_by_class, whole_steps_tokens};
 use super::request::PromptHashes;
+use super::steps::DecodeSteps;
 use super::workers::{Worker, WorkerId};
 
 /// The choice problem of one request plus what [`RoutingCore::assign`] needs of it. Built by
@@ -304,17 +305,18 @@ impl RoutingCore {
         let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
         // No prompt awaits its first token there (the router's, its peers', or reported):
         // the running step computes no prefill chunk.
-        let decode_only = self.cfg.steps.decode_steps
-            && own.waiting == 0
-            && peer_waiting == 0
-            && unknown_waiting == 0;
+        let decode_only = own.waiting == 0 && peer_waiting == 0 && unknown_waiting == 0;
         let step_left = if stale {
             0.0
-        } else if decode_only {
+        } else if decode_only && self.cfg.steps.decode_steps == DecodeSteps::On {
             self.steps.left_decode(w, now)
         } else {
             self.steps.left(w, now)
         };
+        // `DecodeSteps::Published`: the same, in the published prediction alone.
+        let published_step_left =
+            (!stale && decode_only && self.cfg.steps.decode_steps == DecodeSteps::Published)
+                .then(|| self.steps.left_decode(w, now));
         let budget = self.step_budget(Some(w)).unwrap_or(0.0);
         let steps_tokens = whole_steps_tokens(queue_tokens, uncached, step_left > 0.0, budget);
         let ttft_model =
@@ -329,6 +331,7 @@ impl RoutingCore {
         } else {
             0.0
         };
+        let published_step_s = published_step_left.map(|l| self.cfg.steps.share.max(0.0) * l);
         predicted_ttft += step_s;
 
         predicted_ttft += admission_wait;
@@ -366,6 +369,7 @@ impl RoutingCore {
             admission_wait,
             kv_need_tokens,
             step_s,
+            published_step_s,
             ttft_model,
             predicted_ttft,
             eviction_expected,

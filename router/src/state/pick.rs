@@ -1107,7 +1107,7 @@ impl RouterState {
             m.ttft
                 .with_label_values(&[&model, &worker])
                 .observe(ft.observed_ttft);
-            let predicted = ft.assignment.predicted_ttft;
+            let predicted = ft.assignment.published_ttft;
             if predicted.is_finite() {
                 m.ttft_prediction_error
                     .with_label_values(&[&model, &worker])
