@@ -491,15 +491,25 @@ fn the_running_steps_remainder_is_predicted_and_taken_off_what_is_learned() {
     assert_eq!(d.chosen_candidate().expect("chosen").step_s, 0.0);
 }
 
-#[test]
-fn with_no_prompt_awaiting_a_first_token_the_running_step_is_a_decode_step() {
+/// `setup` with `decode_steps`, and `w` having run a 0.1 s step, then a 0.4 s one (it
+/// carried a prefill chunk) that ended at 1.5 s.
+fn setup_steps(decode_steps: DecodeSteps) -> (RoutingCore, WorkerId, Vec<u32>) {
     let (mut core, _, cold, tokens) = setup_with(CoreConfig {
         steps: StepConfig {
-            decode_steps: DecodeSteps::On,
+            decode_steps,
             ..StepConfig::default()
         },
         ..CoreConfig::default()
     });
+    for t in [1.0, 1.1, 1.5] {
+        core.step_observed(cold, t);
+    }
+    (core, cold, tokens)
+}
+
+#[test]
+fn with_no_prompt_awaiting_a_first_token_the_running_step_is_a_decode_step() {
+    let (mut core, cold, tokens) = setup_steps(DecodeSteps::On);
     let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
     let share = core.config().steps.share;
     assert_eq!(
@@ -507,10 +517,6 @@ fn with_no_prompt_awaiting_a_first_token_the_running_step_is_a_decode_step() {
         DecodeSteps::Published,
         "in the published prediction by default"
     );
-    // A 0.1 s step, then a 0.4 s one (it carried a prefill chunk).
-    core.step_observed(cold, 1.0);
-    core.step_observed(cold, 1.1);
-    core.step_observed(cold, 1.5);
     // Nothing awaits a first token there: the running step is taken as 0.1 s long.
     let (plan, d) = core
         .decide(&mut p, &req(&tokens), &[cold], 1.55)
@@ -526,18 +532,7 @@ fn with_no_prompt_awaiting_a_first_token_the_running_step_is_a_decode_step() {
     let c = d.chosen_candidate().expect("chosen");
     assert!((c.step_s - share * 0.35).abs() < 1e-9, "{}", c.step_s);
     // Off: the last step's length.
-    let mut off = RoutingCore::new(CoreConfig {
-        steps: StepConfig {
-            decode_steps: DecodeSteps::Off,
-            ..StepConfig::default()
-        },
-        ..CoreConfig::default()
-    });
-    let w = off.snapshot("w", 16, 1, &[], 0.0);
-    off.load(w, LoadSample::default(), 0.0);
-    for t in [1.0, 1.1, 1.5] {
-        off.step_observed(w, t);
-    }
+    let (off, w, _) = setup_steps(DecodeSteps::Off);
     let (_, d) = off
         .decide(&mut p, &req(&tokens), &[w], 1.55)
         .expect("decision");
@@ -553,13 +548,9 @@ fn with_no_prompt_awaiting_a_first_token_the_running_step_is_a_decode_step() {
 
 #[test]
 fn published_decode_steps_change_the_published_prediction_alone() {
-    // The default.
-    let (mut core, _, cold, tokens) = setup_with(CoreConfig::default());
+    let (mut core, cold, tokens) = setup_steps(StepConfig::default().decode_steps);
     let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
     let share = core.config().steps.share;
-    core.step_observed(cold, 1.0);
-    core.step_observed(cold, 1.1);
-    core.step_observed(cold, 1.5);
     let (plan, d) = core
         .decide(&mut p, &req(&tokens), &[cold], 1.55)
         .expect("decision");

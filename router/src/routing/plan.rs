@@ -326,12 +326,15 @@ impl RoutingCore {
         if stale {
             predicted_ttft += self.cfg.stale_penalty_s;
         }
-        let step_s = if self.cfg.steps.share > 0.0 {
-            self.cfg.steps.share * step_left
-        } else {
-            0.0
+        let share = |left: f64| {
+            if self.cfg.steps.share > 0.0 {
+                self.cfg.steps.share * left
+            } else {
+                0.0
+            }
         };
-        let published_step_s = published_step_left.map(|l| self.cfg.steps.share.max(0.0) * l);
+        let step_s = share(step_left);
+        let published_step_s = published_step_left.map(share);
         predicted_ttft += step_s;
 
         predicted_ttft += admission_wait;
