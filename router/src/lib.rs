@@ -192,8 +192,9 @@ pub struct Args {
     #[arg(long, env = "KVROUTE_ROUTER_WORKING_SET_HORIZON", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub working_set_horizon: u32,
-    /// Decode-only steps: when no prompt awaits its first token on a worker, take the engine
-    /// step it is running to be as long as the shortest of its last 8, not the last one.
+    /// Decode-only steps: when no prompt awaits its first token on a worker (or only this
+    /// router's, sent after the running step began), take the engine step it is running to
+    /// be as long as the shortest of its last 8, not the last one.
     /// `off`: nowhere; `published` (the default): in the published prediction only (routing
     /// as with `off`); `on` (also the flag alone): in the choice and the fit too
     /// (docs/DESIGN.md; measured in bench/README.md, "Decode-only steps": more accurate

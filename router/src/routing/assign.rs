@@ -270,6 +270,12 @@ impl Assignments {
         }
     }
 
+    /// When the oldest of `w`'s assignments still waiting for a first token was assigned.
+    pub fn oldest_waiting_assigned_at(&self, w: WorkerId) -> Option<f64> {
+        let id = self.waiting_order.get(w.index())?.first()?;
+        self.live.get(id).map(|a| a.assigned_at)
+    }
+
     fn slot(&mut self, w: WorkerId) -> &mut WorkerInflight {
         let i = w.index();
         if self.per_worker.len() <= i {

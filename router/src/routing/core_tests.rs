@@ -507,6 +507,28 @@ fn setup_steps(decode_steps: DecodeSteps) -> (RoutingCore, WorkerId, Vec<u32>) {
     (core, cold, tokens)
 }
 
+/// [`setup_steps`], with a prompt sent to the worker at `sent` (between the chunks at 1.1
+/// and 1.5), still awaiting its first token.
+fn setup_steps_sent_at(decode_steps: DecodeSteps, sent: f64) -> (RoutingCore, WorkerId, Vec<u32>) {
+    let (mut core, _, cold, tokens) = setup_with(CoreConfig {
+        steps: StepConfig {
+            decode_steps,
+            ..StepConfig::default()
+        },
+        ..CoreConfig::default()
+    });
+    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+    for t in [1.0, 1.1] {
+        core.step_observed(cold, t);
+    }
+    let (plan, d) = core
+        .decide(&mut p, &req(&tokens), &[cold], sent)
+        .expect("decision");
+    core.assign(&plan, &d, sent);
+    core.step_observed(cold, 1.5);
+    (core, cold, tokens)
+}
+
 #[test]
 fn with_no_prompt_awaiting_a_first_token_the_running_step_is_a_decode_step() {
     let (mut core, cold, tokens) = setup_steps(DecodeSteps::On);
@@ -523,9 +545,16 @@ fn with_no_prompt_awaiting_a_first_token_the_running_step_is_a_decode_step() {
         .expect("decision");
     let c = d.chosen_candidate().expect("chosen");
     assert!((c.step_s - share * 0.05).abs() < 1e-9, "{}", c.step_s);
-    // Once a prompt awaits its first token there, the running step may prefill it: the last
-    // step's length counts.
+    // A prompt sent after the running step began (its last chunks came at 1.5) is not in it:
+    // still a decode step.
     core.assign(&plan, &d, 1.55);
+    let (_, d) = core
+        .decide(&mut p, &req(&tokens), &[cold], 1.56)
+        .expect("decision");
+    let c = d.chosen_candidate().expect("chosen");
+    assert!((c.step_s - share * 0.04).abs() < 1e-9, "{}", c.step_s);
+    // One sent before it began may be prefilled in it: the last step's length counts.
+    let (core, cold, _) = setup_steps_sent_at(DecodeSteps::On, 1.2);
     let (_, d) = core
         .decide(&mut p, &req(&tokens), &[cold], 1.55)
         .expect("decision");
@@ -571,7 +600,15 @@ fn published_decode_steps_change_the_published_prediction_alone() {
     assert_eq!(a.published_ttft, d.predicted_ttft());
     let bound = core.ttft_bound(a.published_ttft);
     assert!(a.ttft_bound == bound || (a.ttft_bound.is_nan() && bound.is_nan()));
-    // A prompt now awaits its first token there: both count the last step.
+    // A prompt now awaits its first token there, sent after the running step began: the
+    // published prediction still counts a decode step.
+    let (_, d) = core
+        .decide(&mut p, &req(&tokens), &[cold], 1.55)
+        .expect("decision");
+    let c = d.chosen_candidate().expect("chosen");
+    assert!(c.published_step_s.is_some());
+    // One sent before the running step began: both count the last step.
+    let (core, cold, _) = setup_steps_sent_at(StepConfig::default().decode_steps, 1.2);
     let (_, d) = core
         .decide(&mut p, &req(&tokens), &[cold], 1.55)
         .expect("decision");

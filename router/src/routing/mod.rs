@@ -34,7 +34,8 @@
 //!   what is left of the engine step the worker runs, from the streamed chunks the data path
 //!   relays (`steps.rs`, [`StepClocks`]; 0 without them; as long as the last step; the
 //!   published prediction, by default, takes the shortest of the last 8 when no prompt
-//!   awaits a first token there, `StepConfig::decode_steps`); `queue_tokens` is the
+//!   in the running step awaits a first token there, `StepConfig::decode_steps`);
+//!   `queue_tokens` is the
 //!   router's own not-yet-first-tokened uncached tokens on the worker plus, at the mean
 //!   uncached tokens routed so far each, the reported waiting requests beyond those the
 //!   router and its peers had waiting there when the report was applied

@@ -303,9 +303,17 @@ impl RoutingCore {
             }
         }
         let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
-        // No prompt awaits its first token there (the router's, its peers', or reported):
-        // the running step computes no prefill chunk.
-        let decode_only = own.waiting == 0 && peer_waiting == 0 && unknown_waiting == 0;
+        // No prompt awaits its first token there (the router's, its peers', or reported),
+        // or only the router's own, all sent after the running step began (after the last
+        // step's chunks; the engine takes a step's prompts when it begins): the running
+        // step computes no prefill chunk.
+        let own_after_step = own.waiting == 0
+            || self
+                .assignments
+                .oldest_waiting_assigned_at(w)
+                .zip(self.steps.last_end(w))
+                .is_some_and(|(sent, began)| sent > began);
+        let decode_only = own_after_step && peer_waiting == 0 && unknown_waiting == 0;
         let step_left = if stale {
             0.0
         } else if decode_only && self.cfg.steps.decode_steps == DecodeSteps::On {

@@ -36,11 +36,13 @@ pub struct StepConfig {
     /// streaming request saw. Its length is then unknown until the next gap.
     pub max_step_s: f64,
     /// Decode-only steps: when no prompt awaits its first token on a worker (none of this
-    /// router's or its peers', none reported waiting), the running step computes no prefill
-    /// chunk, so it may be taken to be as long as the shortest of the worker's last
-    /// [`RECENT_STEPS`] steps, not the last one, which may have carried a prompt's prefill
-    /// and lasted several times as long. See [`DecodeSteps`] for where the shorter length
-    /// counts.
+    /// router's or its peers', none reported waiting), or the only ones waiting are this
+    /// router's and were all sent after the running step began (after its last step's
+    /// chunks: the engine schedules a step's prompts when it begins), the running step
+    /// computes no prefill chunk, so it may be taken to be as long as the shortest of the
+    /// worker's last [`RECENT_STEPS`] steps, not the last one, which may have carried a
+    /// prompt's prefill and lasted several times as long. See [`DecodeSteps`] for where the
+    /// shorter length counts.
     pub decode_steps: DecodeSteps,
 }
 
@@ -200,6 +202,11 @@ impl StepClocks {
         } else {
             0.0
         }
+    }
+
+    /// When the chunks of `w`'s last step arrived: the running step began no later.
+    pub fn last_end(&self, w: WorkerId) -> Option<f64> {
+        Some(self.clocks.get(w.index()).copied().flatten()?.last_end)
     }
 
     /// The length of `w`'s last step, when the gap before it was one.
