@@ -35,10 +35,9 @@
 //!   relays (`steps.rs`, [`StepClocks`]; 0 without them; as long as the last step; the
 //!   published prediction, by default, takes the shortest of the last 8 when no prompt
 //!   in the running step awaits a first token there, `StepConfig::decode_steps`);
-//!   `queue_tokens` is the
-//!   router's own not-yet-first-tokened uncached tokens on the worker plus, at the mean
-//!   uncached tokens routed so far each, the reported waiting requests beyond those the
-//!   router and its peers had waiting there when the report was applied
+//!   `queue_tokens` is the router's own not-yet-first-tokened uncached tokens on the worker
+//!   plus, at the mean uncached tokens routed so far each, the reported waiting requests
+//!   beyond those the router and its peers had waiting there when the report was applied
 //!   (`Worker::own_waiting_at_report`: a report lags, and its waiting requests are mostly the
 //!   router's own). `rate` is the
 //!   worker's learned rate, or the mean (in seconds per token) of the workers whose learned
