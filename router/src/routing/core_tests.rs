@@ -494,22 +494,19 @@ fn the_running_steps_remainder_is_predicted_and_taken_off_what_is_learned() {
 /// `setup` with `decode_steps`, and `w` having run a 0.1 s step, then a 0.4 s one (it
 /// carried a prefill chunk) that ended at 1.5 s.
 fn setup_steps(decode_steps: DecodeSteps) -> (RoutingCore, WorkerId, Vec<u32>) {
-    let (mut core, _, cold, tokens) = setup_with(CoreConfig {
-        steps: StepConfig {
-            decode_steps,
-            ..StepConfig::default()
-        },
-        ..CoreConfig::default()
-    });
-    for t in [1.0, 1.1, 1.5] {
-        core.step_observed(cold, t);
-    }
-    (core, cold, tokens)
+    setup_steps_with(decode_steps, None)
 }
 
 /// [`setup_steps`], with a prompt sent to the worker at `sent` (between the chunks at 1.1
 /// and 1.5), still awaiting its first token.
 fn setup_steps_sent_at(decode_steps: DecodeSteps, sent: f64) -> (RoutingCore, WorkerId, Vec<u32>) {
+    setup_steps_with(decode_steps, Some(sent))
+}
+
+fn setup_steps_with(
+    decode_steps: DecodeSteps,
+    sent: Option<f64>,
+) -> (RoutingCore, WorkerId, Vec<u32>) {
     let (mut core, _, cold, tokens) = setup_with(CoreConfig {
         steps: StepConfig {
             decode_steps,
@@ -517,14 +514,16 @@ fn setup_steps_sent_at(decode_steps: DecodeSteps, sent: f64) -> (RoutingCore, Wo
         },
         ..CoreConfig::default()
     });
-    let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
     for t in [1.0, 1.1] {
         core.step_observed(cold, t);
     }
-    let (plan, d) = core
-        .decide(&mut p, &req(&tokens), &[cold], sent)
-        .expect("decision");
-    core.assign(&plan, &d, sent);
+    if let Some(sent) = sent {
+        let mut p = PredictedTtft::new(PredictedTtftConfig::default(), 1);
+        let (plan, d) = core
+            .decide(&mut p, &req(&tokens), &[cold], sent)
+            .expect("decision");
+        core.assign(&plan, &d, sent);
+    }
     core.step_observed(cold, 1.5);
     (core, cold, tokens)
 }

@@ -307,13 +307,16 @@ impl RoutingCore {
         // or only the router's own, all sent after the running step began (after the last
         // step's chunks; the engine takes a step's prompts when it begins): the running
         // step computes no prefill chunk.
-        let own_after_step = own.waiting == 0
-            || self
-                .assignments
-                .oldest_waiting_assigned_at(w)
-                .zip(self.steps.last_end(w))
-                .is_some_and(|(sent, began)| sent > began);
-        let decode_only = own_after_step && peer_waiting == 0 && unknown_waiting == 0;
+        // Only where the rule is on; the cheap tests first (this runs per candidate).
+        let decode_only = self.cfg.steps.decode_steps != DecodeSteps::Off
+            && peer_waiting == 0
+            && unknown_waiting == 0
+            && (own.waiting == 0
+                || self
+                    .assignments
+                    .oldest_waiting_assigned_at(w)
+                    .zip(self.steps.last_end(w))
+                    .is_some_and(|(sent, began)| sent > began));
         let step_left = if stale {
             0.0
         } else if decode_only && self.cfg.steps.decode_steps == DecodeSteps::On {
