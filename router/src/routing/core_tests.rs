@@ -606,6 +606,19 @@ fn published_decode_steps_change_the_published_prediction_alone() {
         .expect("decision");
     let c = d.chosen_candidate().expect("chosen");
     assert!(c.published_step_s.is_some());
+    // One sent at the very instant of the last chunks (1.5) is not in the step either: the
+    // engine had begun it when the chunks came out (in simulation a closed-loop client
+    // sends its next request at that instant, after the step-end handling began the next).
+    let (mut at_end, w, _) = setup_steps(StepConfig::default().decode_steps);
+    let (plan, d) = at_end
+        .decide(&mut p, &req(&tokens), &[w], 1.5)
+        .expect("decision");
+    at_end.assign(&plan, &d, 1.5);
+    let (_, d) = at_end
+        .decide(&mut p, &req(&tokens), &[w], 1.5)
+        .expect("decision");
+    let c = d.chosen_candidate().expect("chosen");
+    assert!(c.published_step_s.is_some());
     // One sent before the running step began: both count the last step.
     let (core, cold, _) = setup_steps_sent_at(StepConfig::default().decode_steps, 1.2);
     let (_, d) = core

@@ -304,9 +304,10 @@ impl RoutingCore {
         }
         let uncached = (prompt_tokens as f64 - expected_cached_tokens).max(0.0);
         // No prompt awaits its first token there (the router's, its peers', or reported),
-        // or only the router's own, all sent after the running step began (after the last
-        // step's chunks; the engine takes a step's prompts when it begins): the running
-        // step computes no prefill chunk.
+        // or only the router's own, all sent after the running step began (at or after the
+        // last step's chunks; the engine takes a step's prompts when it begins, and by the
+        // time the router sees a step's chunks the next one has begun): the running step
+        // computes no prefill chunk.
         // Only where the rule is on; the cheap tests first (this runs per candidate).
         let decode_only = self.cfg.steps.decode_steps != DecodeSteps::Off
             && peer_waiting == 0
@@ -316,7 +317,7 @@ impl RoutingCore {
                     .assignments
                     .oldest_waiting_assigned_at(w)
                     .zip(self.steps.last_end(w))
-                    .is_some_and(|(sent, began)| sent > began));
+                    .is_some_and(|(sent, began)| sent >= began));
         let step_left = if stale {
             0.0
         } else if decode_only && self.cfg.steps.decode_steps == DecodeSteps::On {

@@ -37,12 +37,13 @@ pub struct StepConfig {
     pub max_step_s: f64,
     /// Decode-only steps: when no prompt awaits its first token on a worker (none of this
     /// router's or its peers', none reported waiting), or the only ones waiting are this
-    /// router's and were all sent after the running step began (after its last step's
-    /// chunks: the engine schedules a step's prompts when it begins), the running step
-    /// computes no prefill chunk, so it may be taken to be as long as the shortest of the
-    /// worker's last [`RECENT_STEPS`] steps, not the last one, which may have carried a
-    /// prompt's prefill and lasted several times as long. See [`DecodeSteps`] for where the
-    /// shorter length counts.
+    /// router's and were all sent after the running step began (at or after its last
+    /// step's chunks: the engine schedules a step's prompts when it begins, and has begun
+    /// the next step by the time a step's chunks are seen), the running step computes no
+    /// prefill chunk, so it may be taken to be as long as the shortest of the worker's last
+    /// [`RECENT_STEPS`] steps, not the last one, which may have carried a prompt's prefill
+    /// and lasted several times as long. See [`DecodeSteps`] for where the shorter length
+    /// counts.
     pub decode_steps: DecodeSteps,
 }
 
