@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvroute_router::routing::{
-    CoreConfig, KvIndex, LoadSample, PromptHashes, RouteRequest, RoutingCore, WorkerId,
-    policy_by_name,
+    CoreConfig, DecodeSteps, KvIndex, LoadSample, PromptHashes, RouteRequest, RoutingCore,
+    StepConfig, WorkerId, policy_by_name,
 };
 
 /// Counts live heap bytes so the memory figure is measured, not estimated.
@@ -296,6 +296,64 @@ fn bench_decision(c: &mut Criterion) {
                 black_box(d.map(|(_, d)| d.chosen))
             })
         });
+        // A busy pool: every worker runs engine steps (the router saw their chunks) and has
+        // two of the router's prompts awaiting a first token, one sent before the running
+        // step began (0.15, before the chunks at 0.2) and one after (0.21), so with the rule
+        // on the decode-only test looks up the oldest's send time on every candidate. Once
+        // with the rule off, once with the default.
+        for decode_steps in [DecodeSteps::Off, DecodeSteps::Published] {
+            let mut busy = RoutingCore::new(CoreConfig {
+                steps: StepConfig {
+                    decode_steps,
+                    ..StepConfig::default()
+                },
+                ..CoreConfig::default()
+            });
+            let bids: Vec<WorkerId> = (0..workers)
+                .map(|i| busy.snapshot(&format!("w{i}"), 16, 1, &[], 0.0))
+                .collect();
+            for (i, &w) in bids.iter().enumerate() {
+                let depth = (i * 37) % (hashes.len() + 1);
+                busy.stored(w, &hashes[..depth], 0.0);
+                busy.stored(w, &chain(50 + i as u64, 2_000), 0.0);
+                busy.load(
+                    w,
+                    LoadSample {
+                        waiting: 0,
+                        running: (i % 7) as u32,
+                        kv_usage: 0.3,
+                        kv_capacity_tokens: 26_000,
+                    },
+                    0.0,
+                );
+                busy.step_observed(w, 0.1);
+            }
+            let mut pin = policy_by_name("kvroute", 1).expect("known policy");
+            let r = qwen3_request(&enc.token_ids);
+            for (sent, chunks) in [(0.15, Some(0.2)), (0.21, None)] {
+                for &w in &bids {
+                    if let Some((plan, d)) = busy.decide(pin.as_mut(), &r, &[w], sent) {
+                        busy.assign(&plan, &d, sent);
+                    }
+                }
+                for &w in chunks.iter().flat_map(|_| &bids) {
+                    busy.step_observed(w, chunks.unwrap_or(0.0));
+                }
+            }
+            let label = match decode_steps {
+                DecodeSteps::Off => "off",
+                DecodeSteps::Published => "published",
+                DecodeSteps::On => "on",
+            };
+            let name = format!("hash_lookup_predict_busy_decode_steps_{label}");
+            g.bench_function(BenchmarkId::new(name, workers), |b| {
+                b.iter(|| {
+                    let r = qwen3_request(black_box(&enc.token_ids));
+                    let d = busy.decide(policy.as_mut(), &r, &bids, 0.25);
+                    black_box(d.map(|(_, d)| d.chosen))
+                })
+            });
+        }
     }
     g.finish();
 }

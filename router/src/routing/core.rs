@@ -52,7 +52,9 @@ pub struct CoreConfig {
     /// Prefill tokens assumed per reported waiting request before any request was routed
     /// (then the running mean of routed uncached tokens is used).
     pub prior_tokens_per_waiting: f64,
-    /// Keys the index's block hasher.
+    /// Keys the index's block hasher. Default: drawn once per process, so crafted prompts
+    /// cannot aim at the index's slots (it was a constant, written in this source, until
+    /// 2026-12-07).
     pub index_seed: u64,
     /// Pending overlay: the blocks of a prompt the router sent to a worker count as cached
     /// there (for kvroute's prediction only) until that request's first token plus this many
@@ -149,7 +151,7 @@ impl Default for CoreConfig {
             stale_cache_trust: 0.5,
             stale_penalty_s: 0.1,
             prior_tokens_per_waiting: 1_024.0,
-            index_seed: 0x006b_7672_6f75_7465,
+            index_seed: super::keys::process_seed(),
             pending_grace_s: 1.0,
             saturated_kv_usage: 0.9,
             prior_output_tokens: 256.0,

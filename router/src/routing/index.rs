@@ -54,7 +54,7 @@ const SUMMARY_MIN: usize = 16;
 
 /// Mixes a block key (hash XOR the per-index seed) into a table position: a multiply-fold
 /// spreads every input bit, so crafted prompts cannot target slots without knowing the seed.
-fn fold(v: u64) -> u64 {
+pub(super) fn fold(v: u64) -> u64 {
     let m = u128::from(v) * 0x9E37_79B9_7F4A_7C15_u128;
     (m as u64) ^ ((m >> 64) as u64)
 }

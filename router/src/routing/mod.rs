@@ -115,6 +115,7 @@ mod core;
 mod gpu;
 mod hot;
 mod index;
+mod keys;
 mod outlier;
 mod overlay;
 mod peers;

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use kvroute_hash::BlockHash;
 
 use super::assign::AssignmentId;
+use super::keys::BlockKeys;
 use super::workers::WorkerId;
 
 /// One block the router placed on a worker itself.
@@ -39,7 +40,7 @@ struct OverlayEntry {
 /// that will be (or just were) computed there, consulted next to the index.
 #[derive(Debug, Default)]
 pub(super) struct Overlay {
-    per_worker: Vec<HashMap<BlockHash, OverlayEntry>>,
+    per_worker: Vec<HashMap<BlockHash, OverlayEntry, BlockKeys>>,
     /// Chain of each outstanding placement, and whether it is still before its first token.
     by_assignment: HashMap<AssignmentId, (WorkerId, Vec<BlockHash>, bool)>,
     settled: u32,
@@ -63,7 +64,7 @@ const MAX_FREED_PER_WORKER: usize = 1 << 16;
 #[derive(Debug, Default)]
 struct FreedOrder {
     next: u64,
-    by_hash: HashMap<BlockHash, u64>,
+    by_hash: HashMap<BlockHash, u64, BlockKeys>,
     by_stamp: BTreeMap<u64, BlockHash>,
 }
 
@@ -96,7 +97,7 @@ impl Overlay {
     pub(super) fn add(&mut self, id: AssignmentId, w: WorkerId, chain: Vec<BlockHash>) {
         let i = w.index();
         if self.per_worker.len() <= i {
-            self.per_worker.resize_with(i + 1, HashMap::new);
+            self.per_worker.resize_with(i + 1, HashMap::default);
         }
         if self.in_use_distinct.len() <= i {
             self.in_use_distinct.resize(i + 1, 0);
@@ -283,19 +284,37 @@ impl Overlay {
 
     /// Leading blocks of `chain` the router placed on `w` and still counts as there.
     pub(super) fn leading(&self, w: WorkerId, chain: &[BlockHash], now: f64) -> usize {
+        self.leading_and_in_use(w, chain, now).0
+    }
+
+    /// [`Overlay::leading`] and [`Overlay::in_use_leading`] in one walk of the chain (the
+    /// blocks in use are a prefix of those counted as there): a decision asks both of every
+    /// candidate.
+    pub(super) fn leading_and_in_use(
+        &self,
+        w: WorkerId,
+        chain: &[BlockHash],
+        now: f64,
+    ) -> (usize, usize) {
         let Some(m) = self.per_worker.get(w.index()) else {
-            return 0;
+            return (0, 0);
         };
         if m.is_empty() {
-            return 0;
+            return (0, 0);
         }
-        chain
-            .iter()
-            .take_while(|h| {
-                m.get(h)
-                    .is_some_and(|e| e.holders > 0 || e.in_use > 0 || e.until > now)
-            })
-            .count()
+        let mut in_use = None;
+        for (i, h) in chain.iter().enumerate() {
+            let Some(e) = m.get(h) else {
+                return (i, in_use.unwrap_or(i));
+            };
+            if e.in_use == 0 {
+                if e.holders == 0 && e.until <= now {
+                    return (i, in_use.unwrap_or(i));
+                }
+                in_use.get_or_insert(i);
+            }
+        }
+        (chain.len(), in_use.unwrap_or(chain.len()))
     }
 
     pub(super) fn drop_worker(&mut self, w: WorkerId) {
@@ -364,6 +383,26 @@ mod tests {
         assert_eq!(o.freed_len(w), 0);
         assert_eq!(o.kept_leading(WorkerId(7), &a, 1), 0, "unknown worker");
         assert_eq!(o.kept_leading(WorkerId(7), &a, 0), 3);
+    }
+
+    #[test]
+    fn one_walk_gives_the_leading_blocks_and_those_in_use() {
+        let w = WorkerId(0);
+        let mut o = Overlay::default();
+        o.add(id(1), w, vec![1, 2, 3, 4]);
+        o.settle(id(1), 1.0, 5.0); // counted as there until 6.0
+        o.end(id(1), 2.0); // no longer in use
+        o.add(id(2), w, vec![1, 2]); // 1 and 2 in use again
+        let chain = [1, 2, 3, 4, 9];
+        for (now, want) in [(3.0, (4, 2)), (7.0, (2, 2))] {
+            assert_eq!(o.leading_and_in_use(w, &chain, now), want, "at {now}");
+            assert_eq!(o.leading(w, &chain, now), want.0);
+            assert_eq!(o.in_use_leading(w, &chain), want.1);
+        }
+        // In use all along the chain; a chain starting elsewhere; an unknown worker.
+        assert_eq!(o.leading_and_in_use(w, &[1, 2], 7.0), (2, 2));
+        assert_eq!(o.leading_and_in_use(w, &[3, 1], 3.0), (2, 0));
+        assert_eq!(o.leading_and_in_use(WorkerId(5), &chain, 3.0), (0, 0));
     }
 
     #[test]

@@ -385,6 +385,11 @@ impl PeerShare {
         self.overlay.in_use_leading(w, chain)
     }
 
+    /// [`PeerShare::leading`] and [`PeerShare::in_use_leading`] in one walk.
+    pub fn leading_and_in_use(&self, w: WorkerId, chain: &[BlockHash], now: f64) -> (usize, usize) {
+        self.overlay.leading_and_in_use(w, chain, now)
+    }
+
     /// Peer placements held.
     pub fn placements(&self) -> usize {
         self.placements

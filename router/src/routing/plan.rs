@@ -185,12 +185,19 @@ impl RoutingCore {
         // Cache: the index's leading blocks, discounted when stale, or the router's own
         // placements there, trusted as they are (it sent them).
         let cached_blocks = view.cached_blocks;
-        let pending_blocks = match view.chain {
-            Some(c) if self.cfg.pending_grace_s > 0.0 => self
-                .pending
-                .leading(w, c, now)
-                .max(self.peers.leading(w, c, now)),
-            _ => 0,
+        // The overlays' leading blocks (own and peers'), and those of them in use, in one
+        // walk each.
+        let ((own_leading, own_in_use), (peer_leading, peer_in_use)) =
+            view.chain.map_or(((0, 0), (0, 0)), |c| {
+                (
+                    self.pending.leading_and_in_use(w, c, now),
+                    self.peers.leading_and_in_use(w, c, now),
+                )
+            });
+        let pending_blocks = if view.chain.is_some() && self.cfg.pending_grace_s > 0.0 {
+            own_leading.max(peer_leading)
+        } else {
+            0
         };
         let prompt_blocks = prompt_tokens.checked_div(block_size).unwrap_or(0);
         let cached_tokens = cached_blocks * block_size;
@@ -236,11 +243,7 @@ impl RoutingCore {
         let peer_waiting = peer.waiting.round() as u32;
 
         // KV admission.
-        let in_use_blocks = view.chain.map_or(0, |c| {
-            self.pending
-                .in_use_leading(w, c)
-                .max(self.peers.in_use_leading(w, c))
-        });
+        let in_use_blocks = own_in_use.max(peer_in_use);
         let kv_need_tokens =
             (prompt_tokens.saturating_sub(in_use_blocks * block_size) + block_size) as u64;
         // The queue's prefill, at the rate the prediction uses: KV frees while it runs.
