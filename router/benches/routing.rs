@@ -200,6 +200,37 @@ fn qwen3_request(tokens: &[u32]) -> RouteRequest<'_> {
     }
 }
 
+/// Adds `workers` workers to `core`: worker i holds the prompt's `hashes` to depth
+/// `(i * 37) % (len + 1)` plus 2,000 blocks of its own, and reports `waiting(i)` waiting,
+/// `i % 7` running, 30% KV use of 26,000 tokens (reported, so the KV admission model is part
+/// of the timed decision).
+fn fill_pool(
+    core: &mut RoutingCore,
+    workers: usize,
+    hashes: &[u64],
+    waiting: impl Fn(usize) -> u32,
+) -> Vec<WorkerId> {
+    let ids: Vec<WorkerId> = (0..workers)
+        .map(|i| core.snapshot(&format!("w{i}"), 16, 1, &[], 0.0))
+        .collect();
+    for (i, &w) in ids.iter().enumerate() {
+        let depth = (i * 37) % (hashes.len() + 1);
+        core.stored(w, &hashes[..depth], 0.0);
+        core.stored(w, &chain(50 + i as u64, 2_000), 0.0);
+        core.load(
+            w,
+            LoadSample {
+                waiting: waiting(i),
+                running: (i % 7) as u32,
+                kv_usage: 0.3,
+                kv_capacity_tokens: 26_000,
+            },
+            0.0,
+        );
+    }
+    ids
+}
+
 fn bench_decision(c: &mut Criterion) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tokenizers/qwen3");
     let tok = match kvroute_tokenization::Tokenizer::from_dir(std::path::Path::new(dir)) {
@@ -229,28 +260,10 @@ fn bench_decision(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1));
     for &workers in &[8usize, 1000] {
         let mut core = RoutingCore::new(CoreConfig::default());
-        let ids: Vec<WorkerId> = (0..workers)
-            .map(|i| core.snapshot(&format!("w{i}"), 16, 1, &[], 0.0))
-            .collect();
         let hashes = PromptHashes::new(&enc.token_ids, "qwen3", None, None)
             .chain(16)
             .to_vec();
-        for (i, &w) in ids.iter().enumerate() {
-            let depth = (i * 37) % (hashes.len() + 1);
-            core.stored(w, &hashes[..depth], 0.0);
-            core.stored(w, &chain(50 + i as u64, 2_000), 0.0);
-            core.load(
-                w,
-                LoadSample {
-                    waiting: (i % 5) as u32,
-                    running: (i % 7) as u32,
-                    kv_usage: 0.3,
-                    // Reported, so the KV admission model is part of the timed decision.
-                    kv_capacity_tokens: 26_000,
-                },
-                0.0,
-            );
-        }
+        let ids = fill_pool(&mut core, workers, &hashes, |i| (i % 5) as u32);
         let mut policy = policy_by_name("kvroute", 1).expect("known policy");
         g.bench_function(
             BenchmarkId::new("chat_8k_tokenize_hash_lookup_predict", workers),
@@ -309,23 +322,8 @@ fn bench_decision(c: &mut Criterion) {
                 },
                 ..CoreConfig::default()
             });
-            let bids: Vec<WorkerId> = (0..workers)
-                .map(|i| busy.snapshot(&format!("w{i}"), 16, 1, &[], 0.0))
-                .collect();
-            for (i, &w) in bids.iter().enumerate() {
-                let depth = (i * 37) % (hashes.len() + 1);
-                busy.stored(w, &hashes[..depth], 0.0);
-                busy.stored(w, &chain(50 + i as u64, 2_000), 0.0);
-                busy.load(
-                    w,
-                    LoadSample {
-                        waiting: 0,
-                        running: (i % 7) as u32,
-                        kv_usage: 0.3,
-                        kv_capacity_tokens: 26_000,
-                    },
-                    0.0,
-                );
+            let bids = fill_pool(&mut busy, workers, &hashes, |_| 0);
+            for &w in &bids {
                 busy.step_observed(w, 0.1);
             }
             let mut pin = policy_by_name("kvroute", 1).expect("known policy");

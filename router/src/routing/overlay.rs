@@ -210,15 +210,11 @@ impl Overlay {
         }
     }
 
-    /// Leading blocks of `chain` that outstanding placements on `w` reference.
+    /// Leading blocks of `chain` that outstanding placements on `w` reference (they are a
+    /// prefix of those counted as there, whatever the time).
+    #[cfg(test)]
     pub(super) fn in_use_leading(&self, w: WorkerId, chain: &[BlockHash]) -> usize {
-        let Some(m) = self.per_worker.get(w.index()) else {
-            return 0;
-        };
-        chain
-            .iter()
-            .take_while(|h| m.get(h).is_some_and(|e| e.in_use > 0))
-            .count()
+        self.leading_and_in_use(w, chain, f64::INFINITY).1
     }
 
     /// Leading blocks of `chain` expected to stay on `w` (in use, or released too recently to

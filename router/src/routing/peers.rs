@@ -380,11 +380,6 @@ impl PeerShare {
         self.overlay.leading(w, chain, now)
     }
 
-    /// Leading blocks of `chain` that the peers' outstanding placements on `w` reference.
-    pub fn in_use_leading(&self, w: WorkerId, chain: &[BlockHash]) -> usize {
-        self.overlay.in_use_leading(w, chain)
-    }
-
     /// [`PeerShare::leading`] and [`PeerShare::in_use_leading`] in one walk.
     pub fn leading_and_in_use(&self, w: WorkerId, chain: &[BlockHash], now: f64) -> (usize, usize) {
         self.overlay.leading_and_in_use(w, chain, now)
