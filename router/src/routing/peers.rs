@@ -380,7 +380,8 @@ impl PeerShare {
         self.overlay.leading(w, chain, now)
     }
 
-    /// [`PeerShare::leading`] and [`PeerShare::in_use_leading`] in one walk.
+    /// [`PeerShare::leading`] and how many of those blocks are still in use, by binary search
+    /// (`Overlay::leading_and_in_use`).
     pub fn leading_and_in_use(&self, w: WorkerId, chain: &[BlockHash], now: f64) -> (usize, usize) {
         self.overlay.leading_and_in_use(w, chain, now)
     }
