@@ -352,6 +352,56 @@ fn bench_decision(c: &mut Criterion) {
                 })
             });
         }
+        // A KV-bound busy pool: each worker released the blocks of three earlier prompts of
+        // the router's (its free queue then holds ~1,550 blocks in release order), has two
+        // of the chat's prompts awaiting a first token and reports 95% of its KV in use, so
+        // the eviction expectation (`CoreConfig::expect_evictions`, on by default) counts,
+        // on every candidate, how much of the prompt survives the allocations queued there.
+        let mut full = RoutingCore::new(CoreConfig::default());
+        let fids = fill_pool(&mut full, workers, &hashes, |_| 2);
+        let mut pin = policy_by_name("kvroute", 1).expect("known policy");
+        for k in 0..3u32 {
+            let mut earlier = enc.token_ids.clone();
+            earlier[0] = 100 + k;
+            let r = qwen3_request(&earlier);
+            for &w in &fids {
+                if let Some((plan, d)) = full.decide(pin.as_mut(), &r, &[w], 0.05) {
+                    let a = full.assign(&plan, &d, 0.05);
+                    full.first_token(a, 0.1, None);
+                    full.finish(a);
+                }
+            }
+        }
+        let r = qwen3_request(&enc.token_ids);
+        for sent in [0.15, 0.21] {
+            for &w in &fids {
+                if let Some((plan, d)) = full.decide(pin.as_mut(), &r, &[w], sent) {
+                    full.assign(&plan, &d, sent);
+                }
+            }
+        }
+        for (i, &w) in fids.iter().enumerate() {
+            full.load(
+                w,
+                LoadSample {
+                    waiting: 2,
+                    running: (i % 7) as u32,
+                    kv_usage: 0.95,
+                    kv_capacity_tokens: 26_000,
+                },
+                0.22,
+            );
+        }
+        g.bench_function(
+            BenchmarkId::new("hash_lookup_predict_busy_kv_full", workers),
+            |b| {
+                b.iter(|| {
+                    let r = qwen3_request(black_box(&enc.token_ids));
+                    let d = full.decide(policy.as_mut(), &r, &fids, 0.25);
+                    black_box(d.map(|(_, d)| d.chosen))
+                })
+            },
+        );
     }
     g.finish();
 }

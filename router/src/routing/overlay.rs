@@ -16,7 +16,7 @@
 //! are evicted first: [`Overlay::kept_leading`] says how much of a prompt's cached prefix
 //! survives a given number of allocations.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, VecDeque};
 
 use kvroute_hash::BlockHash;
 
@@ -61,35 +61,51 @@ pub(super) struct Overlay {
 const MAX_FREED_PER_WORKER: usize = 1 << 16;
 
 /// One worker's released blocks in release order (oldest first).
+///
+/// `order` holds exactly the entries of `by_hash`, by stamp: stamps only grow, so a release
+/// appends and the oldest leave from the front, and the k-th oldest is an index away (a
+/// decision asks it of every candidate where it expects evictions). Taking blocks out is a
+/// pass over `order` per call, not per block.
 #[derive(Debug, Default)]
 struct FreedOrder {
     next: u64,
     by_hash: HashMap<BlockHash, u64, BlockKeys>,
-    by_stamp: BTreeMap<u64, BlockHash>,
+    order: VecDeque<(u64, BlockHash)>,
 }
 
 impl FreedOrder {
     fn release(&mut self, h: BlockHash) {
-        self.take(h);
+        self.take(std::iter::once(h));
         let stamp = self.next;
         self.next += 1;
         self.by_hash.insert(h, stamp);
-        self.by_stamp.insert(stamp, h);
+        self.order.push_back((stamp, h));
         self.trim(MAX_FREED_PER_WORKER);
     }
 
     fn trim(&mut self, max: usize) {
-        while self.by_stamp.len() > max
-            && let Some((_, old)) = self.by_stamp.pop_first()
+        while self.order.len() > max
+            && let Some((_, old)) = self.order.pop_front()
         {
             self.by_hash.remove(&old);
         }
     }
 
-    fn take(&mut self, h: BlockHash) {
-        if let Some(stamp) = self.by_hash.remove(&h) {
-            self.by_stamp.remove(&stamp);
+    /// Takes `blocks` out (those it holds).
+    fn take(&mut self, blocks: impl IntoIterator<Item = BlockHash>) {
+        let mut taken = false;
+        for h in blocks {
+            taken |= self.by_hash.remove(&h).is_some();
         }
+        if taken {
+            let by_hash = &self.by_hash;
+            self.order.retain(|(s, h)| by_hash.get(h) == Some(s));
+        }
+    }
+
+    /// The stamp of the `k`-th oldest released block (from 0).
+    fn nth_stamp(&self, k: usize) -> Option<u64> {
+        self.order.get(k).map(|&(s, _)| s)
     }
 }
 
@@ -105,10 +121,7 @@ impl Overlay {
         if self.freed.len() <= i {
             self.freed.resize_with(i + 1, FreedOrder::default);
         }
-        let freed = &mut self.freed[i];
-        for &h in &chain {
-            freed.take(h);
-        }
+        self.freed[i].take(chain.iter().copied());
         let m = &mut self.per_worker[i];
         let mut newly_in_use = 0u64;
         for &h in &chain {
@@ -221,40 +234,40 @@ impl Overlay {
     /// go) once `evict` of the released blocks the overlay remembers there, the oldest
     /// first, are reallocated; with `evict` 0 the whole chain is kept. Blocks it does not
     /// remember count as older than all of them (released before the router saw them, or by
-    /// traffic it did not place), so any eviction takes them. Costs O(`evict`) plus the kept
-    /// blocks.
+    /// traffic it did not place), so any eviction takes them. The blocks in use are a prefix
+    /// (see [`Overlay::leading_and_in_use`]) found by binary search; the walk starts after
+    /// them, so it costs O(log n) plus the released blocks kept.
     pub(super) fn kept_leading(&self, w: WorkerId, chain: &[BlockHash], evict: usize) -> usize {
         let Some(k) = evict.checked_sub(1) else {
             return chain.len();
         };
         let freed = self.freed.get(w.index());
         // Released blocks at or below this stamp are gone.
-        let frontier = freed
-            .and_then(|f| f.by_stamp.keys().nth(k).copied())
-            .unwrap_or(u64::MAX);
+        let frontier = freed.and_then(|f| f.nth_stamp(k)).unwrap_or(u64::MAX);
         let m = self.per_worker.get(w.index());
-        chain
-            .iter()
-            .take_while(|h| {
-                m.and_then(|m| m.get(h)).is_some_and(|e| e.in_use > 0)
-                    || freed
-                        .and_then(|f| f.by_hash.get(h))
-                        .is_some_and(|&s| s > frontier)
-            })
-            .count()
+        let in_use = |h: &BlockHash| m.and_then(|m| m.get(h)).is_some_and(|e| e.in_use > 0);
+        let start = chain.partition_point(in_use);
+        start
+            + chain[start..]
+                .iter()
+                .take_while(|h| {
+                    in_use(h)
+                        || freed
+                            .and_then(|f| f.by_hash.get(h))
+                            .is_some_and(|&s| s > frontier)
+                })
+                .count()
     }
 
     /// Released blocks the overlay remembers on `w` (see [`Overlay::kept_leading`]).
     pub(super) fn freed_len(&self, w: WorkerId) -> usize {
-        self.freed.get(w.index()).map_or(0, |f| f.by_stamp.len())
+        self.freed.get(w.index()).map_or(0, |f| f.order.len())
     }
 
     /// `w` reported these blocks evicted: they are out of its free queue.
     pub(super) fn evicted(&mut self, w: WorkerId, blocks: &[BlockHash]) {
         if let Some(f) = self.freed.get_mut(w.index()) {
-            for &h in blocks {
-                f.take(h);
-            }
+            f.take(blocks.iter().copied());
         }
     }
 
@@ -435,6 +448,43 @@ mod tests {
         (chain.len(), in_use.unwrap_or(chain.len()))
     }
 
+    /// [`Overlay::kept_leading`] as a walk from the chain's first block, with the frontier
+    /// found by sorting the stamps `by_hash` holds (not `order`), kept as its reference.
+    fn kept_walked(o: &Overlay, w: WorkerId, chain: &[BlockHash], evict: usize) -> usize {
+        let Some(k) = evict.checked_sub(1) else {
+            return chain.len();
+        };
+        let f = o.freed.get(w.index());
+        let mut stamps: Vec<u64> = f
+            .map(|f| f.by_hash.values().copied().collect())
+            .unwrap_or_default();
+        stamps.sort_unstable();
+        let frontier = stamps.get(k).copied().unwrap_or(u64::MAX);
+        let m = o.per_worker.get(w.index());
+        chain
+            .iter()
+            .take_while(|h| {
+                m.and_then(|m| m.get(h)).is_some_and(|e| e.in_use > 0)
+                    || f.and_then(|f| f.by_hash.get(h))
+                        .is_some_and(|&s| s > frontier)
+            })
+            .count()
+    }
+
+    /// `order` holds exactly `by_hash`'s entries, oldest first.
+    fn check_freed(o: &Overlay) {
+        for f in &o.freed {
+            assert_eq!(f.order.len(), f.by_hash.len());
+            assert!(
+                f.order
+                    .iter()
+                    .zip(f.order.iter().skip(1))
+                    .all(|(a, b)| a.0 < b.0)
+            );
+            assert!(f.order.iter().all(|(s, h)| f.by_hash.get(h) == Some(s)));
+        }
+    }
+
     struct XorShift(u64);
 
     impl XorShift {
@@ -461,11 +511,11 @@ mod tests {
     }
 
     #[test]
-    fn the_binary_search_agrees_with_a_walk_of_chained_prompts() {
+    fn the_binary_searches_agree_with_walks_of_chained_prompts() {
         let mut r = XorShift(0x2545_f491_4f6c_dd1d);
         let mut o = Overlay::default();
         let mut open: Vec<AssignmentId> = Vec::new();
-        let (mut t, mut next, mut checked, mut partial) = (0.0, 0u64, 0, 0);
+        let (mut t, mut next, mut checked, mut partial, mut released_kept) = (0.0, 0u64, 0, 0, 0);
         for _ in 0..20_000 {
             t += r.below(100) as f64 / 1_000.0;
             match r.below(20) {
@@ -482,9 +532,15 @@ mod tests {
                     let a = open.swap_remove(r.below(open.len() as u64) as usize);
                     o.end(a, t);
                 }
-                19 if r.below(50) == 0 => o.drop_worker(WorkerId(r.below(4) as u32)),
+                19 => match r.below(50) {
+                    0 => o.drop_worker(WorkerId(r.below(4) as u32)),
+                    1..=20 => o.evicted(WorkerId(r.below(4) as u32), &r.prompt()),
+                    21..=25 => o.trim_freed(WorkerId(r.below(4) as u32), 5 + r.below(60)),
+                    _ => {}
+                },
                 _ => {}
             }
+            check_freed(&o);
             for _ in 0..3 {
                 let (w, chain) = (WorkerId(r.below(5) as u32), r.prompt());
                 let now = t + r.below(400) as f64 / 100.0 - 1.0;
@@ -496,12 +552,17 @@ mod tests {
                 );
                 checked += 1;
                 partial += usize::from(want.0 > 0 && want.1 < want.0);
+                let evict = r.below(40) as usize;
+                let kept = kept_walked(&o, w, &chain, evict);
+                assert_eq!(o.kept_leading(w, &chain, evict), kept, "{chain:?} {evict}");
+                released_kept += usize::from(evict > 0 && kept > want.1);
             }
         }
-        // The draw reaches both kinds of prefix (not a test that passes on empty overlays).
+        // The draw reaches every kind of prefix (not a test that passes on empty overlays):
+        // in use, placed and no longer in use, and released but kept.
         assert!(
-            checked == 60_000 && partial > 1_000,
-            "{partial} of {checked}"
+            checked == 60_000 && partial > 1_000 && released_kept > 1_000,
+            "{partial} and {released_kept} of {checked}"
         );
     }
 }
