@@ -16,7 +16,7 @@
 //! are evicted first: [`Overlay::kept_leading`] says how much of a prompt's cached prefix
 //! survives a given number of allocations.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use kvroute_hash::BlockHash;
 
@@ -62,50 +62,119 @@ const MAX_FREED_PER_WORKER: usize = 1 << 16;
 
 /// One worker's released blocks in release order (oldest first).
 ///
-/// `order` holds exactly the entries of `by_hash`, by stamp: stamps only grow, so a release
-/// appends and the oldest leave from the front, and the k-th oldest is an index away (a
-/// decision asks it of every candidate where it expects evictions). Taking blocks out is a
-/// pass over `order` per call, not per block.
+/// A block's stamp is its position in `slots`; a Fenwick tree over `slots` counts the
+/// entries still there, so the k-th oldest (asked of every candidate where a decision
+/// expects evictions) is found in O(log n), and so is taking one out (a placement holds it
+/// again, or the worker reports it evicted). When taken-out slots outnumber the live ones,
+/// the live ones are moved to the front and stamped again in the same order.
 #[derive(Debug, Default)]
 struct FreedOrder {
-    next: u64,
     by_hash: HashMap<BlockHash, u64, BlockKeys>,
-    order: VecDeque<(u64, BlockHash)>,
+    /// The block released at each stamp, `None` once taken out.
+    slots: Vec<Option<BlockHash>>,
+    /// Fenwick tree over `slots` (entry j - 1 covers slots (j - lowbit(j), j]): live counts.
+    tree: Vec<u32>,
+    live: usize,
 }
 
 impl FreedOrder {
     fn release(&mut self, h: BlockHash) {
-        self.take(std::iter::once(h));
-        let stamp = self.next;
-        self.next += 1;
-        self.by_hash.insert(h, stamp);
-        self.order.push_back((stamp, h));
+        self.take_one(h);
+        if self.slots.len() >= 2 * self.live + 64 {
+            self.compact();
+        }
+        let i = self.slots.len();
+        self.by_hash.insert(h, i as u64);
+        self.slots.push(Some(h));
+        // The new entry j = i + 1 covers slots (j - lowbit(j), j]: itself and those before.
+        let j = i + 1;
+        let covered = self.prefix(i) - self.prefix(j - (j & j.wrapping_neg()));
+        self.tree.push(covered + 1);
+        self.live += 1;
         self.trim(MAX_FREED_PER_WORKER);
     }
 
     fn trim(&mut self, max: usize) {
-        while self.order.len() > max
-            && let Some((_, old)) = self.order.pop_front()
+        while self.live > max
+            && let Some(i) = self.nth_index(0)
+            && let Some(old) = self.slots[i]
         {
-            self.by_hash.remove(&old);
+            self.take_one(old);
         }
     }
 
     /// Takes `blocks` out (those it holds).
     fn take(&mut self, blocks: impl IntoIterator<Item = BlockHash>) {
-        let mut taken = false;
         for h in blocks {
-            taken |= self.by_hash.remove(&h).is_some();
+            self.take_one(h);
         }
-        if taken {
-            let by_hash = &self.by_hash;
-            self.order.retain(|(s, h)| by_hash.get(h) == Some(s));
+    }
+
+    fn take_one(&mut self, h: BlockHash) {
+        let Some(stamp) = self.by_hash.remove(&h) else {
+            return;
+        };
+        let i = stamp as usize;
+        if let Some(slot) = self.slots.get_mut(i) {
+            *slot = None;
         }
+        let mut j = i + 1;
+        while let Some(t) = self.tree.get_mut(j - 1) {
+            *t -= 1;
+            j += j & j.wrapping_neg();
+        }
+        self.live -= 1;
+    }
+
+    /// Live entries among the first `n` slots.
+    fn prefix(&self, mut n: usize) -> u32 {
+        let mut sum = 0;
+        while n > 0 {
+            sum += self.tree[n - 1];
+            n &= n - 1;
+        }
+        sum
+    }
+
+    /// The slot of the `k`-th oldest live entry (from 0).
+    fn nth_index(&self, k: usize) -> Option<usize> {
+        if k >= self.live {
+            return None;
+        }
+        let n = self.tree.len();
+        let (mut pos, mut rest) = (0, k as u32 + 1);
+        let mut step = 1usize << (usize::BITS - 1 - n.leading_zeros());
+        while step > 0 {
+            if pos + step <= n && self.tree[pos + step - 1] < rest {
+                pos += step;
+                rest -= self.tree[pos - 1];
+            }
+            step >>= 1;
+        }
+        Some(pos)
     }
 
     /// The stamp of the `k`-th oldest released block (from 0).
     fn nth_stamp(&self, k: usize) -> Option<u64> {
-        self.order.get(k).map(|&(s, _)| s)
+        self.nth_index(k).map(|i| i as u64)
+    }
+
+    /// Moves the live entries to the front, in order, and stamps them again.
+    fn compact(&mut self) {
+        let live: Vec<BlockHash> = self.slots.drain(..).flatten().collect();
+        for (i, &h) in live.iter().enumerate() {
+            self.by_hash.insert(h, i as u64);
+        }
+        self.slots = live.into_iter().map(Some).collect();
+        let n = self.slots.len();
+        self.tree = vec![1; n];
+        for j in 1..=n {
+            let up = j + (j & j.wrapping_neg());
+            if up <= n {
+                self.tree[up - 1] += self.tree[j - 1];
+            }
+        }
+        self.live = n;
     }
 }
 
@@ -261,7 +330,7 @@ impl Overlay {
 
     /// Released blocks the overlay remembers on `w` (see [`Overlay::kept_leading`]).
     pub(super) fn freed_len(&self, w: WorkerId) -> usize {
-        self.freed.get(w.index()).map_or(0, |f| f.order.len())
+        self.freed.get(w.index()).map_or(0, |f| f.live)
     }
 
     /// `w` reported these blocks evicted: they are out of its free queue.
@@ -471,17 +540,20 @@ mod tests {
             .count()
     }
 
-    /// `order` holds exactly `by_hash`'s entries, oldest first.
+    /// The slots hold exactly `by_hash`'s entries, and the tree finds them oldest first.
     fn check_freed(o: &Overlay) {
         for f in &o.freed {
-            assert_eq!(f.order.len(), f.by_hash.len());
+            assert_eq!(f.live, f.by_hash.len());
+            assert_eq!(f.slots.iter().flatten().count(), f.live);
             assert!(
-                f.order
+                f.by_hash
                     .iter()
-                    .zip(f.order.iter().skip(1))
-                    .all(|(a, b)| a.0 < b.0)
+                    .all(|(h, &s)| f.slots[s as usize] == Some(*h))
             );
-            assert!(f.order.iter().all(|(s, h)| f.by_hash.get(h) == Some(s)));
+            let mut stamps: Vec<u64> = f.by_hash.values().copied().collect();
+            stamps.sort_unstable();
+            let nth: Vec<u64> = (0..=f.live).filter_map(|k| f.nth_stamp(k)).collect();
+            assert_eq!(nth, stamps);
         }
     }
 
