@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvroute_router::routing::{
-    CoreConfig, DecodeSteps, KvIndex, LoadSample, PromptHashes, RouteRequest, RoutingCore,
-    StepConfig, WorkerId, policy_by_name,
+    AssignmentId, CoreConfig, DecodeSteps, KvIndex, LoadSample, Policy, PromptHashes, RouteRequest,
+    RoutingCore, StepConfig, WorkerId, policy_by_name,
 };
 
 /// Counts live heap bytes so the memory figure is measured, not estimated.
@@ -217,18 +217,48 @@ fn fill_pool(
         let depth = (i * 37) % (hashes.len() + 1);
         core.stored(w, &hashes[..depth], 0.0);
         core.stored(w, &chain(50 + i as u64, 2_000), 0.0);
+    }
+    report_load(core, &ids, waiting, 0.3, 0.0);
+    ids
+}
+
+/// Every worker of `ids` reports `waiting(i)` waiting, `i % 7` running and `kv_usage` of
+/// 26,000 tokens at `now`.
+fn report_load(
+    core: &mut RoutingCore,
+    ids: &[WorkerId],
+    waiting: impl Fn(usize) -> u32,
+    kv_usage: f32,
+    now: f64,
+) {
+    for (i, &w) in ids.iter().enumerate() {
         core.load(
             w,
             LoadSample {
                 waiting: waiting(i),
                 running: (i % 7) as u32,
-                kv_usage: 0.3,
+                kv_usage,
                 kv_capacity_tokens: 26_000,
             },
-            0.0,
+            now,
         );
     }
-    ids
+}
+
+/// Sends `req` to each worker of `ids` at `sent`, as `policy` decides it alone there.
+fn place_on_each(
+    core: &mut RoutingCore,
+    policy: &mut dyn Policy,
+    req: &RouteRequest<'_>,
+    ids: &[WorkerId],
+    sent: f64,
+) -> Vec<AssignmentId> {
+    ids.iter()
+        .filter_map(|&w| {
+            let (plan, d) = core.decide(policy, req, &[w], sent)?;
+            Some(core.assign(&plan, &d, sent))
+        })
+        .collect()
 }
 
 fn bench_decision(c: &mut Criterion) {
@@ -329,11 +359,7 @@ fn bench_decision(c: &mut Criterion) {
             let mut pin = policy_by_name("kvroute", 1).expect("known policy");
             let r = qwen3_request(&enc.token_ids);
             for (sent, chunks) in [(0.15, Some(0.2)), (0.21, None)] {
-                for &w in &bids {
-                    if let Some((plan, d)) = busy.decide(pin.as_mut(), &r, &[w], sent) {
-                        busy.assign(&plan, &d, sent);
-                    }
-                }
+                place_on_each(&mut busy, pin.as_mut(), &r, &bids, sent);
                 for &w in chunks.iter().flat_map(|_| &bids) {
                     busy.step_observed(w, chunks.unwrap_or(0.0));
                 }
@@ -364,34 +390,16 @@ fn bench_decision(c: &mut Criterion) {
             let mut earlier = enc.token_ids.clone();
             earlier[0] = 100 + k;
             let r = qwen3_request(&earlier);
-            for &w in &fids {
-                if let Some((plan, d)) = full.decide(pin.as_mut(), &r, &[w], 0.05) {
-                    let a = full.assign(&plan, &d, 0.05);
-                    full.first_token(a, 0.1, None);
-                    full.finish(a);
-                }
+            for a in place_on_each(&mut full, pin.as_mut(), &r, &fids, 0.05) {
+                full.first_token(a, 0.1, None);
+                full.finish(a);
             }
         }
         let r = qwen3_request(&enc.token_ids);
         for sent in [0.15, 0.21] {
-            for &w in &fids {
-                if let Some((plan, d)) = full.decide(pin.as_mut(), &r, &[w], sent) {
-                    full.assign(&plan, &d, sent);
-                }
-            }
+            place_on_each(&mut full, pin.as_mut(), &r, &fids, sent);
         }
-        for (i, &w) in fids.iter().enumerate() {
-            full.load(
-                w,
-                LoadSample {
-                    waiting: 2,
-                    running: (i % 7) as u32,
-                    kv_usage: 0.95,
-                    kv_capacity_tokens: 26_000,
-                },
-                0.22,
-            );
-        }
+        report_load(&mut full, &fids, |_| 2, 0.95, 0.22);
         g.bench_function(
             BenchmarkId::new("hash_lookup_predict_busy_kv_full", workers),
             |b| {

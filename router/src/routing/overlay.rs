@@ -136,7 +136,7 @@ impl FreedOrder {
         sum
     }
 
-    /// The slot of the `k`-th oldest live entry (from 0).
+    /// The slot (the stamp) of the `k`-th oldest live entry (from 0).
     fn nth_index(&self, k: usize) -> Option<usize> {
         if k >= self.live {
             return None;
@@ -152,11 +152,6 @@ impl FreedOrder {
             step >>= 1;
         }
         Some(pos)
-    }
-
-    /// The stamp of the `k`-th oldest released block (from 0).
-    fn nth_stamp(&self, k: usize) -> Option<u64> {
-        self.nth_index(k).map(|i| i as u64)
     }
 
     /// Moves the live entries to the front, in order, and stamps them again.
@@ -312,15 +307,16 @@ impl Overlay {
         };
         let freed = self.freed.get(w.index());
         // Released blocks at or below this stamp are gone.
-        let frontier = freed.and_then(|f| f.nth_stamp(k)).unwrap_or(u64::MAX);
+        let frontier = freed
+            .and_then(|f| f.nth_index(k))
+            .map_or(u64::MAX, |i| i as u64);
         let m = self.per_worker.get(w.index());
-        let in_use = |h: &BlockHash| m.and_then(|m| m.get(h)).is_some_and(|e| e.in_use > 0);
-        let start = chain.partition_point(in_use);
+        let start = m.map_or(0, |m| in_use_prefix(m, chain));
         start
             + chain[start..]
                 .iter()
                 .take_while(|h| {
-                    in_use(h)
+                    m.and_then(|m| m.get(h)).is_some_and(|e| e.in_use > 0)
                         || freed
                             .and_then(|f| f.by_hash.get(h))
                             .is_some_and(|&s| s > frontier)
@@ -391,8 +387,7 @@ impl Overlay {
             m.get(h)
                 .is_some_and(|e| e.in_use > 0 || e.holders > 0 || e.until > now)
         });
-        let in_use = chain[..leading].partition_point(|h| m.get(h).is_some_and(|e| e.in_use > 0));
-        (leading, in_use)
+        (leading, in_use_prefix(m, &chain[..leading]))
     }
 
     pub(super) fn drop_worker(&mut self, w: WorkerId) {
@@ -406,6 +401,12 @@ impl Overlay {
         self.by_assignment.retain(|_, (aw, _, _)| *aw != w);
         self.blocks = self.by_assignment.values().map(|(_, c, _)| c.len()).sum();
     }
+}
+
+/// Leading blocks of `chain` that outstanding placements in `m` reference, by binary search
+/// (a prefix: see [`Overlay::leading_and_in_use`]).
+fn in_use_prefix(m: &HashMap<BlockHash, OverlayEntry, BlockKeys>, chain: &[BlockHash]) -> usize {
+    chain.partition_point(|h| m.get(h).is_some_and(|e| e.in_use > 0))
 }
 
 #[cfg(test)]
@@ -552,7 +553,10 @@ mod tests {
             );
             let mut stamps: Vec<u64> = f.by_hash.values().copied().collect();
             stamps.sort_unstable();
-            let nth: Vec<u64> = (0..=f.live).filter_map(|k| f.nth_stamp(k)).collect();
+            let nth: Vec<u64> = (0..=f.live)
+                .filter_map(|k| f.nth_index(k))
+                .map(|i| i as u64)
+                .collect();
             assert_eq!(nth, stamps);
         }
     }

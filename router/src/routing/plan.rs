@@ -185,8 +185,8 @@ impl RoutingCore {
         // Cache: the index's leading blocks, discounted when stale, or the router's own
         // placements there, trusted as they are (it sent them).
         let cached_blocks = view.cached_blocks;
-        // The overlays' leading blocks (own and peers'), and those of them in use, in one
-        // walk each.
+        // The overlays' leading blocks (own and peers'), and those of them in use, by binary
+        // search in each.
         let ((own_leading, own_in_use), (peer_leading, peer_in_use)) =
             view.chain.map_or(((0, 0), (0, 0)), |c| {
                 (
